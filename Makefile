@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` and `make test`. Both create the environment first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lock clean
+
+$(STAMP): requirements/lock.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/lock.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+## Run the control plane on embedded defaults (SQLite, in-memory channel layer, in-process tasks) with the demo fleet.
+demo: $(STAMP)
+	$(BIN)/tessera demo
+
+## Run the whole test suite (service-backed tests use DATABASE_URL / REDIS_URL when set, else skip).
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Re-pin every dependency after editing pyproject.toml (needs uv: pip install uv).
+lock:
+	uv pip compile pyproject.toml --extra dev --python-version 3.11 --generate-hashes --universal -o requirements/lock.txt
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,50 @@
+"""Who is acting. Users act through sessions or API tokens; a host's agent acts through its agent token
+and is represented by `AgentPrincipal`, which is deliberately not a Django user: it has no role and no
+model permissions beyond reading its own host's records."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# The only model permissions an agent holds. What it may see is further narrowed to its own host by
+# each model's `agent_scope` (see RestrictedQuerySet.restrict).
+AGENT_PERMISSIONS = frozenset(
+    {
+        "inventory.view_host",
+        "inventory.view_accelerator",
+        "inventory.view_gpuinstance",
+    }
+)
+
+
+@dataclass(frozen=True)
+class AgentPrincipal:
+    host: Any  # apps.inventory.models.Host; typed loosely so core does not import inventory
+
+    is_authenticated: bool = True
+    is_anonymous: bool = False
+    is_active: bool = True
+    is_staff: bool = False
+    is_superuser: bool = False
+    pk = None
+    id = None
+
+    @property
+    def username(self) -> str:
+        return f"agent:{self.host.name}"
+
+    def __str__(self) -> str:
+        return self.username
+
+    def has_perm(self, perm: str, obj: Any = None) -> bool:
+        return perm in AGENT_PERMISSIONS
+
+    def has_perms(self, perms, obj: Any = None) -> bool:
+        return all(self.has_perm(p, obj) for p in perms)
+
+    def get_all_permissions(self, obj: Any = None) -> set[str]:
+        return set(AGENT_PERMISSIONS)
+
+
+def principal_is_agent(principal: Any) -> bool:
+    return isinstance(principal, AgentPrincipal)

@@ -1,0 +1,41 @@
+from django.contrib import admin
+
+from .models import Accelerator, GpuInstance, Host
+
+
+class AcceleratorInline(admin.TabularInline):
+    model = Accelerator
+    extra = 0
+    fields = ["index", "kind", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores", "uuid"]
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    list_display = ["name", "status", "backend", "address", "last_seen", "agent_token_prefix"]
+    list_filter = ["status", "backend"]
+    search_fields = ["name", "address", "description"]
+    readonly_fields = ["last_seen", "agent_version", "agent_token_prefix"]
+    inlines = [AcceleratorInline]
+
+
+class GpuInstanceInline(admin.TabularInline):
+    model = GpuInstance
+    extra = 0
+    fields = ["profile", "placement_start", "placement_size", "uuid", "state"]
+    readonly_fields = ["placement_size"]
+
+
+@admin.register(Accelerator)
+class AcceleratorAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "kind", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores"]
+    list_filter = ["kind", "mig_capable", "mig_enabled", "host"]
+    search_fields = ["model_name", "uuid", "host__name"]
+    inlines = [GpuInstanceInline]
+
+
+@admin.register(GpuInstance)
+class GpuInstanceAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "profile", "placement_start", "placement_size", "state", "uuid"]
+    list_filter = ["state", "profile"]
+    search_fields = ["uuid", "accelerator__host__name"]
+    readonly_fields = ["placement_size"]

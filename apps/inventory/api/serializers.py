@@ -1,0 +1,97 @@
+from rest_framework import serializers
+
+from apps.core.api.serializers import TesseraModelSerializer
+
+from ..choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
+from ..models import Accelerator, GpuInstance, Host
+
+
+class HostSerializer(TesseraModelSerializer):
+    simulated = serializers.BooleanField(read_only=True, help_text="True when the host's devices are simulated")
+    accelerator_count = serializers.IntegerField(source="accelerators.count", read_only=True)
+    agent_token_set = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Host
+        fields = [
+            "id", "display", "name", "address", "labels", "status", "backend", "simulated", "last_seen",
+            "agent_version", "agent_token_set", "agent_token_prefix", "accelerator_count", "description",
+            "created", "last_updated",
+        ]
+        read_only_fields = ["last_seen", "agent_version", "agent_token_prefix", "created", "last_updated"]
+
+    def get_agent_token_set(self, obj) -> bool:
+        return bool(obj.agent_token_hash)
+
+
+class AcceleratorSerializer(TesseraModelSerializer):
+    simulated = serializers.BooleanField(source="host.simulated", read_only=True)
+    gpu_model = serializers.SerializerMethodField(help_text="MIG catalogue key, when the catalogue knows this GPU")
+
+    class Meta:
+        model = Accelerator
+        fields = [
+            "id", "display", "host", "index", "kind", "uuid", "model_name", "gpu_model", "memory_mb",
+            "mig_capable", "mig_enabled", "cpu_cores", "simulated", "created", "last_updated",
+        ]
+
+    def get_gpu_model(self, obj) -> str | None:
+        spec = obj.gpu_model
+        return spec.name if spec else None
+
+
+class GpuInstanceSerializer(TesseraModelSerializer):
+    placement = serializers.CharField(read_only=True)
+    simulated = serializers.BooleanField(source="accelerator.host.simulated", read_only=True)
+
+    class Meta:
+        model = GpuInstance
+        fields = [
+            "id", "display", "accelerator", "profile", "placement_start", "placement_size", "placement", "uuid",
+            "state", "simulated", "created", "last_updated",
+        ]
+        read_only_fields = ["placement_size"]
+
+
+class AgentTokenSerializer(serializers.Serializer):
+    host = serializers.IntegerField(read_only=True)
+    token = serializers.CharField(read_only=True, help_text="The agent's secret. Shown once, in this response only.")
+
+
+class ReportedGpuInstanceSerializer(serializers.Serializer):
+    profile = serializers.CharField(max_length=30)
+    start = serializers.IntegerField(min_value=0, max_value=7)
+    uuid = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
+    state = serializers.ChoiceField(choices=GpuInstanceStateChoices.choices, default=GpuInstanceStateChoices.READY)
+
+
+class ReportedAcceleratorSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=1023)
+    kind = serializers.ChoiceField(choices=AcceleratorKindChoices.choices)
+    uuid = serializers.CharField(max_length=80, required=False, allow_null=True, default=None)
+    model_name = serializers.CharField(max_length=100)
+    memory_mb = serializers.IntegerField(min_value=0, default=0)
+    mig_capable = serializers.BooleanField(default=False)
+    mig_enabled = serializers.BooleanField(default=False)
+    cpu_cores = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    instances = ReportedGpuInstanceSerializer(many=True, required=False, default=list)
+
+    def validate_instances(self, value):
+        starts = [i["start"] for i in value]
+        if len(starts) != len(set(starts)):
+            raise serializers.ValidationError("Two instances reported at the same start.")
+        return value
+
+
+class HostReportSerializer(serializers.Serializer):
+    """What an agent reports about its host: the devices it found and the MIG instances on them."""
+
+    backend = serializers.ChoiceField(choices=HostBackendChoices.choices)
+    agent_version = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+    accelerators = ReportedAcceleratorSerializer(many=True)
+
+    def validate_accelerators(self, value):
+        keys = [(a["kind"], a["index"]) for a in value]
+        if len(keys) != len(set(keys)):
+            raise serializers.ValidationError("Two accelerators reported with the same kind and index.")
+        return value

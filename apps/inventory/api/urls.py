@@ -1,0 +1,10 @@
+from rest_framework.routers import SimpleRouter
+
+from .views import AcceleratorViewSet, GpuInstanceViewSet, GpuModelViewSet, HostViewSet
+
+router = SimpleRouter()
+router.register("hosts", HostViewSet, basename="host")
+router.register("accelerators", AcceleratorViewSet, basename="accelerator")
+router.register("gpu-instances", GpuInstanceViewSet, basename="gpuinstance")
+router.register("gpu-models", GpuModelViewSet, basename="gpumodel")
+urlpatterns = router.urls

@@ -1,0 +1,128 @@
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, permissions, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from apps.core.api.viewsets import TesseraModelViewSet
+from apps.core.principals import principal_is_agent
+from apps.planning.engine.mig import mig_catalogue_load
+from apps.users.roles import RoleChoices, user_role
+
+from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet
+from ..models import Accelerator, GpuInstance, Host
+from ..services import host_actual_state_apply, host_agent_token_rotate
+from .serializers import (
+    AcceleratorSerializer,
+    AgentTokenSerializer,
+    GpuInstanceSerializer,
+    HostReportSerializer,
+    HostSerializer,
+)
+
+
+class IsOwnHostAgent(permissions.BasePermission):
+    message = "Only the host's own agent may report its actual state."
+
+    def has_permission(self, request, view):
+        return principal_is_agent(request.user)
+
+    def has_object_permission(self, request, view, obj):
+        return request.user.host.pk == obj.pk
+
+
+class IsAdminRole(permissions.BasePermission):
+    message = "Only admins manage agent tokens."
+
+    def has_permission(self, request, view):
+        user = request.user
+        return bool(user and user.is_authenticated and not principal_is_agent(user) and user_role(user) == RoleChoices.ADMIN)
+
+
+class HostViewSet(TesseraModelViewSet):
+    queryset = Host.objects.prefetch_related("accelerators")
+    serializer_class = HostSerializer
+    filterset_class = HostFilterSet
+    ordering_fields = ["name", "status", "last_seen"]
+
+    def restrict_action(self) -> str:
+        # The agent's report and the admin's token rotation find the host by what the caller may see.
+        return "view" if self.action in ("report", "agent_token") else super().restrict_action()
+
+    @extend_schema(request=HostReportSerializer, responses={200: HostSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsOwnHostAgent])
+    def report(self, request, pk=None):
+        """Agent only: report the host's actual devices and MIG instances. All or nothing."""
+        host = self.get_object()
+        report = HostReportSerializer(data=request.data)
+        report.is_valid(raise_exception=True)
+        host = host_actual_state_apply(host=host, report=report.validated_data)
+        return Response(HostSerializer(host, context=self.get_serializer_context()).data)
+
+    @extend_schema(request=None, responses={201: AgentTokenSerializer})
+    @action(detail=True, methods=["post"], url_path="agent-token", permission_classes=[IsAdminRole])
+    def agent_token(self, request, pk=None):
+        """Admin only: issue a new agent token for this host; the previous one stops working."""
+        host = self.get_object()
+        secret = host_agent_token_rotate(host=host)
+        return Response({"host": host.pk, "token": secret}, status=status.HTTP_201_CREATED)
+
+
+class AcceleratorViewSet(TesseraModelViewSet):
+    queryset = Accelerator.objects.select_related("host")
+    serializer_class = AcceleratorSerializer
+    filterset_class = AcceleratorFilterSet
+    ordering_fields = ["host__name", "index"]
+
+
+class GpuInstanceViewSet(TesseraModelViewSet):
+    queryset = GpuInstance.objects.select_related("accelerator__host")
+    serializer_class = GpuInstanceSerializer
+    filterset_class = GpuInstanceFilterSet
+    ordering_fields = ["accelerator", "placement_start"]
+
+
+class MigProfileSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    profile_id = serializers.IntegerField()
+    memory_slices = serializers.IntegerField()
+    compute_slices = serializers.IntegerField()
+    memory_gb = serializers.IntegerField()
+    starts = serializers.ListField(child=serializers.IntegerField())
+    max_count = serializers.IntegerField()
+    media_extensions = serializers.BooleanField()
+
+
+class GpuModelSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    nvml_names = serializers.ListField(child=serializers.CharField())
+    memory_mib = serializers.IntegerField()
+    memory_slices = serializers.IntegerField()
+    compute_slices = serializers.IntegerField()
+    profiles = serializers.SerializerMethodField()
+
+    def get_profiles(self, obj) -> list[dict]:
+        return MigProfileSerializer(list(obj.profiles), many=True).data
+
+
+class CatalogueReadPermission(permissions.BasePermission):
+    def has_permission(self, request, view):
+        return bool(request.user and request.user.is_authenticated)
+
+
+class GpuModelViewSet(viewsets.ViewSet):
+    """The MIG catalogue (read-only data from NVIDIA's MIG user guide): GPU models and their profiles."""
+
+    permission_classes = [CatalogueReadPermission]
+    lookup_value_regex = r"[^/]+"
+    serializer_class = GpuModelSerializer
+
+    @extend_schema(responses=GpuModelSerializer(many=True))
+    def list(self, request):
+        return Response(GpuModelSerializer(mig_catalogue_load().gpu_models, many=True).data)
+
+    @extend_schema(responses={200: GpuModelSerializer, 404: OpenApiResponse(description="Unknown GPU model")})
+    def retrieve(self, request, pk=None):
+        spec = mig_catalogue_load().gpu_model_find(pk)
+        if spec is None:
+            raise exceptions.NotFound(f"No GPU model {pk!r} in the MIG catalogue.")
+        return Response(GpuModelSerializer(spec).data)

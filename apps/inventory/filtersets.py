@@ -1,0 +1,32 @@
+import django_filters
+
+from .models import Accelerator, GpuInstance, Host
+
+
+class HostFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
+    label = django_filters.CharFilter(method="filter_label", help_text="key=value")
+
+    class Meta:
+        model = Host
+        fields = ["name", "status", "backend"]
+
+    def filter_label(self, queryset, name, value):
+        key, _, wanted = value.partition("=")
+        return queryset.filter(**{f"labels__{key}": wanted})
+
+
+class AcceleratorFilterSet(django_filters.FilterSet):
+    model_name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Accelerator
+        fields = ["host", "kind", "mig_capable", "mig_enabled", "uuid"]
+
+
+class GpuInstanceFilterSet(django_filters.FilterSet):
+    host = django_filters.NumberFilter(field_name="accelerator__host")
+
+    class Meta:
+        model = GpuInstance
+        fields = ["accelerator", "profile", "state"]

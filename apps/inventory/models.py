@@ -1,0 +1,146 @@
+"""The fleet as it is: hosts, their accelerators (GPUs and CPU allotments) and MIG GPU instances.
+MIG facts (profiles, sizes, legal starts) come from the engine's catalogue data, never from code here."""
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+from apps.core.models import ChangeLoggedModel
+from apps.planning.engine.mig import mig_catalogue_load
+
+from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices, HostStatusChoices
+
+name_validator = RegexValidator(
+    r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$", "Use letters, digits, '.', '_' and '-', starting with a letter or digit."
+)
+
+
+class Host(ChangeLoggedModel):
+    name = models.CharField(max_length=100, unique=True, validators=[name_validator])
+    address = models.CharField(max_length=255, blank=True, help_text="Hostname or IP address of the agent")
+    labels = models.JSONField(default=dict, blank=True, help_text='Free-form labels, e.g. {"zone": "eu-1"}')
+    status = models.CharField(max_length=20, choices=HostStatusChoices.choices, default=HostStatusChoices.REGISTERED)
+    backend = models.CharField(max_length=20, choices=HostBackendChoices.choices, default=HostBackendChoices.NVML)
+    last_seen = models.DateTimeField(null=True, blank=True, editable=False)
+    agent_version = models.CharField(max_length=50, blank=True, editable=False)
+    agent_token_hash = models.CharField(max_length=64, blank=True, editable=False, db_index=True)
+    agent_token_prefix = models.CharField(max_length=16, blank=True, editable=False)
+    description = models.TextField(blank=True)
+
+    audit_exclude_fields = ("agent_token_hash", "last_seen")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def simulated(self) -> bool:
+        return self.backend == HostBackendChoices.SIMULATED
+
+    def clean(self) -> None:
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise ValidationError({"labels": "Labels must be an object of string keys to string values."})
+
+    @staticmethod
+    def agent_scope(queryset, host):
+        return queryset.filter(pk=host.pk)
+
+
+class Accelerator(ChangeLoggedModel):
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="accelerators")
+    index = models.PositiveSmallIntegerField(help_text="NVML device index, or the CPU allotment's index")
+    kind = models.CharField(max_length=10, choices=AcceleratorKindChoices.choices)
+    uuid = models.CharField(max_length=80, unique=True, null=True, blank=True, help_text="GPU UUID as NVML reports it")
+    model_name = models.CharField(max_length=100, help_text='As NVML reports it, e.g. "NVIDIA A100-SXM4-40GB"; "cpu" for CPUs')
+    memory_mb = models.PositiveIntegerField(default=0)
+    mig_capable = models.BooleanField(default=False)
+    mig_enabled = models.BooleanField(default=False)
+    cpu_cores = models.PositiveSmallIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+
+    class Meta:
+        ordering = ["host__name", "kind", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "kind", "index"], name="accelerator_unique_host_kind_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}/{self.kind}{self.index}" if self.host_id else f"{self.kind}{self.index}"
+
+    @property
+    def gpu_model(self):
+        """The catalogue entry for this GPU, or None for CPUs and GPUs the MIG catalogue does not know."""
+        if self.kind != AcceleratorKindChoices.GPU:
+            return None
+        return mig_catalogue_load().gpu_model_find(self.model_name)
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.kind == AcceleratorKindChoices.CPU:
+            if not self.cpu_cores:
+                errors["cpu_cores"] = "A CPU accelerator needs its number of cores."
+            if self.mig_capable or self.mig_enabled:
+                errors["mig_capable"] = "A CPU cannot be MIG capable."
+        elif self.kind == AcceleratorKindChoices.GPU:
+            if self.cpu_cores:
+                errors["cpu_cores"] = "Only CPU accelerators have cores."
+            if not self.memory_mb:
+                errors["memory_mb"] = "A GPU needs its memory size in MiB."
+            if self.mig_enabled and not self.mig_capable:
+                errors["mig_enabled"] = "MIG cannot be enabled on a GPU that is not MIG capable."
+            if self.mig_capable and self.gpu_model is None:
+                known = ", ".join(mig_catalogue_load().gpu_model_names)
+                errors["model_name"] = f"No MIG catalogue entry for {self.model_name!r}; known MIG GPUs: {known}."
+        if errors:
+            raise ValidationError(errors)
+
+    @staticmethod
+    def agent_scope(queryset, host):
+        return queryset.filter(host=host)
+
+
+class GpuInstance(ChangeLoggedModel):
+    """A MIG GPU instance (with its one full-size compute instance), placed at an explicit start."""
+
+    accelerator = models.ForeignKey(Accelerator, on_delete=models.CASCADE, related_name="gpu_instances")
+    profile = models.CharField(max_length=30, help_text='MIG profile name, e.g. "3g.20gb"')
+    placement_start = models.PositiveSmallIntegerField(help_text="First memory slice (0..7)")
+    placement_size = models.PositiveSmallIntegerField(editable=False, help_text="Memory slices occupied, from the catalogue")
+    uuid = models.CharField(max_length=80, blank=True, help_text="MIG device UUID, once created")
+    state = models.CharField(max_length=20, choices=GpuInstanceStateChoices.choices, default=GpuInstanceStateChoices.PENDING)
+
+    class Meta:
+        ordering = ["accelerator__host__name", "accelerator__index", "placement_start"]
+        constraints = [
+            models.UniqueConstraint(fields=["accelerator", "placement_start"], name="gpuinstance_unique_start"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.accelerator}:{self.profile}@{self.placement_start}" if self.accelerator_id else self.placement
+
+    @property
+    def placement(self) -> str:
+        return f"{self.profile}@{self.placement_start}"
+
+    def clean(self) -> None:
+        from .services import gpu_instance_layout_check
+
+        if not self.accelerator_id:
+            return
+        gpu_instance_layout_check(instance=self)
+
+    def save(self, *args, **kwargs):
+        spec = self.accelerator.gpu_model
+        profile = spec.profile_find(self.profile) if spec is not None else None
+        if profile is not None:
+            self.profile = profile.name  # canonical spelling ("MIG 3G.20GB" -> "3g.20gb")
+            self.placement_size = profile.memory_slices
+        super().save(*args, **kwargs)
+
+    @staticmethod
+    def agent_scope(queryset, host):
+        return queryset.filter(accelerator__host=host)

@@ -1,0 +1,114 @@
+"""Inventory services: the MIG layout check every GPU instance passes, agent tokens, and applying a
+host's actual-state report."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.planning.engine.mig import Placement, mig_layout_validate
+from apps.users.tokens import AGENT_TOKEN_PREFIX, token_display, token_generate, token_hash
+
+from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatusChoices
+from .models import Accelerator, GpuInstance, Host
+
+ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores")
+
+
+def gpu_instance_layout_check(*, instance: GpuInstance) -> None:
+    """Refuse an instance that would make its GPU's MIG layout invalid, with NVIDIA's reason."""
+    accelerator = instance.accelerator
+    if accelerator.kind != AcceleratorKindChoices.GPU:
+        raise ValidationError({"accelerator": "GPU instances live on GPUs, not CPUs."})
+    if not accelerator.mig_enabled:
+        raise ValidationError({"accelerator": f"MIG is not enabled on {accelerator}."})
+    spec = accelerator.gpu_model
+    if spec.profile_find(instance.profile) is None:
+        known = ", ".join(spec.profile_names)
+        raise ValidationError({"profile": f"{instance.profile!r} is not a MIG profile of {spec.name} (known: {known})."})
+    others = accelerator.gpu_instances.exclude(pk=instance.pk) if instance.pk else accelerator.gpu_instances.all()
+    layout = [Placement(o.profile, o.placement_start) for o in others]
+    layout.append(Placement(instance.profile, instance.placement_start))
+    verdict = mig_layout_validate(spec, layout)
+    if not verdict.valid:
+        raise ValidationError({"placement_start": verdict.reason})
+
+
+@transaction.atomic
+def host_agent_token_rotate(*, host: Host) -> str:
+    """Issue a new agent token for a host (the previous one stops working) and return its secret once."""
+    secret = token_generate(AGENT_TOKEN_PREFIX)
+    host.agent_token_hash = token_hash(secret)
+    host.agent_token_prefix = token_display(secret)
+    host.save(update_fields=["agent_token_hash", "agent_token_prefix", "last_updated"])
+    return secret
+
+
+def host_by_agent_token(*, secret: str) -> Host | None:
+    if not secret.startswith(AGENT_TOKEN_PREFIX):
+        return None
+    return Host.objects.filter(agent_token_hash=token_hash(secret)).first()
+
+
+def _save_if_changed(obj, values: dict[str, Any]) -> bool:
+    changed = [name for name, value in values.items() if getattr(obj, name) != value]
+    if not changed and obj.pk:
+        return False
+    for name in changed:
+        setattr(obj, name, values[name])
+    obj.full_clean(validate_unique=False, validate_constraints=False)
+    obj.save()
+    return True
+
+
+def _instances_apply(accelerator: Accelerator, reported: list[dict[str, Any]]) -> None:
+    spec = accelerator.gpu_model
+    layout = [Placement(i["profile"], i["start"]) for i in reported]
+    if reported:
+        if not accelerator.mig_enabled or spec is None:
+            raise ValidationError({"accelerators": f"{accelerator}: MIG instances reported on a GPU without MIG enabled."})
+        verdict = mig_layout_validate(spec, layout)
+        if not verdict.valid:
+            raise ValidationError({"accelerators": f"{accelerator}: reported MIG layout is invalid: {verdict.reason}"})
+    wanted = {i["start"]: i for i in reported}
+    # Remove what is gone first, so no intermediate layout overlaps the one being reported.
+    existing = {}
+    for gi in accelerator.gpu_instances.all():
+        if gi.placement_start in wanted and wanted[gi.placement_start]["profile"] == gi.profile:
+            existing[gi.placement_start] = gi
+        else:
+            gi.delete()
+    for start, item in sorted(wanted.items()):
+        gi = existing.get(start) or GpuInstance(accelerator=accelerator, profile=item["profile"], placement_start=start)
+        _save_if_changed(gi, {"uuid": item.get("uuid", ""), "state": item.get("state", GpuInstanceStateChoices.READY)})
+
+
+@transaction.atomic
+def host_actual_state_apply(*, host: Host, report: dict[str, Any]) -> Host:
+    """Make the inventory match what the host's agent reports: its backend, devices and MIG instances.
+    The report is all or nothing: an invalid part (an impossible MIG layout, say) changes nothing."""
+    host = Host.objects.select_for_update().get(pk=host.pk)
+    host_values = {"backend": report["backend"]}
+    if host.status != HostStatusChoices.MAINTENANCE:
+        host_values["status"] = HostStatusChoices.ONLINE
+    _save_if_changed(host, host_values)
+    current = {(a.kind, a.index): a for a in host.accelerators.all()}
+    seen = set()
+    for item in report["accelerators"]:
+        key = (item["kind"], item["index"])
+        seen.add(key)
+        accelerator = current.get(key) or Accelerator(host=host, kind=item["kind"], index=item["index"])
+        try:
+            _save_if_changed(accelerator, {f: item.get(f, getattr(accelerator, f)) for f in ACCELERATOR_REPORT_FIELDS})
+        except ValidationError as exc:
+            raise ValidationError({"accelerators": f"{accelerator}: {'; '.join(exc.messages)}"}) from exc
+        if item["kind"] == AcceleratorKindChoices.GPU:
+            _instances_apply(accelerator, item.get("instances", []))
+    for key, accelerator in current.items():
+        if key not in seen:
+            accelerator.delete()
+    Host.objects.filter(pk=host.pk).update(last_seen=timezone.now(), agent_version=report.get("agent_version", ""))
+    host.refresh_from_db()
+    return host

@@ -1,0 +1,17 @@
+import django_filters
+
+from .models import ReplanPolicy, SloPolicy
+
+
+class SloPolicyFilterSet(django_filters.FilterSet):
+    application_name = django_filters.CharFilter(field_name="application__name")
+
+    class Meta:
+        model = SloPolicy
+        fields = ["application", "drop_rule", "priority"]
+
+
+class ReplanPolicyFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = ReplanPolicy
+        fields = ["name", "enabled", "auto_apply"]

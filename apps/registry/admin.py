@@ -1,0 +1,47 @@
+from django.contrib import admin
+
+from .models import Application, Artifact, ModelVariant, Pipeline, Profile
+
+
+@admin.register(Pipeline)
+class PipelineAdmin(admin.ModelAdmin):
+    list_display = ["name", "slo_ms"]
+    search_fields = ["name"]
+
+
+@admin.register(Application)
+class ApplicationAdmin(admin.ModelAdmin):
+    list_display = ["name", "task", "pipeline", "pipeline_stage"]
+    list_filter = ["task", "pipeline"]
+    search_fields = ["name", "description"]
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = ["original_name", "sha256", "size_bytes", "opset", "created", "last_verified", "verify_error"]
+    search_fields = ["original_name", "sha256"]
+    readonly_fields = [f.name for f in Artifact._meta.fields]
+
+    def has_add_permission(self, request):
+        return False  # uploads go through the API so they are validated (ONNX checker, onnxruntime)
+
+
+class ProfileInline(admin.TabularInline):
+    model = Profile
+    extra = 0
+    fields = ["device_type", "slice", "cpu_cores", "batch_size", "latency_p50_ms", "latency_p99_ms", "throughput_rps", "source"]
+
+
+@admin.register(ModelVariant)
+class ModelVariantAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "accuracy", "accuracy_metric", "artifact", "memory_mb"]
+    list_filter = ["application"]
+    search_fields = ["name", "application__name"]
+    inlines = [ProfileInline]
+
+
+@admin.register(Profile)
+class ProfileAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "latency_p50_ms", "latency_p99_ms", "throughput_rps", "source"]
+    list_filter = ["source", "device_type", "slice"]
+    search_fields = ["variant__name", "variant__application__name"]

@@ -1,0 +1,11 @@
+from rest_framework.routers import SimpleRouter
+
+from .views import ApplicationViewSet, ArtifactViewSet, ModelVariantViewSet, PipelineViewSet, ProfileViewSet
+
+router = SimpleRouter()
+router.register("pipelines", PipelineViewSet, basename="pipeline")
+router.register("applications", ApplicationViewSet, basename="application")
+router.register("artifacts", ArtifactViewSet, basename="artifact")
+router.register("variants", ModelVariantViewSet, basename="modelvariant")
+router.register("profiles", ProfileViewSet, basename="profile")
+urlpatterns = router.urls

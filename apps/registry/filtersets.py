@@ -1,0 +1,41 @@
+import django_filters
+
+from .models import Application, Artifact, ModelVariant, Pipeline, Profile
+
+
+class PipelineFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = Pipeline
+        fields = ["name"]
+
+
+class ApplicationFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
+
+    class Meta:
+        model = Application
+        fields = ["name", "task", "pipeline"]
+
+
+class ModelVariantFilterSet(django_filters.FilterSet):
+    application_name = django_filters.CharFilter(field_name="application__name")
+    accuracy_min = django_filters.NumberFilter(field_name="accuracy", lookup_expr="gte")
+    has_artifact = django_filters.BooleanFilter(field_name="artifact", lookup_expr="isnull", exclude=True)
+
+    class Meta:
+        model = ModelVariant
+        fields = ["application", "name", "artifact"]
+
+
+class ArtifactFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = Artifact
+        fields = ["sha256", "opset"]
+
+
+class ProfileFilterSet(django_filters.FilterSet):
+    application = django_filters.NumberFilter(field_name="variant__application")
+
+    class Meta:
+        model = Profile
+        fields = ["variant", "device_type", "slice", "cpu_cores", "batch_size", "source"]

@@ -1,0 +1,14 @@
+from django.contrib import admin
+
+from .models import Token
+
+
+@admin.register(Token)
+class TokenAdmin(admin.ModelAdmin):
+    list_display = ["display_prefix", "user", "description", "write_enabled", "expires", "last_used", "created"]
+    list_filter = ["write_enabled"]
+    search_fields = ["user__username", "description", "display_prefix"]
+    readonly_fields = ["display_prefix", "last_used"]
+
+    def has_add_permission(self, request):
+        return False  # the secret must be shown once: create tokens through the API or `tessera token create`

@@ -1,0 +1,37 @@
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from apps.core.models import ChangeLoggedModel
+
+
+class Token(ChangeLoggedModel):
+    """A user's API token for CI and scripts. It acts with its user's role; `write_enabled` off makes it
+    read-only whatever the role."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    display_prefix = models.CharField(max_length=16, editable=False)
+    description = models.CharField(max_length=200, blank=True)
+    write_enabled = models.BooleanField(default=True)
+    expires = models.DateTimeField(null=True, blank=True)
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+
+    audit_exclude_fields = ("key_hash", "last_used")
+
+    class Meta:
+        ordering = ["user__username", "-created"]
+
+    def __str__(self) -> str:
+        return f"{self.display_prefix}… ({self.user.get_username()})"
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires is not None and self.expires <= timezone.now()
+
+    @staticmethod
+    def owner_scope(queryset, user):
+        # Admins see every token; everyone else only their own.
+        if user.is_superuser or user.has_perm("auth.change_user"):
+            return queryset
+        return queryset.filter(user=user)

@@ -1,0 +1,234 @@
+"""The demo fleet, seeded by `tessera demo` on embedded defaults. Everything it creates is labelled for
+what it is:
+- hosts use the `simulated` backend (their GPUs are declared, not discovered);
+- GPU profiles are *derived* from the gpulets measurements in shared/data (RTX 2080 Ti under MPS), scaled
+  to each MIG slice and GPU model by the stated factors below; each row says so in `source_detail`;
+- the CPU application's two variants are real ONNX models trained at seed time, uploaded through the
+  same validation as any artifact, and profiled for real on this machine's CPU with onnxruntime."""
+from __future__ import annotations
+
+import io
+import secrets
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from apps.core.context import change_context
+from apps.inventory.choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
+from apps.inventory.models import Accelerator, GpuInstance, Host
+from apps.planning.engine.mig import mig_catalogue_load
+from apps.planning.engine.reference_data import GPULET_TOP1_ACCURACY, gpulet_inference_read
+from apps.policies.choices import DropRuleChoices
+from apps.policies.models import ReplanPolicy, SloPolicy
+from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE, ProfileSourceChoices, TaskChoices
+from apps.registry.models import Application, ModelVariant, Profile
+from apps.registry.services import artifact_create
+from apps.users.choices import RoleChoices
+from apps.users.roles import roles_sync, user_role_set
+
+from .demo_models import demo_models_build
+
+# Illustrative speed-ups of a whole GPU over the RTX 2080 Ti that gpulets measured. Not measurements:
+# the demo needs plausible numbers for GPUs the reference data lacks; real fleets profile their own.
+DEMO_GPU_SPEEDUP = {"A100-SXM4-40GB": 2.2, "A100-SXM4-80GB": 2.3, "H100-SXM5-80GB": 3.8}
+GPULET_PARTITIONS = (20, 40, 50, 60, 80, 100)
+
+# Approximate weights plus workspace at batch 1 (MiB), for memory fit in the planner.
+DEMO_VARIANT_MEMORY_MB = {
+    "vgg16": 1100, "vgg19": 1150, "resnet50": 400, "resnet101": 550, "resnet152": 700,
+    "densenet121": 350, "densenet169": 420, "densenet201": 500, "inception": 450, "mobilenet": 250,
+}
+DEMO_APPLICATIONS = {
+    # name: (variants, p99 SLO ms, min accuracy, priority)
+    "classify-resnet": (("resnet50", "resnet101", "resnet152"), 60.0, 0.76, 70),
+    "classify-densenet": (("densenet121", "densenet169", "densenet201"), 90.0, None, 50),
+    "classify-vgg": (("vgg16", "vgg19"), 40.0, None, 40),
+    "classify-mobile": (("mobilenet", "inception"), 50.0, 0.71, 60),
+}
+
+
+@dataclass(frozen=True)
+class DemoHost:
+    name: str
+    gpu_model: str | None  # catalogue key; None for the CPU host
+    layouts: tuple[tuple[str, ...] | None, ...]  # per GPU: MIG layout, or None for a whole GPU
+    cpu_cores: int = 0
+
+
+DEMO_FLEET = (
+    DemoHost("sim-a100-01", "A100-SXM4-40GB", (("4g.20gb@0", "3g.20gb@4"), ("2g.10gb@0", "2g.10gb@2", "3g.20gb@4"))),
+    DemoHost("sim-a100-02", "A100-SXM4-80GB", (("1g.10gb@0", "1g.10gb@1", "1g.10gb@2", "1g.10gb@3", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"), None)),
+    DemoHost("sim-h100-01", "H100-SXM5-80GB", (("4g.40gb@0", "3g.40gb@4"), None)),
+    DemoHost("sim-cpu-01", None, (), cpu_cores=16),
+)
+
+
+@dataclass
+class DemoSeedResult:
+    created: bool
+    admin_password: str
+    logins: dict[str, str]
+
+
+def _gpu_profiles_derived(variant: ModelVariant, family: str, points, gpu_key: str) -> list[Profile]:
+    spec = mig_catalogue_load().gpu_model_get(gpu_key)
+    speedup = DEMO_GPU_SPEEDUP[gpu_key]
+    by_key = {(p.model, p.batch, p.partition_pct): p for p in points}
+    batches = sorted({p.batch for p in points if p.model == family})
+    slices = [(FULL_SLICE, spec.compute_slices)] + [(p.name, p.compute_slices) for p in spec.profiles if not p.media_extensions]
+    rows = []
+    for slice_name, compute in slices:
+        share = 100.0 * compute / spec.compute_slices
+        partition = next(p for p in GPULET_PARTITIONS if p >= share - 1e-9)
+        for batch in batches:
+            point = by_key.get((family, batch, partition))
+            if point is None:
+                continue
+            latency = point.latency_ms * (partition / share) / speedup
+            rows.append(
+                Profile(
+                    variant=variant, device_type=spec.name, slice=slice_name, batch_size=batch,
+                    latency_p50_ms=round(latency, 4), latency_p99_ms=round(latency * 1.1, 4),
+                    throughput_rps=round(batch * 1000.0 / latency, 3), source=ProfileSourceChoices.IMPORTED,
+                    source_detail=(
+                        f"derived: shared/data/gpulet {family} b{batch} at {partition}% of RTX 2080 Ti, "
+                        f"x{partition / share:.2f} for {compute}/7 compute, /{speedup} for {spec.name}; p99 = 1.1 x p50"
+                    )[:200],
+                )
+            )
+    return rows
+
+
+def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, cores: int = 1) -> list[Profile]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = cores
+    session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+    rows = []
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        feed = {"input": np.random.default_rng(batch).normal(size=(batch, 8)).astype(np.float32)}
+        for _ in range(20):
+            session.run(None, feed)  # warm-up
+        samples = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            session.run(None, feed)
+            samples.append((time.perf_counter() - t0) * 1000.0)
+        p50, p99 = float(np.percentile(samples, 50)), float(np.percentile(samples, 99))
+        rows.append(
+            Profile(
+                variant=variant, device_type=CPU_DEVICE_TYPE, cpu_cores=cores, batch_size=batch,
+                latency_p50_ms=round(max(p50, 1e-4), 4), latency_p99_ms=round(max(p99, p50, 1e-4), 4),
+                throughput_rps=round(batch * 1000.0 / max(p50, 1e-4), 3), source=ProfileSourceChoices.MEASURED,
+                source_detail=f"measured at demo seed on this machine's CPU, onnxruntime {ort.__version__}, {cores} thread(s), 200 runs",
+                measured_at=timezone.now(),
+            )
+        )
+    return rows
+
+
+def _fleet_seed() -> None:
+    catalogue = mig_catalogue_load()
+    for demo in DEMO_FLEET:
+        host = Host.objects.create(
+            name=demo.name, address="127.0.0.1", backend=HostBackendChoices.SIMULATED,
+            labels={"demo": "true", "pool": demo.gpu_model or "cpu"},
+            description="Demo host: simulated backend, declared devices.",
+        )
+        if demo.gpu_model is None:
+            Accelerator.objects.create(host=host, index=0, kind=AcceleratorKindChoices.CPU, model_name="cpu", cpu_cores=demo.cpu_cores)
+            continue
+        spec = catalogue.gpu_model_get(demo.gpu_model)
+        for index, layout in enumerate(demo.layouts):
+            accelerator = Accelerator(
+                host=host, index=index, kind=AcceleratorKindChoices.GPU, uuid=f"GPU-sim-{demo.name}-{index}",
+                model_name=spec.nvml_names[0], memory_mb=spec.memory_mib, mig_capable=True, mig_enabled=layout is not None,
+            )
+            accelerator.full_clean()
+            accelerator.save()
+            for placement in layout or ():
+                profile, start = placement.split("@")
+                # Declared, not yet confirmed by an agent: pending until a (simulated) agent reports it.
+                instance = GpuInstance(accelerator=accelerator, profile=profile, placement_start=int(start), state=GpuInstanceStateChoices.PENDING)
+                instance.full_clean()
+                instance.save()
+
+
+def _registry_seed(admin) -> None:
+    points = gpulet_inference_read()
+    for app_name, (families, slo_ms, min_accuracy, priority) in DEMO_APPLICATIONS.items():
+        application = Application.objects.create(
+            name=app_name, task=TaskChoices.IMAGE_CLASSIFICATION,
+            input_spec=[{"name": "images", "dtype": "tensor(float)", "shape": ["batch", 3, 224, 224]}],
+            description="Demo application; its variants' profiles are derived from the gpulets reference data.",
+        )
+        for family in families:
+            variant = ModelVariant.objects.create(
+                application=application, name=family, accuracy=GPULET_TOP1_ACCURACY[family],
+                accuracy_metric="ImageNet top-1 (torchvision reference weights)", memory_mb=DEMO_VARIANT_MEMORY_MB[family],
+            )
+            rows = []
+            for gpu_key in DEMO_GPU_SPEEDUP:
+                rows += _gpu_profiles_derived(variant, family, points, gpu_key)
+            for row in rows:
+                row.full_clean()
+            Profile.objects.bulk_create(rows)  # bulk: thousands of derived rows are one import, not one change each
+        SloPolicy.objects.create(
+            application=application, latency_p99_ms=slo_ms, min_accuracy=min_accuracy, priority=priority,
+            drop_rule=DropRuleChoices.DEADLINE,
+        )
+
+    application = Application.objects.create(
+        name="tabular-cpu", task=TaskChoices.OTHER,
+        input_spec=[{"name": "input", "dtype": "tensor(float)", "shape": ["batch", 8]}],
+        description="Demo CPU application: two real ONNX classifiers trained at seed time on synthetic data.",
+    )
+    for model in demo_models_build():
+        artifact = artifact_create(upload=io.BytesIO(model.onnx_bytes), original_name=f"{model.name}.onnx", uploaded_by=admin)
+        variant = ModelVariant(
+            application=application, name=model.name, accuracy=round(model.accuracy, 4),
+            accuracy_metric="held-out accuracy on the demo's synthetic data", artifact=artifact, memory_mb=16,
+            description=model.description,
+        )
+        variant.full_clean()
+        variant.save()
+        measured = _cpu_profiles_measured(variant, model.onnx_bytes)
+        for row in measured:
+            row.full_clean()
+        Profile.objects.bulk_create(measured)
+    SloPolicy.objects.create(application=application, latency_p99_ms=20.0, priority=30, drop_rule=DropRuleChoices.SLO_2X)
+    ReplanPolicy.objects.create(name="default", interval_seconds=300, demand_change_threshold=0.25, auto_apply=False)
+
+
+def _login(username: str, role: str, password: str, *, superuser: bool = False):
+    User = get_user_model()
+    user, _ = User.objects.get_or_create(username=username)
+    user.is_staff = superuser
+    user.is_superuser = superuser
+    user.set_password(password)
+    user.save()
+    user_role_set(user, role)
+    return user
+
+
+def demo_seed(*, admin_password: str | None = None) -> DemoSeedResult:
+    """Seed the demo fleet once (later runs keep what is there) and (re)set the demo logins' passwords."""
+    roles_sync()
+    admin_password = admin_password or secrets.token_urlsafe(12)
+    other_password = secrets.token_urlsafe(12)
+    with change_context(source="command"), transaction.atomic():
+        admin = _login("admin", RoleChoices.ADMIN, admin_password, superuser=True)
+        _login("operator", RoleChoices.OPERATOR, other_password)
+        _login("viewer", RoleChoices.VIEWER, other_password)
+        created = not Host.objects.exists()
+        if created:
+            _fleet_seed()
+            _registry_seed(admin)
+    return DemoSeedResult(
+        created=created, admin_password=admin_password,
+        logins={"admin": admin_password, "operator": other_password, "viewer": other_password},
+    )

@@ -1,0 +1,1 @@
+"""Settings modules: `local` (embedded defaults), `production` (no defaults for secrets), `test`."""

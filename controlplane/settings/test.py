@@ -1,0 +1,21 @@
+"""Test settings. Unit tests run Celery tasks in-process and use the in-memory channel layer whatever
+the environment says; the integration tests (tests/integration) talk to the real PostgreSQL, Redis and
+Celery worker named by DATABASE_URL / REDIS_URL explicitly."""
+import tempfile
+from pathlib import Path
+
+from .local import *  # noqa: F401,F403
+from .local import EMBEDDED_SERVICES, env
+
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast user creation in tests
+# A Celery worker started for the integration tests must see the same files: it gets this path too.
+MEDIA_ROOT = Path(env.str("TESSERA_MEDIA_ROOT", default="") or tempfile.mkdtemp(prefix="tessera-test-media-"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+TESSERA_ARTIFACT_MAX_BYTES = env.int("TESSERA_ARTIFACT_MAX_BYTES", default=2 * 1024 * 1024)
+
+TESSERA_TEST_REDIS_URL = env.str("REDIS_URL", default="")
+globals().update(EMBEDDED_SERVICES)

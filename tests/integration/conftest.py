@@ -1,0 +1,91 @@
+"""Fixtures for the tests against real services. CI (.ci/run) provides PostgreSQL, Redis and a Celery
+worker and sets TESSERA_REQUIRE_SERVICES=1; on a laptop without them these tests skip with the reason."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.conftest import service_unavailable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    url = settings.TESSERA_TEST_REDIS_URL
+    if not url:
+        service_unavailable("REDIS_URL is not set")
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        service_unavailable(f"Redis at {url} is unreachable: {exc}")
+    return url
+
+
+@pytest.fixture
+def postgres(db):
+    if connection.vendor != "postgresql":
+        service_unavailable(f"the test database is {connection.vendor}, not PostgreSQL (set DATABASE_URL)")
+    return connection
+
+
+def _database_url_of_test_db() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def celery_worker(transactional_db, redis_url, tmp_path_factory):
+    """A real Celery worker consuming from Redis and writing to the test database. Uses the one .ci/run
+    started (TESSERA_CELERY_EXTERNAL_WORKER=1, queue `celery`, media root TESSERA_MEDIA_ROOT), else starts
+    one for this test on its own queue."""
+    if connection.vendor != "postgresql":
+        service_unavailable("a Celery worker shares the test database only on PostgreSQL (set DATABASE_URL)")
+    from celery import Celery
+
+    client = Celery("tessera-test-client", broker=redis_url, backend=redis_url)
+    client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+    if os.environ.get("TESSERA_CELERY_EXTERNAL_WORKER") == "1":
+        media_root = Path(os.environ["TESSERA_MEDIA_ROOT"])
+        if not client.control.ping(timeout=5):
+            service_unavailable("TESSERA_CELERY_EXTERNAL_WORKER=1 but no Celery worker answers on Redis")
+        yield client, "celery", media_root
+        return
+    queue = f"tessera-test-{uuid.uuid4().hex[:8]}"
+    media_root = tmp_path_factory.mktemp("worker-media")
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings.local",
+        "DATABASE_URL": _database_url_of_test_db(),
+        "REDIS_URL": redis_url,
+        "TESSERA_MEDIA_ROOT": str(media_root),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "-Q", queue,
+         "--hostname", f"{queue}@%h", "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not client.control.ping(destination=[f"{queue}@{os.uname().nodename}"], timeout=1):
+            if worker.poll() is not None or time.monotonic() > deadline:
+                output = worker.stdout.read() if worker.poll() is not None else ""
+                pytest.fail(f"Celery worker did not start:\n{output}")
+        yield client, queue, media_root
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()

@@ -1,0 +1,52 @@
+"""Small ONNX models the tests build themselves with onnx.helper: a valid MLP, and files that fail each
+stage of artifact validation (parse, checker, onnxruntime load)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def onnx_mlp_bytes(n_in: int = 4, hidden: int = 8, n_out: int = 3, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array(rng.normal(size=(n_in, hidden)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(np.zeros(hidden, np.float32), "b1")
+    w2 = numpy_helper.from_array(rng.normal(size=(hidden, n_out)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, f"mlp{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", n_in])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", n_out])], [w1, b1, w2],
+    )
+    model = helper.make_model(graph, producer_name="tessera-tests", opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def onnx_failing_checker_bytes() -> bytes:
+    """Parses, but a node reads a tensor nothing produces."""
+    node = helper.make_node("Relu", ["missing"], ["y"])
+    graph = helper.make_graph(
+        [node], "broken", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def onnx_unloadable_bytes() -> bytes:
+    """Passes the checker (custom domains are opaque to it) but onnxruntime has no such operator."""
+    node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph(
+        [node], "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    return model.SerializeToString()
