@@ -1,6 +1,7 @@
 """URL map: admin, REST API v1 (with its OpenAPI schema and browsable docs), health."""
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from apps.core.views import healthz
@@ -21,4 +22,6 @@ urlpatterns = [
     path("api/v1/", include((api_v1, "api"))),
     path("api-auth/", include("rest_framework.urls")),
     path("healthz", healthz, name="healthz"),
+    # Until the dashboard exists, the admin is the operator's web UI.
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
 ]

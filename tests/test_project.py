@@ -67,3 +67,8 @@ def test_production_settings_have_no_default_secrets(missing):
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and missing in result.stderr
+
+
+def test_health_and_root(client, db):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/").headers["Location"] == "/admin/"
