@@ -1,0 +1,82 @@
+"""Turning a solver's decisions into a Plan. Every solver ends here, so served traffic, shortfall,
+effective accuracy and routing weights are computed one way for all of them."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .capacity import capacity_for
+from .problem import Plan, PlanInstance, PlanStatus, Problem, RouteEntry
+
+# Traffic below this (queries per second) is solver noise, not an assignment.
+RPS_EPSILON = 1e-6
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One instance the plan runs, with the traffic the solver sent to it."""
+
+    device: str
+    slice: str
+    start: int | None
+    variant: str
+    assigned_rps: float
+
+
+def plan_assemble(
+    problem: Problem,
+    assignments: Iterable[Assignment],
+    *,
+    status: PlanStatus,
+    solver: str,
+    objective: float | None,
+    bound: float | None,
+    gap: float | None,
+    solve_seconds: float,
+    layouts: dict[str, Sequence[str]] | None = None,
+    notes: Sequence[str] = (),
+) -> Plan:
+    instances: list[PlanInstance] = []
+    served: dict[str, float] = defaultdict(float)
+    accuracy_weighted: dict[str, float] = defaultdict(float)
+    per_app_instances: dict[str, list[PlanInstance]] = defaultdict(list)
+    for a in sorted(assignments, key=lambda a: (a.device, a.start if a.start is not None else -1, a.slice)):
+        device = problem.device(a.device)
+        capacity = capacity_for(problem, a.variant, device, a.slice)
+        if capacity is None:
+            raise ValueError(f"{a.variant} cannot run on {a.device}/{a.slice} within its SLO and memory")
+        assigned = max(0.0, min(a.assigned_rps, capacity.capacity_rps))
+        assigned = 0.0 if assigned < RPS_EPSILON else assigned
+        instance = PlanInstance(
+            device=a.device, slice=a.slice, start=a.start, variant=a.variant, batch=capacity.batch,
+            latency_ms=round(capacity.latency_ms, 6), capacity_rps=capacity.capacity_rps, assigned_rps=assigned,
+        )
+        instances.append(instance)
+        variant = problem.variant(a.variant)
+        served[variant.application] += assigned
+        accuracy_weighted[variant.application] += assigned * variant.accuracy
+        per_app_instances[variant.application].append(instance)
+
+    routing: dict[str, list[RouteEntry]] = {}
+    accuracy_by_app: dict[str, float] = {}
+    shortfall: dict[str, float] = {}
+    for app in problem.applications:
+        total = served.get(app.name, 0.0)
+        routing[app.name] = [
+            RouteEntry(i.id, i.assigned_rps / total) for i in per_app_instances.get(app.name, []) if total > 0 and i.assigned_rps > 0
+        ]
+        if total > 0:
+            accuracy_by_app[app.name] = accuracy_weighted[app.name] / total
+        served[app.name] = total
+        missing = app.demand_rps - total
+        shortfall[app.name] = missing if missing > max(RPS_EPSILON, 1e-6 * app.demand_rps) else 0.0
+    total_served = sum(served.values())
+    effective = sum(accuracy_weighted.values()) / total_served if total_served > 0 else None
+    gpus = {i.device for i in instances if not problem.device(i.device).is_cpu}
+    return Plan(
+        status=status, solver=solver, objective_kind=problem.options.objective, objective=objective, bound=bound, gap=gap,
+        solve_seconds=solve_seconds, effective_accuracy=effective, served_rps=dict(served), shortfall_rps=shortfall,
+        instances=instances, routing=routing, layouts={k: list(v) for k, v in (layouts or {}).items()},
+        accuracy_by_application=accuracy_by_app, gpus_used=len(gpus), notes=list(notes),
+    )

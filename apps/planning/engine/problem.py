@@ -1,0 +1,427 @@
+"""Planning problems and plans: typed values, read from and written to the versioned JSON formats
+documented in `schemas/problem.schema.json` and `schemas/plan.schema.json`.
+
+A problem says what must be served (applications with demand and SLO), with what (variants with accuracy
+and memory, profiles of latency per batch size on a device type and slice) and where (devices: MIG GPUs,
+whole GPUs, CPU hosts). A plan says which variant runs on which instance with which batch size, how each
+application's traffic is split, and how good that is (effective accuracy, served throughput, solver
+status and gap)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Literal, Mapping
+
+from .mig import Placement, layout_parse, mig_catalogue_load
+
+PROBLEM_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 1
+
+FULL_SLICE = "full"
+CPU_DEVICE_TYPE = "cpu"
+
+Objective = Literal["max-accuracy", "min-gpus"]
+SolverName = Literal["highs", "cbc"]
+PlanStatus = Literal["optimal", "feasible", "infeasible"]
+OBJECTIVES: tuple[str, ...] = ("max-accuracy", "min-gpus")
+SOLVERS: tuple[str, ...] = ("highs", "cbc")
+
+
+class ProblemError(ValueError):
+    """The problem is malformed or inconsistent; the message names the offending item."""
+
+
+@dataclass(frozen=True)
+class ApplicationSpec:
+    name: str
+    slo_ms: float
+    demand_rps: float
+    min_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    name: str
+    application: str
+    accuracy: float  # 0..1
+    memory_mb: float  # weights and workspace at batch 1
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One device. `type` is a GPU model (a MIG catalogue name for MIG GPUs), any other GPU name, or
+    `cpu`. `layout` is the current MIG geometry; with `fixed_layout` the planner must keep it."""
+
+    name: str
+    type: str
+    mig: bool = False
+    layout: tuple[Placement, ...] | None = None
+    fixed_layout: bool = False
+    memory_mb: float | None = None  # needed for GPUs outside the MIG catalogue
+    cores: int | None = None  # CPU devices
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.type == CPU_DEVICE_TYPE
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """Latency of a whole batch. `slice` is a MIG profile, `full` for a whole GPU, or the number of
+    cores (as text, e.g. "4") on a CPU."""
+
+    variant: str
+    device_type: str
+    slice: str
+    batch: int
+    latency_ms: float
+    memory_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    objective: Objective = "max-accuracy"
+    time_limit_s: float = 30.0
+    mip_gap: float = 0.0
+    solver: SolverName = "highs"
+    threads: int | None = None
+    # Joint planner: cost per MIG instance destroyed or created, in the objective's units per instance.
+    reconfiguration_penalty: float = 0.0
+    # Capacity model: the largest batch whose latency fits this fraction of the SLO (Proteus, after Nexus).
+    latency_budget_fraction: float = 0.5
+
+
+@dataclass(frozen=True)
+class Problem:
+    applications: tuple[ApplicationSpec, ...]
+    variants: tuple[VariantSpec, ...]
+    devices: tuple[DeviceSpec, ...]
+    profiles: tuple[ProfilePoint, ...]
+    options: SolveOptions = field(default_factory=SolveOptions)
+
+    def application(self, name: str) -> ApplicationSpec:
+        return self._apps[name]
+
+    def variant(self, name: str) -> VariantSpec:
+        return self._variants[name]
+
+    def device(self, name: str) -> DeviceSpec:
+        return self._devices[name]
+
+    def variants_of(self, application: str) -> tuple[VariantSpec, ...]:
+        return tuple(v for v in self.variants if v.application == application)
+
+    def profiles_for(self, variant: str, device_type: str, slice_name: str) -> tuple[ProfilePoint, ...]:
+        return self._profile_index.get((variant, device_type, slice_name), ())
+
+    @property
+    def total_demand_rps(self) -> float:
+        return sum(a.demand_rps for a in self.applications)
+
+    def __post_init__(self) -> None:
+        # Lookup tables are derived data; frozen dataclasses need object.__setattr__ for them.
+        object.__setattr__(self, "_apps", {a.name: a for a in self.applications})
+        object.__setattr__(self, "_variants", {v.name: v for v in self.variants})
+        object.__setattr__(self, "_devices", {d.name: d for d in self.devices})
+        index: dict[tuple[str, str, str], list[ProfilePoint]] = {}
+        for p in self.profiles:
+            index.setdefault((p.variant, p.device_type, p.slice), []).append(p)
+        object.__setattr__(self, "_profile_index", {k: tuple(sorted(v, key=lambda p: p.batch)) for k, v in index.items()})
+        object.__setattr__(self, "capacity_cache", {})  # filled by capacity.capacity_for
+
+
+@dataclass(frozen=True)
+class PlanInstance:
+    device: str
+    slice: str  # MIG profile, "full", or CPU cores as text
+    start: int | None  # MIG placement start; None for whole GPUs and CPUs
+    variant: str
+    batch: int
+    latency_ms: float
+    capacity_rps: float
+    assigned_rps: float
+
+    @property
+    def id(self) -> str:
+        where = f"{self.slice}@{self.start}" if self.start is not None else self.slice
+        return f"{self.device}/{where}"
+
+
+@dataclass(frozen=True)
+class RouteEntry:
+    instance: str  # PlanInstance.id
+    weight: float
+
+
+@dataclass
+class Plan:
+    status: PlanStatus
+    solver: str
+    objective_kind: Objective
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    solve_seconds: float
+    effective_accuracy: float | None  # over all served traffic
+    served_rps: dict[str, float]
+    shortfall_rps: dict[str, float]
+    instances: list[PlanInstance]
+    routing: dict[str, list[RouteEntry]]
+    layouts: dict[str, list[str]]  # MIG GPUs: device -> ["3g.20gb@0", ...] the plan wants
+    accuracy_by_application: dict[str, float] = field(default_factory=dict)
+    gpus_used: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_served_rps(self) -> float:
+        return sum(self.served_rps.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["format_version"] = PLAN_FORMAT_VERSION
+        data["total_served_rps"] = self.total_served_rps
+        for inst, raw in zip(self.instances, data["instances"]):
+            raw["id"] = inst.id
+        return data
+
+
+# --------------------------------------------------------------------------- JSON reading
+
+
+def _need(raw: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ProblemError(f"{where}: expected an object")
+    if key not in raw:
+        raise ProblemError(f"{where}: missing '{key}'")
+    return raw[key]
+
+
+def _number(value: Any, where: str, *, minimum: float | None = None, maximum: float | None = None, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ProblemError(f"{where}: expected a finite number, got {value!r}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        raise ProblemError(f"{where}: must be {'>' if strict else '>='} {minimum:g}, got {value:g}")
+    if maximum is not None and value > maximum:
+        raise ProblemError(f"{where}: must be <= {maximum:g}, got {value:g}")
+    return float(value)
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ProblemError(f"{where}: expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _unique(names: Iterable[str], what: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ProblemError(f"{what} {name!r} is listed twice")
+        seen.add(name)
+
+
+def _options_from_dict(raw: Any) -> SolveOptions:
+    raw = raw or {}
+    if not isinstance(raw, Mapping):
+        raise ProblemError("options: expected an object")
+    unknown = set(raw) - {f for f in SolveOptions.__dataclass_fields__}
+    if unknown:
+        raise ProblemError(f"options: unknown keys {sorted(unknown)}")
+    opts = SolveOptions(**raw)
+    if opts.objective not in OBJECTIVES:
+        raise ProblemError(f"options.objective: one of {OBJECTIVES}, got {opts.objective!r}")
+    if opts.solver not in SOLVERS:
+        raise ProblemError(f"options.solver: one of {SOLVERS}, got {opts.solver!r}")
+    _number(opts.time_limit_s, "options.time_limit_s", minimum=0, strict=True)
+    _number(opts.mip_gap, "options.mip_gap", minimum=0, maximum=1)
+    _number(opts.reconfiguration_penalty, "options.reconfiguration_penalty", minimum=0)
+    _number(opts.latency_budget_fraction, "options.latency_budget_fraction", minimum=0, maximum=1, strict=True)
+    return opts
+
+
+def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
+    """Read a problem from its JSON form, refusing anything malformed or inconsistent with a message that
+    names the item (e.g. "variants[3] (resnet50): unknown application 'classify'")."""
+    if not isinstance(raw, Mapping):
+        raise ProblemError("a problem is a JSON object")
+    version = raw.get("format_version", PROBLEM_FORMAT_VERSION)
+    if version != PROBLEM_FORMAT_VERSION:
+        raise ProblemError(f"format_version {version!r} is not supported (expected {PROBLEM_FORMAT_VERSION})")
+    catalogue = mig_catalogue_load()
+
+    apps = []
+    for i, a in enumerate(_need(raw, "applications", "problem")):
+        where = f"applications[{i}]"
+        name = _text(_need(a, "name", where), f"{where}.name")
+        where = f"{where} ({name})"
+        min_acc = a.get("min_accuracy")
+        apps.append(
+            ApplicationSpec(
+                name=name,
+                slo_ms=_number(_need(a, "slo_ms", where), f"{where}.slo_ms", minimum=0, strict=True),
+                demand_rps=_number(_need(a, "demand_rps", where), f"{where}.demand_rps", minimum=0),
+                min_accuracy=None if min_acc is None else _number(min_acc, f"{where}.min_accuracy", minimum=0, maximum=1),
+            )
+        )
+    if not apps:
+        raise ProblemError("applications: at least one is needed")
+    _unique((a.name for a in apps), "application")
+    app_names = {a.name for a in apps}
+
+    variants = []
+    for i, v in enumerate(_need(raw, "variants", "problem")):
+        where = f"variants[{i}]"
+        name = _text(_need(v, "name", where), f"{where}.name")
+        where = f"{where} ({name})"
+        app = _text(_need(v, "application", where), f"{where}.application")
+        if app not in app_names:
+            raise ProblemError(f"{where}: unknown application {app!r}")
+        variants.append(
+            VariantSpec(
+                name=name, application=app,
+                accuracy=_number(_need(v, "accuracy", where), f"{where}.accuracy", minimum=0, maximum=1),
+                memory_mb=_number(v.get("memory_mb", 0), f"{where}.memory_mb", minimum=0),
+            )
+        )
+    _unique((v.name for v in variants), "variant")
+    for a in apps:
+        if not any(v.application == a.name for v in variants):
+            raise ProblemError(f"application {a.name!r} has no variant")
+
+    devices = []
+    for i, d in enumerate(_need(raw, "devices", "problem")):
+        where = f"devices[{i}]"
+        name = _text(_need(d, "name", where), f"{where}.name")
+        where = f"{where} ({name})"
+        dtype = _text(_need(d, "type", where), f"{where}.type")
+        mig = bool(d.get("mig", False))
+        spec = catalogue.gpu_model_find(dtype)
+        if spec is not None:
+            dtype = spec.name  # one spelling per GPU model
+        if mig and spec is None:
+            raise ProblemError(f"{where}: MIG requested but {dtype!r} is not in the MIG catalogue ({', '.join(catalogue.gpu_model_names)})")
+        layout = None
+        if d.get("layout") is not None:
+            if not mig:
+                raise ProblemError(f"{where}: a layout is given but mig is false")
+            try:
+                layout = layout_parse(d["layout"])
+            except ValueError as exc:
+                raise ProblemError(f"{where}.layout: {exc}") from exc
+            from .mig import mig_layout_validate
+
+            verdict = mig_layout_validate(spec, layout)
+            if not verdict.valid:
+                raise ProblemError(f"{where}.layout: {verdict.reason}")
+        fixed = bool(d.get("fixed_layout", False))
+        if fixed and layout is None:
+            raise ProblemError(f"{where}: fixed_layout needs a layout")
+        cores = d.get("cores")
+        if dtype == CPU_DEVICE_TYPE:
+            if mig:
+                raise ProblemError(f"{where}: a CPU cannot use MIG")
+            cores = int(_number(_need(d, "cores", where), f"{where}.cores", minimum=1))
+        memory = d.get("memory_mb")
+        if memory is not None:
+            memory = _number(memory, f"{where}.memory_mb", minimum=0, strict=True)
+        elif spec is not None:
+            memory = float(spec.memory_mib)
+        devices.append(DeviceSpec(name=name, type=dtype, mig=mig, layout=layout, fixed_layout=fixed, memory_mb=memory, cores=cores))
+    if not devices:
+        raise ProblemError("devices: at least one is needed")
+    _unique((d.name for d in devices), "device")
+
+    variant_names = {v.name for v in variants}
+    profiles = []
+    seen_points: set[tuple[str, str, str, int]] = set()
+    for i, p in enumerate(_need(raw, "profiles", "problem")):
+        where = f"profiles[{i}]"
+        variant = _text(_need(p, "variant", where), f"{where}.variant")
+        if variant not in variant_names:
+            raise ProblemError(f"{where}: unknown variant {variant!r}")
+        dtype = _text(_need(p, "device_type", where), f"{where}.device_type")
+        spec = catalogue.gpu_model_find(dtype)
+        if spec is not None:
+            dtype = spec.name
+        slice_raw = _need(p, "slice", where)
+        slice_name = str(int(slice_raw)) if isinstance(slice_raw, (int, float)) and not isinstance(slice_raw, bool) else _text(slice_raw, f"{where}.slice")
+        if spec is not None and slice_name != FULL_SLICE:
+            profile = spec.profile_find(slice_name)
+            if profile is None:
+                raise ProblemError(f"{where}: {slice_name!r} is not a MIG profile of {spec.name}")
+            slice_name = profile.name
+        if dtype == CPU_DEVICE_TYPE and not slice_name.isdigit():
+            raise ProblemError(f"{where}: a CPU profile's slice is its number of cores, got {slice_name!r}")
+        batch = _number(_need(p, "batch", where), f"{where}.batch", minimum=1)
+        if batch != int(batch):
+            raise ProblemError(f"{where}.batch: must be a whole number, got {batch:g}")
+        key = (variant, dtype, slice_name, int(batch))
+        if key in seen_points:
+            raise ProblemError(f"{where}: a second profile for {variant} on {dtype}/{slice_name} at batch {int(batch)}")
+        seen_points.add(key)
+        memory = p.get("memory_mb")
+        profiles.append(
+            ProfilePoint(
+                variant=variant, device_type=dtype, slice=slice_name, batch=int(batch),
+                latency_ms=_number(_need(p, "latency_ms", where), f"{where}.latency_ms", minimum=0, strict=True),
+                memory_mb=None if memory is None else _number(memory, f"{where}.memory_mb", minimum=0),
+            )
+        )
+    return Problem(tuple(apps), tuple(variants), tuple(devices), tuple(profiles), _options_from_dict(raw.get("options")))
+
+
+def problem_to_dict(problem: Problem) -> dict[str, Any]:
+    def device(d: DeviceSpec) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": d.name, "type": d.type, "mig": d.mig}
+        if d.layout is not None:
+            out["layout"] = [str(p) for p in d.layout]
+        if d.fixed_layout:
+            out["fixed_layout"] = True
+        if d.memory_mb is not None:
+            out["memory_mb"] = d.memory_mb
+        if d.cores is not None:
+            out["cores"] = d.cores
+        return out
+
+    return {
+        "format_version": PROBLEM_FORMAT_VERSION,
+        "applications": [{k: v for k, v in asdict(a).items() if v is not None} for a in problem.applications],
+        "variants": [asdict(v) for v in problem.variants],
+        "devices": [device(d) for d in problem.devices],
+        "profiles": [{k: v for k, v in asdict(p).items() if v is not None} for p in problem.profiles],
+        "options": asdict(problem.options),
+    }
+
+
+def problem_load(path) -> Problem:
+    with open(path) as fh:
+        try:
+            raw = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise ProblemError(f"{path}: not valid JSON: {exc}") from exc
+    return problem_from_dict(raw)
+
+
+def plan_from_dict(raw: Mapping[str, Any]) -> Plan:
+    """Read a plan written by `Plan.to_dict` (the validator reads plans from files and other tools)."""
+    try:
+        instances = [
+            PlanInstance(
+                device=i["device"], slice=str(i["slice"]), start=i.get("start"), variant=i["variant"], batch=int(i["batch"]),
+                latency_ms=float(i["latency_ms"]), capacity_rps=float(i["capacity_rps"]), assigned_rps=float(i["assigned_rps"]),
+            )
+            for i in raw["instances"]
+        ]
+        routing = {app: [RouteEntry(e["instance"], float(e["weight"])) for e in entries] for app, entries in raw["routing"].items()}
+        return Plan(
+            status=raw["status"], solver=raw.get("solver", ""), objective_kind=raw.get("objective_kind", "max-accuracy"),
+            objective=raw.get("objective"), bound=raw.get("bound"), gap=raw.get("gap"), solve_seconds=float(raw.get("solve_seconds", 0)),
+            effective_accuracy=raw.get("effective_accuracy"), served_rps=dict(raw.get("served_rps", {})),
+            shortfall_rps=dict(raw.get("shortfall_rps", {})), instances=instances, routing=routing,
+            layouts={k: list(v) for k, v in raw.get("layouts", {}).items()},
+            accuracy_by_application=dict(raw.get("accuracy_by_application", {})), gpus_used=int(raw.get("gpus_used", 0)),
+            notes=list(raw.get("notes", [])),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProblemError(f"plan is malformed: {exc!r}") from exc
