@@ -22,7 +22,7 @@ test: $(STAMP)
 
 ## Re-pin every dependency after editing pyproject.toml (needs uv: pip install uv).
 lock:
-	uv pip compile pyproject.toml --extra dev --python-version 3.11 --generate-hashes --universal -o requirements/lock.txt
+	uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 --generate-hashes --universal -o requirements/lock.txt
 
 clean:
 	rm -rf $(VENV) var

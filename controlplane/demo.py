@@ -2,7 +2,8 @@
 what it is:
 - hosts use the `simulated` backend (their GPUs are declared, not discovered);
 - GPU profiles are *derived* from the gpulets measurements in shared/data (RTX 2080 Ti under MPS), scaled
-  to each MIG slice and GPU model by the stated factors below; each row says so in `source_detail`;
+  to each MIG slice and GPU model by the stated rule and factors of `reference_data.gpulet_profiles_derive`;
+  each row says so in `source_detail`;
 - the CPU application's two variants are real ONNX models trained at seed time, uploaded through the
   same validation as any artifact, and profiled for real on this machine's CPU with onnxruntime."""
 from __future__ import annotations
@@ -22,10 +23,16 @@ from apps.core.context import change_context
 from apps.inventory.choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host
 from apps.planning.engine.mig import mig_catalogue_load
-from apps.planning.engine.reference_data import GPULET_TOP1_ACCURACY, gpulet_inference_read
+from apps.planning.engine.reference_data import (
+    GPULET_DERIVED_SPEEDUP,
+    GPULET_TOP1_ACCURACY,
+    GPULET_VARIANT_MEMORY_MB,
+    gpulet_inference_read,
+    gpulet_profiles_derive,
+)
 from apps.policies.choices import DropRuleChoices
 from apps.policies.models import ReplanPolicy, SloPolicy
-from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE, ProfileSourceChoices, TaskChoices
+from apps.registry.choices import CPU_DEVICE_TYPE, ProfileSourceChoices, TaskChoices
 from apps.registry.models import Application, ModelVariant, Profile
 from apps.registry.services import artifact_create
 from apps.users.choices import RoleChoices
@@ -33,16 +40,13 @@ from apps.users.roles import roles_sync, user_role_set
 
 from .demo_models import demo_models_build
 
-# Illustrative speed-ups of a whole GPU over the RTX 2080 Ti that gpulets measured. Not measurements:
-# the demo needs plausible numbers for GPUs the reference data lacks; real fleets profile their own.
-DEMO_GPU_SPEEDUP = {"A100-SXM4-40GB": 2.2, "A100-SXM4-80GB": 2.3, "H100-SXM5-80GB": 3.8}
-GPULET_PARTITIONS = (20, 40, 50, 60, 80, 100)
+# The demo's GPU models and their illustrative speed-ups over the RTX 2080 Ti that gpulets measured (not
+# measurements: see reference_data.GPULET_DERIVED_SPEEDUP, where the table and the partition rule live).
+DEMO_GPU_MODELS = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB")
+DEMO_GPU_SPEEDUP = {name: GPULET_DERIVED_SPEEDUP[name] for name in DEMO_GPU_MODELS}
 
-# Approximate weights plus workspace at batch 1 (MiB), for memory fit in the planner.
-DEMO_VARIANT_MEMORY_MB = {
-    "vgg16": 1100, "vgg19": 1150, "resnet50": 400, "resnet101": 550, "resnet152": 700,
-    "densenet121": 350, "densenet169": 420, "densenet201": 500, "inception": 450, "mobilenet": 250,
-}
+# Approximate weights plus workspace at batch 1 (MiB), for memory fit in the planner (estimates).
+DEMO_VARIANT_MEMORY_MB = GPULET_VARIANT_MEMORY_MB
 DEMO_APPLICATIONS = {
     # name: (variants, p99 SLO ms, min accuracy, priority)
     "classify-resnet": (("resnet50", "resnet101", "resnet152"), 60.0, 0.76, 70),
@@ -76,31 +80,19 @@ class DemoSeedResult:
 
 
 def _gpu_profiles_derived(variant: ModelVariant, family: str, points, gpu_key: str) -> list[Profile]:
-    spec = mig_catalogue_load().gpu_model_get(gpu_key)
-    speedup = DEMO_GPU_SPEEDUP[gpu_key]
-    by_key = {(p.model, p.batch, p.partition_pct): p for p in points}
-    batches = sorted({p.batch for p in points if p.model == family})
-    slices = [(FULL_SLICE, spec.compute_slices)] + [(p.name, p.compute_slices) for p in spec.profiles if not p.media_extensions]
+    # One derivation for the demo, the generators and the benchmarks: reference_data.gpulet_profiles_derive.
     rows = []
-    for slice_name, compute in slices:
-        share = 100.0 * compute / spec.compute_slices
-        partition = next(p for p in GPULET_PARTITIONS if p >= share - 1e-9)
-        for batch in batches:
-            point = by_key.get((family, batch, partition))
-            if point is None:
-                continue
-            latency = point.latency_ms * (partition / share) / speedup
-            rows.append(
-                Profile(
-                    variant=variant, device_type=spec.name, slice=slice_name, batch_size=batch,
-                    latency_p50_ms=round(latency, 4), latency_p99_ms=round(latency * 1.1, 4),
-                    throughput_rps=round(batch * 1000.0 / latency, 3), source=ProfileSourceChoices.IMPORTED,
-                    source_detail=(
-                        f"derived: shared/data/gpulet {family} b{batch} at {partition}% of RTX 2080 Ti, "
-                        f"x{partition / share:.2f} for {compute}/7 compute, /{speedup} for {spec.name}; p99 = 1.1 x p50"
-                    )[:200],
-                )
+    for derived in gpulet_profiles_derive(points, gpu_key, DEMO_GPU_SPEEDUP[gpu_key], models=[family]):
+        p = derived.point
+        latency = p.latency_ms
+        rows.append(
+            Profile(
+                variant=variant, device_type=p.device_type, slice=p.slice, batch_size=p.batch,
+                latency_p50_ms=round(latency, 4), latency_p99_ms=round(latency * 1.1, 4),
+                throughput_rps=round(p.batch * 1000.0 / latency, 3), source=ProfileSourceChoices.IMPORTED,
+                source_detail=f"{derived.detail}; p99 = 1.1 x p50"[:200],
             )
+        )
     return rows
 
 
@@ -172,7 +164,7 @@ def _registry_seed(admin) -> None:
                 accuracy_metric="ImageNet top-1 (torchvision reference weights)", memory_mb=DEMO_VARIANT_MEMORY_MB[family],
             )
             rows = []
-            for gpu_key in DEMO_GPU_SPEEDUP:
+            for gpu_key in DEMO_GPU_MODELS:
                 rows += _gpu_profiles_derived(variant, family, points, gpu_key)
             for row in rows:
                 row.full_clean()

@@ -26,7 +26,7 @@ class InstanceCapacity:
     memory_mb: float
 
 
-def _interpolate(points: Sequence[ProfilePoint], batch: int, attr: str) -> float | None:
+def profile_interpolate(points: Sequence[ProfilePoint], batch: int, attr: str) -> float | None:
     """Linear between the two profiled batches around `batch`; None outside the profiled range."""
     lower = upper = None
     for p in points:
@@ -53,10 +53,10 @@ def instance_capacity(
         return None
     with_memory = all(p.memory_mb is not None for p in points)
     for batch in range(points[-1].batch, points[0].batch - 1, -1):
-        latency = _interpolate(points, batch, "latency_ms")
+        latency = profile_interpolate(points, batch, "latency_ms")
         if latency is None or latency > latency_budget_ms:
             continue
-        memory = _interpolate(points, batch, "memory_mb") if with_memory else variant_memory_mb
+        memory = profile_interpolate(points, batch, "memory_mb") if with_memory else variant_memory_mb
         memory = max(memory or 0.0, variant_memory_mb)
         if memory_limit_mb is not None and memory > memory_limit_mb:
             continue

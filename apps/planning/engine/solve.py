@@ -1,0 +1,69 @@
+"""One entry point for every planner: `plan_solve(problem, solver=...)`."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .problem import OBJECTIVES, SOLVERS, Plan, Problem
+
+PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
+
+
+class SolverUnavailable(RuntimeError):
+    """The planner asked for is known but its code is not installed."""
+
+
+def _planner_get(solver: str) -> Callable[[Problem], Plan]:
+    # Imported lazily: a planner's module (and its solver libraries) loads only when it is used.
+    if solver == "proteus":
+        from .solvers.proteus import proteus_solve
+
+        return proteus_solve
+    if solver == "joint":
+        from .solvers.joint import joint_solve
+
+        return joint_solve
+    if solver == "garrison":
+        try:
+            from .solvers.garrison import garrison_solve
+        except ModuleNotFoundError as exc:
+            if exc.name not in (f"{__package__}.solvers.garrison",):
+                raise  # a missing dependency of garrison itself, not garrison: let it show
+            raise SolverUnavailable("the 'garrison' planner is not installed (apps/planning/engine/solvers/garrison.py is missing)") from exc
+        return garrison_solve
+    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS)}")
+
+
+def plan_solve(
+    problem: Problem,
+    solver: str = "proteus",
+    *,
+    objective: str | None = None,
+    time_limit_s: float | None = None,
+    mip_gap: float | None = None,
+    backend: str | None = None,
+) -> Plan:
+    """Plan with `solver` (proteus | joint | garrison). `objective`, `time_limit_s`, `mip_gap` and `backend`
+    (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
+    at all can be served still comes back as a Plan, with status `infeasible` and notes saying why."""
+    overrides: dict[str, object] = {}
+    if objective is not None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+        overrides["objective"] = objective
+    if backend is not None:
+        if backend not in SOLVERS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(SOLVERS)}")
+        overrides["solver"] = backend
+    if time_limit_s is not None:
+        if not time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be > 0, got {time_limit_s!r}")
+        overrides["time_limit_s"] = float(time_limit_s)
+    if mip_gap is not None:
+        if not 0 <= mip_gap <= 1:
+            raise ValueError(f"mip_gap must be within 0..1, got {mip_gap!r}")
+        overrides["mip_gap"] = float(mip_gap)
+    planner = _planner_get(solver)
+    if overrides:
+        problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
+    return planner(problem)

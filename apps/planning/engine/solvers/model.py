@@ -1,0 +1,541 @@
+"""The accuracy-scaling MILP the proteus and joint planners share.
+
+A fleet is described as device classes (identical devices: same type, memory, current layout) and the
+configurations a device of each class may take (its fixed layout, a candidate MIG geometry, the whole GPU,
+or unused). A configuration offers slots; slots are pooled into slot classes keyed by (device type, memory,
+slice), because a variant's capacity depends on nothing else. Identical slots are interchangeable, so the
+model counts instead of naming them (no symmetric copies for the solver to branch over):
+
+    m[g, c]  integer  devices of class g that take configuration c        sum_c m[g, c] = |g|
+    n[s, v]  integer  instances of variant v on slots of class s          sum_v n[s, v] <= sum_{g,c} slots(c, s) m[g, c]
+    r[s, v]  >= 0     queries per second routed to those instances        r[s, v] <= capacity(s, v) n[s, v]
+
+    demand:        sum_{s, v of a} r[s, v] = demand(a)      (or <= demand(a) when maximising served traffic)
+    min accuracy:  sum_{s, v of a} (accuracy(v) - min_accuracy(a)) r[s, v] >= 0
+    accuracy:      sum_{s, v} accuracy(v) r[s, v] / total demand            (Proteus's effective accuracy)
+
+Objectives run in lexicographic stages (see `fleet_solve`); afterwards the counts are handed out to
+concrete devices, placements and instances, and the plan is assembled by `plan_assemble`."""
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+import pulp
+
+from ..assemble import RPS_EPSILON, Assignment, plan_assemble
+from ..capacity import InstanceCapacity, capacity_for, cpu_slice
+from ..mig import Layout
+from ..problem import FULL_SLICE, DeviceSpec, Plan, Problem
+from .milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
+
+# (device type, device memory, slice); CPUs use ("cpu", memory, "<cores>c") and pick the slice per variant.
+SlotKey = tuple[str, "float | None", str]
+
+# Served traffic may fall this far below the first stage's optimum in the second stage: solvers satisfy
+# constraints to about 1e-7 relative, so demanding the exact optimum could make the second stage infeasible.
+SERVED_ABS_TOL = 1e-6
+SERVED_REL_TOL = 1e-7
+# Smallest time a stage is given, even when earlier stages used up the limit.
+MIN_STAGE_SECONDS = 0.5
+# Share of the remaining time a stage gets when another stage may follow it (the rest is kept for that one).
+FIRST_STAGE_SHARE = 0.6
+
+
+# --------------------------------------------------------------------------- fleet description
+
+
+@dataclass(frozen=True)
+class SlotClass:
+    key: SlotKey
+    device: DeviceSpec  # a representative: capacities depend only on the key
+    slice: str | None  # None on CPUs, where the core count depends on the variant
+    capacities: Mapping[str, InstanceCapacity]  # variant -> capacity, only variants that fit
+
+    def slice_for(self, problem: Problem, variant: str) -> str:
+        if self.slice is not None:
+            return self.slice
+        chosen = cpu_slice(problem, variant, self.device)
+        assert chosen is not None  # variants without a CPU profile have no capacity here
+        return chosen
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    """One slot a configuration offers: where an instance may run on the device."""
+
+    key: SlotKey
+    slice: str | None  # None on CPUs
+    start: int | None  # MIG placement start
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    name: str
+    slots: tuple[DeviceSlot, ...]
+    uses_device: bool  # False for "unused": the device runs nothing and does not count as used
+    layout: Layout | None = None  # the MIG layout a device in this configuration has
+    mig_off: bool = False  # a MIG GPU run whole
+    instances_changed: int = 0  # MIG instances destroyed plus created to reach this from the current layout
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    devices: tuple[DeviceSpec, ...]  # sorted by name
+    configs: tuple[DeviceConfig, ...]
+    is_gpu: bool
+
+
+@dataclass
+class Fleet:
+    problem: Problem
+    device_classes: list[DeviceClass]
+    slot_classes: dict[SlotKey, SlotClass]
+    notes: list[str] = field(default_factory=list)
+
+
+def slot_key(device: DeviceSpec, slice_name: str | None) -> SlotKey:
+    if device.is_cpu:
+        return (device.type, device.memory_mb, f"{device.cores}c")
+    assert slice_name is not None
+    return (device.type, device.memory_mb, slice_name)
+
+
+def slot_class_register(fleet_slots: dict[SlotKey, SlotClass], problem: Problem, device: DeviceSpec, slice_name: str | None) -> SlotKey:
+    """The slot class of `slice_name` on `device`, computing its capacities the first time it is seen."""
+    key = slot_key(device, slice_name)
+    if key not in fleet_slots:
+        capacities: dict[str, InstanceCapacity] = {}
+        for variant in problem.variants:
+            chosen = cpu_slice(problem, variant.name, device) if device.is_cpu else slice_name
+            if chosen is None:
+                continue
+            capacity = capacity_for(problem, variant.name, device, chosen)
+            if capacity is not None and capacity.capacity_rps > 0:
+                capacities[variant.name] = capacity
+        fleet_slots[key] = SlotClass(key=key, device=device, slice=None if device.is_cpu else slice_name, capacities=capacities)
+    return key
+
+
+def unused_config(layout: Layout | None = None) -> DeviceConfig:
+    return DeviceConfig(name="unused", slots=(), uses_device=False, layout=layout)
+
+
+def whole_config(fleet_slots: dict[SlotKey, SlotClass], problem: Problem, device: DeviceSpec, *, mig_off: bool = False, instances_changed: int = 0) -> DeviceConfig:
+    key = slot_class_register(fleet_slots, problem, device, FULL_SLICE)
+    return DeviceConfig(name=FULL_SLICE, slots=(DeviceSlot(key, FULL_SLICE, None),), uses_device=True, mig_off=mig_off, instances_changed=instances_changed)
+
+
+def cpu_config(fleet_slots: dict[SlotKey, SlotClass], problem: Problem, device: DeviceSpec) -> DeviceConfig:
+    key = slot_class_register(fleet_slots, problem, device, None)
+    # A CPU host is not a GPU: using it costs nothing under min-gpus, so it is simply always available.
+    return DeviceConfig(name="cpu", slots=(DeviceSlot(key, None, None),), uses_device=False)
+
+
+def layout_config(fleet_slots: dict[SlotKey, SlotClass], problem: Problem, device: DeviceSpec, layout: Layout, *, name: str | None = None, instances_changed: int = 0) -> DeviceConfig:
+    slots = tuple(DeviceSlot(slot_class_register(fleet_slots, problem, device, p.profile), p.profile, p.start) for p in sorted(layout))
+    return DeviceConfig(
+        name=name or " ".join(map(str, sorted(layout))), slots=slots, uses_device=True, layout=tuple(sorted(layout)), instances_changed=instances_changed
+    )
+
+
+def devices_group(devices: Iterable[DeviceSpec], key: Callable[[DeviceSpec], object]) -> list[tuple[DeviceSpec, ...]]:
+    """Devices grouped by `key`, groups in order of first appearance, each sorted by name."""
+    groups: dict[object, list[DeviceSpec]] = {}
+    for device in devices:
+        groups.setdefault(key(device), []).append(device)
+    return [tuple(sorted(g, key=lambda d: d.name)) for g in groups.values()]
+
+
+def unservable_notes(fleet: Fleet) -> list[str]:
+    """Applications no slot anywhere can run: the likely reason a plan comes back short or infeasible."""
+    runnable = {v for s in fleet.slot_classes.values() for v in s.capacities}
+    notes = []
+    for app in fleet.problem.applications:
+        if app.demand_rps > 0 and not any(v.name in runnable for v in fleet.problem.variants_of(app.name)):
+            budget = app.slo_ms * fleet.problem.options.latency_budget_fraction
+            notes.append(
+                f"application {app.name}: no variant fits any device's slices within the latency budget "
+                f"({budget:g} ms = {fleet.problem.options.latency_budget_fraction:g} x SLO) and memory"
+            )
+    return notes
+
+
+# --------------------------------------------------------------------------- the MILP
+
+
+@dataclass
+class FleetModel:
+    lp: pulp.LpProblem
+    configs_taken: dict[tuple[int, int], pulp.LpVariable]  # m[g, c]
+    instances: dict[tuple[SlotKey, str], pulp.LpVariable]  # n[s, v]
+    routed: dict[tuple[SlotKey, str], pulp.LpVariable]  # r[s, v]
+    served_total: pulp.LpAffineExpression
+    accuracy_over_demand: pulp.LpAffineExpression
+    gpus_used: pulp.LpAffineExpression
+    instances_changed: pulp.LpAffineExpression
+
+
+def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable]]:
+    configs_taken = {
+        (gi, ci): pulp.LpVariable(f"m_{gi}_{ci}", lowBound=0, upBound=len(group.devices), cat=pulp.LpInteger)
+        for gi, group in enumerate(fleet.device_classes)
+        for ci in range(len(group.configs))
+    }
+    most_slots = _slot_supply_upper(fleet)
+    instances: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
+    routed: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
+    variant_index = {v.name: i for i, v in enumerate(fleet.problem.variants)}
+    for si, (key, slot_class) in enumerate(fleet.slot_classes.items()):
+        if most_slots.get(key, 0) == 0:
+            continue
+        for variant in slot_class.capacities:
+            vi = variant_index[variant]
+            instances[key, variant] = pulp.LpVariable(f"n_{si}_{vi}", lowBound=0, upBound=most_slots[key], cat=pulp.LpInteger)
+            routed[key, variant] = pulp.LpVariable(f"r_{si}_{vi}", lowBound=0)
+    return configs_taken, instances, routed
+
+
+def _slot_supply_upper(fleet: Fleet) -> dict[SlotKey, int]:
+    """The most slots of each class the fleet could offer at once (a bound for the count variables)."""
+    most: dict[SlotKey, int] = defaultdict(int)
+    for group in fleet.device_classes:
+        best: dict[SlotKey, int] = defaultdict(int)
+        for config in group.configs:
+            for key, count in Counter(s.key for s in config.slots).items():
+                best[key] = max(best[key], count)
+        for key, count in best.items():
+            most[key] += count * len(group.devices)
+    return dict(most)
+
+
+def _constrain_device_configs(lp: pulp.LpProblem, fleet: Fleet, configs_taken: Mapping[tuple[int, int], pulp.LpVariable]) -> None:
+    """Every device takes exactly one configuration (possibly `unused`)."""
+    for gi, group in enumerate(fleet.device_classes):
+        lp += pulp.lpSum(configs_taken[gi, ci] for ci in range(len(group.configs))) == len(group.devices), f"configs_{gi}"
+
+
+def _constrain_slot_supply(
+    lp: pulp.LpProblem, fleet: Fleet, configs_taken: Mapping[tuple[int, int], pulp.LpVariable], instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]
+) -> None:
+    """At most one variant per slot: instances of a slot class never outnumber the slots the chosen
+    configurations offer."""
+    supply: dict[SlotKey, list[tuple[int, pulp.LpVariable]]] = defaultdict(list)
+    for gi, group in enumerate(fleet.device_classes):
+        for ci, config in enumerate(group.configs):
+            for key, count in Counter(s.key for s in config.slots).items():
+                supply[key].append((count, configs_taken[gi, ci]))
+    by_slot: dict[SlotKey, list[pulp.LpVariable]] = defaultdict(list)
+    for (key, _), var in instances.items():
+        by_slot[key].append(var)
+    for si, (key, used) in enumerate(by_slot.items()):
+        lp += pulp.lpSum(used) <= pulp.lpSum(count * var for count, var in supply[key]), f"supply_{si}"
+
+
+def _constrain_slot_capacity(
+    lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable], routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]
+) -> None:
+    """Traffic to a variant on a slot class stays within its instances' capacity."""
+    for i, ((key, variant), rate) in enumerate(routed.items()):
+        capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
+        lp += rate <= capacity * instances[key, variant], f"capacity_{i}"
+
+
+def _served_by_application(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> dict[str, list[pulp.LpVariable]]:
+    by_app: dict[str, list[pulp.LpVariable]] = {a.name: [] for a in fleet.problem.applications}
+    for (_, variant), rate in routed.items():
+        by_app[fleet.problem.variant(variant).application].append(rate)
+    return by_app
+
+
+def _constrain_demand(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable], *, full: bool) -> None:
+    """Serve each application's demand exactly (full) or at most (when maximising served traffic)."""
+    for ai, (app, rates) in enumerate(_served_by_application(fleet, routed).items()):
+        demand = fleet.problem.application(app).demand_rps
+        if not rates:
+            continue  # nothing can serve it: `_full_demand_possible` keeps full-demand stages from running
+        if full:
+            lp += pulp.lpSum(rates) == demand, f"demand_{ai}"
+        else:
+            lp += pulp.lpSum(rates) <= demand, f"demand_{ai}"
+
+
+def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> None:
+    """Effective accuracy of an application over its served traffic >= its min_accuracy, written linearly as
+    sum (accuracy - min) * rate >= 0 so that it holds whether demand is fixed or a variable."""
+    for ai, app in enumerate(fleet.problem.applications):
+        if app.min_accuracy is None:
+            continue
+        terms = [(fleet.problem.variant(v).accuracy - app.min_accuracy, rate) for (_, v), rate in routed.items() if fleet.problem.variant(v).application == app.name]
+        if terms:
+            lp += pulp.lpSum(coef * rate for coef, rate in terms) >= 0, f"min_accuracy_{ai}"
+
+
+def _full_demand_possible(fleet: Fleet) -> bool:
+    """False when some application with demand has no variant that fits any slot: then serving all demand
+    is infeasible without asking a solver."""
+    supplied = set(_slot_supply_upper(fleet))
+    runnable = {v for key, s in fleet.slot_classes.items() if key in supplied for v in s.capacities}
+    return all(
+        app.demand_rps <= 0 or any(v.name in runnable for v in fleet.problem.variants_of(app.name))
+        for app in fleet.problem.applications
+    )
+
+
+def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetModel:
+    """The constraints every stage shares; stages add their objective and stage constraints."""
+    lp = pulp.LpProblem(name, pulp.LpMaximize)
+    configs_taken, instances, routed = _variables_add(fleet)
+    _constrain_device_configs(lp, fleet, configs_taken)
+    _constrain_slot_supply(lp, fleet, configs_taken, instances)
+    _constrain_slot_capacity(lp, fleet, instances, routed)
+    _constrain_demand(lp, fleet, routed, full=full_demand)
+    _constrain_min_accuracy(lp, fleet, routed)
+    total_demand = fleet.problem.total_demand_rps
+    per_demand = 1.0 / total_demand if total_demand > 0 else 0.0
+    accuracy = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * rate for (_, v), rate in routed.items())
+    gpus = pulp.lpSum(
+        configs_taken[gi, ci]
+        for gi, group in enumerate(fleet.device_classes) if group.is_gpu
+        for ci, config in enumerate(group.configs) if config.uses_device
+    )
+    changed = pulp.lpSum(
+        config.instances_changed * configs_taken[gi, ci]
+        for gi, group in enumerate(fleet.device_classes)
+        for ci, config in enumerate(group.configs) if config.instances_changed
+    )
+    return FleetModel(
+        lp=lp, configs_taken=configs_taken, instances=instances, routed=routed, served_total=pulp.lpSum(routed.values()),
+        accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
+    )
+
+
+# --------------------------------------------------------------------------- staged solving
+
+
+@dataclass(frozen=True)
+class FleetSolution:
+    """Variable values of one solved stage, detached from PuLP."""
+
+    configs_taken: dict[tuple[int, int], int]
+    instances: dict[tuple[SlotKey, str], int]
+    routed: dict[tuple[SlotKey, str], float]
+    values: dict[str, float]  # by variable name: a MIP start for the next stage, which it satisfies
+
+    def gpus_used(self, fleet: Fleet) -> int:
+        return sum(
+            count for (gi, ci), count in self.configs_taken.items()
+            if fleet.device_classes[gi].is_gpu and fleet.device_classes[gi].configs[ci].uses_device
+        )
+
+    def instances_changed(self, fleet: Fleet) -> int:
+        return sum(count * fleet.device_classes[gi].configs[ci].instances_changed for (gi, ci), count in self.configs_taken.items())
+
+    def served_total(self) -> float:
+        return sum(self.routed.values())
+
+    def accuracy_over_demand(self, problem: Problem) -> float:
+        total = problem.total_demand_rps
+        return sum(problem.variant(v).accuracy * rate for (_, v), rate in self.routed.items()) / total if total > 0 else 0.0
+
+
+def _solution_read(model: FleetModel) -> FleetSolution:
+    def whole(var: pulp.LpVariable) -> int:
+        return int(round(var.value() or 0.0))
+
+    return FleetSolution(
+        configs_taken={k: whole(v) for k, v in model.configs_taken.items()},
+        instances={k: whole(v) for k, v in model.instances.items()},
+        routed={k: max(0.0, v.value() or 0.0) for k, v in model.routed.items()},
+        values={v.name: (round(v.value() or 0.0) if v.cat == pulp.LpInteger else (v.value() or 0.0)) for v in model.lp.variables()},
+    )
+
+
+@dataclass
+class _Stages:
+    """Runs the stages of one solve within the overall time limit and remembers what each returned."""
+
+    fleet: Fleet
+    backend: str
+    deadline: float
+    outcomes: list[SolveOutcome] = field(default_factory=list)
+
+    def run(self, model: FleetModel, *, share: float = 1.0, start: FleetSolution | None = None) -> tuple[SolveOutcome, FleetSolution | None]:
+        """Solve one stage with `share` of the time left, starting from an earlier stage's solution."""
+        limit = max(MIN_STAGE_SECONDS, share * (self.deadline - time.perf_counter()))
+        outcome = milp_solve(
+            model.lp, self.fleet.problem.options, time_limit_s=limit, backend=self.backend, start=start.values if start else None
+        )
+        self.outcomes.append(outcome)
+        return outcome, (_solution_read(model) if outcome.has_solution else None)
+
+
+def _served_tolerance(served: float) -> float:
+    return SERVED_ABS_TOL + SERVED_REL_TOL * abs(served)
+
+
+def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
+    """Solve the fleet's MILP for the problem's objective and assemble the plan.
+
+    max-accuracy: maximise accuracy over total demand (minus reconfiguration penalty) serving all demand.
+    min-gpus: minimise GPUs used (plus penalty) serving all demand with every min_accuracy met, then, at
+    that value, maximise accuracy.
+    Either way, when all demand cannot be served: maximise served traffic, then accuracy at that traffic."""
+    started = time.perf_counter()
+    problem = fleet.problem
+    options = problem.options
+    backend, notes = backend_choose(options)
+    notes = list(fleet.notes) + notes + unservable_notes(fleet)
+    stages = _Stages(fleet, backend, started + options.time_limit_s)
+    penalty = options.reconfiguration_penalty
+    objective_kind = options.objective
+
+    solution: FleetSolution | None = None
+    objective: float | None = None
+    bound: float | None = None
+    gap: float | None = None
+    states: list[SolveState] = []
+
+    full_possible = _full_demand_possible(fleet)
+    if objective_kind == "min-gpus" and full_possible:
+        model = fleet_model_build(fleet, full_demand=True, name="min_gpus")
+        model.lp.sense = pulp.LpMinimize
+        model.lp.setObjective(model.gpus_used + penalty * model.instances_changed)
+        first, first_solution = stages.run(model, share=FIRST_STAGE_SHARE)
+        if first_solution is not None:
+            # GPUs and changes are whole numbers: report them exactly, not with the solver's rounding noise.
+            objective = first_solution.gpus_used(fleet) + penalty * first_solution.instances_changed(fleet)
+            bound, gap = first.bound, first.gap
+            model = fleet_model_build(fleet, full_demand=True, name="min_gpus_then_accuracy")
+            cap = (first.objective or 0.0) + 1e-6 * max(1.0, abs(first.objective or 0.0))
+            model.lp += model.gpus_used + penalty * model.instances_changed <= cap, "stage_gpus"
+            model.lp.setObjective(model.accuracy_over_demand)
+            second, second_solution = stages.run(model, start=first_solution)
+            solution = second_solution or first_solution
+            states = [first.state, second.state] if second_solution is not None else [first.state, "feasible"]
+            if second_solution is None:
+                notes.append("the accuracy tie-break stage found no solution in time; the plan is the fewest-GPU stage's")
+    elif full_possible:
+        model = fleet_model_build(fleet, full_demand=True, name="max_accuracy")
+        model.lp.setObjective(model.accuracy_over_demand - penalty * model.instances_changed)
+        # Most of the time: this is the last stage unless demand turns out not to fit.
+        first, first_solution = stages.run(model, share=0.8)
+        if first_solution is not None:
+            solution, objective, bound, gap, states = first_solution, first.objective, first.bound, first.gap, [first.state]
+
+    if solution is None:
+        # Demand cannot be served in full (or no full plan was found in time): lexicographic fallback.
+        proven = not full_possible or stages.outcomes[-1].state == "infeasible"
+        model = fleet_model_build(fleet, full_demand=False, name="max_served")
+        model.lp.setObjective(model.served_total)
+        served_outcome, served_solution = stages.run(model, share=FIRST_STAGE_SHARE)
+        best_served = served_outcome.objective or 0.0
+        if served_solution is None or best_served <= RPS_EPSILON:
+            reason = "nothing can be served" if served_solution is not None else "no solution was found in the time limit"
+            notes.append(f"infeasible: {reason}; total demand {problem.total_demand_rps:g} rps")
+            return plan_assemble(
+                problem, [], status="infeasible", solver=solver_name, objective=None, bound=None, gap=None,
+                solve_seconds=time.perf_counter() - started, layouts=_idle_layouts(fleet), notes=notes,
+            )
+        model = fleet_model_build(fleet, full_demand=False, name="max_served_then_accuracy")
+        model.lp += model.served_total >= best_served - _served_tolerance(best_served), "stage_served"
+        model.lp.setObjective(model.accuracy_over_demand - penalty * model.instances_changed)
+        accuracy_outcome, accuracy_solution = stages.run(model, start=served_solution)
+        solution = accuracy_solution or served_solution
+        states = ([] if proven else ["feasible"]) + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
+        why = "cannot be served in full" if proven else "could not be served in full by any plan found within the time limit"
+        notes.append(
+            f"demand {why}: solved lexicographically, first maximising served throughput "
+            f"({best_served:.6g} of {problem.total_demand_rps:.6g} rps), then accuracy at that throughput"
+        )
+        if objective_kind == "min-gpus":
+            # Served traffic and accuracy come first here, so the GPU count is what that plan uses.
+            objective = float(solution.gpus_used(fleet)) + penalty * solution.instances_changed(fleet)
+            bound = gap = None
+            notes.append("min-gpus: fell back to the max-served, max-accuracy plan; objective is its GPU count, not minimised")
+        elif accuracy_solution is not None:
+            objective, bound, gap = accuracy_outcome.objective, accuracy_outcome.bound, accuracy_outcome.gap
+        else:
+            objective = solution.accuracy_over_demand(problem) - penalty * solution.instances_changed(fleet)
+            bound = gap = None
+
+    assignments, layouts, realise_notes = fleet_realise(fleet, solution)
+    notes.extend(realise_notes)
+    if penalty > 0:
+        notes.append(f"reconfiguration: {solution.instances_changed(fleet)} MIG instances destroyed or created, penalty {penalty:g} each in the objective")
+    return plan_assemble(
+        problem, assignments, status=status_combine(*states), solver=solver_name, objective=objective, bound=bound, gap=gap,
+        solve_seconds=time.perf_counter() - started, layouts=layouts, notes=notes,
+    )
+
+
+# --------------------------------------------------------------------------- realisation
+
+
+def _idle_layouts(fleet: Fleet) -> dict[str, list[str]]:
+    """Layouts of MIG GPUs left as they are."""
+    return {d.name: [str(p) for p in sorted(d.layout)] for g in fleet.device_classes for d in g.devices if d.mig and d.layout is not None}
+
+
+def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignment], dict[str, list[str]], list[str]]:
+    """Hand the counts out to concrete devices and slots: each device class's devices take configurations
+    in name order, instances fill devices one after another (so the GPUs used are as few as the counts
+    allow), and each (slot class, variant)'s traffic is spread evenly over as few instances as carry it."""
+    problem = fleet.problem
+    device_config: list[tuple[DeviceSpec, DeviceConfig]] = []
+    for gi, group in enumerate(fleet.device_classes):
+        # Configurations that use the device first, so the same devices are picked run after run.
+        order = sorted(range(len(group.configs)), key=lambda ci: (not group.configs[ci].uses_device, ci))
+        queue = [group.configs[ci] for ci in order for _ in range(solution.configs_taken.get((gi, ci), 0))]
+        unused = next((c for c in group.configs if not c.uses_device), None)
+        for i, device in enumerate(group.devices):
+            config = queue[i] if i < len(queue) else (unused or group.configs[0])
+            device_config.append((device, config))
+
+    pending: dict[SlotKey, list[tuple[str, float]]] = defaultdict(list)
+    for (key, variant), count in sorted(solution.instances.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        rate = solution.routed.get((key, variant), 0.0)
+        if count <= 0 or rate <= RPS_EPSILON:
+            continue
+        capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
+        needed = min(count, max(1, math.ceil(rate / capacity - 1e-9)))
+        pending[key].extend([(variant, rate / needed)] * needed)
+
+    assignments: list[Assignment] = []
+    layouts: dict[str, list[str]] = {}
+    notes: list[str] = []
+    for device, config in device_config:
+        placed = 0
+        for slot in config.slots:
+            if pending.get(slot.key):
+                variant, rate = pending[slot.key].pop()
+                slice_name = fleet.slot_classes[slot.key].slice_for(problem, variant)
+                assignments.append(Assignment(device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate))
+                placed += 1
+        if not device.mig:
+            continue
+        if placed and config.mig_off:
+            layouts[device.name] = []
+            notes.append(f"{device.name}: runs as a whole GPU (slice '{FULL_SLICE}'), MIG disabled")
+        elif placed and config.layout is not None:
+            layouts[device.name] = [str(p) for p in config.layout]
+            if device.layout is not None and tuple(sorted(device.layout)) != tuple(config.layout):
+                notes.append(f"{device.name}: layout {' '.join(map(str, sorted(device.layout)))} -> {' '.join(map(str, config.layout))}")
+        elif device.layout is not None:
+            layouts[device.name] = [str(p) for p in sorted(device.layout)]  # idle: left as it is
+    left = sum(len(v) for v in pending.values())
+    if left:
+        notes.append(f"{left} instance(s) found no slot while realising the solution (solver tolerance); their traffic is dropped")
+    return assignments, layouts, notes
+
+
+def realisation_pick(candidates: Sequence[Layout], current: Layout | None, diff: Callable[[Layout, Layout], int]) -> tuple[Layout, int]:
+    """Among layouts with the same instance counts, the one closest to the current layout (fewest instances
+    destroyed plus created), and that distance; the first candidate when there is no current layout."""
+    if current is None:
+        return candidates[0], 0
+    best = min(candidates, key=lambda c: diff(current, c))
+    return best, diff(current, best)

@@ -1,0 +1,439 @@
+#!/usr/bin/env python
+"""Planning benchmark: how long the planners take, how close to optimal they get, and what MIG-aware
+planning gains. A script, not a test (a smoke run of it is: tests/engine/test_bench_smoke.py).
+
+    .venv/bin/python benches/planning.py            # full run (tens of minutes at worst)
+    .venv/bin/python benches/planning.py --quick    # smoke run, seconds
+    options: --out DIR (default bench-results), --seeds N, --time-limit S, --threads N, --profile
+
+Writes DIR/planning.csv (one row per solve) and DIR/planning.png (needs matplotlib, the `bench` extra:
+pip install -e '.[bench]'; without it only the PNG is skipped, with a message).
+
+Measurements (HiGHS through plan_solve, `threads` HiGHS threads and the process pinned to as many cores):
+1. proteus: solve time, status and gap vs size along Proteus's Figure 10 axes, one axis at a time around
+   Proteus's own size (40 devices of 4 types, 46 variants, 9 applications): devices {10..160}, variants
+   {46..450}, applications {3, 9, 17}; optimal (mip_gap 0). Problems: generate.proteus_sized_problem.
+2. joint: MIG fleets of {8..64} A100-SXM4-40GB at 1 % gap, objectives max-accuracy and min-gpus.
+   Problems: generate.mig_fleet_problem (current layout 3g.20gb@0 3g.20gb@4 everywhere, not fixed).
+3. gain of MIG-aware planning on the same problems: joint vs proteus on whole GPUs (every device mig:
+   false) vs proteus on a fixed homogeneous geometry (FIXED_GEOMETRY on every GPU, fixed_layout), all at
+   the same 1 % gap, as ratios joint / baseline.
+Wall time is measured around plan_solve (model build + solve + plan assembly); `solve_s` is what the plan
+reports as the solver's own time, and `build_s` = wall - solve is everything else.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
+    sys.path.insert(0, str(REPO))
+
+from apps.planning.engine.generate import mig_fleet_problem, proteus_sized_problem  # noqa: E402
+from apps.planning.engine.mig import layout_parse  # noqa: E402
+from apps.planning.engine.problem import Plan, Problem, SolveOptions  # noqa: E402
+from apps.planning.engine.reference_data import GPULET_DERIVED_SPEEDUP, shared_data_dir  # noqa: E402
+
+PROTEUS_SIZE = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}
+FIGURE10_AXES = {"n_devices": (10, 20, 40, 80, 160), "n_variants": (46, 100, 200, 450), "n_applications": (3, 9, 17)}
+MIG_FLEETS = (8, 16, 32, 64)
+MIG_GPU = "A100-SXM4-40GB"
+CURRENT_LAYOUT = ("3g.20gb@0", "3g.20gb@4")
+# The fixed-geometry baseline: two 3g.20gb halves (mig-parted's all-3g.20gb), the common "split each GPU
+# in two" choice; it leaves 1 of 7 compute slices idle, which is part of what a fixed geometry costs.
+FIXED_GEOMETRY = ("3g.20gb@0", "3g.20gb@4")
+JOINT_GAP = 0.01
+
+# Targets from the issue, and Proteus's own figures (Gurobi) as the anchor.
+TARGET_PROTEUS_SIZE_S = 1.0
+TARGET_FIGURE10_MAX_S = 10.0
+TARGET_JOINT_64_S = 10.0
+ANCHOR = "Proteus (ASPLOS'24, Gurobi): 4.2 s average at its own size, < 60 s at the Figure 10 maxima"
+
+CSV_FIELDS = (
+    "experiment", "solver", "variant_of", "objective", "n_devices", "n_device_types", "n_variants", "n_applications",
+    "seed", "status", "objective_value", "bound", "gap", "wall_s", "solve_s", "build_s", "effective_accuracy",
+    "served_fraction", "gpus_used", "instances", "error",
+)
+
+
+# --------------------------------------------------------------------------- running one solve
+
+
+def _plan_solve() -> Callable[..., Plan]:
+    from apps.planning.engine.solve import plan_solve  # the solvers live apart; import late for a clear error
+
+    return plan_solve
+
+
+def _with_options(problem: Problem, **changes: Any) -> Problem:
+    return dataclasses.replace(problem, options=dataclasses.replace(problem.options, **changes))
+
+
+def _devices_whole(problem: Problem) -> Problem:
+    devices = tuple(dataclasses.replace(d, mig=False, layout=None, fixed_layout=False) for d in problem.devices)
+    return dataclasses.replace(problem, devices=devices)
+
+
+def _devices_fixed(problem: Problem, geometry: Iterable[str]) -> Problem:
+    layout = layout_parse(list(geometry))
+    devices = tuple(dataclasses.replace(d, mig=True, layout=layout, fixed_layout=True) for d in problem.devices)
+    return dataclasses.replace(problem, devices=devices)
+
+
+def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Solve and fill a CSV row; a solver exception becomes status 'error' (the run goes on)."""
+    row = dict(row, solver=solver, objective=objective, n_devices=len(problem.devices),
+               n_device_types=len({d.type for d in problem.devices}), n_variants=len(problem.variants),
+               n_applications=len(problem.applications))
+    demand = problem.total_demand_rps
+    t0 = time.perf_counter()
+    try:
+        plan = _plan_solve()(problem, solver=solver, objective=objective)
+    except Exception as exc:  # noqa: BLE001 - a benchmark reports failures, it does not stop on them
+        row.update(status="error", wall_s=time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:300])
+        traceback.print_exc(limit=3, file=sys.stderr)
+        return row
+    wall = time.perf_counter() - t0
+    row.update(
+        status=plan.status, objective_value=plan.objective, bound=plan.bound, gap=plan.gap, wall_s=wall,
+        solve_s=plan.solve_seconds, build_s=max(0.0, wall - plan.solve_seconds),
+        effective_accuracy=plan.effective_accuracy, served_fraction=plan.total_served_rps / demand if demand else None,
+        gpus_used=plan.gpus_used, instances=len(plan.instances), error="",
+    )
+    return row
+
+
+# --------------------------------------------------------------------------- experiments
+
+
+def proteus_configs(quick: bool) -> list[tuple[str, dict[str, int]]]:
+    if quick:
+        return [("n_devices", dict(PROTEUS_SIZE, n_devices=10, n_applications=3))]
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for axis, values in FIGURE10_AXES.items():
+        for value in values:
+            size = dict(PROTEUS_SIZE, **{axis: value})
+            key = tuple(size.values())
+            if key not in seen:  # Proteus's own size sits on all three axes: solve it once
+                seen.add(key)
+                out.append((axis, size))
+    return out
+
+
+def run_proteus(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    options = SolveOptions(time_limit_s=args.time_limit, mip_gap=0.0, threads=args.threads, solver="highs")
+    for axis, size in proteus_configs(args.quick):
+        for seed in range(args.seeds):
+            problem = proteus_sized_problem(**size, seed=seed, options=options)
+            emit(solve_once(problem, "proteus", "max-accuracy", {"experiment": f"proteus:{axis}", "variant_of": "", "seed": seed}))
+
+
+def run_mig(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    options = SolveOptions(time_limit_s=args.time_limit, mip_gap=JOINT_GAP, threads=args.threads, solver="highs")
+    fleets = MIG_FLEETS[:1] if args.quick else MIG_FLEETS
+    for n_gpus in fleets:
+        for seed in range(args.seeds):
+            base = mig_fleet_problem(n_gpus, MIG_GPU, seed=seed, current_layout=list(CURRENT_LAYOUT), options=options)
+            for objective in ("max-accuracy", "min-gpus"):
+                problem = _with_options(base, objective=objective)
+                common = {"seed": seed}
+                emit(solve_once(problem, "joint", objective, dict(common, experiment="joint", variant_of="mig")))
+                emit(solve_once(_devices_whole(problem), "proteus", objective, dict(common, experiment="gain", variant_of="whole-gpu")))
+                emit(solve_once(_devices_fixed(problem, FIXED_GEOMETRY), "proteus", objective,
+                                dict(common, experiment="gain", variant_of="fixed:" + "+".join(FIXED_GEOMETRY))))
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _num(value: Any) -> float | None:
+    return None if value in (None, "") else float(value)
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _statuses(rows: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        counts[r["status"]] += 1
+    return " ".join(f"{k}:{v}" for k, v in sorted(counts.items()))
+
+
+def _agg(rows: list[dict[str, Any]], key: str) -> tuple[float | None, float | None]:
+    values = [v for v in (_num(r.get(key)) for r in rows) if v is not None]
+    return (statistics.fmean(values), max(values)) if values else (None, None)
+
+
+def _verdict(value: float | None, target: float, rows: list[dict[str, Any]]) -> str:
+    if value is None or any(r["status"] in ("error", "infeasible") for r in rows):
+        return "MISS (failed solves)"
+    return "ok" if value < target else "MISS"
+
+
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    lines: list[str] = []
+    out = lines.append
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["experiment"].startswith("proteus:"):
+            key = ("proteus", r["n_devices"], r["n_device_types"], r["n_variants"], r["n_applications"])
+        else:
+            key = (r["experiment"], r["solver"], r["variant_of"], r["objective"], r["n_devices"])
+        groups[key].append(r)
+
+    out("")
+    out(f"1. proteus, optimal (mip_gap 0), HiGHS {args.threads} threads, limit {args.time_limit:g} s; {args.seeds} seed(s) per size")
+    out(f"   {'axis':<12} {'devices':>7} {'types':>5} {'variants':>8} {'apps':>4}  {'status':<22} {'wall mean':>9} {'wall max':>9} "
+        f"{'build mean':>10} {'solve mean':>10} {'gap max':>8}  target")
+    sweeps = [(axis, dict(PROTEUS_SIZE, **{axis: v})) for axis, values in FIGURE10_AXES.items() for v in values]
+    extra = [("other", dict(zip(PROTEUS_SIZE, k[1:]))) for k in groups if k[0] == "proteus" and dict(zip(PROTEUS_SIZE, k[1:])) not in [s for _, s in sweeps]]
+    for axis, size in sweeps + extra:
+        g = groups.get(("proteus", *size.values()))
+        if not g:
+            continue
+        dev, types, var, apps = size.values()
+        wall_mean, wall_max = _agg(g, "wall_s")
+        target = ""
+        if size == PROTEUS_SIZE:
+            target = f"< {TARGET_PROTEUS_SIZE_S:g} s (mean): {_verdict(wall_mean, TARGET_PROTEUS_SIZE_S, g)}  (Proteus's size)"
+        elif axis != "other" and size[axis] == max(FIGURE10_AXES[axis]):
+            target = f"< {TARGET_FIGURE10_MAX_S:g} s (max): {_verdict(wall_max, TARGET_FIGURE10_MAX_S, g)}"
+        out(f"   {axis.removeprefix('n_'):<12} {dev:>7} {types:>5} {var:>8} {apps:>4}  {_statuses(g):<22} {_fmt(wall_mean):>9} {_fmt(wall_max):>9} "
+            f"{_fmt(_agg(g, 'build_s')[0]):>10} {_fmt(_agg(g, 'solve_s')[0]):>10} {_fmt(_agg(g, 'gap')[1], '.4f'):>8}  {target}")
+
+    out("")
+    out(f"2. joint on MIG fleets of {MIG_GPU} (current layout {' '.join(CURRENT_LAYOUT)}), mip_gap {JOINT_GAP:g}")
+    out(f"   {'GPUs':>5} {'objective':<13} {'status':<22} {'wall mean':>9} {'wall max':>9} {'build mean':>10} {'solve mean':>10} {'gap max':>8}  target")
+    for key in sorted(k for k in groups if k[0] == "joint"):
+        g = groups[key]
+        n_gpus, objective = key[4], key[3]
+        wall_mean, wall_max = _agg(g, "wall_s")
+        target = f"< {TARGET_JOINT_64_S:g} s (max): {_verdict(wall_max, TARGET_JOINT_64_S, g)}" if n_gpus == max(MIG_FLEETS) else ""
+        out(f"   {n_gpus:>5} {objective:<13} {_statuses(g):<22} {_fmt(wall_mean):>9} {_fmt(wall_max):>9} "
+            f"{_fmt(_agg(g, 'build_s')[0]):>10} {_fmt(_agg(g, 'solve_s')[0]):>10} {_fmt(_agg(g, 'gap')[1], '.4f'):>8}  {target}")
+
+    out("")
+    out("3. gain of MIG-aware planning (same problems, all at mip_gap 0.01): joint / baseline, mean over seeds")
+    out("   max-accuracy: effective accuracy (over served traffic) and served fraction; min-gpus: GPUs used")
+    out(f"   {'GPUs':>5} {'baseline':<26} {'acc joint':>9} {'acc base':>9} {'acc ratio':>9} {'served j':>8} {'served b':>8} "
+        f"{'GPUs j':>7} {'GPUs b':>7} {'GPU ratio':>9}  base status")
+    joint: dict[tuple[str, int, int], dict[str, Any]] = {(r["objective"], r["n_devices"], r["seed"]): r for r in rows if r["experiment"] == "joint"}
+    baselines = sorted({(r["n_devices"], r["variant_of"]) for r in rows if r["experiment"] == "gain"})
+    for n_gpus, base in baselines:
+        def pairs(objective: str, key: str) -> tuple[float | None, float | None, float | None]:
+            j_vals, b_vals, ratios = [], [], []
+            for r in rows:
+                if r["experiment"] != "gain" or r["variant_of"] != base or r["n_devices"] != n_gpus or r["objective"] != objective:
+                    continue
+                j = joint.get((objective, n_gpus, r["seed"]))
+                jv, bv = _num(j.get(key)) if j else None, _num(r.get(key))
+                if jv is not None:
+                    j_vals.append(jv)
+                if bv is not None:
+                    b_vals.append(bv)
+                if jv is not None and bv:
+                    ratios.append(jv / bv)
+            mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
+            return mean(j_vals), mean(b_vals), mean(ratios)
+
+        acc_j, acc_b, acc_r = pairs("max-accuracy", "effective_accuracy")
+        srv_j, srv_b, _ = pairs("max-accuracy", "served_fraction")
+        gpu_j, gpu_b, gpu_r = pairs("min-gpus", "gpus_used")
+        base_rows = [r for r in rows if r["experiment"] == "gain" and r["variant_of"] == base and r["n_devices"] == n_gpus]
+        out(f"   {n_gpus:>5} {base:<26} {_fmt(acc_j, '.4f'):>9} {_fmt(acc_b, '.4f'):>9} {_fmt(acc_r, '.4f'):>9} {_fmt(srv_j, '.3f'):>8} "
+            f"{_fmt(srv_b, '.3f'):>8} {_fmt(gpu_j, '.1f'):>7} {_fmt(gpu_b, '.1f'):>7} {_fmt(gpu_r, '.3f'):>9}  {_statuses(base_rows)}")
+    out("")
+    out(f"Targets (issue): proteus optimal < {TARGET_PROTEUS_SIZE_S:g} s at Proteus's size on 2 cores; < {TARGET_FIGURE10_MAX_S:g} s at "
+        f"the Figure 10 maxima; joint at {max(MIG_FLEETS)} A100 < {TARGET_JOINT_64_S:g} s at 1 % gap.")
+    out(f"Anchor: {ANCHOR}.")
+    errors = [r for r in rows if r["status"] == "error"]
+    if errors:
+        out(f"{len(errors)} solve(s) raised; first: {errors[0]['error']}")
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return (f"PNG skipped: matplotlib is not installed (it is the `bench` extra: pip install -e '.[bench]'); "
+                f"{path.name} not written, the CSV has every figure.")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    for ax, (axis, label) in zip(axes[0], (("n_devices", "devices (4 types)"), ("n_variants", "variants"), ("n_applications", "applications"))):
+        g: dict[int, list[float]] = defaultdict(list)
+        for r in rows:
+            on_axis = all(r[k] == v for k, v in PROTEUS_SIZE.items() if k != axis)  # Proteus's size on the other axes
+            if r["experiment"].startswith("proteus:") and on_axis and r.get("wall_s") not in (None, ""):
+                g[int(r[axis])].append(float(r["wall_s"]))
+        xs = sorted(g)
+        if xs:
+            means = [statistics.fmean(g[x]) for x in xs]
+            maxes = [max(g[x]) for x in xs]
+            ax.plot(xs, means, "o-", label="mean")
+            ax.plot(xs, maxes, "v--", label="max")
+        ax.axhline(TARGET_FIGURE10_MAX_S, color="red", lw=0.8, ls=":", label="target at maxima (10 s)")
+        ax.axhline(TARGET_PROTEUS_SIZE_S, color="orange", lw=0.8, ls=":", label="target at Proteus size (1 s)")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("wall time (s)")
+        ax.set_title(f"proteus, optimal, vs {label}")
+        ax.legend(fontsize=7)
+    ax = axes[1][0]
+    for objective, marker in (("max-accuracy", "o-"), ("min-gpus", "s-")):
+        g = defaultdict(list)
+        for r in rows:
+            if r["experiment"] == "joint" and r["objective"] == objective and r.get("wall_s") not in (None, ""):
+                g[int(r["n_devices"])].append(float(r["wall_s"]))
+        xs = sorted(g)
+        if xs:
+            ax.plot(xs, [statistics.fmean(g[x]) for x in xs], marker, label=f"{objective} mean")
+            ax.plot(xs, [max(g[x]) for x in xs], marker[0] + "--", alpha=0.6, label=f"{objective} max")
+    ax.axhline(TARGET_JOINT_64_S, color="red", lw=0.8, ls=":", label="target at 64 GPUs (10 s)")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"{MIG_GPU} GPUs")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title("joint (variant + MIG geometry), 1 % gap")
+    ax.legend(fontsize=7)
+    for ax, (objective, key, title) in zip(axes[1][1:], (("max-accuracy", "effective_accuracy", "effective accuracy (max-accuracy)"),
+                                                          ("min-gpus", "gpus_used", "GPUs used (min-gpus)"))):
+        labels = [("joint", "joint", "mig")] + [("proteus " + b, "gain", b) for b in sorted({r["variant_of"] for r in rows if r["experiment"] == "gain"})]
+        fleets = sorted({int(r["n_devices"]) for r in rows if r["experiment"] == "joint"})
+        width = 0.8 / max(1, len(labels))
+        for i, (name, experiment, variant_of) in enumerate(labels):
+            vals = []
+            for n in fleets:
+                v = [float(r[key]) for r in rows if r["experiment"] == experiment and r["variant_of"] == variant_of and
+                     r["objective"] == objective and int(r["n_devices"]) == n and r.get(key) not in (None, "")]
+                vals.append(statistics.fmean(v) if v else 0.0)
+            ax.bar([j + i * width for j in range(len(fleets))], vals, width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(fleets))], [str(n) for n in fleets])
+        ax.set_xlabel(f"{MIG_GPU} GPUs")
+        ax.set_title(title)
+        if key == "effective_accuracy":
+            ax.set_ylim(0.6, 0.8)
+        ax.legend(fontsize=7)
+    fig.suptitle("Tessera planning benchmark (profiles derived from shared/data/gpulet; see benches/planning.py)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def header(args: argparse.Namespace) -> list[str]:
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    speedups = ", ".join(f"{k} x{v:g}" for k, v in GPULET_DERIVED_SPEEDUP.items())
+    return [
+        "Tessera planning benchmark" + (" (--quick smoke run)" if args.quick else ""),
+        f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact).",
+        f"Profiles on other GPUs and MIG slices are DERIVED from it (reference_data.gpulet_profiles_derive; speed-ups {speedups}),",
+        "CPU profiles come from a stated synthetic cost model, variants beyond the 10 measured models are generated perturbations",
+        "(apps/planning/engine/generate.py). The gains below illustrate the method on these numbers; they predict no real fleet.",
+        f"Machine: {cpu}; pinned to cores {cores}; HiGHS threads {args.threads}; highspy {version('highspy')}, PuLP {version('pulp')}; "
+        f"Python {platform.python_version()}",
+    ]
+
+
+def pin_cores(threads: int) -> None:
+    # "2 cores": HiGHS gets `threads` threads, and the process (and any solver subprocess) that many cores.
+    if hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))[:threads]
+        os.sched_setaffinity(0, cores)
+
+
+def profile_one(args: argparse.Namespace) -> None:
+    """cProfile of one solve at Proteus's size and one joint solve at the largest fleet: where the time goes."""
+    import cProfile
+    import pstats
+
+    cases = [
+        ("proteus", proteus_sized_problem(**PROTEUS_SIZE, seed=0, options=SolveOptions(time_limit_s=args.time_limit, mip_gap=0.0, threads=args.threads)), "max-accuracy"),
+        ("joint", mig_fleet_problem(max(MIG_FLEETS), MIG_GPU, seed=0, current_layout=list(CURRENT_LAYOUT),
+                                    options=SolveOptions(time_limit_s=args.time_limit, mip_gap=JOINT_GAP, threads=args.threads)), "max-accuracy"),
+    ]
+    for solver, problem, objective in cases:
+        profiler = cProfile.Profile()
+        t0 = time.perf_counter()
+        profiler.enable()
+        plan = _plan_solve()(problem, solver=solver, objective=objective)
+        profiler.disable()
+        print(f"\n--- profile: {solver} ({len(problem.devices)} devices, {len(problem.variants)} variants): "
+              f"wall {time.perf_counter() - t0:.3f} s, plan.solve_seconds {plan.solve_seconds:.3f} s, status {plan.status}")
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smallest sizes, one seed: a smoke run")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per size (default 3; 1 with --quick)")
+    parser.add_argument("--time-limit", type=float, default=None, help="per solve, seconds (default 60; 20 with --quick)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", action="store_true", help="only profile one proteus and one joint solve")
+    args = parser.parse_args(argv)
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.time_limit = args.time_limit or (20.0 if args.quick else 60.0)
+    pin_cores(args.threads)
+    if args.profile:
+        profile_one(args)
+        return 0
+
+    for line in header(args):
+        print(line)
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / "planning.csv"
+    rows: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+
+        def emit(row: dict[str, Any]) -> None:
+            rows.append(row)
+            writer.writerow({k: row.get(k, "") for k in CSV_FIELDS})
+            fh.flush()  # a long run that is stopped still leaves its rows
+            print(f"  {row['experiment']:<22} {row['solver']:<8} {row['variant_of']:<24} {row['objective']:<13} "
+                  f"dev={row['n_devices']:<4} var={row['n_variants']:<4} apps={row['n_applications']:<3} seed={row['seed']} "
+                  f"{row['status']:<10} wall={_fmt(_num(row.get('wall_s')))} gap={_fmt(_num(row.get('gap')), '.4f')}", flush=True)
+
+        run_proteus(args, emit)
+        run_mig(args, emit)
+    for line in report(rows, args):
+        print(line)
+    print(f"\nwrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s")
+    print(plot(rows, args.out / "planning.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
