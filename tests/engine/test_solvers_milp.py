@@ -621,3 +621,28 @@ def test_mip_start_is_used(backend: str) -> None:
     short = milp_solve(again, SolveOptions(), time_limit_s=0.1, backend=backend, start=start)
     assert short.has_solution
     assert short.objective >= longer.objective - 1e-6
+
+
+def test_thread_count_may_change_between_solves_in_one_process() -> None:
+    """HiGHS keeps one thread scheduler per process; a long-lived worker solving with one thread count and
+    then another must get the same plan, not a failure reported as infeasible demand."""
+    import dataclasses
+
+    problem = random_problem(3, [MIG_FREE, MIG_FIXED_B, WHOLE, CPU], apps=3, variants=2, load=0.7)
+    objectives = []
+    for threads in (None, 2, 1, 2):
+        plan = plan_solve(dataclasses.replace(problem, options=dataclasses.replace(problem.options, threads=threads)), "proteus")
+        assert plan.status == "optimal", plan.notes
+        objectives.append(plan.objective)
+    assert max(objectives) - min(objectives) < 1e-9
+
+
+def test_solver_errors_are_raised_not_reported_as_infeasible(monkeypatch: pytest.MonkeyPatch) -> None:
+    import highspy
+
+    from apps.planning.engine.solvers import milp
+
+    problem = random_problem(3, [WHOLE, CPU], apps=2, variants=2, load=0.5)
+    monkeypatch.setattr(highspy.Highs, "getModelStatus", lambda self: highspy.HighsModelStatus.kSolveError)
+    with pytest.raises(milp.SolverFailed, match="Solve error"):
+        plan_solve(problem, "proteus")

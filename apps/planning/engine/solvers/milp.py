@@ -58,6 +58,10 @@ def backend_choose(options: SolveOptions) -> tuple[str, list[str]]:
     return options.solver, []
 
 
+class SolverFailed(RuntimeError):
+    """The MILP solver itself failed (not: found no solution in time, or proved infeasibility)."""
+
+
 class HiGHSWithStart(pulp.HiGHS):
     """`pulp.HiGHS` plus a MIP start: PuLP's highspy class has no warm start (only HiGHS_CMD does), and a
     lexicographic stage should start from the previous stage's plan, which satisfies it by construction."""
@@ -67,6 +71,12 @@ class HiGHSWithStart(pulp.HiGHS):
         self.start = dict(start or {})
 
     def callSolver(self, lp: pulp.LpProblem) -> None:
+        if self.threads is not None:
+            import highspy
+
+            # HiGHS keeps one thread scheduler per process and refuses a solve that asks for another thread
+            # count once it exists; a long-lived worker solving with different settings must reset it.
+            highspy.Highs.resetGlobalScheduler(True)
         if self.start:
             import numpy as np
 
@@ -141,11 +151,14 @@ def _highs_solve(
         state: SolveState = "optimal"
     elif status in (statuses.kInfeasible, statuses.kUnboundedOrInfeasible):
         return "infeasible", None, None
-    elif has_point and status in (statuses.kTimeLimit, statuses.kIterationLimit, statuses.kInterrupt, statuses.kSolutionLimit,
-                                  statuses.kObjectiveBound, statuses.kObjectiveTarget):
+    elif status in (statuses.kTimeLimit, statuses.kIterationLimit, statuses.kInterrupt, statuses.kSolutionLimit,
+                    statuses.kObjectiveBound, statuses.kObjectiveTarget):
+        if not has_point:
+            return "no-solution", None, None
         state = "feasible"
     else:
-        return "no-solution", None, None
+        # An error (model, presolve, solve, memory) is not "no solution in time": say what HiGHS said.
+        raise SolverFailed(f"HiGHS stopped with status {model.modelStatusToString(status)!r}")
     objective = _objective_value(lp)
     # PuLP hands HiGHS a minimisation (objective negated for maximise) without the objective's constant.
     sense = -1.0 if lp.sense == pulp.LpMaximize else 1.0
