@@ -18,8 +18,9 @@ Measurements (HiGHS through plan_solve, `threads` HiGHS threads and the process 
 3. gain of MIG-aware planning on the same problems: joint vs proteus on whole GPUs (every device mig:
    false) vs proteus on a fixed homogeneous geometry (FIXED_GEOMETRY on every GPU, fixed_layout), all at
    the same 1 % gap, as ratios joint / baseline.
-Wall time is measured around plan_solve (model build + solve + plan assembly); `solve_s` is what the plan
-reports as the solver's own time, and `build_s` = wall - solve is everything else.
+Wall time is measured around plan_solve. `highs_s` is the time inside HiGHS's run() (all MILP stages of the
+plan, `highs_calls` of them); `other_s` = wall - highs_s is everything else (capacities, model build, PuLP's
+hand-over to HiGHS, plan assembly); `solve_s` is what the plan itself reports.
 """
 from __future__ import annotations
 
@@ -64,9 +65,45 @@ ANCHOR = "Proteus (ASPLOS'24, Gurobi): 4.2 s average at its own size, < 60 s at 
 
 CSV_FIELDS = (
     "experiment", "solver", "variant_of", "objective", "n_devices", "n_device_types", "n_variants", "n_applications",
-    "seed", "status", "objective_value", "bound", "gap", "wall_s", "solve_s", "build_s", "effective_accuracy",
-    "served_fraction", "gpus_used", "instances", "error",
+    "seed", "status", "objective_value", "bound", "gap", "wall_s", "solve_s", "highs_s", "other_s", "highs_calls",
+    "effective_accuracy", "served_fraction", "gpus_used", "instances", "error",
 )
+
+
+class HighsClock:
+    """Time spent inside HiGHS's `run()` (the MILP solves proper) and how many solves a plan took (the
+    lexicographic stages). Everything else in a plan_solve call (capacities, model build, PuLP handing the
+    model to HiGHS, plan assembly) is `other_s`. Wraps highspy.Highs.run in this process only."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self.installed = False
+
+    def install(self) -> None:
+        try:
+            import highspy
+        except ImportError:
+            return
+        original = highspy.Highs.run
+        clock = self
+
+        def run(highs: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(highs, *args, **kwargs)
+            finally:
+                clock.seconds += time.perf_counter() - t0
+                clock.calls += 1
+
+        highspy.Highs.run = run  # type: ignore[method-assign]
+        self.installed = True
+
+    def reset(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+
+CLOCK = HighsClock()
 
 
 # --------------------------------------------------------------------------- running one solve
@@ -99,6 +136,7 @@ def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any
                n_device_types=len({d.type for d in problem.devices}), n_variants=len(problem.variants),
                n_applications=len(problem.applications))
     demand = problem.total_demand_rps
+    CLOCK.reset()
     t0 = time.perf_counter()
     try:
         plan = _plan_solve()(problem, solver=solver, objective=objective)
@@ -109,7 +147,8 @@ def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any
     wall = time.perf_counter() - t0
     row.update(
         status=plan.status, objective_value=plan.objective, bound=plan.bound, gap=plan.gap, wall_s=wall,
-        solve_s=plan.solve_seconds, build_s=max(0.0, wall - plan.solve_seconds),
+        solve_s=plan.solve_seconds, highs_s=CLOCK.seconds if CLOCK.installed else None,
+        other_s=wall - CLOCK.seconds if CLOCK.installed else None, highs_calls=CLOCK.calls if CLOCK.installed else None,
         effective_accuracy=plan.effective_accuracy, served_fraction=plan.total_served_rps / demand if demand else None,
         gpus_used=plan.gpus_used, instances=len(plan.instances), error="",
     )
@@ -200,7 +239,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     out("")
     out(f"1. proteus, optimal (mip_gap 0), HiGHS {args.threads} threads, limit {args.time_limit:g} s; {args.seeds} seed(s) per size")
     out(f"   {'axis':<12} {'devices':>7} {'types':>5} {'variants':>8} {'apps':>4}  {'status':<22} {'wall mean':>9} {'wall max':>9} "
-        f"{'build mean':>10} {'solve mean':>10} {'gap max':>8}  target")
+        f"{'HiGHS mean':>10} {'other mean':>10} {'stages':>6} {'gap max':>8} {'served min':>10}  target")
     sweeps = [(axis, dict(PROTEUS_SIZE, **{axis: v})) for axis, values in FIGURE10_AXES.items() for v in values]
     extra = [("other", dict(zip(PROTEUS_SIZE, k[1:]))) for k in groups if k[0] == "proteus" and dict(zip(PROTEUS_SIZE, k[1:])) not in [s for _, s in sweeps]]
     for axis, size in sweeps + extra:
@@ -214,19 +253,21 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
             target = f"< {TARGET_PROTEUS_SIZE_S:g} s (mean): {_verdict(wall_mean, TARGET_PROTEUS_SIZE_S, g)}  (Proteus's size)"
         elif axis != "other" and size[axis] == max(FIGURE10_AXES[axis]):
             target = f"< {TARGET_FIGURE10_MAX_S:g} s (max): {_verdict(wall_max, TARGET_FIGURE10_MAX_S, g)}"
+        served = [v for v in (_num(r.get("served_fraction")) for r in g) if v is not None]
         out(f"   {axis.removeprefix('n_'):<12} {dev:>7} {types:>5} {var:>8} {apps:>4}  {_statuses(g):<22} {_fmt(wall_mean):>9} {_fmt(wall_max):>9} "
-            f"{_fmt(_agg(g, 'build_s')[0]):>10} {_fmt(_agg(g, 'solve_s')[0]):>10} {_fmt(_agg(g, 'gap')[1], '.4f'):>8}  {target}")
+            f"{_fmt(_agg(g, 'highs_s')[0]):>10} {_fmt(_agg(g, 'other_s')[0]):>10} {_fmt(_agg(g, 'highs_calls')[1], '.0f'):>6} "
+            f"{_fmt(_agg(g, 'gap')[1], '.4f'):>8} {_fmt(min(served) if served else None, '.4f'):>10}  {target}")
 
     out("")
     out(f"2. joint on MIG fleets of {MIG_GPU} (current layout {' '.join(CURRENT_LAYOUT)}), mip_gap {JOINT_GAP:g}")
-    out(f"   {'GPUs':>5} {'objective':<13} {'status':<22} {'wall mean':>9} {'wall max':>9} {'build mean':>10} {'solve mean':>10} {'gap max':>8}  target")
+    out(f"   {'GPUs':>5} {'objective':<13} {'status':<22} {'wall mean':>9} {'wall max':>9} {'HiGHS mean':>10} {'other mean':>10} {'stages':>6} {'gap max':>8}  target")
     for key in sorted(k for k in groups if k[0] == "joint"):
         g = groups[key]
         n_gpus, objective = key[4], key[3]
         wall_mean, wall_max = _agg(g, "wall_s")
         target = f"< {TARGET_JOINT_64_S:g} s (max): {_verdict(wall_max, TARGET_JOINT_64_S, g)}" if n_gpus == max(MIG_FLEETS) else ""
         out(f"   {n_gpus:>5} {objective:<13} {_statuses(g):<22} {_fmt(wall_mean):>9} {_fmt(wall_max):>9} "
-            f"{_fmt(_agg(g, 'build_s')[0]):>10} {_fmt(_agg(g, 'solve_s')[0]):>10} {_fmt(_agg(g, 'gap')[1], '.4f'):>8}  {target}")
+            f"{_fmt(_agg(g, 'highs_s')[0]):>10} {_fmt(_agg(g, 'other_s')[0]):>10} {_fmt(_agg(g, 'highs_calls')[1], '.0f'):>6} {_fmt(_agg(g, 'gap')[1], '.4f'):>8}  {target}")
 
     out("")
     out("3. gain of MIG-aware planning (same problems, all at mip_gap 0.01): joint / baseline, mean over seeds")
@@ -360,8 +401,15 @@ def header(args: argparse.Namespace) -> list[str]:
         "CPU profiles come from a stated synthetic cost model, variants beyond the 10 measured models are generated perturbations",
         "(apps/planning/engine/generate.py). The gains below illustrate the method on these numbers; they predict no real fleet.",
         f"Machine: {cpu}; pinned to cores {cores}; HiGHS threads {args.threads}; highspy {version('highspy')}, PuLP {version('pulp')}; "
-        f"Python {platform.python_version()}",
+        f"Python {platform.python_version()}; load average at start {_loadavg()} (other work on these cores inflates the times)",
     ]
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def pin_cores(threads: int) -> None:
@@ -404,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.time_limit = args.time_limit or (20.0 if args.quick else 60.0)
     pin_cores(args.threads)
+    CLOCK.install()
     if args.profile:
         profile_one(args)
         return 0
@@ -430,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         run_mig(args, emit)
     for line in report(rows, args):
         print(line)
-    print(f"\nwrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s")
+    print(f"\nwrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s; load average at end {_loadavg()}")
     print(plot(rows, args.out / "planning.png"))
     return 0
 

@@ -175,6 +175,8 @@ def gpulet_profiles_derive(
     else:
         spec = mig_catalogue_load().gpu_model_get(gpu_model_name)
         device_type = spec.name
+        if speedup is None and spec.name not in GPULET_DERIVED_SPEEDUP:
+            raise ValueError(f"no stated speed-up for {spec.name} in GPULET_DERIVED_SPEEDUP; pass one explicitly")
         factor = GPULET_DERIVED_SPEEDUP[spec.name] if speedup is None else speedup
         slices = [(FULL_SLICE, spec.compute_slices, spec.compute_slices)] + [
             (p.name, p.compute_slices, spec.compute_slices) for p in spec.profiles if not p.media_extensions

@@ -411,6 +411,10 @@ class _Stages:
         return outcome, (_solution_read(model) if outcome.has_solution else None)
 
 
+def _unscale(value: float | None, scale: float) -> float | None:
+    return None if value is None else value / scale
+
+
 def _served_tolerance(served: float) -> float:
     return SERVED_ABS_TOL + SERVED_REL_TOL * abs(served)
 
@@ -430,6 +434,9 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     stages = _Stages(fleet, backend, started + options.time_limit_s)
     penalty = options.reconfiguration_penalty
     objective_kind = options.objective
+    # Accuracy over total demand has coefficients of about 1e-6 per rps at fleet scale, which HiGHS flags
+    # as badly scaled and branches on slowly; the solver sees accuracy x rps and we report it per demand.
+    scale = problem.total_demand_rps if problem.total_demand_rps > 0 else 1.0
 
     solution: FleetSolution | None = None
     objective: float | None = None
@@ -450,7 +457,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
             model = fleet_model_build(fleet, full_demand=True, name="min_gpus_then_accuracy")
             cap = (first.objective or 0.0) + 1e-6 * max(1.0, abs(first.objective or 0.0))
             model.lp += model.gpus_used + penalty * model.instances_changed <= cap, "stage_gpus"
-            model.lp.setObjective(model.accuracy_over_demand)
+            model.lp.setObjective(scale * model.accuracy_over_demand)
             second, second_solution = stages.run(model, start=first_solution)
             solution = second_solution or first_solution
             states = [first.state, second.state] if second_solution is not None else [first.state, "feasible"]
@@ -458,11 +465,11 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
                 notes.append("the accuracy tie-break stage found no solution in time; the plan is the fewest-GPU stage's")
     elif full_possible:
         model = fleet_model_build(fleet, full_demand=True, name="max_accuracy")
-        model.lp.setObjective(model.accuracy_over_demand - penalty * model.instances_changed)
+        model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed))
         # Most of the time: this is the last stage unless demand turns out not to fit.
         first, first_solution = stages.run(model, share=0.8)
         if first_solution is not None:
-            solution, objective, bound, gap, states = first_solution, first.objective, first.bound, first.gap, [first.state]
+            solution, objective, bound, gap, states = first_solution, _unscale(first.objective, scale), _unscale(first.bound, scale), first.gap, [first.state]
 
     if solution is None:
         # Demand cannot be served in full (or no full plan was found in time): lexicographic fallback.
@@ -480,7 +487,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
             )
         model = fleet_model_build(fleet, full_demand=False, name="max_served_then_accuracy")
         model.lp += model.served_total >= best_served - _served_tolerance(best_served), "stage_served"
-        model.lp.setObjective(model.accuracy_over_demand - penalty * model.instances_changed)
+        model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed))
         accuracy_outcome, accuracy_solution = stages.run(model, start=served_solution)
         solution = accuracy_solution or served_solution
         states = ([] if proven else ["feasible"]) + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
@@ -495,7 +502,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
             bound = gap = None
             notes.append("min-gpus: fell back to the max-served, max-accuracy plan; objective is its GPU count, not minimised")
         elif accuracy_solution is not None:
-            objective, bound, gap = accuracy_outcome.objective, accuracy_outcome.bound, accuracy_outcome.gap
+            objective, bound, gap = _unscale(accuracy_outcome.objective, scale), _unscale(accuracy_outcome.bound, scale), accuracy_outcome.gap
         else:
             objective = solution.accuracy_over_demand(problem) - penalty * solution.instances_changed(fleet)
             bound = gap = None
