@@ -323,6 +323,7 @@ def plan_solve_cmd(
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
     backend: str = typer.Option(None, "--backend", help="MIP backend: highs | cbc"),
+    threads: int = typer.Option(None, "--threads", help="Solver threads (CBC searches in parallel; HiGHS's MIP search is serial)"),
     out: Path = typer.Option(None, "--out", help="Write the plan JSON here"),
 ) -> None:
     """Solve a planning problem, print a summary, write the plan and check it with the independent validator.
@@ -341,7 +342,13 @@ def plan_solve_cmd(
         raise _fail(f"--time-limit must be positive, got {time_limit:g}")
     if gap is not None and not 0 <= gap <= 1:
         raise _fail(f"--gap must be between 0 and 1, got {gap:g}")
+    if threads is not None and threads < 1:
+        raise _fail(f"--threads must be at least 1, got {threads}")
     problem = _problem_read(problem_path)
+    if threads is not None:
+        import dataclasses
+
+        problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, threads=threads))
 
     from apps.planning.engine.solve import SolverUnavailable, plan_solve
     from apps.planning.engine.validate import plan_validate

@@ -275,3 +275,11 @@ def test_engine_commands_do_not_set_up_django() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_plan_solve_threads_option(problem_file: Path, tmp_path: Path) -> None:
+    ok = run("plan", "solve", "--problem", str(problem_file), "--backend", "cbc", "--threads", "2", "--out", str(tmp_path / "p.json"))
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    assert "verdict      valid" in ok.stdout
+    bad = run("plan", "solve", "--problem", str(problem_file), "--threads", "0")
+    assert bad.exit_code == 2 and "--threads must be at least 1" in bad.stderr
