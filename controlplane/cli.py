@@ -19,7 +19,7 @@ app.add_typer(plan_app, name="plan")
 # Exit codes of the engine commands: 0 fine, 1 the thing checked is invalid, 2 the input is malformed.
 EXIT_INVALID = 1
 EXIT_MALFORMED = 2
-PLANNERS = ("proteus", "joint", "garrison")
+PLANNERS = ("proteus", "joint", "garrison", "clipper-ha", "clipper-ht", "sommelier", "infaas")
 
 
 def _django_setup(settings: str = "controlplane.settings.local") -> None:
@@ -318,7 +318,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison"),
+    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
@@ -381,6 +381,200 @@ def plan_validate_cmd(
     _verdict_echo(verdict)
     if not verdict.valid:
         raise typer.Exit(EXIT_INVALID)
+
+
+SIMULATE_PLANNERS = PLANNERS
+SIMULATE_BATCHING = ("proteus", "aimd", "nexus", "max-delay", "fixed")
+
+
+def _batching_params(pairs: list[str] | None) -> dict:
+    """`key=value` pairs; values are read as JSON where they parse (numbers, lists), else kept as text."""
+    import json
+
+    params: dict = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise _fail(f"--batching-param must be key=value, got {pair!r}")
+        try:
+            params[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key.strip()] = raw
+    return params
+
+
+@app.command()
+def simulate(
+    problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (fleet, variants, profiles, SLOs)"),
+    trace_path: Path = typer.Option(..., "--trace", help="Trace CSV: time_s,application[,deadline_ms]"),
+    planner: str = typer.Option("proteus", "--planner", help="|".join(SIMULATE_PLANNERS)),
+    batching: str = typer.Option("proteus", "--batching", help="|".join(SIMULATE_BATCHING)),
+    batching_param: list[str] = typer.Option(None, "--batching-param", help="Policy parameter key=value (repeatable), e.g. size=4"),
+    routing: str = typer.Option("weights", "--routing", help="weights (plan weights, alias tables) | matching (Garrison)"),
+    queue_order: str = typer.Option("fifo", "--queue-order", help="fifo | edf"),
+    drop_rule: str = typer.Option("deadline", "--drop-rule", help="never | deadline | slo-1x | slo-2x"),
+    noise: float = typer.Option(0.05, "--noise", help="Log-normal sigma of the service-time noise (mean-preserving)"),
+    replan_every: float = typer.Option(30.0, "--replan-every", help="Re-planning interval in seconds (0: never)"),
+    burst_factor: float = typer.Option(1.5, "--burst-factor", help="Re-plan when an application's 1 s demand exceeds the plan's by this factor (0: off)"),
+    reconfig_delay: float = typer.Option(5.0, "--reconfig-delay", help="Seconds a newly created instance serves nothing"),
+    initial_demand: str = typer.Option("trace", "--initial-demand", help="trace (first interval of the trace) | problem"),
+    seed: int = typer.Option(1, "--seed"),
+    out: Path = typer.Option(None, "--out", help="Write summary.json, per_second.csv and plots.png here"),
+) -> None:
+    """Replay a trace on a planned fleet (discrete-event simulation, closed loop with the planner) and print
+    the summary: SLO violations, effective accuracy, latency. Exit 0, or 2 for malformed input."""
+    if planner not in SIMULATE_PLANNERS:
+        raise _fail(f"--planner must be one of {', '.join(SIMULATE_PLANNERS)}, got {planner!r}")
+    if batching not in SIMULATE_BATCHING:
+        raise _fail(f"--batching must be one of {', '.join(SIMULATE_BATCHING)}, got {batching!r}")
+    from apps.planning.engine.simulator import SimulationConfig
+    from apps.planning.engine.simulator import simulate as simulate_run
+    from apps.planning.engine.solve import SolverUnavailable
+    from apps.planning.engine.workload import trace_read
+
+    try:
+        config = SimulationConfig(
+            batching=batching, batching_params=_batching_params(batching_param), queue_order=queue_order, drop_rule=drop_rule,
+            noise_sigma=noise, seed=seed, replan_interval_s=replan_every or None, burst_factor=burst_factor or None,
+            reconfiguration_delay_s=reconfig_delay, routing=routing, initial_demand=initial_demand,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    problem = _problem_read(problem_path)
+    try:
+        trace = trace_read(trace_path)
+    except OSError as exc:
+        raise _fail(f"cannot read trace {trace_path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # TraceFormatError
+        raise _fail(str(exc)) from exc
+    try:
+        result = simulate_run(problem, trace, planner=planner, config=config)
+    except (ValueError, SolverUnavailable) as exc:
+        raise _fail(str(exc)) from exc
+    except RuntimeError as exc:
+        raise _fail(str(exc), EXIT_INVALID) from exc
+    s = result.summary
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2%}"
+
+    typer.echo(f"simulated    {s['queries']} queries over {s['duration_s']:.1f} s ({planner} + {batching}, routing {routing})")
+    typer.echo(f"on time      {s['on_time']}   late {s['late']}   dropped {s['dropped']} "
+               f"(expired {s['dropped_expired']}, no capacity {s['dropped_no_capacity']}, unfinished {s['dropped_unfinished']})")
+    typer.echo(f"SLO violations {pct(s['slo_violation_ratio'])}   throughput {s['throughput_qps']:.6g} q/s")
+    typer.echo(f"accuracy     {_number(s['effective_accuracy'], '.4f')} effective   max drop {_number(s['max_accuracy_drop'], '.4f')}")
+    typer.echo(f"latency      p50 {_number(s['latency_p50_ms'], '.3f')} ms   p99 {_number(s['latency_p99_ms'], '.3f')} ms")
+    typer.echo(f"plans        {s['plans_applied']} applied, {s['replans']} re-plans ({s['replans_interval']} on the interval, {s['replans_burst']} on a burst)")
+    typer.echo(f"instances    {s['instances_created']}   mean utilisation {pct(s['mean_utilisation'])}   mean batch {_number(s['mean_batch'], '.2f')}")
+    typer.echo(f"speed        {s['simulated_queries_per_wall_s']:.0f} simulated queries per wall second (planner {s['planner_wall_s']:.2f} s apart)")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(result.to_json() + "\n")
+        result.write_csv(out / "per_second.csv")
+        try:
+            result.plot(out / "plots.png")
+            plotted = "plots.png"
+        except ImportError:
+            plotted = "no plots.png (matplotlib is not installed: pip install -e '.[bench]')"
+        typer.echo(f"written      {out}/summary.json, per_second.csv, {plotted}")
+
+
+# --------------------------------------------------------------------------- trace commands
+
+trace_app = typer.Typer(help="Query-arrival traces: generate synthetic workloads, summarise trace files.", no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+TRACE_KINDS = ("uniform", "poisson", "gamma", "macro-bursts", "diurnal")  # = workload.KINDS
+
+
+def _trace_summary_echo(trace, path: Path, verb: str) -> None:
+    from apps.planning.engine.workload import trace_summary
+
+    s = trace_summary(trace)
+    typer.echo(f"trace        {path} ({verb})")
+    typer.echo(f"queries      {s.queries}")
+    typer.echo(f"duration     {s.duration_s:.6g} s (last arrival)")
+    typer.echo(f"mean rate    {s.mean_rate:.6g} qps")
+    typer.echo(f"peak 1 s     {s.peak_rate:.6g} qps (second {s.peak_at_s:.0f})")
+    if trace.deadline_ms is not None:
+        import numpy as np
+
+        with_deadline = int(np.count_nonzero(~np.isnan(trace.deadline_ms)))
+        typer.echo(f"deadlines    {with_deadline} of {s.queries} queries")
+    typer.echo(f"applications {len(trace.applications)}")
+    width = max((len(name) for name in trace.applications), default=0)
+    for name, share in s.shares.items():
+        typer.echo(f"  {name:<{width}}  {share:7.2%}  {s.counts[name]}")
+
+
+@trace_app.command("generate")
+def trace_generate_cmd(
+    kind: str = typer.Option(..., "--kind", help="|".join(TRACE_KINDS)),
+    rate: float = typer.Option(..., "--rate", help="Mean total arrival rate, queries per second"),
+    duration: float = typer.Option(..., "--duration", help="Trace length in seconds"),
+    out: Path = typer.Option(..., "--out", help="Write the trace CSV here"),
+    shape: float = typer.Option(None, "--shape", help="gamma: shape of the inter-arrival gamma (default 0.05; CV = 1/sqrt(shape))"),
+    applications: str = typer.Option("default", "--applications", help="Comma-separated application names, most popular first"),
+    zipf_alpha: float = typer.Option(1.001, "--zipf-alpha", help="Zipf exponent of application popularity"),
+    seed: int = typer.Option(1, "--seed"),
+    independent: bool = typer.Option(False, "--independent", help="One process per application (independent bursts) instead of splitting one"),
+    deadline_ms: float = typer.Option(None, "--deadline-ms", help="Give every query this deadline (adds the deadline_ms column)"),
+    burst_factor: float = typer.Option(None, "--burst-factor", help="macro-bursts: high rate / low rate (default 4)"),
+    period: float = typer.Option(None, "--period", help="macro-bursts: seconds per low+high period (default 60)"),
+    high_fraction: float = typer.Option(None, "--high-fraction", help="macro-bursts: fraction of each period at the high rate (default 0.25)"),
+    peak_to_trough: float = typer.Option(None, "--peak-to-trough", help="diurnal: peak / trough of the daily curve (default 2)"),
+    spikes: int = typer.Option(None, "--spikes", help="diurnal: number of random spikes (default 3)"),
+    day: float = typer.Option(None, "--day", help="diurnal: seconds of trace per compressed day (default 1440)"),
+) -> None:
+    """Generate a seeded synthetic trace, write it as CSV and print a summary. Exit 2 for bad input."""
+    from apps.planning.engine.workload import trace_for_applications, trace_write
+
+    if kind not in TRACE_KINDS:
+        raise _fail(f"--kind must be one of {', '.join(TRACE_KINDS)}, got {kind!r}")
+    for option, value in (("--rate", rate), ("--duration", duration)):
+        if not value > 0 or value == float("inf"):
+            raise _fail(f"{option} must be a positive number, got {value:g}")
+    given = {
+        "--shape": ("gamma", "shape", shape),
+        "--burst-factor": ("macro-bursts", "burst_factor", burst_factor),
+        "--period": ("macro-bursts", "period_s", period),
+        "--high-fraction": ("macro-bursts", "high_fraction", high_fraction),
+        "--peak-to-trough": ("diurnal", "peak_to_trough", peak_to_trough),
+        "--spikes": ("diurnal", "spikes", spikes),
+        "--day": ("diurnal", "day_s", day),
+    }
+    params = {}
+    for option, (for_kind, name, value) in given.items():
+        if value is None:
+            continue
+        if for_kind != kind:
+            raise _fail(f"{option} applies to --kind {for_kind} only")
+        params[name] = value
+    names = [name.strip() for name in applications.split(",")]
+    if not all(names):
+        raise _fail(f"--applications must be comma-separated non-empty names, got {applications!r}")
+    try:
+        trace = trace_for_applications(
+            kind, names, rate, duration, seed, zipf_alpha=zipf_alpha, independent=independent, deadline_ms=deadline_ms, **params
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    try:
+        trace_write(trace, out)
+    except OSError as exc:
+        raise _fail(f"cannot write {out}: {exc.strerror or exc}") from exc
+    _trace_summary_echo(trace, out, "written")
+
+
+@trace_app.command("show")
+def trace_show_cmd(path: Path = typer.Argument(..., help="Trace CSV: time_s,application[,deadline_ms]")) -> None:
+    """Summarise a trace file: queries, mean and peak 1 s rate, per-application shares. Exit 2 when the file is missing or malformed (the message names the line)."""
+    from apps.planning.engine.workload import trace_read
+
+    try:
+        trace = trace_read(path)
+    except ValueError as exc:  # TraceFormatError, including unreadable files
+        raise _fail(str(exc)) from exc
+    _trace_summary_echo(trace, path, "read")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -119,7 +119,7 @@ def routing_tables_from_plan(plan: Plan, version: int) -> dict[str, RoutingTable
 
 
 @dataclass(frozen=True)
-class _AliasTable:
+class AliasTable:
     """Walker's alias table: pick column i uniformly, keep it with probability keep[i], else take alias[i]."""
 
     instances: tuple[str, ...]
@@ -127,7 +127,7 @@ class _AliasTable:
     alias: tuple[int, ...]
 
 
-def _alias_table_build(weighted: Sequence[tuple[str, float]]) -> _AliasTable:
+def alias_table_build(weighted: Sequence[tuple[str, float]]) -> AliasTable:
     """Vose's construction over entries with positive weight (zero-weight ones can never be drawn)."""
     entries = [(instance, w) for instance, w in weighted if w > 0]
     if not entries:
@@ -148,7 +148,7 @@ def _alias_table_build(weighted: Sequence[tuple[str, float]]) -> _AliasTable:
     # What is left holds probability 1 up to rounding (every column left has scaled ~ 1).
     for i in large + small:
         keep[i] = 1.0
-    return _AliasTable(tuple(i for i, _ in entries), tuple(keep), tuple(alias))
+    return AliasTable(tuple(i for i, _ in entries), tuple(keep), tuple(alias))
 
 
 class WeightedRouter:
@@ -161,10 +161,10 @@ class WeightedRouter:
     def __init__(self, table: RoutingTable, seed: int | None = None) -> None:
         self.table = table
         self._random = random.Random(seed)
-        self._full = _alias_table_build(table.entries) if any(w > 0 for _, w in table.entries) else None
-        self._excluding: OrderedDict[frozenset[str], _AliasTable | None] = OrderedDict()
+        self._full = alias_table_build(table.entries) if any(w > 0 for _, w in table.entries) else None
+        self._excluding: OrderedDict[frozenset[str], AliasTable | None] = OrderedDict()
 
-    def _draw(self, alias_table: _AliasTable) -> str:
+    def _draw(self, alias_table: AliasTable) -> str:
         # One uniform draw gives both the column (integer part) and the coin (fractional part).
         u = self._random.random() * len(alias_table.instances)
         column = int(u)
@@ -189,7 +189,7 @@ class WeightedRouter:
             alias_table = self._excluding[key]
         else:
             rest = [(i, w) for i, w in self.table.entries if i not in key and w > 0]
-            alias_table = _alias_table_build(rest) if rest else None
+            alias_table = alias_table_build(rest) if rest else None
             self._excluding[key] = alias_table
             if len(self._excluding) > _EXCLUSION_CACHE_SIZE:
                 self._excluding.popitem(last=False)

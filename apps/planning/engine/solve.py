@@ -7,6 +7,8 @@ from typing import Callable
 from .problem import OBJECTIVES, SOLVERS, Plan, Problem
 
 PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
+# The allocation baselines the simulator compares the planners against (solvers/baselines.py).
+BASELINES: tuple[str, ...] = ("clipper-ha", "clipper-ht", "sommelier", "infaas")
 
 
 class SolverUnavailable(RuntimeError):
@@ -31,7 +33,11 @@ def _planner_get(solver: str) -> Callable[[Problem], Plan]:
                 raise  # a missing dependency of garrison itself, not garrison: let it show
             raise SolverUnavailable("the 'garrison' planner is not installed (apps/planning/engine/solvers/garrison.py is missing)") from exc
         return garrison_solve
-    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS)}")
+    if solver in BASELINES:
+        from .solvers.baselines import BASELINE_SOLVERS
+
+        return BASELINE_SOLVERS[solver]
+    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES)}")
 
 
 def plan_solve(
@@ -43,7 +49,8 @@ def plan_solve(
     mip_gap: float | None = None,
     backend: str | None = None,
 ) -> Plan:
-    """Plan with `solver` (proteus | joint | garrison). `objective`, `time_limit_s`, `mip_gap` and `backend`
+    """Plan with `solver` (proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier |
+    infaas). `objective`, `time_limit_s`, `mip_gap` and `backend`
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
     at all can be served still comes back as a Plan, with status `infeasible` and notes saying why."""
     overrides: dict[str, object] = {}

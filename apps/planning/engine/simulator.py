@@ -1,0 +1,1048 @@
+"""Discrete-event simulator of a planned inference fleet, closing the loop with the planner.
+
+`simulate(problem, trace, planner=..., config=...)` replays a request trace against the instances of a plan:
+
+- Planning. The first plan comes from `planner` on the trace's demand over the first re-planning interval
+  (or on the problem's own demand). Then, every `replan_interval_s` (Proteus re-plans every 30 s) and when
+  the observed demand of an application over the last second exceeds what the current plan assumed by
+  `burst_factor` (debounced), the planner runs again on the demand observed over the last window (the
+  problem with `demand_rps` replaced; MIG GPUs carry the layout the previous plan left them in, so a
+  planner that minimises reconfiguration sees the current state). A new plan applies at once: instances it
+  keeps (same instance id and variant; on MIG GPUs the placement also survives `mig_layout_diff`) keep
+  their queue and keep serving; instances it drops stop (a batch in flight finishes; queued queries are
+  routed again under the new plan); instances it creates serve nothing for `reconfiguration_delay_s`
+  (routing leaves them out, as the data plane leaves out instances that are not ready).
+- Routing. `weights`: each application's plan weights, drawn with the alias tables of `routing.py` (the
+  data plane's `WeightedRouter`, including its renormalisation over the instances that are available); the
+  weights do not depend on the state, so all arrivals between two control events are routed at once,
+  vectorised. `matching`: Garrison's instance routing, `routing.queries_match_instances`, once every
+  `matching_interval_ms` over the queries that arrived since (a query waits at most that long).
+- Serving. Each instance has a `batching.QueryQueue` and a policy from `batching.batching_policy_make`,
+  driven exactly per the batching contract: whenever the instance is idle, on an arrival, at the time the
+  policy asked for and when a batch completes, first `drop_expired` then `decide`. A batch of b takes the
+  profiled latency at b (interpolated, `capacity.profile_interpolate`) times a mean-preserving log-normal
+  noise exp(sigma z - sigma^2 / 2).
+- Outcomes. Every query ends exactly once: on time (completed by its deadline), late, or dropped (no
+  capacity for its application at arrival, expired under the drop rule, or still queued when the
+  simulation ends). The deadline is arrival + the application's SLO, or arrival + the trace's per-request
+  `deadline_ms` where it gives one (Sponge).
+
+Speed: events are plain tuples in a heap, per-query state lives in flat lists indexed by query id, and
+arrivals are merged with the heap instead of being pushed into it. Planner calls are timed apart.
+
+Simplifications (stated): planning takes no simulated time (a plan applies at the instant it is asked
+for); destroying an instance is immediate; the network adds nothing; the initial plan is in place at
+time 0 with every instance ready."""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import heapq
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from .batching import DEADLINE_TOLERANCE_MS, DROP_RULES, QUEUE_ORDERS, QueryQueue, batching_policy_make
+from .capacity import profile_interpolate
+from .mig import layout_parse, mig_layout_diff
+from .problem import Plan, PlanInstance, Problem
+from .routing import alias_table_build, queries_match_instances, routing_tables_from_plan
+
+__all__ = [
+    "DROP_RULES",
+    "ROUTING_MODES",
+    "FlatAliasRouter",
+    "SimulationConfig",
+    "SimulationResult",
+    "TraceLike",
+    "simulate",
+]
+
+RoutingMode = Literal["weights", "matching"]
+ROUTING_MODES: tuple[str, ...] = ("weights", "matching")
+INITIAL_DEMANDS: tuple[str, ...] = ("trace", "problem")
+
+# Query outcomes (per query id).
+PENDING, ON_TIME, LATE, DROPPED_EXPIRED, DROPPED_NO_CAPACITY, DROPPED_UNFINISHED = 0, 1, 2, 3, 4, 5
+OUTCOME_NAMES = {ON_TIME: "on_time", LATE: "late", DROPPED_EXPIRED: "dropped_expired",
+                 DROPPED_NO_CAPACITY: "dropped_no_capacity", DROPPED_UNFINISHED: "dropped_unfinished"}
+# Heap event kinds; at equal times a completion goes before a timer (tuples compare kind second).
+_COMPLETE, _TIMER = 0, 1
+_INF = math.inf
+# A policy's `at_ms` this close to now counts as now (it is recomputed from the same numbers).
+_AT_EPSILON_MS = 1e-9
+_NOISE_CHUNK = 1 << 16
+# Policies that may drop queries from the head inside `decide` (batching.py: only Nexus).
+EARLY_DROP_POLICIES = frozenset({"nexus"})
+
+
+class TraceLike(Protocol):
+    """What the simulator reads from a trace (`workload.Trace`): arrival times in seconds, sorted; the
+    index of each request's application in `applications`; optionally a per-request deadline in ms after
+    arrival (NaN where the application's SLO applies)."""
+
+    time_s: np.ndarray
+    application: np.ndarray
+    applications: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """How the simulated fleet behaves. Times in seconds unless the name says `_ms`.
+
+    `drop_rule` is one rule for every application or a mapping application -> rule (the default,
+    "deadline", for applications not named): never | deadline | slo-1x | slo-2x (see batching.py).
+    `replan_interval_s` None or 0 turns periodic re-planning off, `burst_factor` None turns the burst
+    trigger off. A burst re-plan needs the last second's demand of an application above `burst_factor`
+    times the plan's assumption and at least `burst_min_rps`, and at least `burst_debounce_s` since the
+    last re-plan; it plans on max(window mean, last second) per application. `demand_headroom` scales the
+    demand handed to the planner. `carry_layouts`: re-planning starts from the MIG layouts the current
+    plan left (the joint planner then counts reconfiguration from there)."""
+
+    batching: str = "proteus"
+    batching_params: Mapping[str, Any] = field(default_factory=dict)
+    queue_order: str = "fifo"
+    drop_rule: str | Mapping[str, str] = "deadline"
+    noise_sigma: float = 0.05
+    seed: int = 0
+    replan_interval_s: float | None = 30.0
+    demand_window_s: float | None = None  # None: the re-planning interval
+    burst_factor: float | None = 1.5
+    burst_min_rps: float = 5.0
+    burst_debounce_s: float = 5.0
+    reconfiguration_delay_s: float = 5.0
+    routing: str = "weights"
+    matching_interval_ms: float = 2.0
+    initial_demand: str = "trace"
+    demand_headroom: float = 1.0
+    carry_layouts: bool = True
+
+    def __post_init__(self) -> None:
+        if self.queue_order not in QUEUE_ORDERS:
+            raise ValueError(f"queue_order must be one of {QUEUE_ORDERS}, got {self.queue_order!r}")
+        rules = self.drop_rule.values() if isinstance(self.drop_rule, Mapping) else [self.drop_rule]
+        for rule in rules:
+            if rule not in DROP_RULES:
+                raise ValueError(f"drop_rule must be one of {DROP_RULES}, got {rule!r}")
+        if self.routing not in ROUTING_MODES:
+            raise ValueError(f"routing must be one of {ROUTING_MODES}, got {self.routing!r}")
+        if self.initial_demand not in INITIAL_DEMANDS:
+            raise ValueError(f"initial_demand must be one of {INITIAL_DEMANDS}, got {self.initial_demand!r}")
+        for name in ("noise_sigma", "reconfiguration_delay_s", "burst_min_rps", "burst_debounce_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for name in ("replan_interval_s", "demand_window_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be None or a finite number >= 0, got {value!r}")
+        if self.burst_factor is not None and not (math.isfinite(self.burst_factor) and self.burst_factor > 0):
+            raise ValueError(f"burst_factor must be None or > 0, got {self.burst_factor!r}")
+        if not (math.isfinite(self.matching_interval_ms) and self.matching_interval_ms > 0):
+            raise ValueError(f"matching_interval_ms must be > 0, got {self.matching_interval_ms!r}")
+        if not (math.isfinite(self.demand_headroom) and self.demand_headroom > 0):
+            raise ValueError(f"demand_headroom must be > 0, got {self.demand_headroom!r}")
+
+    def drop_rule_for(self, application: str) -> str:
+        if isinstance(self.drop_rule, Mapping):
+            return self.drop_rule.get(application, "deadline")
+        return self.drop_rule
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["batching_params"] = dict(self.batching_params)
+        if isinstance(self.drop_rule, Mapping):
+            out["drop_rule"] = dict(self.drop_rule)
+        return out
+
+
+# --------------------------------------------------------------------------- result
+
+
+PER_SECOND_FIELDS: tuple[str, ...] = (
+    "second", "demand", "on_time", "late", "dropped", "throughput", "effective_accuracy", "best_accuracy",
+    "accuracy_drop", "slo_violation_ratio", "p50_ms", "p99_ms",
+)
+
+
+@dataclass
+class SimulationResult:
+    """What a simulation measured.
+
+    `summary`: totals (JSON-ready). `per_second`: one array per field of PER_SECOND_FIELDS; queries are
+    counted in the second they arrived, except `throughput` (completions in that second). `instances`:
+    per instance (every instance any plan ran): id, variant, when it was ready and stopped, batches,
+    queries served, mean batch size, utilisation (busy time over the time it was up). `plans`: (time in
+    seconds, Plan) for every plan applied, `replans`: one record per planner call. `queries`: per query
+    id, arrival/deadline/done times (ms), outcome code (OUTCOME_NAMES) and the instance that served it."""
+
+    summary: dict[str, Any]
+    per_second: dict[str, np.ndarray]
+    instances: list[dict[str, Any]]
+    plans: list[tuple[float, Plan]]
+    replans: list[dict[str, Any]]
+    queries: dict[str, np.ndarray]
+    config: SimulationConfig
+
+    def to_dict(self, *, per_second: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"summary": self.summary, "config": self.config.to_dict(), "replans": self.replans, "instances": self.instances}
+        if per_second:
+            out["per_second"] = {k: [_json_number(x) for x in v.tolist()] for k, v in self.per_second.items()}
+        return out
+
+    def to_json(self, *, per_second: bool = False, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(per_second=per_second), indent=indent, allow_nan=False, default=_json_default)
+
+    def write_csv(self, path) -> None:
+        """Per-second metrics, one row per second."""
+        import csv
+
+        columns = [self.per_second[name] for name in PER_SECOND_FIELDS]
+        with open(path, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(PER_SECOND_FIELDS)
+            for row in zip(*(c.tolist() for c in columns)):
+                writer.writerow(["" if isinstance(x, float) and math.isnan(x) else (round(x, 6) if isinstance(x, float) else x) for x in row])
+
+    def plot(self, path) -> None:
+        """Demand, served and dropped per second; SLO violation ratio; effective accuracy; p50/p99 latency;
+        vertical lines where a plan was applied. Needs matplotlib (imported here, not at module load)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        ps = self.per_second
+        x = ps["second"]
+        fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+        ax = axes[0]
+        ax.plot(x, ps["demand"], label="demand", color="black", lw=1)
+        ax.plot(x, ps["throughput"], label="throughput", lw=1)
+        ax.plot(x, ps["on_time"], label="on time", lw=1)
+        ax.plot(x, ps["late"] + ps["dropped"], label="late + dropped", lw=1)
+        ax.set_ylabel("queries / s")
+        ax.legend(loc="upper right", fontsize=8)
+        axes[1].plot(x, ps["slo_violation_ratio"], color="tab:red", lw=1)
+        axes[1].set_ylabel("SLO violation ratio")
+        axes[1].set_ylim(bottom=0)
+        axes[2].plot(x, ps["effective_accuracy"], label="effective", lw=1)
+        axes[2].plot(x, ps["best_accuracy"], label="best variant", lw=1, ls="--")
+        axes[2].set_ylabel("accuracy")
+        axes[2].legend(loc="lower right", fontsize=8)
+        axes[3].plot(x, ps["p50_ms"], label="p50", lw=1)
+        axes[3].plot(x, ps["p99_ms"], label="p99", lw=1)
+        axes[3].set_ylabel("latency (ms)")
+        axes[3].set_xlabel("time (s)")
+        axes[3].legend(loc="upper right", fontsize=8)
+        for when, _ in self.plans[1:]:
+            for a in axes:
+                a.axvline(when, color="grey", lw=0.6, ls=":")
+        s = self.summary
+        fig.suptitle(
+            f"{s['planner']} + {s['batching']} ({s['routing']}): {s['queries']} queries, SLO violations {s['slo_violation_ratio']:.2%}, "
+            f"accuracy {_fmt(s['effective_accuracy'])}", fontsize=10,
+        )
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _json_number(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _latency_function(points: Sequence[Any], max_batch: int) -> tuple[Callable[[int], float], float]:
+    """latency_ms(b) for one variant on one slice, from its profile: interpolated inside the profiled
+    range, the smallest profiled batch's latency below it, extrapolated linearly from the last two points
+    above it (a policy should never ask beyond `max_batch`, which is inside). Returns (function, latency(1))."""
+    points = sorted(points, key=lambda p: p.batch)
+    if not points:
+        raise ValueError("no profile")
+    top = max(max_batch, points[-1].batch, 1)
+    table = [0.0] * (top + 1)
+    for b in range(1, top + 1):
+        value = profile_interpolate(points, b, "latency_ms")
+        if value is None:
+            if b < points[0].batch:
+                value = points[0].latency_ms
+            elif len(points) >= 2:
+                p, q = points[-2], points[-1]
+                value = q.latency_ms + (q.latency_ms - p.latency_ms) / (q.batch - p.batch) * (b - q.batch)
+            else:
+                value = points[-1].latency_ms * b / points[-1].batch
+        table[b] = float(value)
+    n = len(table)
+    last = table[-1]
+    slope = (table[-1] - table[-2]) if n >= 3 else table[-1]
+
+    def latency_ms(b: int, table: list[float] = table, n: int = n) -> float:
+        if 0 < b < n:
+            return table[b]
+        if b <= 0:
+            return 0.0
+        return last + slope * (b - (n - 1))
+
+    return latency_ms, table[1]
+
+
+def _noise_stream(rng: np.random.Generator, sigma: float) -> Iterator[float]:
+    """Mean-preserving log-normal factors exp(sigma z - sigma^2 / 2), drawn in chunks."""
+    if sigma <= 0:
+        return itertools.repeat(1.0)
+
+    def chunks() -> Iterator[float]:
+        shift = -0.5 * sigma * sigma
+        while True:
+            yield from np.exp(sigma * rng.standard_normal(_NOISE_CHUNK) + shift).tolist()
+
+    return chunks()
+
+
+def _plan_layouts(problem: Problem, plan: Plan) -> dict[str, tuple]:
+    """device -> layout (placements) of every MIG GPU the plan uses: its `layouts`, else what its instances
+    sit on."""
+    out: dict[str, tuple] = {}
+    for device, placements in plan.layouts.items():
+        try:
+            if problem.device(device).mig:
+                out[device] = layout_parse(list(placements))
+        except KeyError:
+            continue
+    derived: dict[str, list[str]] = {}
+    for inst in plan.instances:
+        if inst.start is not None and inst.device not in out:
+            derived.setdefault(inst.device, []).append(f"{inst.slice}@{inst.start}")
+    for device, placements in derived.items():
+        try:
+            out[device] = layout_parse(placements)
+        except ValueError:
+            continue
+    return out
+
+
+class FlatAliasRouter:
+    """The data plane's weighted routing (`routing.WeightedRouter`), for many queries of many applications
+    at once: one Walker alias table per application, built by routing.py's own Vose construction, laid end
+    to end in flat arrays, and drawn exactly as `WeightedRouter._draw` draws (from the same uniforms, the
+    same picks; a test holds them to that).
+
+    `tables[j]` is application j's list of (instance key, weight); keys are ints (the simulator's instance
+    indices). `draw(apps, u)` returns the key per query, -1 for an application without an instance."""
+
+    def __init__(self, n_applications: int, tables: Mapping[int, Sequence[tuple[int, float]]]) -> None:
+        n_cols = np.zeros(n_applications, dtype=np.int64)
+        offsets = np.zeros(n_applications, dtype=np.int64)
+        keep: list[float] = []
+        inst: list[int] = []
+        alias_inst: list[int] = []
+        self.members: list[list[int]] = [[] for _ in range(n_applications)]
+        for j, entries in sorted(tables.items()):
+            positive = [(str(key), float(w)) for key, w in entries if w > 0]
+            if not positive:
+                continue
+            alias = alias_table_build(positive)
+            offsets[j] = len(keep)
+            n_cols[j] = len(alias.instances)
+            keys = [int(i) for i in alias.instances]
+            keep.extend(alias.keep)
+            inst.extend(keys)
+            alias_inst.extend(keys[a] for a in alias.alias)
+            self.members[j] = keys
+        keep.append(0.0)  # one dummy column for every application without a table
+        inst.append(-1)
+        alias_inst.append(-1)
+        self.n_cols = n_cols
+        self.offsets = np.where(n_cols > 0, offsets, len(keep) - 1)
+        self.keep = np.array(keep)
+        self.inst = np.array(inst, dtype=np.int64)
+        self.alias = np.array(alias_inst, dtype=np.int64)
+
+    def draw(self, apps: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Per query: column = int(u n) (n - 1 where that rounds up to n), kept if the fraction left is
+        below keep[column], else its alias; -1 where the application has no table."""
+        n = self.n_cols[apps]
+        x = u * n
+        col = x.astype(np.int64)
+        np.minimum(col, np.maximum(n - 1, 0), out=col)
+        g = self.offsets[apps] + col
+        return np.where(x - col < self.keep[g], self.inst[g], self.alias[g])
+
+
+@dataclass
+class _PlanState:
+    time_s: float
+    plan: Plan
+    assumed_rps: np.ndarray  # per application index (problem order)
+
+
+# --------------------------------------------------------------------------- the simulator
+
+
+def simulate(
+    problem: Problem,
+    trace: TraceLike,
+    *,
+    planner: str | Callable[[Problem], Plan],
+    config: SimulationConfig | None = None,
+) -> SimulationResult:
+    """Simulate `trace` on the fleet of `problem`, planned (and re-planned) by `planner`: a name for
+    `solve.plan_solve` (proteus, joint, garrison, clipper-ha, clipper-ht, sommelier, infaas) or a function
+    Problem -> Plan. See the module docstring."""
+    return _Simulation(problem, trace, planner, config or SimulationConfig()).run()
+
+
+class _Simulation:
+    def __init__(self, problem: Problem, trace: TraceLike, planner: str | Callable[[Problem], Plan], config: SimulationConfig) -> None:
+        batching_policy_make(config.batching, **dict(config.batching_params))  # fail early on a bad name or parameter
+        self.problem = problem
+        self.config = config
+        if isinstance(planner, str):
+            from .solve import plan_solve
+
+            name = planner
+            self.planner: Callable[[Problem], Plan] = lambda p: plan_solve(p, name)
+            self.planner_name = name
+        else:
+            self.planner = planner
+            self.planner_name = getattr(planner, "__name__", "custom")
+        self.apps = [a.name for a in problem.applications]
+        self.app_index = {name: i for i, name in enumerate(self.apps)}
+        self.slo_ms = [a.slo_ms for a in problem.applications]
+        self.best_accuracy = np.array([max((v.accuracy for v in problem.variants_of(a)), default=0.0) for a in self.apps])
+
+        # Queries.
+        time_s = np.asarray(trace.time_s, dtype=np.float64)
+        if time_s.ndim != 1:
+            raise ValueError("trace.time_s must be one-dimensional")
+        if time_s.size and (not np.all(np.isfinite(time_s)) or np.any(np.diff(time_s) < 0) or time_s[0] < 0):
+            raise ValueError("trace.time_s must be finite, >= 0 and sorted")
+        trace_apps = list(trace.applications)
+        unknown = [a for a in trace_apps if a not in self.app_index]
+        if unknown:
+            raise ValueError(f"the trace has applications the problem does not: {', '.join(map(str, unknown))}")
+        mapping = np.array([self.app_index[a] for a in trace_apps] or [0], dtype=np.int64)
+        raw_app = np.asarray(trace.application, dtype=np.int64)
+        if raw_app.shape != time_s.shape:
+            raise ValueError("trace.application must have one entry per request")
+        if raw_app.size and (raw_app.min() < 0 or raw_app.max() >= len(trace_apps)):
+            raise ValueError("trace.application indexes outside trace.applications")
+        self.n = int(time_s.size)
+        self.app_np = mapping[raw_app] if self.n else np.zeros(0, dtype=np.int64)
+        self.arr_np = time_s * 1000.0
+        slo = np.array(self.slo_ms, dtype=np.float64)
+        deadline = self.arr_np + slo[self.app_np] if self.n else np.zeros(0)
+        per_request = getattr(trace, "deadline_ms", None)
+        if per_request is not None:
+            per_request = np.asarray(per_request, dtype=np.float64)
+            if per_request.shape != time_s.shape:
+                raise ValueError("trace.deadline_ms must have one entry per request")
+            given = np.isfinite(per_request)
+            deadline = np.where(given, self.arr_np + np.where(given, per_request, 0.0), deadline)
+        self.dl_np = deadline
+        duration = getattr(trace, "duration_s", None)
+        last = float(time_s[-1]) if self.n else 0.0
+        self.duration_s = float(duration) if duration is not None and duration >= last else last
+
+        # Per-second arrivals per application (what the control loop observes, one second after the fact).
+        self.n_seconds_trace = int(math.floor(self.duration_s)) + 1
+        sec = np.minimum((time_s // 1.0).astype(np.int64), self.n_seconds_trace - 1) if self.n else np.zeros(0, dtype=np.int64)
+        self.counts = np.bincount(sec * len(self.apps) + self.app_np, minlength=self.n_seconds_trace * len(self.apps)).reshape(
+            self.n_seconds_trace, len(self.apps)
+        ) if self.n else np.zeros((self.n_seconds_trace, len(self.apps)), dtype=np.int64)
+
+        rng = np.random.default_rng(config.seed)
+        self.rng_route = np.random.default_rng(rng.integers(2**63))
+        self.noise = _noise_stream(np.random.default_rng(rng.integers(2**63)), config.noise_sigma)
+
+    # ----------------------------------------------------------------------- planning
+
+    def _demand_problem(self, demand: np.ndarray) -> Problem:
+        apps = tuple(dataclasses.replace(a, demand_rps=float(demand[i])) for i, a in enumerate(self.problem.applications))
+        devices = self.problem.devices
+        if self.config.carry_layouts and self.layouts:
+            devices = tuple(
+                dataclasses.replace(d, layout=self.layouts[d.name]) if d.mig and not d.fixed_layout and d.name in self.layouts else d
+                for d in devices
+            )
+        return dataclasses.replace(self.problem, applications=apps, devices=devices)
+
+    def _observed_demand(self, now_s: float, burst: bool) -> np.ndarray:
+        window = self.config.demand_window_s or self.config.replan_interval_s or 1.0
+        start = max(0.0, now_s - window)
+        i0 = int(np.searchsorted(self.arr_np, start * 1000.0, side="left"))
+        i1 = int(np.searchsorted(self.arr_np, now_s * 1000.0, side="left"))
+        counts = np.bincount(self.app_np[i0:i1], minlength=len(self.apps)).astype(float)
+        demand = counts / max(now_s - start, 1e-9)
+        if burst:
+            second = int(round(now_s)) - 1
+            if 0 <= second < self.n_seconds_trace:
+                demand = np.maximum(demand, self.counts[second].astype(float))
+        return demand * self.config.demand_headroom
+
+    def _initial_demand(self) -> np.ndarray:
+        """The problem's demand, or the trace's mean rate over its first re-planning interval (the whole
+        trace when that is shorter or re-planning is off)."""
+        if self.config.initial_demand == "problem" or self.n == 0:
+            return np.array([a.demand_rps for a in self.problem.applications], dtype=float)
+        window = self.config.replan_interval_s or 0.0
+        if window <= 0 or window > self.duration_s:
+            window = self.duration_s
+        if window <= 0:
+            window = 1.0
+        i1 = int(np.searchsorted(self.arr_np, window * 1000.0, side="right"))
+        counts = np.bincount(self.app_np[:i1], minlength=len(self.apps)).astype(float)
+        return counts / window * self.config.demand_headroom
+
+    def _plan(self, demand: np.ndarray, now_s: float, reason: str) -> tuple[Plan | None, dict[str, Any]]:
+        record: dict[str, Any] = {
+            "time_s": now_s, "reason": reason, "demand_rps": {a: round(float(demand[i]), 6) for i, a in enumerate(self.apps)},
+        }
+        started = time.perf_counter()
+        try:
+            plan = self.planner(self._demand_problem(demand))
+        except Exception as exc:  # a planner failure keeps the current plan; the record says why
+            record.update(status="error", error=f"{type(exc).__name__}: {exc}", applied=False)
+            plan = None
+        elapsed = time.perf_counter() - started
+        self.planner_seconds += elapsed
+        record["planner_wall_s"] = round(elapsed, 6)
+        if plan is not None:
+            record["status"] = plan.status
+        return plan, record
+
+    # ----------------------------------------------------------------------- instances and routing
+
+    def _instance_make(self, inst: PlanInstance, ready_ms: float) -> int:
+        problem = self.problem
+        variant = problem.variant(inst.variant)
+        app = self.app_index[variant.application]
+        dtype = problem.device(inst.device).type
+        key = (inst.variant, dtype, inst.slice, inst.batch)
+        cached = self._latency_cache.get(key)
+        if cached is None:
+            points = problem.profiles_for(inst.variant, dtype, inst.slice)
+            if not points:
+                raise ValueError(f"no profile for {inst.variant} on {dtype}/{inst.slice} (instance {inst.id})")
+            cached = self._latency_cache[key] = _latency_function(points, max(1, inst.batch))
+        k = len(self.i_id)
+        self.i_id.append(inst.id)
+        self.i_variant.append(inst.variant)
+        self.i_app.append(app)
+        self.i_accuracy.append(variant.accuracy)
+        self.i_queue.append(QueryQueue(self.config.queue_order))
+        self.i_policy.append(batching_policy_make(self.config.batching, **dict(self.config.batching_params)))
+        self.i_lat.append(cached[0])
+        self.i_lat1.append(cached[1])
+        self.i_maxb.append(max(1, int(inst.batch)))
+        self.i_rule.append(self.config.drop_rule_for(variant.application))
+        self.i_slo.append(self.slo_ms[app])
+        self.i_busy.append(False)
+        self.i_busy_end.append(0.0)
+        self.i_timer.append(_INF)
+        self.i_inflight.append(None)
+        self.i_service.append(0.0)
+        self.i_alive.append(True)
+        self.i_ready.append(ready_ms)
+        self.i_stopped.append(None)
+        self.i_busy_ms.append(0.0)
+        self.i_batches.append(0)
+        self.i_served.append(0)
+        return k
+
+    def _routing_build(self, now_ms: float) -> None:
+        """Alias tables of every application over its available instances (alive and ready), with the
+        renormalisation `WeightedRouter.choose_excluding` does for instances that are not available."""
+        per_app: dict[int, list[tuple[int, float]]] = {}
+        for app, table in self.tables.items():
+            j = self.app_index.get(app)
+            if j is None:
+                continue
+            available = []
+            for instance_id, weight in table.entries:
+                k = self.current.get(instance_id)
+                if k is not None and weight > 0 and self.i_alive[k] and self.i_ready[k] <= now_ms:
+                    available.append((k, weight))
+            per_app[j] = available
+        self.router = FlatAliasRouter(len(self.apps), per_app)
+
+    def _route_weights(self, apps: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return self.router.draw(apps, u)
+
+    def _route_matching(self, app: int, qids: list[int], now_ms: float) -> list[int]:
+        """Garrison: match the queries to the application's available instances at least predicted
+        completion time (deadline misses first). An instance offers as many slots as needed, slot s free
+        at max(now, busy until) + (queued + s) x its per-query time at full batch; a query's service there
+        is the batch-1 latency."""
+        members = self.router.members[app]
+        if not members:
+            return [-1] * len(qids)
+        slots = -(-len(qids) // len(members))
+        per_query = np.empty(len(members))
+        start = np.empty(len(members))
+        lat1 = np.empty(len(members))
+        for m, k in enumerate(members):
+            per_query[m] = self.i_lat[k](self.i_maxb[k]) / self.i_maxb[k]
+            start[m] = max(now_ms, self.i_busy_end[k] if self.i_busy[k] else now_ms) + len(self.i_queue[k]) * per_query[m]
+            lat1[m] = self.i_lat1[k]
+        free = (start[:, None] + per_query[:, None] * np.arange(slots)[None, :]).ravel()
+        owner = np.repeat(np.asarray(members, dtype=np.int64), slots)
+        out = [-1] * len(qids)
+        for q, column in queries_match_instances(self.dl_np[qids], free, np.repeat(lat1, slots)):
+            out[q] = int(owner[column])
+        return out
+
+    # ----------------------------------------------------------------------- plan application
+
+    def _plan_apply(self, plan: Plan, now_ms: float, record: dict[str, Any], initial: bool) -> list[tuple[int, float, float]]:
+        """Make `plan` current: keep what it keeps, stop the rest, create the new instances (ready after
+        the reconfiguration delay, or at once for the initial plan). Returns the queries that were queued
+        on stopped instances, to route again."""
+        old_layouts = self.layouts
+        new_layouts = _plan_layouts(self.problem, plan)
+        # MIG placements that survive on each GPU (mig_layout_diff's `keep`); elsewhere the instance id decides.
+        surviving: dict[str, set[str]] = {}
+        mig_created = mig_destroyed = 0
+        for device in sorted(new_layouts):
+            spec = self.problem.device(device)
+            before, after = old_layouts.get(device, ()), new_layouts[device]
+            try:
+                diff = mig_layout_diff(spec.type, before, after)
+            except ValueError:
+                surviving[device] = set()
+                mig_created += len(after)
+                mig_destroyed += len(before)
+                continue
+            surviving[device] = {str(p) for p in diff.keep}
+            mig_created += len(diff.create)
+            mig_destroyed += len(diff.destroy)
+
+        def survives(inst: PlanInstance) -> bool:
+            if inst.start is None or inst.device not in surviving:
+                return True
+            return f"{inst.slice}@{inst.start}" in surviving[inst.device]
+
+        ready = now_ms if initial else now_ms + self.config.reconfiguration_delay_s * 1000.0
+        new_current: dict[str, int] = {}
+        kept = created = 0
+        for inst in plan.instances:
+            k = self.current.get(inst.id)
+            if k is not None and self.i_variant[k] == inst.variant and survives(inst):
+                new_current[inst.id] = k
+                self.i_maxb[k] = max(1, int(inst.batch))
+                kept += 1
+            else:
+                new_current[inst.id] = self._instance_make(inst, ready)
+                created += 1
+                if ready > now_ms:
+                    self.ready_times.add(ready)
+        orphans: list[tuple[int, float, float]] = []
+        destroyed = 0
+        for inst_id, k in self.current.items():
+            if new_current.get(inst_id) == k:
+                continue
+            destroyed += 1
+            self.i_alive[k] = False
+            self.i_stopped[k] = now_ms
+            self.i_timer[k] = _INF
+            queue = self.i_queue[k]
+            if len(queue):
+                orphans.extend(queue.pop(len(queue)))
+        self.current = new_current
+        self.layouts = {**old_layouts, **new_layouts}
+        self.version += 1
+        self.tables = routing_tables_from_plan(plan, self.version)
+        record.update(applied=True, instances=len(plan.instances), kept=kept, created=created, destroyed=destroyed,
+                      mig_created=mig_created, mig_destroyed=mig_destroyed, rerouted=len(orphans))
+        return orphans
+
+    # ----------------------------------------------------------------------- the run
+
+    def run(self) -> SimulationResult:
+        wall_start = time.perf_counter()
+        cfg = self.config
+        self.planner_seconds = 0.0
+        self._latency_cache: dict[tuple, tuple[Callable[[int], float], float]] = {}
+        for name in ("i_id", "i_variant", "i_app", "i_accuracy", "i_queue", "i_policy", "i_lat", "i_lat1", "i_maxb", "i_rule",
+                     "i_slo", "i_busy", "i_busy_end", "i_timer", "i_inflight", "i_service", "i_alive", "i_ready", "i_stopped",
+                     "i_busy_ms", "i_batches", "i_served"):
+            setattr(self, name, [])
+        self.current: dict[str, int] = {}
+        self.layouts: dict[str, tuple] = {
+            d.name: d.layout for d in self.problem.devices if d.mig and d.layout is not None
+        }
+        self.version = 0
+        self.tables = {}
+        self.ready_times: set[float] = set()
+        plans: list[tuple[float, Plan]] = []
+        replans: list[dict[str, Any]] = []
+
+        demand = self._initial_demand()
+        plan, record = self._plan(demand, 0.0, "initial")
+        if plan is None:
+            raise RuntimeError(f"the planner failed on the initial demand: {record.get('error')}")
+        self._plan_apply(plan, 0.0, record, initial=True)
+        plans.append((0.0, plan))
+        replans.append(record)
+        state = _PlanState(0.0, plan, demand)
+        last_replan_s = 0.0
+
+        n = self.n
+        arr = self.arr_np.tolist()
+        dl = self.dl_np.tolist()
+        app_np = self.app_np
+        outcome = bytearray(n)
+        done = [math.nan] * n
+        where = [-1] * n
+
+        heap: list[tuple[float, int, int]] = []
+        heappush, heappop = heapq.heappush, heapq.heappop
+        queues, policies, lats, lat1s, maxbs = self.i_queue, self.i_policy, self.i_lat, self.i_lat1, self.i_maxb
+        rules, slos = self.i_rule, self.i_slo
+        busy, busy_end, timer_at, inflight, service = self.i_busy, self.i_busy_end, self.i_timer, self.i_inflight, self.i_service
+        alive, busy_ms, batches, served = self.i_alive, self.i_busy_ms, self.i_batches, self.i_served
+        noise = self.noise
+        nxt = next
+        eps = _AT_EPSILON_MS
+        inf = _INF
+        tolerance = DEADLINE_TOLERANCE_MS  # the batching module's slack in every "finishes by its deadline" test
+        early_drops = cfg.batching in EARLY_DROP_POLICIES
+
+        def kick(k: int, now: float) -> None:
+            """The instance is idle: drop what expired, ask the policy, start a batch or set its timer."""
+            q = queues[k]
+            dropped = q.drop_expired(now, rules[k], slos[k], lat1s[k])
+            if dropped:
+                for qid in dropped:
+                    outcome[qid] = DROPPED_EXPIRED
+                    done[qid] = now
+                    where[qid] = k
+            if not q:
+                timer_at[k] = inf
+                return
+            lat = lats[k]
+            b, at = policies[k].decide(now, q, lat, maxbs[k])
+            if early_drops:  # Nexus drops from the head inside decide; the queue reports them on the next call
+                for qid in q.drop_expired(now, "never", 0.0, 0.0):
+                    outcome[qid] = DROPPED_EXPIRED
+                    done[qid] = now
+                    where[qid] = k
+            if b <= 0:
+                timer_at[k] = inf
+                return
+            if at > now + eps:
+                if timer_at[k] != at:
+                    timer_at[k] = at
+                    heappush(heap, (at, _TIMER, k))
+                return
+            size = len(q)
+            if b > size:
+                b = size
+            if b > maxbs[k]:
+                b = maxbs[k]
+            inflight[k] = q.pop(b)
+            svc = lat(b) * nxt(noise)
+            end = now + svc
+            busy[k] = True
+            busy_end[k] = end
+            service[k] = svc
+            timer_at[k] = inf
+            busy_ms[k] += svc
+            heappush(heap, (end, _COMPLETE, k))
+
+        def event(t: float, kind: int, k: int) -> None:
+            if kind == _COMPLETE:
+                batch = inflight[k]
+                inflight[k] = None
+                busy[k] = False
+                late = 0
+                for qid, _a, d in batch:
+                    done[qid] = t
+                    where[qid] = k
+                    if t <= d + tolerance:
+                        outcome[qid] = ON_TIME
+                    else:
+                        outcome[qid] = LATE
+                        late += 1
+                size = len(batch)
+                batches[k] += 1
+                served[k] += size
+                policies[k].observe(size, service[k], late)
+                if alive[k]:
+                    kick(k, t)
+            elif timer_at[k] == t and not busy[k] and alive[k]:
+                timer_at[k] = inf
+                kick(k, t)
+
+        def deliver(qids: Sequence[int], dest: Sequence[int], now: float) -> None:
+            """Queries routed at `now` (matched, or routed again): push them, then ask each idle instance once."""
+            touched = []
+            for qid, k in zip(qids, dest):
+                if k < 0:
+                    outcome[qid] = DROPPED_NO_CAPACITY
+                    done[qid] = now
+                    continue
+                queues[k].push(qid, arr[qid], dl[qid])
+                touched.append(k)
+            for k in dict.fromkeys(touched):
+                if not busy[k]:
+                    kick(k, now)
+
+        def reroute(qids: list[int], now: float) -> None:
+            """Route queries at `now` under the current routing (arrivals of a matching round, or queries
+            queued on an instance that a new plan stopped)."""
+            if not qids:
+                return
+            apps = app_np[qids]
+            if matching:
+                dest = [-1] * len(qids)
+                for j in np.unique(apps).tolist():
+                    positions = np.flatnonzero(apps == j).tolist()
+                    for pos, k in zip(positions, self._route_matching(j, [qids[p] for p in positions], now)):
+                        dest[pos] = k
+            else:
+                dest = self._route_weights(apps, self.rng_route.random(len(qids))).tolist()
+            deliver(qids, dest, now)
+
+        matching = cfg.routing == "matching"
+        round_ms = cfg.matching_interval_ms
+        next_round = round_ms
+        i = 0  # next query to deliver
+
+        def run_until(t_end: float) -> None:
+            """Deliver the arrivals before t_end and process every event before it."""
+            nonlocal i, next_round
+            if matching:
+                while i < n:
+                    if arr[i] >= next_round:  # skip the empty rounds up to the next arrival
+                        next_round = (math.floor(arr[i] / round_ms) + 1) * round_ms
+                    t_round = next_round
+                    if t_round >= t_end:
+                        break
+                    while heap and heap[0][0] <= t_round:
+                        event(*heappop(heap))
+                    j = bisect.bisect_left(arr, t_round, i)
+                    if j > i:
+                        reroute(list(range(i, j)), t_round)
+                        i = j
+                    next_round = t_round + round_ms
+                while heap and heap[0][0] < t_end:
+                    event(*heappop(heap))
+                return
+            j = bisect.bisect_left(arr, t_end, i)
+            if j > i:
+                dest = self._route_weights(app_np[i:j], self.rng_route.random(j - i)).tolist()
+                base = i
+                for qid in range(i, j):
+                    t = arr[qid]
+                    while heap and heap[0][0] <= t:
+                        event(*heappop(heap))
+                    k = dest[qid - base]
+                    if k < 0:
+                        outcome[qid] = DROPPED_NO_CAPACITY
+                        done[qid] = t
+                        continue
+                    queues[k].push(qid, t, dl[qid])
+                    if not busy[k]:
+                        kick(k, t)
+                i = j
+            while heap and heap[0][0] < t_end:
+                event(*heappop(heap))
+
+        # Control loop: epochs between control events (whole seconds for the burst check, re-plans, instances
+        # becoming ready); routing is rebuilt whenever the plan or the set of ready instances changes.
+        self._routing_build(0.0)
+        interval_ms = (cfg.replan_interval_s or 0.0) * 1000.0
+        next_replan = interval_ms if interval_ms > 0 else _INF
+        next_second = 1000.0
+        end_ms = self.duration_s * 1000.0
+        burst_on = cfg.burst_factor is not None
+        while i < n:
+            pending_ready = min((r for r in self.ready_times), default=_INF)
+            t1 = min(next_replan, next_second if burst_on else _INF, pending_ready)
+            if t1 > end_ms:
+                break
+            run_until(t1)
+            if pending_ready <= t1:
+                self.ready_times = {r for r in self.ready_times if r > t1}
+                self._routing_build(t1)
+            reason = None
+            if t1 == next_replan:
+                reason = "interval"
+                next_replan += interval_ms
+            if burst_on and t1 == next_second:
+                second = int(round(t1 / 1000.0)) - 1
+                if reason is None and 0 <= second < self.n_seconds_trace and t1 / 1000.0 - last_replan_s >= cfg.burst_debounce_s - 1e-9:
+                    observed = self.counts[second]
+                    threshold = np.maximum(state.assumed_rps * cfg.burst_factor, cfg.burst_min_rps)
+                    if np.any(observed > threshold):
+                        reason = "burst"
+                next_second += 1000.0
+            if reason is not None:
+                now_s = t1 / 1000.0
+                demand = self._observed_demand(now_s, burst=reason == "burst")
+                plan, record = self._plan(demand, now_s, reason)
+                replans.append(record)
+                last_replan_s = now_s
+                if plan is not None and plan.status == "infeasible" and state.plan.instances:
+                    record.update(applied=False, error="infeasible; the current plan stays")
+                elif plan is not None:
+                    orphans = self._plan_apply(plan, t1, record, initial=False)
+                    plans.append((now_s, plan))
+                    state = _PlanState(now_s, plan, demand)
+                    self._routing_build(t1)
+                    reroute([qid for qid, _a, _d in orphans], t1)
+                    for k in self.current.values():  # an instance whose batch size changed may now dispatch
+                        if alive[k] and not busy[k] and len(queues[k]):
+                            kick(k, t1)
+        run_until(_INF)
+        if i < n:  # cannot happen (run_until(inf) delivers everything); kept as a guard
+            raise RuntimeError("arrivals left undelivered")
+        end_time = max([end_ms] + [t for t in done if t == t]) if n else end_ms
+        # Whatever is still queued (a policy waiting for arrivals that never come) ends unfinished.
+        for k, q in enumerate(queues):
+            for qid in q.drop_expired(end_time, "never", 0.0, 0.0):  # early drops not yet collected
+                outcome[qid] = DROPPED_EXPIRED
+                done[qid] = end_time
+                where[qid] = k
+            if len(q):
+                for qid, _a, _d in q.pop(len(q)):
+                    outcome[qid] = DROPPED_UNFINISHED
+                    done[qid] = end_time
+                    where[qid] = k
+        wall = time.perf_counter() - wall_start
+        return self._result(outcome, done, where, plans, replans, end_time, wall)
+
+    # ----------------------------------------------------------------------- metrics
+
+    def _result(self, outcome_b: bytearray, done_l: list[float], where_l: list[int], plans, replans, end_time: float, wall: float) -> SimulationResult:
+        cfg = self.config
+        n = self.n
+        outcome = np.frombuffer(bytes(outcome_b), dtype=np.uint8).copy() if n else np.zeros(0, dtype=np.uint8)
+        if n and np.any(outcome == PENDING):
+            raise RuntimeError(f"{int(np.sum(outcome == PENDING))} queries have no outcome")
+        done = np.array(done_l, dtype=np.float64)
+        where = np.array(where_l, dtype=np.int64)
+        arr, dl, app = self.arr_np, self.dl_np, self.app_np
+        n_seconds = max(self.n_seconds_trace, int(math.floor(end_time / 1000.0)) + 1)
+        sec = np.minimum((arr // 1000.0).astype(np.int64), n_seconds - 1)
+        served_mask = (outcome == ON_TIME) | (outcome == LATE)
+        dropped_mask = ~served_mask
+        i_acc = np.array(self.i_accuracy + [math.nan])
+        accuracy = np.where(served_mask, i_acc[np.where(served_mask, where, -1)], np.nan)
+        latency = np.where(served_mask, done - arr, np.nan)
+
+        def count(mask: np.ndarray, index: np.ndarray = sec) -> np.ndarray:
+            return np.bincount(index[mask], minlength=n_seconds).astype(np.int64)
+
+        demand = np.bincount(sec, minlength=n_seconds).astype(np.int64)
+        on_time = count(outcome == ON_TIME)
+        late = count(outcome == LATE)
+        dropped = count(dropped_mask)
+        done_sec = np.minimum((np.nan_to_num(done, nan=0.0) // 1000.0).astype(np.int64), n_seconds - 1)
+        throughput = count(served_mask, done_sec)
+        served_n = on_time + late
+        with np.errstate(invalid="ignore", divide="ignore"):
+            eff = np.bincount(sec[served_mask], weights=accuracy[served_mask], minlength=n_seconds) / served_n
+            best = np.bincount(sec[served_mask], weights=self.best_accuracy[app[served_mask]], minlength=n_seconds) / served_n
+            violation = (late + dropped) / demand
+        eff = np.where(served_n > 0, eff, np.nan)
+        best = np.where(served_n > 0, best, np.nan)
+        violation = np.where(demand > 0, violation, np.nan)
+        p50 = np.full(n_seconds, np.nan)
+        p99 = np.full(n_seconds, np.nan)
+        if served_mask.any():
+            s_sec = sec[served_mask]
+            s_lat = latency[served_mask]
+            order = np.lexsort((s_lat, s_sec))
+            s_sec, s_lat = s_sec[order], s_lat[order]
+            bounds = np.searchsorted(s_sec, np.arange(n_seconds + 1))
+            for s in np.flatnonzero(served_n):
+                chunk = s_lat[bounds[s]:bounds[s + 1]]
+                p50[s], p99[s] = np.percentile(chunk, [50, 99])
+        per_second = {
+            "second": np.arange(n_seconds, dtype=np.int64), "demand": demand, "on_time": on_time, "late": late,
+            "dropped": dropped, "throughput": throughput, "effective_accuracy": eff, "best_accuracy": best,
+            "accuracy_drop": best - eff, "slo_violation_ratio": violation, "p50_ms": p50, "p99_ms": p99,
+        }
+
+        instances = []
+        for k, inst_id in enumerate(self.i_id):
+            up_from = self.i_ready[k]
+            up_to = self.i_stopped[k] if self.i_stopped[k] is not None else end_time
+            up = max(0.0, up_to - up_from)
+            instances.append({
+                "index": k, "id": inst_id, "variant": self.i_variant[k], "application": self.apps[self.i_app[k]],
+                "ready_s": round(up_from / 1000.0, 6), "stopped_s": None if self.i_stopped[k] is None else round(self.i_stopped[k] / 1000.0, 6),
+                "max_batch": self.i_maxb[k], "batches": self.i_batches[k], "served": self.i_served[k],
+                "mean_batch": self.i_served[k] / self.i_batches[k] if self.i_batches[k] else None,
+                "busy_s": round(self.i_busy_ms[k] / 1000.0, 6),
+                "utilisation": min(1.0, self.i_busy_ms[k] / up) if up > 0 else None,
+            })
+
+        total = int(n)
+        n_served = int(served_mask.sum())
+        n_late = int((outcome == LATE).sum())
+        n_dropped = int(dropped_mask.sum())
+        eff_total = float(np.nanmean(accuracy[served_mask])) if n_served else None
+        drops = per_second["accuracy_drop"]
+        drop_max = float(np.nanmax(drops)) if np.any(np.isfinite(drops)) else None
+        lat_served = latency[served_mask]
+        per_app = {}
+        for j, name in enumerate(self.apps):
+            mask = app == j
+            m_served = mask & served_mask
+            a_total = int(mask.sum())
+            per_app[name] = {
+                "queries": a_total, "on_time": int((mask & (outcome == ON_TIME)).sum()), "late": int((mask & (outcome == LATE)).sum()),
+                "dropped": int((mask & dropped_mask).sum()),
+                "slo_violation_ratio": float((mask & (outcome != ON_TIME)).sum() / a_total) if a_total else None,
+                "effective_accuracy": float(accuracy[m_served].mean()) if m_served.any() else None,
+                "latency_p99_ms": float(np.percentile(latency[m_served], 99)) if m_served.any() else None,
+            }
+        utilisations = [x["utilisation"] for x in instances if x["utilisation"] is not None and x["batches"]]
+        sim_wall = max(wall - self.planner_seconds, 1e-9)
+        summary: dict[str, Any] = {
+            "planner": self.planner_name, "batching": cfg.batching, "routing": cfg.routing, "queue_order": cfg.queue_order,
+            "seed": cfg.seed, "duration_s": round(end_time / 1000.0, 6), "queries": total,
+            "on_time": int((outcome == ON_TIME).sum()), "late": n_late, "dropped": n_dropped,
+            **{f"{OUTCOME_NAMES[c]}": int((outcome == c).sum()) for c in (DROPPED_EXPIRED, DROPPED_NO_CAPACITY, DROPPED_UNFINISHED)},
+            "throughput_qps": n_served / (end_time / 1000.0) if end_time > 0 else 0.0,
+            "slo_violation_ratio": (n_late + n_dropped) / total if total else 0.0,
+            "effective_accuracy": eff_total,
+            "max_accuracy_drop": drop_max,
+            "latency_p50_ms": float(np.percentile(lat_served, 50)) if n_served else None,
+            "latency_p99_ms": float(np.percentile(lat_served, 99)) if n_served else None,
+            "plans_applied": len(plans), "replans": len(replans) - 1,
+            "replans_interval": sum(1 for r in replans if r["reason"] == "interval"),
+            "replans_burst": sum(1 for r in replans if r["reason"] == "burst"),
+            "instances_created": len(instances),
+            "mean_utilisation": float(np.mean(utilisations)) if utilisations else None,
+            "mean_batch": n_served / max(1, sum(self.i_batches)) if n_served else None,
+            "applications": per_app,
+            "wall_s": round(wall, 6), "planner_wall_s": round(self.planner_seconds, 6),
+            "simulated_queries_per_wall_s": total / sim_wall,
+        }
+        queries = {"arrival_ms": arr, "deadline_ms": dl, "done_ms": done, "outcome": outcome, "instance": where, "application": app}
+        return SimulationResult(summary=summary, per_second=per_second, instances=instances, plans=plans, replans=replans, queries=queries, config=cfg)

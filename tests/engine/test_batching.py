@@ -1,0 +1,533 @@
+"""Tests for the batching policies and the query queue (apps/planning/engine/batching.py).
+
+Each policy is run through a tiny deterministic single-instance driver (arrivals, drop rule, decide, run,
+completion) with latency(b) = 5 + 2*b ms, and the batch sizes and completion times are checked against
+numbers worked out by hand in the comments. Then: FIFO vs EDF order, every drop rule, the AIMD cap,
+max-delay timing, Nexus's early drop, Proteus never letting a servable query time out (hypothesis, against a
+brute-force check at every idle decision), and conservation (every pushed query is popped or dropped once).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apps.planning.engine.batching import (
+    BATCHING_POLICIES,
+    DROP_RULES,
+    AimdBatching,
+    Dispatch,
+    FixedBatching,
+    MaxDelayBatching,
+    NexusBatching,
+    ProteusBatching,
+    QueryQueue,
+    batching_policy_make,
+)
+
+
+def lin(b: int) -> float:
+    """latency(b) = 5 + 2b ms: 1→7, 2→9, 3→11, 4→13, 5→15, 8→21."""
+    return 5.0 + 2.0 * b
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class Run:
+    """What one driven run did."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, list[int], float]] = []  # (start, ids, finish)
+        self.finish: dict[int, float] = {}
+        self.dropped: list[int] = []
+        self.popped: list[int] = []
+        # Every idle decision: (now, queue snapshot after the drop rule, Dispatch).
+        self.decisions: list[tuple[float, list[tuple[int, float, float]], Dispatch]] = []
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(ids) for _, ids, _ in self.batches]
+
+
+def drive(
+    policy,
+    arrivals: list[tuple[int, float, float]],
+    latency=lin,
+    max_batch: int = 4,
+    order: str = "fifo",
+    rule: str = "never",
+    slo_ms: float = 1e9,
+    record: bool = False,
+) -> Run:
+    """Single-instance event loop. `arrivals` are (id, arrival_ms, deadline_ms). At each event time, first the
+    completion (if any), then every arrival at that time, then (if idle) the drop rule and `decide`. The actual
+    service time equals latency(b)."""
+    arrivals = sorted(arrivals, key=lambda a: (a[1], a[0]))
+    queue = QueryQueue(order)
+    run = Run()
+    i = 0
+    busy_until = math.inf
+    in_flight: list[tuple[int, float, float]] = []
+    timer = math.inf
+    now = 0.0
+    for _ in range(100_000):
+        t_arrival = arrivals[i][1] if i < len(arrivals) else math.inf
+        now = min(t_arrival, busy_until, timer)
+        if now == math.inf:
+            break
+        if busy_until == now:
+            busy_until = math.inf
+            start = run.batches[-1][0]
+            late = sum(1 for _, _, d in in_flight if now > d)
+            policy.observe(len(in_flight), now - start, late)
+            in_flight = []
+        while i < len(arrivals) and arrivals[i][1] == now:
+            queue.push(*arrivals[i])
+            i += 1
+        if timer <= now:
+            timer = math.inf
+        if busy_until != math.inf:
+            continue
+        run.dropped += queue.drop_expired(now, rule, slo_ms, latency(1))
+        snapshot = queue.snapshot() if record else []
+        decision = policy.decide(now, queue, latency, max_batch)
+        if record:
+            run.decisions.append((now, snapshot, decision))
+        if decision.batch > 0 and decision.at_ms <= now:
+            assert decision.batch <= max_batch
+            batch = queue.pop(decision.batch)
+            assert len(batch) == decision.batch
+            in_flight = batch
+            finish = now + latency(len(batch))
+            busy_until = finish
+            ids = [q[0] for q in batch]
+            run.popped += ids
+            run.batches.append((now, ids, finish))
+            for qid in ids:
+                run.finish[qid] = finish
+            timer = math.inf
+        elif decision.batch > 0:
+            assert decision.at_ms > now
+            timer = decision.at_ms
+        else:
+            assert decision.at_ms == math.inf
+            timer = math.inf
+    else:  # pragma: no cover - a policy that never settles
+        raise AssertionError("driver did not terminate")
+    run.dropped += queue.drop_expired(now, "never", slo_ms, latency(1))  # early drops still pending
+    assert len(queue) == 0
+    return run
+
+
+def with_slo(times: list[float], slo: float) -> list[tuple[int, float, float]]:
+    return [(k, float(t), float(t) + slo) for k, t in enumerate(times)]
+
+
+# --------------------------------------------------------------------------- hand-computed runs
+
+
+def test_proteus_hand_computed():
+    # SLO 30, max_batch 4. Arrivals q0@0, q1@5, q2@20, q3@40, q4..q7@41..44 (deadline = arrival + 30).
+    # t=0:  q=1, head d=30; wait for a 2nd until 30 - lat(2) = 30 - 9 = 21.
+    # t=5:  q1 arrives, q=2; wait for a 3rd until 30 - lat(3) = 30 - 11 = 19.
+    # t=19: timer; q=2 and 19 >= 19: run 2 (19 + 9 = 28 <= 30). q0, q1 finish at 28.
+    # t=20: q2 arrives while busy.
+    # t=28: done; q=1 (q2, d=50): wait until 50 - lat(2) = 41.
+    # t=40: q3 arrives, q=2: 50 - lat(3) = 39 <= 40, so run 2 now: 40 + 9 = 49 <= 50. q2, q3 finish at 49.
+    # t=41..44: q4..q7 arrive while busy.
+    # t=49: q=4 == max_batch: run 4 now: 49 + 13 = 62 <= 71. q4..q7 finish at 62.
+    run = drive(ProteusBatching(), with_slo([0, 5, 20, 40, 41, 42, 43, 44], 30), max_batch=4)
+    assert run.batches == [(19.0, [0, 1], 28.0), (40.0, [2, 3], 49.0), (49.0, [4, 5, 6, 7], 62.0)]
+    assert run.dropped == []
+    assert all(run.finish[q] <= q_deadline for q, _, q_deadline in with_slo([0, 5, 20, 40, 41, 42, 43, 44], 30))
+
+
+def test_proteus_shrinks_the_batch_for_the_head_and_runs_a_late_head_whole():
+    # SLO 20, max_batch 4. q0..q3 @0,1,2,3 (d 20..23), q4..q6 @4,5,6 (d 24..26).
+    # t=0: wait until 20 - lat(2) = 11; t=1: until 20 - 11 = 9; t=2: until 20 - 13 = 7;
+    # t=3: q=4 == max_batch: run 4, 3 + 13 = 16 <= 20. Done at 16.
+    # t=16: q=3 (q4 d=24): 24 - lat(4) = 11 <= 16, run now. b=3: 16+11=27 > 24; b=2: 25 > 24; b=1: 23 <= 24.
+    #       run q4 alone, done 23.
+    # t=23: q=2 (q5 d=25, q6 d=26): 25 - lat(3) = 14 <= 23; b=1: 30 > 25, the head is late even alone:
+    #       with rule "never" run both (min(q, max_batch) = 2): done 23 + 9 = 32 (both late).
+    arrivals = with_slo([0, 1, 2, 3, 4, 5, 6], 20)
+    run = drive(ProteusBatching(), arrivals, max_batch=4)
+    assert run.batches == [(3.0, [0, 1, 2, 3], 16.0), (16.0, [4], 23.0), (23.0, [5, 6], 32.0)]
+    # With rule "deadline", at t=23 both q5 (23 + 7 = 30 > 25) and q6 (30 > 26) are dropped instead.
+    run = drive(ProteusBatching(), arrivals, max_batch=4, rule="deadline")
+    assert run.batches == [(3.0, [0, 1, 2, 3], 16.0), (16.0, [4], 23.0)]
+    assert run.dropped == [5, 6]
+
+
+def test_aimd_hand_computed():
+    # SLO 20, max_batch 8, cap starts at 1, +1 per on-time batch, x0.9 per late batch.
+    # Burst q0..q5 @0 (d 20):
+    #   t=0:  cap 1 → run 1, done 7 (on time) → cap 2.
+    #   t=7:  cap 2 → run 2, done 7 + 9 = 16 (on time) → cap 3.
+    #   t=16: cap 3 → run 3, done 16 + 11 = 27 > 20 (3 late) → cap 3 * 0.9 = 2.7.
+    # Burst q6..q8 @30 (d 50):
+    #   t=30: cap int(2.7) = 2 → run 2, done 39 (on time) → cap 3.7.
+    #   t=39: 1 left → run 1, done 46 (on time) → cap 4.7.
+    policy = AimdBatching()
+    run = drive(policy, with_slo([0] * 6, 20) + [(6 + k, 30.0, 50.0) for k in range(3)], max_batch=8)
+    assert run.batches == [
+        (0.0, [0], 7.0),
+        (7.0, [1, 2], 16.0),
+        (16.0, [3, 4, 5], 27.0),
+        (30.0, [6, 7], 39.0),
+        (39.0, [8], 46.0),
+    ]
+    assert policy.cap == pytest.approx(4.7)
+    assert policy.batch_cap == 4
+
+
+def test_nexus_hand_computed_sliding_window():
+    # SLO 20, max_batch 4 = the window. q0@0, q1..q5@1..5 (d 21..25), q6..q8@10,11,12 (d 30,31,32).
+    # t=0:  1 queued, window min(4, 1) = 1: 0 + 7 <= 20 → run q0, done 7.
+    # t=7:  5 queued, window 4: head q1 d=21, 7 + 13 = 20 <= 21 → run q1..q4, done 20.
+    # t=20: queued q5..q8 (4). Window 4: q5 d=25, 20 + 13 = 33 > 25 → early drop q5.
+    #       3 left, window 3: q6 d=30, 20 + 11 = 31 > 30 → early drop q6 (it could have run alone: 27 <= 30,
+    #       but not in a throughput-keeping batch). 2 left, window 2: q7 d=31, 20 + 9 = 29 <= 31 → run q7, q8,
+    #       done 29.
+    arrivals = [(0, 0.0, 20.0)] + [(k, float(k), 20.0 + k) for k in range(1, 6)]
+    arrivals += [(6, 10.0, 30.0), (7, 11.0, 31.0), (8, 12.0, 32.0)]
+    run = drive(NexusBatching(), arrivals, max_batch=4)
+    assert run.batches == [(0.0, [0], 7.0), (7.0, [1, 2, 3, 4], 20.0), (20.0, [7, 8], 29.0)]
+    assert run.dropped == [5, 6]
+
+    # window=1 drops only what cannot make it alone and serves the largest batch the head allows:
+    # t=20: q5: 27 > 25 → drop. q6 (d 30) fits alone; largest b <= 3 with 20 + lat(b) <= 30 is 2 (29; 3 → 31).
+    #       run q6, q7, done 29. t=29: q8 d=32, 29 + 7 = 36 > 32 → drop.
+    run = drive(NexusBatching(window=1), arrivals, max_batch=4)
+    assert run.batches == [(0.0, [0], 7.0), (7.0, [1, 2, 3, 4], 20.0), (20.0, [6, 7], 29.0)]
+    assert run.dropped == [5, 8]
+
+
+def test_max_delay_hand_computed():
+    # max_queue_delay 10 ms, max_batch 8 → preferred sizes [2, 4, 8].
+    # t=0:  q0 arrives, 1 queued, no preferred size <= 1: wait until 0 + 10 = 10.
+    # t=3:  q1 arrives, 2 queued = preferred 2: run now, done 3 + 9 = 12.
+    # t=4,5,6: q2, q3, q4 arrive while busy.
+    # t=12: 3 queued, largest preferred <= 3 is 2: run q2, q3, done 12 + 9 = 21.
+    # t=21: q4 (arrived 6) has waited 15 >= 10: run 1, done 28.
+    # t=40: q5 arrives alone: wait until 50; nothing comes: run 1 at 50, done 57.
+    run = drive(MaxDelayBatching(max_queue_delay_ms=10), with_slo([0, 3, 4, 5, 6, 40], 1e6), max_batch=8)
+    assert run.batches == [
+        (3.0, [0, 1], 12.0),
+        (12.0, [2, 3], 21.0),
+        (21.0, [4], 28.0),
+        (50.0, [5], 57.0),
+    ]
+
+
+def test_max_delay_dispatch_timing():
+    policy = MaxDelayBatching(max_queue_delay_ms=10)
+    queue = QueryQueue()
+    queue.push(0, 100.0, 1e9)
+    # One query (no preferred size <= 1): run it when it has waited 10 ms.
+    assert policy.decide(100.0, queue, lin, 8) == Dispatch(1, 110.0)
+    assert policy.decide(109.999, queue, lin, 8) == Dispatch(1, 110.0)
+    assert policy.decide(110.0, queue, lin, 8) == Dispatch(1, 110.0)
+    queue.push(1, 105.0, 1e9)
+    assert policy.decide(105.0, queue, lin, 8) == Dispatch(2, 105.0)  # preferred 2 formed: now
+    for k in range(2, 7):
+        queue.push(k, 106.0, 1e9)
+    assert policy.decide(106.0, queue, lin, 8) == Dispatch(4, 106.0)  # 7 queued: largest preferred 4
+    assert policy.decide(106.0, queue, lin, 6) == Dispatch(6, 106.0)  # max_batch 6: preferred [2, 4, 6]
+    # Explicit preferred sizes; no preferred size fits and the batch can still grow: wait for the head.
+    policy = MaxDelayBatching(max_queue_delay_ms=5, preferred_batch_sizes=[3])
+    queue = QueryQueue()
+    queue.push(0, 0.0, 1e9)
+    queue.push(1, 1.0, 1e9)
+    assert policy.decide(1.0, queue, lin, 8) == Dispatch(2, 5.0)
+    assert policy.decide(5.0, queue, lin, 8) == Dispatch(2, 5.0)
+    assert policy.decide(1.0, queue, lin, 2) == Dispatch(2, 1.0)  # the batch cannot grow past max_batch 2
+    # Delay 0: Triton's default, no waiting.
+    assert MaxDelayBatching().decide(1.0, queue, lin, 8) == Dispatch(2, 1.0)
+
+
+def test_fixed_hand_computed():
+    # size 2, max_batch 4. q0@0, q1..q3@1,2,3.
+    # t=0: 1 queued → run 1, done 7. t=7: 3 queued → run 2 (q1, q2), done 16. t=16: run q3, done 23.
+    run = drive(FixedBatching(2), with_slo([0, 1, 2, 3], 100), max_batch=4)
+    assert run.batches == [(0.0, [0], 7.0), (7.0, [1, 2], 16.0), (16.0, [3], 23.0)]
+    # The default size is 1 (no batching) and max_batch caps the size.
+    assert drive(FixedBatching(), with_slo([0, 0, 0], 100)).sizes == [1, 1, 1]
+    assert drive(FixedBatching(8), with_slo([0] * 5, 100), max_batch=3).sizes == [3, 2]
+
+
+# --------------------------------------------------------------------------- queue order and drop rules
+
+
+def test_fifo_vs_edf_order():
+    queries = [(1, 0.0, 50.0), (2, 1.0, 20.0), (3, 2.0, 20.0), (4, 3.0, 10.0), (5, 1.0, 20.0)]
+    fifo, edf = QueryQueue("fifo"), QueryQueue("edf")
+    for q in queries:
+        fifo.push(*q)
+        edf.push(*q)
+    assert fifo.head() == (1, 0.0, 50.0)
+    assert edf.head() == (4, 3.0, 10.0)
+    assert [q[0] for q in fifo.snapshot()] == [1, 2, 3, 4, 5]
+    # EDF: deadline, then arrival (2 and 5 arrived at 1.0, before 3), then id (2 before 5).
+    assert [q[0] for q in edf.snapshot()] == [4, 2, 5, 3, 1]
+    assert [q[0] for q in fifo.pop(2)] == [1, 2]
+    assert [q[0] for q in edf.pop(2)] == [4, 2]
+    assert len(fifo) == len(edf) == 3
+    assert [q[0] for q in fifo.pop(10)] == [3, 4, 5]  # more than queued: all of them
+    assert [q[0] for q in edf.pop(10)] == [5, 3, 1]
+    assert len(fifo) == len(edf) == 0 and not fifo and not edf
+    with pytest.raises(ValueError):
+        QueryQueue("lifo")
+
+
+@pytest.mark.parametrize("order", ["fifo", "edf"])
+def test_drop_rule_deadline(order):
+    queue = QueryQueue(order)
+    # now = 10, latency(1) = 7: dropped when 10 + 7 = 17 > deadline.
+    for qid, arrival, deadline in [(1, 0.0, 16.0), (2, 1.0, 17.0), (3, 2.0, 30.0), (4, 3.0, 12.0)]:
+        queue.push(qid, arrival, deadline)
+    assert sorted(queue.drop_expired(10.0, "deadline", 20.0, 7.0)) == [1, 4]  # 17 > 16 and 17 > 12
+    assert sorted(q[0] for q in queue.snapshot()) == [2, 3]  # 17 <= 17 is on time
+    assert queue.drop_expired(10.0, "deadline", 20.0, 7.0) == []
+    assert queue.drop_expired(11.0, "deadline", 20.0, 7.0) == [2]
+    assert [q[0] for q in queue.pop(5)] == [3]
+
+
+@pytest.mark.parametrize("order", ["fifo", "edf"])
+@pytest.mark.parametrize("rule, factor", [("slo-1x", 1.0), ("slo-2x", 2.0)])
+def test_drop_rule_slo(order, rule, factor):
+    queue = QueryQueue(order)
+    # SLO 10; at now = 25 a query is dropped when it waited longer than 10 * factor. Waits: q1 25, q2 20,
+    # q3 10, q4 5. slo-1x (> 10): q1, q2 (q3's 10 is not > 10). slo-2x (> 20): q1 only (q2's 20 is not > 20).
+    queries = [(1, 0.0, 100.0), (2, 5.0, 90.0), (3, 15.0, 80.0), (4, 20.0, 70.0)]
+    for q in queries:
+        queue.push(*q)
+    expected = [1, 2] if factor == 1.0 else [1]
+    assert sorted(queue.drop_expired(25.0, rule, 10.0, 7.0)) == expected
+    assert sorted(q[0] for q in queue.snapshot()) == sorted(set(range(1, 5)) - set(expected))
+
+
+@pytest.mark.parametrize("order", ["fifo", "edf"])
+def test_drop_rule_never_and_unknown(order):
+    queue = QueryQueue(order)
+    queue.push(1, 0.0, 1.0)
+    assert queue.drop_expired(1e6, "never", 1.0, 7.0) == []
+    assert len(queue) == 1
+    with pytest.raises(ValueError):
+        queue.drop_expired(0.0, "sometimes", 1.0, 7.0)
+
+
+def test_fifo_drop_with_out_of_order_deadlines_and_arrivals():
+    # Mixed SLOs in one FIFO queue: deadlines are not in push order, so expired queries are not a prefix.
+    queue = QueryQueue("fifo")
+    for q in [(1, 0.0, 100.0), (2, 1.0, 12.0), (3, 2.0, 50.0), (4, 3.0, 13.0), (5, 4.0, 200.0)]:
+        queue.push(*q)
+    assert queue.drop_expired(10.0, "deadline", 0.0, 7.0) == [2, 4]  # 17 > 12, 17 > 13
+    assert [q[0] for q in queue.snapshot()] == [1, 3, 5]  # order kept
+    assert queue.drop_expired(10.0, "deadline", 0.0, 7.0) == []
+    assert queue.drop_expired(44.0, "deadline", 0.0, 7.0) == [3]  # 51 > 50
+    # Arrivals pushed out of order (a late-delivered query): the slo rule still finds it.
+    queue = QueryQueue("fifo")
+    for q in [(1, 10.0, 1e9), (2, 11.0, 1e9), (3, 2.0, 1e9), (4, 12.0, 1e9)]:
+        queue.push(*q)
+    assert queue.drop_expired(13.0, "slo-1x", 5.0, 7.0) == [3]  # 13 - 2 > 5
+    assert queue.drop_expired(16.5, "slo-1x", 5.0, 7.0) == [1, 2]  # 6.5 and 5.5 > 5
+    assert [q[0] for q in queue.pop(3)] == [4]
+
+
+def test_early_drops_are_reported_by_the_next_drop_expired():
+    for order in ("fifo", "edf"):
+        queue = QueryQueue(order)
+        queue.push(1, 0.0, 10.0)
+        queue.push(2, 1.0, 30.0)
+        assert queue.discard_head() == 1
+        assert len(queue) == 1
+        assert queue.drop_expired(0.0, "never", 1.0, 1.0) == [1]
+        assert queue.drop_expired(0.0, "never", 1.0, 1.0) == []
+        assert queue.discard_head() == 2
+        assert queue.drop_expired(100.0, "deadline", 1.0, 1.0) == [2]
+
+
+# --------------------------------------------------------------------------- AIMD cap, policy edges
+
+
+def test_aimd_cap_moves_as_specified():
+    policy = AimdBatching()  # Clipper's defaults: start 1, +1, x0.9
+    assert (policy.cap, policy.step, policy.backoff) == (1.0, 1.0, 0.9)
+    for expected in (2.0, 3.0, 4.0):
+        policy.observe(policy.batch_cap, 10.0, late=0)
+        assert policy.cap == expected
+    policy.observe(4, 10.0, late=1)
+    assert policy.cap == pytest.approx(3.6) and policy.batch_cap == 3
+    policy.observe(3, 10.0, late=2)
+    assert policy.cap == pytest.approx(3.24)
+    for _ in range(50):
+        policy.observe(1, 10.0, late=1)
+    assert policy.cap == 1.0  # never below 1
+    # The cap never exceeds the max_batch last seen by decide.
+    queue = QueryQueue()
+    for k in range(10):
+        queue.push(k, 0.0, 100.0)
+    assert policy.decide(0.0, queue, lin, 3) == Dispatch(1, 0.0)
+    for _ in range(10):
+        policy.observe(1, 10.0, late=0)
+    assert policy.cap == 3.0
+    assert policy.decide(0.0, queue, lin, 3) == Dispatch(3, 0.0)
+    assert policy.decide(0.0, queue, lin, 2) == Dispatch(2, 0.0)
+    # With slo_ms, a batch slower than the SLO is a late batch even when no query missed its deadline.
+    policy = AimdBatching(initial=5, step=2, backoff=0.5, slo_ms=20.0)
+    policy.observe(5, 25.0, late=0)
+    assert policy.cap == 2.5
+    policy.observe(2, 15.0, late=0)
+    assert policy.cap == 4.5
+
+
+def test_policies_on_empty_queue_and_unservable_instance():
+    queue = QueryQueue()
+    for name in BATCHING_POLICIES:
+        policy = batching_policy_make(name)
+        assert policy.name == name
+        assert policy.decide(0.0, queue, lin, 4) == Dispatch(0, math.inf)
+    queue.push(1, 0.0, 100.0)
+    for name in BATCHING_POLICIES:
+        assert batching_policy_make(name).decide(0.0, queue, lin, 0) == Dispatch(0, math.inf)
+
+
+def test_batching_policy_make_parameters():
+    assert batching_policy_make("fixed", size=4).size == 4
+    assert batching_policy_make("nexus", window=2).window == 2
+    assert batching_policy_make("max-delay", max_queue_delay_ms=3, preferred_batch_sizes=[8, 2]).preferred_batch_sizes == (2, 8)
+    assert batching_policy_make("aimd", backoff=0.5).backoff == 0.5
+    with pytest.raises(ValueError, match="unknown batching policy"):
+        batching_policy_make("greedy")
+    with pytest.raises(ValueError, match="bad parameters"):
+        batching_policy_make("proteus", size=3)
+    for name, params in [
+        ("fixed", {"size": 0}),
+        ("nexus", {"window": 0}),
+        ("max-delay", {"max_queue_delay_ms": -1}),
+        ("max-delay", {"preferred_batch_sizes": [0]}),
+        ("aimd", {"backoff": 1.0}),
+        ("aimd", {"initial": 0}),
+    ]:
+        with pytest.raises(ValueError):
+            batching_policy_make(name, **params)
+
+
+def test_proteus_decisions():
+    policy = ProteusBatching()
+    queue = QueryQueue()
+    queue.push(0, 0.0, 30.0)
+    assert policy.decide(0.0, queue, lin, 4) == Dispatch(1, 21.0)  # 30 - lat(2)
+    assert policy.decide(21.0, queue, lin, 4) == Dispatch(1, 21.0)
+    assert policy.decide(0.0, queue, lin, 1) == Dispatch(1, 0.0)  # q == max_batch: now
+    # Head late even alone: run what is queued.
+    assert policy.decide(25.0, queue, lin, 4) == Dispatch(1, 25.0)
+
+
+# --------------------------------------------------------------------------- properties
+
+latencies = st.builds(
+    lambda base, steps: (lambda table: (lambda b: table[b - 1]))([float(base + sum(steps[:k])) for k in range(1, 9)]),
+    st.integers(1, 10),
+    st.lists(st.integers(0, 4), min_size=8, max_size=8),
+)
+
+
+@st.composite
+def workloads(draw):
+    latency = draw(latencies)
+    max_batch = draw(st.integers(1, 8))
+    slo = float(draw(st.integers(int(latency(1)), 80)))  # feasible: a query alone fits in its SLO
+    gaps = draw(st.lists(st.integers(0, 15), min_size=1, max_size=40))
+    times, t = [], 0
+    for g in gaps:
+        t += g
+        times.append(float(t))
+    return latency, max_batch, slo, times
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(["fifo", "edf"]), st.sampled_from(["never", "deadline"]))
+def test_proteus_never_lets_a_servable_query_time_out(workload, order, rule):
+    """Brute force: at every idle decision instant t, for every k <= max_batch such that the first k queued
+    queries could start now as one batch and all meet their deadlines (t + latency(k) <= min of their
+    deadlines), each of those k queries must end up served on time (never dropped, never late)."""
+    latency, max_batch, slo, times = workload
+    arrivals = with_slo(times, slo)
+    deadline = {qid: d for qid, _, d in arrivals}
+    run = drive(ProteusBatching(), arrivals, latency, max_batch, order, rule, slo, record=True)
+    must_be_on_time: set[int] = set()
+    for now, snapshot, _ in run.decisions:
+        earliest = math.inf
+        for k, (qid, _, d) in enumerate(snapshot[:max_batch], start=1):
+            earliest = min(earliest, d)
+            if now + latency(k) <= earliest:
+                must_be_on_time.update(q[0] for q in snapshot[:k])
+    for qid in must_be_on_time:
+        assert qid not in run.dropped, f"query {qid} could have been served but was dropped"
+        assert run.finish[qid] <= deadline[qid] + 1e-6, f"query {qid} could have been served but was late"
+    # Waiting is always safe: a wait answer leaves the queued batch able to finish by the head's deadline.
+    for now, snapshot, decision in run.decisions:
+        if decision.batch and decision.at_ms > now:
+            assert decision.batch == len(snapshot) < max_batch
+            assert decision.at_ms + latency(decision.batch) <= snapshot[0][2] + 1e-6
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    workloads(),
+    st.sampled_from(BATCHING_POLICIES),
+    st.sampled_from(["fifo", "edf"]),
+    st.sampled_from(DROP_RULES),
+    st.lists(st.integers(0, 40), min_size=40, max_size=40),
+)
+def test_conservation_every_query_popped_or_dropped_once(workload, name, order, rule, extra_slo):
+    """Every pushed query is popped or dropped exactly once, for every policy, order and rule (with mixed
+    SLOs, so FIFO deadlines come out of order)."""
+    latency, max_batch, slo, times = workload
+    arrivals = [(k, t, t + slo + extra_slo[k]) for k, t in enumerate(times)]
+    params = {"max-delay": {"max_queue_delay_ms": 5.0}, "fixed": {"size": 2}}.get(name, {})
+    run = drive(batching_policy_make(name, **params), arrivals, latency, max_batch, order, rule, slo)
+    outcome = run.popped + run.dropped
+    assert sorted(outcome) == [q[0] for q in arrivals]
+    assert all(len(ids) <= max_batch for _, ids, _ in run.batches)
+    if name == "nexus":
+        # Nexus serves nothing late: it early-drops any head that its batch cannot bring in on time.
+        assert all(run.finish[q] <= d + 1e-6 for q, _, d in arrivals if q in run.finish)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 100)), min_size=1, max_size=30),
+    st.sampled_from(["fifo", "edf"]),
+    st.sampled_from(DROP_RULES),
+    st.integers(0, 150),
+)
+def test_drop_expired_matches_brute_force(queries, order, rule, now):
+    """drop_expired drops exactly what the rule's definition says, with arbitrary (unsorted) arrivals and
+    deadlines, and keeps the remaining queries in service order."""
+    slo, lat1 = 10.0, 7.0
+    queue = QueryQueue(order)
+    items = [(k, float(a), float(a + d)) for k, (a, d) in enumerate(queries)]
+    for item in items:
+        queue.push(*item)
+
+    def expired(item):
+        _, arrival, deadline = item
+        if rule == "deadline":
+            return now + lat1 > deadline
+        if rule == "never":
+            return False
+        return now - arrival > slo * (1.0 if rule == "slo-1x" else 2.0)
+
+    dropped = queue.drop_expired(float(now), rule, slo, lat1)
+    assert sorted(dropped) == sorted(q[0] for q in items if expired(q))
+    kept = [q for q in items if not expired(q)]
+    if order == "edf":
+        kept.sort(key=lambda q: (q[2], q[1], q[0]))
+    assert queue.snapshot() == kept
+    assert queue.pop(len(kept)) == kept
