@@ -646,3 +646,41 @@ def test_solver_errors_are_raised_not_reported_as_infeasible(monkeypatch: pytest
     monkeypatch.setattr(highspy.Highs, "getModelStatus", lambda self: highspy.HighsModelStatus.kSolveError)
     with pytest.raises(milp.SolverFailed, match="Solve error"):
         plan_solve(problem, "proteus")
+
+
+def _twin_variants_problem(running: dict[str, dict[str, str]] | None = None, better: bool = False) -> Problem:
+    """Two variants of one application that are equally good on every slot (a tie), or, with `better`,
+    `b` slightly more accurate."""
+    devices = [{"name": f"g{i}", "type": "T4", "memory_mb": 16000} for i in range(3)]
+    for d in devices:
+        if running and d["name"] in running:
+            d["running"] = running[d["name"]]
+    profiles = [p for v in ("a", "b") for p in _flat(v, "T4", "full", 10.0)]
+    return problem_from_dict(_raw(
+        [{"name": "app", "slo_ms": 100, "demand_rps": 1500}],
+        [{"name": "a", "application": "app", "accuracy": 0.7, "memory_mb": 100},
+         {"name": "b", "application": "app", "accuracy": 0.7001 if better else 0.7, "memory_mb": 100}],
+        devices, profiles,
+    ))
+
+
+@pytest.mark.parametrize("solver", ["proteus", "joint"])
+def test_replanning_keeps_what_runs_when_it_costs_nothing(solver: str) -> None:
+    running = {"g0": {"full": "b"}, "g1": {"full": "a"}, "g2": {"full": "b"}}
+    plan = plan_solve(_twin_variants_problem(running), solver)
+    assert plan.status == "optimal"
+    assert {(i.device, i.variant) for i in plan.instances} <= {("g0", "b"), ("g1", "a"), ("g2", "b")}
+    # A really better variant still wins over keeping what runs.
+    better = plan_solve(_twin_variants_problem(running, better=True), solver)
+    assert {i.variant for i in better.instances} == {"b"}
+
+
+def test_running_must_name_a_slot_and_variant_of_the_problem() -> None:
+    from apps.planning.engine.problem import ProblemError, problem_to_dict
+
+    ok = _twin_variants_problem({"g0": {"full": "a"}})
+    assert problem_from_dict(problem_to_dict(ok)) == ok
+    with pytest.raises(ProblemError, match="slot '3g.20gb@0' is not on this device"):
+        _twin_variants_problem({"g0": {"3g.20gb@0": "a"}})
+    with pytest.raises(ProblemError, match="unknown variant 'zz'"):
+        _twin_variants_problem({"g0": {"full": "zz"}})

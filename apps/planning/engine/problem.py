@@ -60,6 +60,9 @@ class DeviceSpec:
     fixed_layout: bool = False
     memory_mb: float | None = None  # needed for GPUs outside the MIG catalogue
     cores: int | None = None  # CPU devices
+    # What runs there now, as (slot, variant) pairs: slot "3g.20gb@4" on MIG GPUs, "full" on whole GPUs,
+    # "cpu" on CPU hosts. Planners prefer keeping it when it costs nothing (see variant_change_penalty).
+    running: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_cpu(self) -> bool:
@@ -88,6 +91,10 @@ class SolveOptions:
     threads: int | None = None
     # Joint planner: cost per MIG instance destroyed or created, in the objective's units per instance.
     reconfiguration_penalty: float = 0.0
+    # Cost per instance whose variant differs from what runs there now, in effective-accuracy units. Tiny
+    # by default: it only breaks ties between equally good plans, so re-planning does not reshuffle variants
+    # (each change reloads a model, and the instance serves nothing meanwhile).
+    variant_change_penalty: float = 1e-6
     # Capacity model: the largest batch whose latency fits this fraction of the SLO (Proteus, after Nexus).
     latency_budget_fraction: float = 0.5
 
@@ -236,8 +243,31 @@ def _options_from_dict(raw: Any) -> SolveOptions:
     _number(opts.time_limit_s, "options.time_limit_s", minimum=0, strict=True)
     _number(opts.mip_gap, "options.mip_gap", minimum=0, maximum=1)
     _number(opts.reconfiguration_penalty, "options.reconfiguration_penalty", minimum=0)
+    _number(opts.variant_change_penalty, "options.variant_change_penalty", minimum=0)
     _number(opts.latency_budget_fraction, "options.latency_budget_fraction", minimum=0, maximum=1, strict=True)
     return opts
+
+
+def device_slot_id(slice_name: str, start: int | None, *, is_cpu: bool) -> str:
+    """How `DeviceSpec.running` names a slot: "3g.20gb@4", "full" or "cpu"."""
+    if is_cpu:
+        return CPU_DEVICE_TYPE
+    return f"{slice_name}@{start}" if start is not None else slice_name
+
+
+def _running_from_dict(raw: Any, where: str, *, mig: bool, layout, is_cpu: bool) -> tuple[tuple[str, str], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise ProblemError(f"{where}.running: expected an object of slot -> variant")
+    allowed = {CPU_DEVICE_TYPE} if is_cpu else ({str(p) for p in layout or ()} | ({FULL_SLICE} if not layout else set()))
+    pairs = []
+    for slot, variant in raw.items():
+        slot = str(slot).strip()
+        if slot not in allowed:
+            raise ProblemError(f"{where}.running: slot {slot!r} is not on this device (slots: {', '.join(sorted(allowed)) or 'none'})")
+        pairs.append((slot, _text(variant, f"{where}.running[{slot!r}]")))
+    return tuple(sorted(pairs))
 
 
 def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
@@ -327,12 +357,17 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
             memory = _number(memory, f"{where}.memory_mb", minimum=0, strict=True)
         elif spec is not None:
             memory = float(spec.memory_mib)
-        devices.append(DeviceSpec(name=name, type=dtype, mig=mig, layout=layout, fixed_layout=fixed, memory_mb=memory, cores=cores))
+        running = _running_from_dict(d.get("running"), where, mig=mig, layout=layout, is_cpu=dtype == CPU_DEVICE_TYPE)
+        devices.append(DeviceSpec(name=name, type=dtype, mig=mig, layout=layout, fixed_layout=fixed, memory_mb=memory, cores=cores, running=running))
     if not devices:
         raise ProblemError("devices: at least one is needed")
     _unique((d.name for d in devices), "device")
 
     variant_names = {v.name for v in variants}
+    for d in devices:
+        for slot, variant in d.running:
+            if variant not in variant_names:
+                raise ProblemError(f"device {d.name}: running[{slot!r}] names unknown variant {variant!r}")
     profiles = []
     seen_points: set[tuple[str, str, str, int]] = set()
     for i, p in enumerate(_need(raw, "profiles", "problem")):
@@ -382,6 +417,8 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
             out["memory_mb"] = d.memory_mb
         if d.cores is not None:
             out["cores"] = d.cores
+        if d.running:
+            out["running"] = dict(d.running)
         return out
 
     return {

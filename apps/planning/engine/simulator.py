@@ -50,7 +50,7 @@ import numpy as np
 from .batching import DEADLINE_TOLERANCE_MS, DROP_RULES, QUEUE_ORDERS, QueryQueue, batching_policy_make
 from .capacity import profile_interpolate
 from .mig import layout_parse, mig_layout_diff
-from .problem import Plan, PlanInstance, Problem
+from .problem import Plan, PlanInstance, Problem, device_slot_id
 from .routing import alias_table_build, queries_match_instances, routing_tables_from_plan
 
 __all__ = [
@@ -486,6 +486,8 @@ class _Simulation:
                 dataclasses.replace(d, layout=self.layouts[d.name]) if d.mig and not d.fixed_layout and d.name in self.layouts else d
                 for d in devices
             )
+        # What runs now, so the planner keeps it where that costs nothing instead of reshuffling variants.
+        devices = tuple(dataclasses.replace(d, running=self.running.get(d.name, ())) for d in devices)
         return dataclasses.replace(self.problem, applications=apps, devices=devices)
 
     def _observed_demand(self, now_s: float, burst: bool) -> np.ndarray:
@@ -670,6 +672,11 @@ class _Simulation:
             if len(queue):
                 orphans.extend(queue.pop(len(queue)))
         self.current = new_current
+        running: dict[str, list[tuple[str, str]]] = {}
+        for inst in plan.instances:
+            device = self.problem.device(inst.device)
+            running.setdefault(inst.device, []).append((device_slot_id(inst.slice, inst.start, is_cpu=device.is_cpu), inst.variant))
+        self.running = {name: tuple(sorted(pairs)) for name, pairs in running.items()}
         self.layouts = {**old_layouts, **new_layouts}
         self.version += 1
         self.tables = routing_tables_from_plan(plan, self.version)
@@ -689,6 +696,7 @@ class _Simulation:
                      "i_busy_ms", "i_batches", "i_served"):
             setattr(self, name, [])
         self.current: dict[str, int] = {}
+        self.running: dict[str, tuple[tuple[str, str], ...]] = {d.name: d.running for d in self.problem.devices if d.running}
         self.layouts: dict[str, tuple] = {
             d.name: d.layout for d in self.problem.devices if d.mig and d.layout is not None
         }

@@ -29,7 +29,7 @@ import pulp
 from ..assemble import RPS_EPSILON, Assignment, plan_assemble
 from ..capacity import InstanceCapacity, capacity_for, cpu_slice
 from ..mig import Layout
-from ..problem import FULL_SLICE, DeviceSpec, Plan, Problem
+from ..problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
 from .milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
 
 # (device type, device memory, slice); CPUs use ("cpu", memory, "<cores>c") and pick the slice per variant.
@@ -177,6 +177,7 @@ class FleetModel:
     accuracy_over_demand: pulp.LpAffineExpression
     gpus_used: pulp.LpAffineExpression
     instances_changed: pulp.LpAffineExpression
+    variants_changed: pulp.LpAffineExpression  # instances no longer running what runs there now
 
 
 def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable]]:
@@ -189,24 +190,31 @@ def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable]
     instances: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
     routed: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
     variant_index = {v.name: i for i, v in enumerate(fleet.problem.variants)}
+    running_here: dict[SlotKey, set[str]] = defaultdict(set)
+    for key, variant in _running_counts(fleet):
+        running_here[key].add(variant)
     for si, (key, slot_class) in enumerate(fleet.slot_classes.items()):
         if most_slots.get(key, 0) == 0:
             continue
-        for variant in _undominated_variants(fleet.problem, slot_class.capacities):
+        for variant in _undominated_variants(fleet.problem, slot_class.capacities, keep=running_here.get(key, set())):
             vi = variant_index[variant]
             instances[key, variant] = pulp.LpVariable(f"n_{si}_{vi}", lowBound=0, upBound=most_slots[key], cat=pulp.LpInteger)
             routed[key, variant] = pulp.LpVariable(f"r_{si}_{vi}", lowBound=0)
     return configs_taken, instances, routed
 
 
-def _undominated_variants(problem: Problem, capacities: Mapping[str, InstanceCapacity]) -> list[str]:
+def _undominated_variants(problem: Problem, capacities: Mapping[str, InstanceCapacity], keep: set[str] = frozenset()) -> list[str]:
     """The variants worth a variable on one slot class. If another variant of the same application is at
     least as accurate and serves at least as much on this slot (better in one), swapping it in never makes a
     plan worse under any objective or minimum accuracy, so the dominated one needs no variable. Fewer
-    integer columns shrink the branch-and-bound tree."""
+    integer columns shrink the branch-and-bound tree. Variants in `keep` (running there now) always stay:
+    changing them costs the variant-change penalty, so the swap argument does not hold for them."""
     kept = []
     for name, capacity in capacities.items():
         variant = problem.variant(name)
+        if name in keep:
+            kept.append(name)
+            continue
         dominated = False
         for other_name, other_capacity in capacities.items():
             other = problem.variant(other_name)
@@ -348,7 +356,32 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
     return FleetModel(
         lp=lp, configs_taken=configs_taken, instances=instances, routed=routed, served_total=pulp.lpSum(routed.values()),
         accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
+        variants_changed=_variants_changed(lp, fleet, instances),
     )
+
+
+def _running_counts(fleet: Fleet) -> dict[tuple[SlotKey, str], int]:
+    """How many instances of each (slot class, variant) run now, from the devices' `running`."""
+    counts: dict[tuple[SlotKey, str], int] = defaultdict(int)
+    for device in fleet.problem.devices:
+        for slot, variant in device.running:
+            slice_name = None if device.is_cpu else slot.split("@", 1)[0]
+            counts[slot_key(device, slice_name), variant] += 1
+    return counts
+
+
+def _variants_changed(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> pulp.LpAffineExpression:
+    """Instances of what runs now that the plan no longer keeps: sum over (slot class, variant) of
+    max(0, running now - planned), through one non-negative variable each."""
+    terms = []
+    for i, ((key, variant), running) in enumerate(sorted(_running_counts(fleet).items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))):
+        planned = instances.get((key, variant))
+        if planned is None:
+            continue  # cannot run there any more (SLO, memory or the slot is gone): a change whatever the plan
+        lost = pulp.LpVariable(f"lost_{i}", lowBound=0)
+        lp += lost >= running - planned, f"lost_{i}"
+        terms.append(lost)
+    return pulp.lpSum(terms)
 
 
 # --------------------------------------------------------------------------- staged solving
@@ -437,6 +470,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     # Accuracy over total demand has coefficients of about 1e-6 per rps at fleet scale, which HiGHS flags
     # as badly scaled and branches on slowly; the solver sees accuracy x rps and we report it per demand.
     scale = problem.total_demand_rps if problem.total_demand_rps > 0 else 1.0
+    keep = options.variant_change_penalty
 
     solution: FleetSolution | None = None
     objective: float | None = None
@@ -457,7 +491,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
             model = fleet_model_build(fleet, full_demand=True, name="min_gpus_then_accuracy")
             cap = (first.objective or 0.0) + 1e-6 * max(1.0, abs(first.objective or 0.0))
             model.lp += model.gpus_used + penalty * model.instances_changed <= cap, "stage_gpus"
-            model.lp.setObjective(scale * model.accuracy_over_demand)
+            model.lp.setObjective(scale * (model.accuracy_over_demand - keep * model.variants_changed))
             second, second_solution = stages.run(model, start=first_solution)
             solution = second_solution or first_solution
             states = [first.state, second.state] if second_solution is not None else [first.state, "feasible"]
@@ -465,7 +499,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
                 notes.append("the accuracy tie-break stage found no solution in time; the plan is the fewest-GPU stage's")
     elif full_possible:
         model = fleet_model_build(fleet, full_demand=True, name="max_accuracy")
-        model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed))
+        model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed - keep * model.variants_changed))
         # Most of the time: this is the last stage unless demand turns out not to fit.
         first, first_solution = stages.run(model, share=0.8)
         if first_solution is not None:
@@ -487,7 +521,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
             )
         model = fleet_model_build(fleet, full_demand=False, name="max_served_then_accuracy")
         model.lp += model.served_total >= best_served - _served_tolerance(best_served), "stage_served"
-        model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed))
+        model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed - keep * model.variants_changed))
         accuracy_outcome, accuracy_solution = stages.run(model, start=served_solution)
         solution = accuracy_solution or served_solution
         states = ([] if proven else ["feasible"]) + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
@@ -549,14 +583,26 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
         needed = min(count, max(1, math.ceil(rate / capacity - 1e-9)))
         pending[key].extend([(variant, rate / needed)] * needed)
 
+    # First put back what runs now where the plan keeps it (same slot, same variant), then fill the rest:
+    # an instance that keeps its variant keeps serving through the rollout.
+    chosen: dict[tuple[str, int], tuple[str, float]] = {}
+    for device, config in device_config:
+        running = dict(device.running)
+        for si, slot in enumerate(config.slots):
+            current = running.get(device_slot_id(slot.slice or FULL_SLICE, slot.start, is_cpu=device.is_cpu))
+            entries = pending.get(slot.key, [])
+            match = next((k for k, (variant, _) in enumerate(entries) if variant == current), None)
+            if match is not None:
+                chosen[device.name, si] = entries.pop(match)
     assignments: list[Assignment] = []
     layouts: dict[str, list[str]] = {}
     notes: list[str] = []
     for device, config in device_config:
         placed = 0
-        for slot in config.slots:
-            if pending.get(slot.key):
-                variant, rate = pending[slot.key].pop()
+        for si, slot in enumerate(config.slots):
+            pick = chosen.get((device.name, si)) or (pending[slot.key].pop() if pending.get(slot.key) else None)
+            if pick is not None:
+                variant, rate = pick
                 slice_name = fleet.slot_classes[slot.key].slice_for(problem, variant)
                 assignments.append(Assignment(device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate))
                 placed += 1
