@@ -418,6 +418,7 @@ def simulate(
     burst_factor: float = typer.Option(1.5, "--burst-factor", help="Re-plan when an application's 1 s demand exceeds the plan's by this factor (0: off)"),
     reconfig_delay: float = typer.Option(5.0, "--reconfig-delay", help="Seconds a newly created instance serves nothing"),
     initial_demand: str = typer.Option("trace", "--initial-demand", help="trace (first interval of the trace) | problem"),
+    headroom: float = typer.Option(1.0, "--headroom", help="Plan for observed demand times this (e.g. 1.25 keeps instances off 100% load)"),
     seed: int = typer.Option(1, "--seed"),
     out: Path = typer.Option(None, "--out", help="Write summary.json, per_second.csv and plots.png here"),
 ) -> None:
@@ -436,7 +437,7 @@ def simulate(
         config = SimulationConfig(
             batching=batching, batching_params=_batching_params(batching_param), queue_order=queue_order, drop_rule=drop_rule,
             noise_sigma=noise, seed=seed, replan_interval_s=replan_every or None, burst_factor=burst_factor or None,
-            reconfiguration_delay_s=reconfig_delay, routing=routing, initial_demand=initial_demand,
+            reconfiguration_delay_s=reconfig_delay, routing=routing, initial_demand=initial_demand, demand_headroom=headroom,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from exc
