@@ -353,3 +353,15 @@ def test_random_problems_give_sound_plans(a100, h100, whole_gpus, cpus, classify
     )
     plan = garrison_solve(problem)
     assert_plan_sound(problem, plan)
+
+
+def test_short_fleet_serves_every_application() -> None:
+    """When Algorithm 1 asks for more than the fleet has, each variant keeps one instance (not each
+    variant on each slice size), so packing cannot fill the GPUs with a few applications' variants."""
+    from apps.planning.engine.generate import mig_fleet_problem
+    from apps.planning.engine.solve import plan_solve
+
+    problem = mig_fleet_problem(8, "A100-SXM4-40GB", n_applications=6, seed=0, load=0.5)
+    plan = plan_solve(problem, "garrison")
+    assert all(plan.served_rps[a.name] > 0 for a in problem.applications), plan.served_rps
+    assert plan.total_served_rps > 0.6 * problem.total_demand_rps

@@ -488,3 +488,54 @@ def test_simulator_bench_quick_writes_csv(tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     assert {r["batching"] for r in rows} == {"proteus", "aimd", "nexus", "max-delay", "fixed"}
     assert all(int(r["queries"]) > 50_000 and float(r["queries_per_s"]) > 0 for r in rows)
+
+
+def test_proteus_batching_survives_latency_profiles_that_dip_with_batch_size() -> None:
+    """Measured profiles are often flat or dip at small batches (the gpulets data does). The latency the
+    policies see is made non-decreasing, so Proteus never waits past the point where the head could still
+    be served alone (the deadline drop rule then dropped 87% of queries)."""
+    from apps.planning.engine.problem import problem_from_dict
+    from apps.planning.engine.simulator import SimulationConfig, simulate
+    from apps.planning.engine.workload import arrivals_poisson
+
+    latency = {1: 2.40, 2: 2.31, 4: 2.38, 8: 2.42}
+    problem = problem_from_dict({
+        "applications": [{"name": "a", "slo_ms": 5.0, "demand_rps": 500}],
+        "variants": [{"name": "v", "application": "a", "accuracy": 0.8, "memory_mb": 100}],
+        "devices": [{"name": "g0", "type": "SIM", "memory_mb": 16000}],
+        "profiles": [{"variant": "v", "device_type": "SIM", "slice": "full", "batch": b, "latency_ms": l} for b, l in latency.items()],
+    })
+    trace = arrivals_poisson(500, 10.0, seed=1, application="a")
+    summary = simulate(problem, trace, planner="proteus", config=SimulationConfig(
+        batching="proteus", noise_sigma=0.0, replan_interval_s=None, burst_factor=None)).summary
+    assert summary["dropped_expired"] == 0 and summary["slo_violation_ratio"] < 0.01
+
+
+def test_mig_gpus_run_whole_stay_in_the_fleet_across_replans() -> None:
+    """A MIG GPU the plan runs whole reports an empty layout; carried into the next problem as a MIG GPU
+    with zero instances it vanished (instances 6 -> 2 and a third of the queries dropped)."""
+    import dataclasses
+
+    from apps.planning.engine.generate import proteus_sized_problem
+    from apps.planning.engine.simulator import SimulationConfig, simulate
+    from apps.planning.engine.workload import trace_for_applications
+
+    base = proteus_sized_problem(6, 3, 12, 2, seed=0, load=0.5)
+    devices = tuple(dataclasses.replace(d, mig=True) if d.type in ("A100-SXM4-40GB", "H100-SXM5-80GB") else d for d in base.devices)
+    problem = dataclasses.replace(base, devices=devices)
+    trace = trace_for_applications("poisson", tuple(a.name for a in problem.applications), problem.total_demand_rps, 30.0, seed=1)
+    from apps.planning.engine.solve import plan_solve
+
+    seen = []
+
+    def planner(p):
+        seen.append(p)
+        return plan_solve(p, "proteus")
+
+    result = simulate(problem, trace, planner=planner, config=SimulationConfig(replan_interval_s=10, burst_factor=None))
+    assert len(seen) >= 3
+    for p in seen:
+        for device in p.devices:
+            if device.mig:
+                assert device.layout is None, (device.name, device.layout)
+    assert result.summary["dropped_no_capacity"] == 0

@@ -293,6 +293,11 @@ def _latency_function(points: Sequence[Any], max_batch: int) -> tuple[Callable[[
             else:
                 value = points[-1].latency_ms * b / points[-1].batch
         table[b] = float(value)
+    # A bigger batch never finishes sooner than a smaller one could (it could run the smaller batch and
+    # wait): measured dips are noise, and a policy that trusted them would wait past the point where the
+    # head can still be served alone, which the deadline drop rule then punishes.
+    for b in range(2, top + 1):
+        table[b] = max(table[b], table[b - 1])
     n = len(table)
     last = table[-1]
     slope = (table[-1] - table[-2]) if n >= 3 else table[-1]
@@ -324,10 +329,13 @@ def _plan_layouts(problem: Problem, plan: Plan) -> dict[str, tuple]:
     """device -> layout (placements) of every MIG GPU the plan uses: its `layouts`, else what its instances
     sit on."""
     out: dict[str, tuple] = {}
+    whole = {inst.device for inst in plan.instances if inst.start is None}
     for device, placements in plan.layouts.items():
         try:
             if problem.device(device).mig:
-                out[device] = layout_parse(list(placements))
+                # An empty layout with a whole-GPU instance means MIG is off there (no layout), not a MIG
+                # GPU with no instances: carrying () into the next problem would make the GPU vanish.
+                out[device] = None if not placements and device in whole else layout_parse(list(placements))
         except KeyError:
             continue
     derived: dict[str, list[str]] = {}
@@ -628,7 +636,7 @@ class _Simulation:
         mig_created = mig_destroyed = 0
         for device in sorted(new_layouts):
             spec = self.problem.device(device)
-            before, after = old_layouts.get(device, ()), new_layouts[device]
+            before, after = old_layouts.get(device) or (), new_layouts[device] or ()
             try:
                 diff = mig_layout_diff(spec.type, before, after)
             except ValueError:

@@ -545,10 +545,22 @@ def _fit_to_fleet(fleet: _Fleet, requests: Sequence[_Request]) -> tuple[list[_Re
         f"garrison: the allocation needs more of {pool[1]} than the fleet has; counts scaled by {f:.3g}"
         for pool, f in sorted(factor.items()) if f < 1.0
     ]
+    keep: dict[tuple, int] = {}
+    for (variant, kind), n in counts.items():
+        keep[variant, kind] = n if factor[pool_of(kind)] >= 1.0 else math.floor(n * factor[pool_of(kind)])
+    # Every ensemble member keeps one instance, on the kind Algorithm 1 gave it most of. A floor per
+    # (variant, kind) instead would ask for one instance of every variant on every slice size, which on a
+    # short fleet fills it with the first variants packed and starves whole applications.
+    by_variant: dict[str, list[tuple]] = defaultdict(list)
+    for (variant, kind), n in counts.items():
+        by_variant[variant].append((n, kind))
+    for variant, options in by_variant.items():
+        if not any(keep[variant, kind] for _, kind in options):
+            _, kind = max(options, key=lambda o: (o[0], -o[1].memory_slices))
+            keep[variant, kind] = 1
     scaled: list[_Request] = []
-    for (variant, kind), n in sorted(counts.items(), key=lambda item: (item[0][0], item[0][1])):
-        keep = n if factor[pool_of(kind)] >= 1.0 else max(1, math.floor(n * factor[pool_of(kind)]))
-        scaled.extend(_Request(variant, kind, rank) for rank in range(keep))
+    for (variant, kind), n in sorted(keep.items(), key=lambda item: (item[0][0], item[0][1])):
+        scaled.extend(_Request(variant, kind, rank) for rank in range(n))
     return scaled, notes
 
 

@@ -1,0 +1,66 @@
+"""Smoke runs of the paper-reproduction benchmarks (benches/batching.py, benches/end_to_end.py,
+benches/mig_granularity.py --quick): each runs end to end in a subprocess, cites the reference data and
+writes a CSV with rows. The full runs, and what their numbers mean, are the benchmarks' business."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_quick(script: str, out: Path) -> str:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benches" / script), "--quick", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=55,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "shared/data/gpulet" in result.stdout
+    return result.stdout
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def figure_or_reason(stdout: str, png: Path) -> None:
+    assert png.exists() or "PNG skipped" in stdout
+
+
+@pytest.mark.timeout(60)
+def test_batching_bench_quick(tmp_path: Path) -> None:
+    stdout = run_quick("batching.py", tmp_path)
+    rows = csv_rows(tmp_path / "batching.csv")
+    assert {r["batching"] for r in rows} == {"proteus", "aimd", "nexus"}
+    assert {r["arrival"] for r in rows} == {"uniform", "poisson", "gamma"}
+    assert all(int(r["queries"]) > 0 and 0.0 <= float(r["slo_violation_ratio"]) <= 1.0 for r in rows)
+    assert "single static plan" in stdout
+    figure_or_reason(stdout, tmp_path / "batching.png")
+
+
+@pytest.mark.timeout(60)
+def test_end_to_end_bench_quick(tmp_path: Path) -> None:
+    stdout = run_quick("end_to_end.py", tmp_path)
+    rows = csv_rows(tmp_path / "end_to_end.csv")
+    assert not [r for r in rows if r["error"]], [(r["row"], r["error"]) for r in rows if r["error"]]
+    names = {r["row"] for r in rows}
+    assert {"clipper-ha", "clipper-ht", "sommelier", "infaas", "proteus", "joint"} <= names
+    assert {"no model selection", "no placement (frozen)", "no query assignment (uniform)"} <= names
+    assert all(int(r["queries"]) > 0 for r in rows)
+    assert (tmp_path / "end_to_end_series.csv").exists()
+    figure_or_reason(stdout, tmp_path / "end_to_end.png")
+
+
+@pytest.mark.timeout(60)
+def test_mig_granularity_bench_quick(tmp_path: Path) -> None:
+    stdout = run_quick("mig_granularity.py", tmp_path)
+    rows = csv_rows(tmp_path / "mig_granularity.csv")
+    assert not [r for r in rows if r["error"]], [(r["row"], r["error"]) for r in rows if r["error"]]
+    assert {"garrison", "joint", "proteus, all 1g.5gb (7)", "proteus, all 7g.40gb (1)"} <= {r["row"] for r in rows}
+    assert all(int(r["queries"]) > 0 for r in rows)
+    figure_or_reason(stdout, tmp_path / "mig_granularity.png")
