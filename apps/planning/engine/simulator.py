@@ -102,7 +102,8 @@ class SimulationConfig:
     times the plan's assumption and at least `burst_min_rps`, and at least `burst_debounce_s` since the
     last re-plan; it plans on max(window mean, last second) per application. `demand_headroom` scales the
     demand handed to the planner. `carry_layouts`: re-planning starts from the MIG layouts the current
-    plan left (the joint planner then counts reconfiguration from there)."""
+    plan left (the joint planner then counts reconfiguration from there). `record_batches`: keep a log of
+    every batch (`SimulationResult.batches`); off by default (costs nothing then)."""
 
     batching: str = "proteus"
     batching_params: Mapping[str, Any] = field(default_factory=dict)
@@ -121,6 +122,7 @@ class SimulationConfig:
     initial_demand: str = "trace"
     demand_headroom: float = 1.0
     carry_layouts: bool = True
+    record_batches: bool = False  # opt-in: SimulationResult.batches lists every batch started
 
     def __post_init__(self) -> None:
         if self.queue_order not in QUEUE_ORDERS:
@@ -179,7 +181,9 @@ class SimulationResult:
     per instance (every instance any plan ran): id, variant, when it was ready and stopped, batches,
     queries served, mean batch size, utilisation (busy time over the time it was up). `plans`: (time in
     seconds, Plan) for every plan applied, `replans`: one record per planner call. `queries`: per query
-    id, arrival/deadline/done times (ms), outcome code (OUTCOME_NAMES) and the instance that served it."""
+    id, arrival/deadline/done times (ms), outcome code (OUTCOME_NAMES) and the instance that served it.
+    `batches` (only with `SimulationConfig.record_batches`): (instance id, start ms, query ids, end ms) per
+    batch, in start order."""
 
     summary: dict[str, Any]
     per_second: dict[str, np.ndarray]
@@ -188,6 +192,7 @@ class SimulationResult:
     replans: list[dict[str, Any]]
     queries: dict[str, np.ndarray]
     config: SimulationConfig
+    batches: list[tuple[str, float, list[int], float]] = field(default_factory=list)
 
     def to_dict(self, *, per_second: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"summary": self.summary, "config": self.config.to_dict(), "replans": self.replans, "instances": self.instances}
@@ -744,6 +749,9 @@ class _Simulation:
         inf = _INF
         tolerance = DEADLINE_TOLERANCE_MS  # the batching module's slack in every "finishes by its deadline" test
         early_drops = cfg.batching in EARLY_DROP_POLICIES
+        record_batches = cfg.record_batches
+        batch_log: list[tuple[str, float, list[int], float]] = []
+        i_id = self.i_id
 
         def kick(k: int, now: float) -> None:
             """The instance is idle: drop what expired, ask the policy, start a batch or set its timer."""
@@ -786,6 +794,8 @@ class _Simulation:
             timer_at[k] = inf
             busy_ms[k] += svc
             heappush(heap, (end, _COMPLETE, k))
+            if record_batches:
+                batch_log.append((i_id[k], now, [qid for qid, _a, _d in inflight[k]], end))
 
         def event(t: float, kind: int, k: int) -> None:
             if kind == _COMPLETE:
@@ -948,7 +958,9 @@ class _Simulation:
                     done[qid] = end_time
                     where[qid] = k
         wall = time.perf_counter() - wall_start
-        return self._result(outcome, done, where, plans, replans, end_time, wall)
+        result = self._result(outcome, done, where, plans, replans, end_time, wall)
+        result.batches = batch_log
+        return result
 
     # ----------------------------------------------------------------------- metrics
 

@@ -1,0 +1,222 @@
+"""The worker runtime (workers/runtime): the ONNX Runtime session on a real model, the instance batcher
+serving it, and the batcher making exactly the batch decisions the simulator makes (same dispatch times,
+same query ids per batch, same drops) for every batching policy."""
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from apps.planning.engine.assemble import Assignment, plan_assemble
+from apps.planning.engine.batching import batching_policy_make
+from apps.planning.engine.problem import Plan, Problem, problem_from_dict
+from apps.planning.engine.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, _latency_function, simulate
+from apps.planning.engine.workload import Trace
+from tests.onnx_builders import onnx_mlp_bytes
+from workers.runtime.batcher import DeadlineExceeded, InstanceBatcher, VirtualClock
+from workers.runtime.session import ArtifactChecksumError, OnnxSession
+
+# --------------------------------------------------------------------------- the ONNX session
+
+
+@pytest.fixture(scope="module")
+def mlp() -> bytes:
+    return onnx_mlp_bytes(n_in=4, hidden=8, n_out=3, seed=1)
+
+
+def queries(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(size=(1, 4)).astype(np.float32)} for _ in range(n)]
+
+
+def test_run_batch_equals_running_each_query_alone(mlp: bytes) -> None:
+    session = OnnxSession(mlp, sha256=hashlib.sha256(mlp).hexdigest())
+    assert session.input_names == ["x"] and session.output_names == ["logits"]
+    assert "CPUExecutionProvider" in session.providers
+    session.warmup([1, 4])
+    qs = queries(5)
+    batched = session.run_batch(qs)
+    assert len(batched) == 5
+    for query, out in zip(qs, batched):
+        (alone,) = session.run_batch([query])
+        assert out["logits"].shape == (1, 3)
+        assert np.allclose(out["logits"], alone["logits"], atol=1e-6)
+    # Queries without their own batch axis come back without one.
+    flat = session.run_batch([{"x": q["x"][0]} for q in qs])
+    assert flat[2]["logits"].shape == (3,) and np.allclose(flat[2]["logits"], batched[2]["logits"][0], atol=1e-6)
+
+
+def test_a_checksum_mismatch_is_refused(mlp: bytes, tmp_path) -> None:
+    with pytest.raises(ArtifactChecksumError, match="checksum mismatch"):
+        OnnxSession(mlp, sha256="0" * 64)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(mlp)
+    assert OnnxSession(path, sha256=hashlib.sha256(mlp).hexdigest().upper()).output_names == ["logits"]
+
+
+def test_threaded_batcher_serves_a_real_session(mlp: bytes) -> None:
+    session = OnnxSession(mlp)
+    sizes: list[int] = []
+
+    def execute(payloads: list) -> list:
+        sizes.append(len(payloads))
+        return session.run_batch(payloads)
+
+    qs = queries(10, seed=3)
+    expected = [session.run_batch([q])[0]["logits"] for q in qs]
+    batcher = InstanceBatcher(
+        batching_policy_make("fixed", size=4), latency_ms=lambda b: 1.0 + 0.1 * b, max_batch=4, execute=execute,
+        drop_rule="never", slo_ms=10_000.0, record_batches=True,
+    )
+    with batcher.start():
+        futures = [batcher.submit(q) for q in qs]
+        results = [f.result(timeout=30) for f in futures]
+    for got, want in zip(results, expected):
+        assert np.allclose(got["logits"], want, atol=1e-6)
+    assert sum(sizes) == 10 and max(sizes) <= 4
+    assert sorted(i for _s, ids, _e in batcher.batches for i in ids) == list(range(10))
+
+
+def test_threaded_batcher_waits_for_a_policy_timer_and_fails_expired_queries() -> None:
+    # max-delay: a lone query waits max_queue_delay_ms, then runs.
+    done = threading.Event()
+    batcher = InstanceBatcher(
+        batching_policy_make("max-delay", max_queue_delay_ms=30.0), latency_ms=lambda b: 1.0, max_batch=8,
+        execute=lambda p: [x * 2 for x in p], slo_ms=1000.0, record_batches=True,
+    ).start()
+    try:
+        t0 = time.monotonic()
+        future = batcher.submit(21)
+        future.add_done_callback(lambda f: done.set())
+        assert future.result(timeout=5) == 42
+        assert time.monotonic() - t0 >= 0.025
+        # A query whose deadline has passed is dropped with a clear error.
+        stale = batcher.submit(1, deadline_ms=time.monotonic() * 1000.0 - 5.0)
+        with pytest.raises(DeadlineExceeded, match="cannot meet its deadline"):
+            stale.result(timeout=5)
+    finally:
+        batcher.close()
+
+
+def test_stepped_batcher_on_a_virtual_clock() -> None:
+    clock = VirtualClock()
+    lat = {1: 10.0, 2: 16.0}.__getitem__
+    batcher = InstanceBatcher(
+        batching_policy_make("fixed", size=2), latency_ms=lat, max_batch=2, execute=lambda p: p, slo_ms=100.0,
+        clock=clock, service_ms=lat, record_batches=True,
+    )
+    futures = [batcher.submit("q0", arrival_ms=0.0)]
+    assert not futures[0].done()  # it ends at 10 ms of virtual time
+    futures += [batcher.submit(f"q{i}", arrival_ms=t) for i, t in enumerate([1.0, 2.0, 3.0, 50.0], start=1)]
+    batcher.step_until(math.inf)
+    assert [f.result() for f in futures] == ["q0", "q1", "q2", "q3", "q4"]
+    assert batcher.batches == [(0.0, [0], 10.0), (10.0, [1, 2], 26.0), (26.0, [3], 36.0), (50.0, [4], 60.0)]
+    assert clock.now_ms() == 60.0
+
+
+# --------------------------------------------------------------------------- simulator equivalence
+
+LATENCY = {1: 10.0, 2: 16.0, 4: 28.0, 8: 52.0}  # ms at batch 1, 2, 4, 8
+SLO_MS = 60.0
+RATE = 140.0  # queries/s: above batch-1 capacity (100/s), below batch-8 capacity (~154/s): batching matters
+
+
+def one_device_problem() -> Problem:
+    return problem_from_dict({
+        "applications": [{"name": "app0", "slo_ms": SLO_MS, "demand_rps": RATE}],
+        "variants": [{"name": "v0", "application": "app0", "accuracy": 0.9, "memory_mb": 100}],
+        "devices": [{"name": "g0", "type": "SIM", "memory_mb": 16000}],
+        "profiles": [
+            {"variant": "v0", "device_type": "SIM", "slice": "full", "batch": b, "latency_ms": lat} for b, lat in LATENCY.items()
+        ],
+    })
+
+
+def one_instance_planner(problem: Problem) -> Plan:
+    return plan_assemble(
+        problem, [Assignment("g0", "full", None, "v0", RATE)], status="optimal", solver="fixed", objective=None,
+        bound=None, gap=None, solve_seconds=0.0,
+    )
+
+
+def poisson_trace(n: int = 200, seed: int = 7) -> Trace:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0 / RATE, n))
+    return Trace(times, np.zeros(n, dtype=np.int32), ("app0",), None)
+
+
+POLICIES = {
+    "proteus": {},
+    "aimd": {"slo_ms": SLO_MS},
+    "nexus": {},
+    "max-delay": {"max_queue_delay_ms": 6.0},
+    "fixed": {"size": 4},
+}
+
+
+@pytest.mark.parametrize("queue_order, drop_rule", [("fifo", "deadline"), ("edf", "slo-1x"), ("fifo", "never")])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_live_batcher_makes_the_simulators_batch_decisions(policy: str, queue_order: str, drop_rule: str) -> None:
+    problem = one_device_problem()
+    trace = poisson_trace()
+    config = SimulationConfig(
+        batching=policy, batching_params=POLICIES[policy], queue_order=queue_order, drop_rule=drop_rule,
+        noise_sigma=0.0, replan_interval_s=None, burst_factor=None, record_batches=True,
+    )
+    sim = simulate(problem, trace, planner=one_instance_planner, config=config)
+    (instance,) = sim.instances
+    max_batch = instance["max_batch"]
+    assert max_batch > 1  # the plan lets the instance batch
+
+    # The live batcher on a virtual clock, its batch service time the latency the simulator uses.
+    latency_ms, _lat1 = _latency_function(problem.profiles_for("v0", "SIM", "full"), max_batch)
+    clock = VirtualClock()
+    batcher = InstanceBatcher(
+        batching_policy_make(policy, **POLICIES[policy]), latency_ms=latency_ms, max_batch=max_batch,
+        execute=lambda payloads: payloads, drop_rule=drop_rule, slo_ms=SLO_MS, queue_order=queue_order,
+        clock=clock, service_ms=latency_ms, record_batches=True,
+    )
+    arrivals = sim.queries["arrival_ms"].tolist()
+    futures = [batcher.submit(qid, arrival_ms=t) for qid, t in enumerate(arrivals)]
+    batcher.step_until(math.inf)
+    batcher.close()
+
+    sim_batches = [(start, ids, end) for _inst, start, ids, end in sim.batches]
+    assert len(sim_batches) > 10
+    assert any(len(ids) > 1 for _s, ids, _e in sim_batches)  # batching happened
+    assert batcher.batches == sim_batches  # same dispatch times, same query ids per batch, same ends
+
+    outcome = sim.queries["outcome"]
+    sim_drops = sorted((qid, sim.queries["done_ms"][qid]) for qid in np.flatnonzero(outcome == DROPPED_EXPIRED).tolist())
+    assert sorted(batcher.drops) == sim_drops
+    assert np.all((outcome == ON_TIME) | (outcome == LATE) | (outcome == DROPPED_EXPIRED))
+    for qid, future in enumerate(futures):
+        assert future.done()
+        if outcome[qid] == DROPPED_EXPIRED:
+            assert isinstance(future.exception(), DeadlineExceeded)
+        else:
+            assert future.result() == qid
+
+
+def test_the_equivalence_covers_drops_and_waiting() -> None:
+    # The replay is only a strong check if the policies under it drop queries and wait on timers.
+    problem, trace = one_device_problem(), poisson_trace()
+    results = {
+        p: simulate(problem, trace, planner=one_instance_planner, config=SimulationConfig(
+            batching=p, batching_params=POLICIES[p], noise_sigma=0.0, replan_interval_s=None, burst_factor=None,
+            record_batches=True))
+        for p in POLICIES
+    }
+    assert sum(r.summary["dropped_expired"] for r in results.values()) > 0
+    # Proteus and max-delay start some batches later than the arrival that made the instance idle-busy.
+    arrivals = set(results["max-delay"].queries["arrival_ms"].tolist())
+    starts = [s for _i, s, _ids, _e in results["max-delay"].batches]
+    ends = {e for _i, _s, _ids, e in results["max-delay"].batches}
+    assert any(s not in arrivals and s not in ends for s in starts)
+    # Off by default: no log.
+    quiet = simulate(problem, trace, planner=one_instance_planner, config=SimulationConfig(noise_sigma=0.0, replan_interval_s=None, burst_factor=None))
+    assert quiet.batches == []

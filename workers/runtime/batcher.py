@@ -1,0 +1,352 @@
+"""One serving instance's batcher: a `QueryQueue` and a batching policy from the planning engine, driven
+exactly as the discrete-event simulator drives them (apps/planning/engine/simulator.py, `kick`/`event`),
+so the live fleet makes the decisions the simulator predicted.
+
+The contract (apps/planning/engine/batching.py): whenever the instance is idle and (a) a query arrives,
+(b) the time the policy last asked for is reached, or (c) a batch completes, first `drop_expired` under
+the drop rule, then `decide`, then collect the policy's early drops (Nexus) with
+`drop_expired(now, "never", ...)`. `Dispatch(b, at)`: at <= now + 1e-9 ms pops min(b, queued, max_batch)
+queries and runs them; a later `at` sets the timer; b == 0 waits for the next arrival. After a batch,
+`policy.observe(size, service_ms, late)`. At equal times a completion or a timer goes before an arrival.
+
+Two ways to run it:
+
+- Threaded (production): `start()` launches one worker thread that owns the decisions; `submit(payload)`
+  returns a `concurrent.futures.Future` resolved with that query's result, or failed with
+  `DeadlineExceeded` when the drop rule (or the policy's early drop) gives up on it. `execute(payloads)`
+  runs on the worker thread, and the service time is measured on `clock`.
+- Stepped (tests, replays): without `start()`, with a `VirtualClock` and `service_ms(b)` (the batch
+  service time, e.g. the profiled latency the simulator uses), `submit(payload, arrival_ms=t)` first
+  advances virtual time to `t` (processing the completions and timers due by then), then queues the
+  query; `step_until(t_ms)` processes every event up to `t_ms` (math.inf: until nothing is left).
+  `execute` is called when a batch starts; its futures resolve when the batch ends in virtual time.
+
+`clock` returns seconds (`time.monotonic`); a clock with a `now_ms()` method (`VirtualClock`) is read in
+milliseconds directly, so replayed times stay exact. With `record_batches=True` the batcher keeps
+`batches`, one `(start_ms, [query ids], end_ms)` per batch, and `drops`, one `(query id, time_ms)` per
+dropped query. Query ids are 0, 1, 2, ... in submission order (`future.query_id`).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Sequence
+
+from apps.planning.engine.batching import DEADLINE_TOLERANCE_MS, DROP_RULES, BatchingPolicy, QueryQueue
+
+__all__ = ["AT_EPSILON_MS", "BatcherClosed", "DeadlineExceeded", "InstanceBatcher", "VirtualClock"]
+
+# A policy's `at_ms` this close to now counts as now (the simulator's _AT_EPSILON_MS).
+AT_EPSILON_MS = 1e-9
+_INF = math.inf
+
+
+class DeadlineExceeded(RuntimeError):
+    """The query was dropped without being served: it could not meet its deadline (drop rule, or the
+    policy's early drop). The router returns this to the client (e.g. HTTP 504 / gRPC DEADLINE_EXCEEDED)."""
+
+    def __init__(self, query_id: int, deadline_ms: float, dropped_at_ms: float, rule: str) -> None:
+        self.query_id = query_id
+        self.deadline_ms = deadline_ms
+        self.dropped_at_ms = dropped_at_ms
+        self.rule = rule
+        super().__init__(
+            f"query {query_id} dropped at {dropped_at_ms:.3f} ms: it cannot meet its deadline "
+            f"{deadline_ms:.3f} ms (drop rule {rule!r})"
+        )
+
+
+class BatcherClosed(RuntimeError):
+    """The batcher was closed before the query was served."""
+
+
+class VirtualClock:
+    """A clock that moves only when told. `now_ms()` in milliseconds; calling it returns seconds, like
+    `time.monotonic`."""
+
+    def __init__(self, start_ms: float = 0.0) -> None:
+        self._ms = float(start_ms)
+
+    def now_ms(self) -> float:
+        return self._ms
+
+    def __call__(self) -> float:
+        return self._ms / 1000.0
+
+    def advance_to(self, t_ms: float) -> None:
+        if t_ms < self._ms:
+            raise ValueError(f"virtual time cannot go back from {self._ms} ms to {t_ms} ms")
+        self._ms = float(t_ms)
+
+
+class InstanceBatcher:
+    """Serves one instance: queues submitted queries and runs the batches `policy` decides. See the module
+    docstring."""
+
+    def __init__(
+        self,
+        policy: BatchingPolicy,
+        *,
+        latency_ms: Callable[[int], float],
+        max_batch: int,
+        execute: Callable[[list], Sequence[Any]],
+        drop_rule: str = "deadline",
+        slo_ms: float,
+        queue_order: str = "fifo",
+        clock: Callable[[], float] = time.monotonic,
+        service_ms: Callable[[int], float] | None = None,
+        record_batches: bool = False,
+    ) -> None:
+        if drop_rule not in DROP_RULES:
+            raise ValueError(f"drop_rule must be one of {DROP_RULES}, not {drop_rule!r}")
+        if not (isinstance(slo_ms, (int, float)) and math.isfinite(slo_ms) and slo_ms > 0):
+            raise ValueError(f"slo_ms must be a finite number > 0, not {slo_ms!r}")
+        self.policy = policy
+        self.latency_ms = latency_ms
+        self.max_batch = int(max_batch)
+        self.execute = execute
+        self.drop_rule = drop_rule
+        self.slo_ms = float(slo_ms)
+        self.queue = QueryQueue(queue_order)  # validates the order
+        self.service_ms = service_ms
+        self.record_batches = record_batches
+        self.batches: list[tuple[float, list[int], float]] = []
+        self.drops: list[tuple[int, float]] = []
+        self.clock = clock
+        now_ms = getattr(clock, "now_ms", None)
+        self._now_ms: Callable[[], float] = now_ms if callable(now_ms) else (lambda: clock() * 1000.0)
+        self._lat1 = float(latency_ms(1))
+        self._cond = threading.Condition(threading.RLock())
+        self._next_id = 0
+        self._pending: dict[int, tuple[Future, Any, float]] = {}  # query id -> (future, payload, deadline_ms)
+        self._busy = False
+        self._busy_end = _INF  # stepped mode: when the batch in flight ends
+        self._inflight: list[tuple[int, float, float]] | None = None
+        self._inflight_start = 0.0
+        self._outcome: tuple[Sequence[Any] | None, BaseException | None, float] | None = None
+        self._timer_at = _INF
+        self._kick_needed = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def submit(self, payload: Any, arrival_ms: float | None = None, deadline_ms: float | None = None) -> Future:
+        """Queue one query; the future resolves with its result or fails with `DeadlineExceeded`.
+        `arrival_ms` defaults to now; `deadline_ms` to arrival + slo_ms. Stepped mode: virtual time first
+        advances to `arrival_ms`."""
+        stepped = self._thread is None
+        if stepped and hasattr(self.clock, "advance_to"):
+            # Completions and timers due by the arrival go first (also those due exactly now).
+            now = self._now_ms()
+            self.step_until(now if arrival_ms is None or arrival_ms < now else arrival_ms)
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the batcher is closed")
+            now = self._now_ms()
+            arrival = now if arrival_ms is None else float(arrival_ms)
+            deadline = arrival + self.slo_ms if deadline_ms is None else float(deadline_ms)
+            query_id = self._next_id
+            self._next_id += 1
+            future: Future = Future()
+            future.query_id = query_id  # type: ignore[attr-defined]
+            self._pending[query_id] = (future, payload, deadline)
+            self.queue.push(query_id, arrival, deadline)
+            if not stepped:
+                self._kick_needed = True
+                self._cond.notify()
+                return future
+            if self._busy:
+                return future
+            batch = self._kick(now)
+            if batch is not None:
+                self._dispatch_stepped(batch, now)
+        return future
+
+    def step_until(self, t_ms: float) -> None:
+        """Stepped mode: process every completion and timer due at or before `t_ms` in time order, then
+        move the virtual clock to `t_ms` (not when it is infinite)."""
+        if self._thread is not None:
+            raise RuntimeError("step_until is for a batcher that was not started")
+        advance = getattr(self.clock, "advance_to", None)
+        if advance is None:
+            raise TypeError("step_until needs a clock with advance_to (VirtualClock)")
+        with self._cond:
+            while True:
+                nxt = self._busy_end if self._busy else self._timer_at
+                if nxt > t_ms or nxt == _INF:
+                    break
+                advance(nxt)
+                if self._busy:
+                    self._complete(nxt)
+                else:
+                    self._timer_at = _INF
+                if self._closed:
+                    break
+                batch = self._kick(nxt)
+                if batch is not None:
+                    self._dispatch_stepped(batch, nxt)
+            if t_ms != _INF and t_ms > self._now_ms():
+                advance(t_ms)
+
+    def start(self) -> "InstanceBatcher":
+        """Threaded mode: start the worker thread (idempotent)."""
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed("the batcher is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._worker, name="tessera-batcher", daemon=True)
+                self._thread.start()
+        return self
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop: the batch in flight finishes; queued queries fail with `BatcherClosed` (early drops with
+        `DeadlineExceeded`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+            return
+        with self._cond:
+            if self._busy:
+                self._complete(self._busy_end)
+            self._fail_queued()
+
+    def __enter__(self) -> "InstanceBatcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        """Queries queued (not counting a batch in flight)."""
+        with self._cond:
+            return len(self.queue)
+
+    # ------------------------------------------------------------------ the contract (lock held)
+
+    def _kick(self, now: float) -> list[tuple[int, float, float]] | None:
+        """The instance is idle: drop what expired, ask the policy, pop a batch (returned) or set the timer."""
+        q = self.queue
+        dropped = q.drop_expired(now, self.drop_rule, self.slo_ms, self._lat1)
+        if dropped:
+            self._fail_dropped(dropped, now)
+        if not q:
+            self._timer_at = _INF
+            return None
+        b, at = self.policy.decide(now, q, self.latency_ms, self.max_batch)
+        early = q.drop_expired(now, "never", 0.0, 0.0)  # the policy's early drops (Nexus), if any
+        if early:
+            self._fail_dropped(early, now)
+        if b <= 0:
+            self._timer_at = _INF
+            return None
+        if at > now + AT_EPSILON_MS:
+            self._timer_at = at
+            return None
+        size = len(q)
+        if b > size:
+            b = size
+        if b > self.max_batch:
+            b = self.max_batch
+        batch = q.pop(b)
+        self._busy = True
+        self._inflight = batch
+        self._inflight_start = now
+        self._timer_at = _INF
+        return batch
+
+    def _fail_dropped(self, query_ids: list[int], now: float) -> None:
+        for query_id in query_ids:
+            future, _payload, deadline = self._pending.pop(query_id)
+            if self.record_batches:
+                self.drops.append((query_id, now))
+            future.set_exception(DeadlineExceeded(query_id, deadline, now, self.drop_rule))
+
+    def _payloads(self, batch: list[tuple[int, float, float]]) -> list[Any]:
+        return [self._pending[query_id][1] for query_id, _a, _d in batch]
+
+    def _run(self, payloads: list[Any]) -> tuple[Sequence[Any] | None, BaseException | None, float]:
+        """Call `execute` on a batch's payloads: (results, error, measured wall ms)."""
+        started = time.perf_counter()
+        try:
+            results = list(self.execute(payloads))
+            if len(results) != len(payloads):
+                raise RuntimeError(f"execute returned {len(results)} results for {len(payloads)} queries")
+            error = None
+        except Exception as exc:  # the batch fails; every query in it gets the error
+            results, error = None, exc
+        return results, error, (time.perf_counter() - started) * 1000.0
+
+    def _dispatch_stepped(self, batch: list[tuple[int, float, float]], now: float) -> None:
+        results, error, measured = self._run(self._payloads(batch))
+        service = float(self.service_ms(len(batch))) if self.service_ms is not None else measured
+        self._outcome = (results, error, service)
+        self._busy_end = now + service
+
+    def _complete(self, end: float) -> None:
+        """The batch in flight ended at `end`: resolve its futures and tell the policy."""
+        batch = self._inflight
+        assert batch is not None and self._outcome is not None
+        results, error, service = self._outcome
+        self._inflight = None
+        self._outcome = None
+        self._busy = False
+        self._busy_end = _INF
+        late = 0
+        for i, (query_id, _a, deadline) in enumerate(batch):
+            future, _payload, _deadline = self._pending.pop(query_id)
+            if end > deadline + DEADLINE_TOLERANCE_MS:  # the simulator's test, to the bit
+                late += 1
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[i])  # type: ignore[index]
+        if self.record_batches:
+            self.batches.append((self._inflight_start, [query_id for query_id, _a, _d in batch], end))
+        if error is None:
+            self.policy.observe(len(batch), service, late)
+
+    def _fail_queued(self) -> None:
+        now = self._now_ms()
+        early = self.queue.drop_expired(now, "never", 0.0, 0.0)
+        if early:
+            self._fail_dropped(early, now)
+        if len(self.queue):
+            for query_id, _a, _d in self.queue.pop(len(self.queue)):
+                future, _payload, _deadline = self._pending.pop(query_id)
+                future.set_exception(BatcherClosed(f"query {query_id}: the batcher closed before serving it"))
+        self._timer_at = _INF
+
+    # ------------------------------------------------------------------ threaded mode
+
+    def _worker(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while True:
+                    if self._closed:
+                        self._fail_queued()
+                        return
+                    now = self._now_ms()
+                    if self._kick_needed or self._timer_at <= now:
+                        self._kick_needed = False
+                        self._timer_at = _INF
+                        batch = self._kick(now)
+                        if batch is not None:
+                            payloads = self._payloads(batch)
+                            break
+                        continue
+                    timeout = None if self._timer_at == _INF else max(0.0, (self._timer_at - now) / 1000.0)
+                    cond.wait(timeout)
+            results, error, _measured = self._run(payloads)  # outside the lock: submissions keep coming
+            with cond:
+                end = self._now_ms()
+                self._outcome = (results, error, end - now)
+                self._complete(end)
+                self._kick_needed = True
