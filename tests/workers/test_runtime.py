@@ -14,7 +14,8 @@ import pytest
 from apps.planning.engine.assemble import Assignment, plan_assemble
 from apps.planning.engine.batching import batching_policy_make
 from apps.planning.engine.problem import Plan, Problem, problem_from_dict
-from apps.planning.engine.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, _latency_function, simulate
+from apps.planning.engine.batching import policy_latency_function
+from apps.planning.engine.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, simulate
 from apps.planning.engine.workload import Trace
 from tests.onnx_builders import onnx_mlp_bytes
 from workers.runtime.batcher import DeadlineExceeded, InstanceBatcher, VirtualClock
@@ -173,7 +174,7 @@ def test_live_batcher_makes_the_simulators_batch_decisions(policy: str, queue_or
     assert max_batch > 1  # the plan lets the instance batch
 
     # The live batcher on a virtual clock, its batch service time the latency the simulator uses.
-    latency_ms, _lat1 = _latency_function(problem.profiles_for("v0", "SIM", "full"), max_batch)
+    latency_ms, _lat1 = policy_latency_function(problem.profiles_for("v0", "SIM", "full"), max_batch)
     clock = VirtualClock()
     batcher = InstanceBatcher(
         batching_policy_make(policy, **POLICIES[policy]), latency_ms=latency_ms, max_batch=max_batch,

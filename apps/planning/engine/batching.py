@@ -36,7 +36,9 @@ import math
 from bisect import bisect_right
 from collections import deque
 from heapq import heapify, heappop, heappush
-from typing import Callable, Literal, NamedTuple, Protocol
+from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
+
+from .capacity import profile_interpolate
 
 __all__ = [
     "BATCHING_POLICIES",
@@ -675,3 +677,42 @@ def batching_policy_make(name: str, **params) -> BatchingPolicy:
         return cls(**params)
     except TypeError as exc:
         raise ValueError(f"batching policy {name!r}: bad parameters {sorted(params)}: {exc}") from None
+
+
+def policy_latency_function(points: Sequence[Any], max_batch: int) -> tuple[Callable[[int], float], float]:
+    """The latency the batching policies see, shared by the simulator and the live runtime: latency_ms(b) for one variant on one slice, from its profile: interpolated inside the profiled
+    range, the smallest profiled batch's latency below it, extrapolated linearly from the last two points
+    above it (a policy should never ask beyond `max_batch`, which is inside). Returns (function, latency(1))."""
+    points = sorted(points, key=lambda p: p.batch)
+    if not points:
+        raise ValueError("no profile")
+    top = max(max_batch, points[-1].batch, 1)
+    table = [0.0] * (top + 1)
+    for b in range(1, top + 1):
+        value = profile_interpolate(points, b, "latency_ms")
+        if value is None:
+            if b < points[0].batch:
+                value = points[0].latency_ms
+            elif len(points) >= 2:
+                p, q = points[-2], points[-1]
+                value = q.latency_ms + (q.latency_ms - p.latency_ms) / (q.batch - p.batch) * (b - q.batch)
+            else:
+                value = points[-1].latency_ms * b / points[-1].batch
+        table[b] = float(value)
+    # A bigger batch never finishes sooner than a smaller one could (it could run the smaller batch and
+    # wait): measured dips are noise, and a policy that trusted them would wait past the point where the
+    # head can still be served alone, which the deadline drop rule then punishes.
+    for b in range(2, top + 1):
+        table[b] = max(table[b], table[b - 1])
+    n = len(table)
+    last = table[-1]
+    slope = (table[-1] - table[-2]) if n >= 3 else table[-1]
+
+    def latency_ms(b: int, table: list[float] = table, n: int = n) -> float:
+        if 0 < b < n:
+            return table[b]
+        if b <= 0:
+            return 0.0
+        return last + slope * (b - (n - 1))
+
+    return latency_ms, table[1]

@@ -47,8 +47,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .batching import DEADLINE_TOLERANCE_MS, DROP_RULES, QUEUE_ORDERS, QueryQueue, batching_policy_make
-from .capacity import profile_interpolate
+from .batching import DEADLINE_TOLERANCE_MS, DROP_RULES, QUEUE_ORDERS, QueryQueue, batching_policy_make, policy_latency_function
 from .mig import layout_parse, mig_layout_diff
 from .problem import Plan, PlanInstance, Problem, device_slot_id
 from .routing import alias_table_build, queries_match_instances, routing_tables_from_plan
@@ -276,45 +275,6 @@ def _json_default(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _latency_function(points: Sequence[Any], max_batch: int) -> tuple[Callable[[int], float], float]:
-    """latency_ms(b) for one variant on one slice, from its profile: interpolated inside the profiled
-    range, the smallest profiled batch's latency below it, extrapolated linearly from the last two points
-    above it (a policy should never ask beyond `max_batch`, which is inside). Returns (function, latency(1))."""
-    points = sorted(points, key=lambda p: p.batch)
-    if not points:
-        raise ValueError("no profile")
-    top = max(max_batch, points[-1].batch, 1)
-    table = [0.0] * (top + 1)
-    for b in range(1, top + 1):
-        value = profile_interpolate(points, b, "latency_ms")
-        if value is None:
-            if b < points[0].batch:
-                value = points[0].latency_ms
-            elif len(points) >= 2:
-                p, q = points[-2], points[-1]
-                value = q.latency_ms + (q.latency_ms - p.latency_ms) / (q.batch - p.batch) * (b - q.batch)
-            else:
-                value = points[-1].latency_ms * b / points[-1].batch
-        table[b] = float(value)
-    # A bigger batch never finishes sooner than a smaller one could (it could run the smaller batch and
-    # wait): measured dips are noise, and a policy that trusted them would wait past the point where the
-    # head can still be served alone, which the deadline drop rule then punishes.
-    for b in range(2, top + 1):
-        table[b] = max(table[b], table[b - 1])
-    n = len(table)
-    last = table[-1]
-    slope = (table[-1] - table[-2]) if n >= 3 else table[-1]
-
-    def latency_ms(b: int, table: list[float] = table, n: int = n) -> float:
-        if 0 < b < n:
-            return table[b]
-        if b <= 0:
-            return 0.0
-        return last + slope * (b - (n - 1))
-
-    return latency_ms, table[1]
 
 
 def _noise_stream(rng: np.random.Generator, sigma: float) -> Iterator[float]:
@@ -560,7 +520,7 @@ class _Simulation:
             points = problem.profiles_for(inst.variant, dtype, inst.slice)
             if not points:
                 raise ValueError(f"no profile for {inst.variant} on {dtype}/{inst.slice} (instance {inst.id})")
-            cached = self._latency_cache[key] = _latency_function(points, max(1, inst.batch))
+            cached = self._latency_cache[key] = policy_latency_function(points, max(1, inst.batch))
         k = len(self.i_id)
         self.i_id.append(inst.id)
         self.i_variant.append(inst.variant)
