@@ -37,15 +37,11 @@ default, or 0: deterministic service as in the Proteus artefact's simulator).
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import os
 import platform
 import sys
 import time
 from collections import defaultdict
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
+from _common import PNG_SKIPPED, csv_rows_write, fmt, monotone_profiles, parallel_map, pyplot_load, ratio  # noqa: E402
 from apps.planning.engine.generate import proteus_sized_problem  # noqa: E402
 from apps.planning.engine.problem import Plan, Problem  # noqa: E402
 from apps.planning.engine.reference_data import shared_data_dir  # noqa: E402
@@ -79,21 +76,6 @@ CSV_FIELDS = (
 # --------------------------------------------------------------------------- inputs
 
 
-def monotone_profiles(problem: Problem) -> Problem:
-    """The problem with every (variant, device type, slice) latency curve made non-decreasing in the batch
-    size (running maximum over the profiled batches). The gpulets measurements are flat, and slightly
-    decreasing, at small batches (e.g. resnet101 on 100 %: 9.11 ms at batch 1, 8.79 ms at batch 2);
-    batching.py's policies assume a non-decreasing curve."""
-    groups: dict[tuple[str, str, str], list] = defaultdict(list)
-    for point in problem.profiles:
-        groups[(point.variant, point.device_type, point.slice)].append(point)
-    out = []
-    for points in groups.values():
-        highest = 0.0
-        for point in sorted(points, key=lambda p: p.batch):
-            highest = max(highest, point.latency_ms)
-            out.append(point if point.latency_ms >= highest else dataclasses.replace(point, latency_ms=highest))
-    return dataclasses.replace(problem, profiles=tuple(out))
 
 
 def non_monotone_curves(problem: Problem) -> tuple[int, int]:
@@ -155,14 +137,8 @@ def run_one(task: tuple[str, float, float, str, str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reporting
 
 
-def _f(value: Any, spec: str) -> str:
-    return "-" if value is None or value == "" else format(value, spec)
 
 
-def _ratio(a: float, b: float) -> float | None:
-    if b > 0:
-        return a / b
-    return None if a == 0 else float("inf")
 
 
 def _cmp(x: float | None) -> str:
@@ -193,7 +169,7 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
         if not (p and a and n):
             continue
         rp, ra, rn = p["slo_violation_ratio"], a["slo_violation_ratio"], n["slo_violation_ratio"]
-        xa, xn = _ratio(ra, rp), _ratio(rn, rp)
+        xa, xn = ratio(ra, rp), ratio(rn, rp)
         verdict = f"aimd: {_cmp(xa)}; nexus: {_cmp(xn)}"
         if key[3] == "uniform":
             verdict += " (paper: no claim)"
@@ -202,20 +178,16 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
         else:
             verdict += " -> does not match"
         q = p["queries"] or 1
-        out(f"{key[0]:<9} {key[1]:>5.2f} {key[2]:>5.2f} {key[3]:<8} {rp:>8.4f} {ra:>8.4f} {rn:>8.4f} {_f(xa, '.2f'):>7} {_f(xn, '.2f'):>7}"
+        out(f"{key[0]:<9} {key[1]:>5.2f} {key[2]:>5.2f} {key[3]:<8} {rp:>8.4f} {ra:>8.4f} {rn:>8.4f} {fmt(xa, '.2f'):>7} {fmt(xn, '.2f'):>7}"
             f"  {p['late'] / q:>10.4f} / {(p['queries'] - p['on_time'] - p['late']) / q:>9.4f}"
-            f"  {_f(p['mean_batch'], '.1f'):>4}/{_f(a['mean_batch'], '.1f')}/{_f(n['mean_batch'], '.1f'):<4}  {verdict}")
+            f"  {fmt(p['mean_batch'], '.1f'):>4}/{fmt(a['mean_batch'], '.1f')}/{fmt(n['mean_batch'], '.1f'):<4}  {verdict}")
     return lines
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"PNG skipped: matplotlib is not installed (the `bench` extra); {path.name} not written, the CSV has every number."
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
     panels = sorted({(r["profiles"], r["noise_sigma"]) for r in rows}, key=lambda k: (PROFILE_MODES.index(k[0]), -k[1]))
     loads = sorted({r["load"] for r in rows})
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.9 * len(panels)), squeeze=False)
@@ -315,26 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(mode, sigma, load, arrival, policy) for mode in PROFILE_MODES for sigma in NOISES for load in loads
              for arrival in ARRIVALS for policy in POLICIES]
     # Workers inherit CONTEXT by forking; where fork is not available, run in this process.
-    if args.jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            rows = list(pool.map(run_one, tasks))
-    else:
-        rows = [run_one(t) for t in tasks]
+    rows = parallel_map(run_one, tasks, args.jobs)
     proteus_ratio = {(r["profiles"], r["noise_sigma"], r["load"], r["arrival"]): r["slo_violation_ratio"] for r in rows if r["batching"] == "proteus"}
     for r in rows:
         p = proteus_ratio[(r["profiles"], r["noise_sigma"], r["load"], r["arrival"])]
-        r["baseline_over_proteus"] = "" if r["batching"] == "proteus" else _ratio(r["slo_violation_ratio"], p)
+        r["baseline_over_proteus"] = "" if r["batching"] == "proteus" else ratio(r["slo_violation_ratio"], p)
 
     for line in report(rows):
         print(line)
     print(NOTES)
     args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / "batching.csv"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
+    csv_path = csv_rows_write(args.out / "batching.csv", rows, CSV_FIELDS)
     print(f"wrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s")
     print(plot(rows, args.out / "batching.png"))
     return 0

@@ -64,8 +64,6 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,6 +73,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
+from _common import PNG_SKIPPED, csv_rows_write, fmt, monotone_profiles, parallel_map, pyplot_load  # noqa: E402
 from apps.planning.engine.capacity import capacity_for, cpu_slice  # noqa: E402
 from apps.planning.engine.generate import proteus_sized_problem  # noqa: E402
 from apps.planning.engine.mig import layout_parse, mig_catalogue_load  # noqa: E402
@@ -146,19 +145,6 @@ def mig_enabled(problem: Problem) -> Problem:
     return dataclasses.replace(problem, devices=devices, profiles=tuple(profiles))
 
 
-def monotone_profiles(problem: Problem) -> Problem:
-    """Every (variant, device type, slice) latency curve made non-decreasing in the batch size (running
-    maximum): the workaround for the Proteus-batching / drop-rule bug that benches/batching.py describes."""
-    groups: dict[tuple[str, str, str], list[ProfilePoint]] = defaultdict(list)
-    for point in problem.profiles:
-        groups[(point.variant, point.device_type, point.slice)].append(point)
-    out = []
-    for points in groups.values():
-        highest = 0.0
-        for point in sorted(points, key=lambda p: p.batch):
-            highest = max(highest, point.latency_ms)
-            out.append(point if point.latency_ms >= highest else dataclasses.replace(point, latency_ms=highest))
-    return dataclasses.replace(problem, profiles=tuple(out))
 
 
 def _device_best(problem: Problem, device, variants) -> float:
@@ -355,8 +341,6 @@ def run_one(row: Row) -> dict[str, Any]:
 # --------------------------------------------------------------------------- reporting
 
 
-def _f(value: Any, spec: str) -> str:
-    return "-" if value is None or value == "" or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
@@ -376,8 +360,8 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
             out(f"{r['row']:<32} {r['batching']:<9} ERROR {r['error']}")
             continue
         q = r["queries"] or 1
-        out(f"{r['row']:<32} {r['batching']:<9} {r['goodput_qps']:>11,.0f} {r['served_qps']:>10,.0f} {_f(r['effective_accuracy'], '.4f'):>8} "
-            f"{_f(r['max_accuracy_drop_10s'], '.4f'):>12} {r['slo_violation_ratio']:>7.4f} {r['late'] / q:>6.3f} {r['dropped_expired'] / q:>7.3f} "
+        out(f"{r['row']:<32} {r['batching']:<9} {r['goodput_qps']:>11,.0f} {r['served_qps']:>10,.0f} {fmt(r['effective_accuracy'], '.4f'):>8} "
+            f"{fmt(r['max_accuracy_drop_10s'], '.4f'):>12} {r['slo_violation_ratio']:>7.4f} {r['late'] / q:>6.3f} {r['dropped_expired'] / q:>7.3f} "
             f"{r['dropped_no_capacity'] / q:>7.3f} {r['replans']:>7} {r['instances_created']:>7} {r['planner_wall_s']:>6.1f}"
             + (f"  ({r['errors']} planner errors)" if r.get("errors") else ""))
     return lines
@@ -421,7 +405,7 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
                 continue
             x = b["slo_violation_ratio"] / nexus["slo_violation_ratio"] if nexus["slo_violation_ratio"] > 0 else math.inf
             out(f"    vs {name:<10} ({b['batching']}): violations {nexus['slo_violation_ratio']:.4f} vs {b['slo_violation_ratio']:.4f} "
-                f"(x{x:.2f}), effective accuracy {_f(nexus['effective_accuracy'], '.4f')} vs {_f(b['effective_accuracy'], '.4f')}, "
+                f"(x{x:.2f}), effective accuracy {fmt(nexus['effective_accuracy'], '.4f')} vs {fmt(b['effective_accuracy'], '.4f')}, "
                 f"goodput {nexus['goodput_qps']:,.0f} vs {b['goodput_qps']:,.0f}")
     if abl:
         out("  Ablations (each should be worse than proteus on violations or accuracy):")
@@ -429,18 +413,14 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
             worse_v = r["slo_violation_ratio"] > p["slo_violation_ratio"]
             worse_a = (r["effective_accuracy"] or 0) < (p["effective_accuracy"] or 0) - 1e-4
             out(f"    {name:<32} violations {r['slo_violation_ratio']:.4f} ({'worse' if worse_v else 'NOT worse'}), "
-                f"accuracy {_f(r['effective_accuracy'], '.4f')} ({'worse' if worse_a else 'not worse'})")
+                f"accuracy {fmt(r['effective_accuracy'], '.4f')} ({'worse' if worse_a else 'not worse'})")
     return lines
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"PNG skipped: matplotlib is not installed (the `bench` extra); {path.name} not written, the CSV has every number."
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
     main = [r for r in rows if r["group"].startswith("fig4/7: one") and not r.get("error")]
     fig, axes = plt.subplots(3, 2, figsize=(14, 9), gridspec_kw={"width_ratios": [3, 1.4]})
     if main:
@@ -511,12 +491,7 @@ def header(args: argparse.Namespace, problem: Problem, trace: Trace, capacity: f
 
 
 def write_csv(rows: list[dict[str, Any]], out: Path) -> Path:
-    path = out / "end_to_end.csv"
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items() if k in CSV_FIELDS})
+    path = csv_rows_write(out / "end_to_end.csv", rows, CSV_FIELDS)
     series = out / "end_to_end_series.csv"
     with series.open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -555,11 +530,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows_spec = rows_for(args.quick)
     # Workers inherit CONTEXT by forking; where fork is not available, run in this process.
-    if args.jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            rows = list(pool.map(run_one, rows_spec))
-    else:
-        rows = [run_one(r) for r in rows_spec]
+    rows = parallel_map(run_one, rows_spec, args.jobs)
     for line in report(rows) + shape(rows):
         print(line)
     print(NOTES)

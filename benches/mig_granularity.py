@@ -35,14 +35,11 @@ Setup (all of it printed with the results):
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import os
 import platform
 import sys
 import time
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
+from _common import PNG_SKIPPED, csv_rows_write, fmt, parallel_map, pyplot_load  # noqa: E402
 from apps.planning.engine.generate import mig_fleet_problem  # noqa: E402
 from apps.planning.engine.mig import layout_parse  # noqa: E402
 from apps.planning.engine.problem import Problem  # noqa: E402
@@ -147,8 +145,6 @@ def run_one(task: tuple[float, int]) -> dict[str, Any]:
     return out
 
 
-def _f(value: Any, spec: str) -> str:
-    return "-" if value is None or value == "" else format(value, spec)
 
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
@@ -170,7 +166,7 @@ def report(rows: list[dict[str, Any]]) -> list[str]:
         demand = r["demand_rps"] or 1
         out(f"{r['load']:>5.2f} {r['demand_rps']:>10,.0f} {r['row']:<24} {100 * r['planned_served_rps'] / demand:>8.1f}% {r['goodput_qps']:>11,.0f} "
             f"{100 * r['goodput_qps'] / demand:>8.1f}% {r['slo_violation_ratio']:>7.4f} {r['late'] / q:>6.3f} "
-            f"{(r['dropped_expired'] + r['dropped_no_capacity']) / q:>7.3f} {_f(r['effective_accuracy'], '.4f'):>8} {r['instances']:>5} "
+            f"{(r['dropped_expired'] + r['dropped_no_capacity']) / q:>7.3f} {fmt(r['effective_accuracy'], '.4f'):>8} {r['instances']:>5} "
             f"{r['plan_s']:>6.2f}  {r['layouts']}")
     return lines
 
@@ -209,13 +205,9 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> str:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"PNG skipped: matplotlib is not installed (the `bench` extra); {path.name} not written, the CSV has every number."
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     names = [c[0] for c in CONFIGS]
     for name in names:
@@ -297,21 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     tasks = [(load, c) for load in loads for c in range(len(CONFIGS))]
     # Workers inherit CONTEXT by forking; where fork is not available, run in this process.
-    if args.jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            rows = list(pool.map(run_one, tasks))
-    else:
-        rows = [run_one(t) for t in tasks]
+    rows = parallel_map(run_one, tasks, args.jobs)
     for line in report(rows) + shape(rows):
         print(line)
     print(NOTES)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "mig_granularity.csv"
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
+    path = csv_rows_write(args.out / "mig_granularity.csv", rows, CSV_FIELDS)
     print(f"wrote {path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s")
     print(plot(rows, args.out / "mig_granularity.png"))
     return 0
