@@ -363,11 +363,12 @@ def sommelier_solve(problem: Problem, current: Plan | None = None) -> Plan:
         notes.append("sommelier: no current plan given; starting from clipper-ha's placement")
     else:
         by_id = {s.id: s for s in fixed_slots(problem)}
+        variant_names = {v.name for v in problem.variants}
         placed = []
         taken: set[str] = set()
         for inst in current.instances:
             slot = _slot_of(problem, by_id, inst, keep_cpu_cores=True)
-            if slot is None or inst.variant not in {v.name for v in problem.variants}:
+            if slot is None or inst.variant not in variant_names:
                 notes.append(f"sommelier: the current instance {inst.id} ({inst.variant}) is not on this fleet; dropped")
                 continue
             if slot.id in taken:
