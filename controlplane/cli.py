@@ -3,7 +3,6 @@ subcommands (mig, plan, simulate) run without Django."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import typer
@@ -576,7 +575,3 @@ def trace_show_cmd(path: Path = typer.Argument(..., help="Trace CSV: time_s,appl
     except ValueError as exc:  # TraceFormatError, including unreadable files
         raise _fail(str(exc)) from exc
     _trace_summary_echo(trace, path, "read")
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    sys.exit(app())

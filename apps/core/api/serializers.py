@@ -36,9 +36,3 @@ class TesseraModelSerializer(serializers.ModelSerializer):
                 attrs[field.name] = getattr(candidate, field.name)
         return attrs
 
-
-class NestedRefSerializer(serializers.Serializer):
-    """A compact reference to a related object: id and display name."""
-
-    id = serializers.IntegerField(read_only=True)
-    display = serializers.CharField(source="__str__", read_only=True)
