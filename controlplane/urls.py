@@ -12,6 +12,8 @@ api_v1 = [
     path("", include("apps.inventory.api.urls")),
     path("", include("apps.registry.api.urls")),
     path("", include("apps.policies.api.urls")),
+    path("", include("apps.deployments.api.urls")),
+    path("", include("apps.telemetry.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="api-docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="api-redoc"),

@@ -1,10 +1,12 @@
+import hashlib
+
 import factory
 from django.contrib.auth import get_user_model
 
 from apps.inventory.choices import AcceleratorKindChoices, HostBackendChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host
 from apps.policies.models import ReplanPolicy, SloPolicy
-from apps.registry.models import Application, ModelVariant, Pipeline, Profile
+from apps.registry.models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -80,6 +82,21 @@ class ApplicationFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"app-{n}")
 
 
+class ArtifactFactory(factory.django.DjangoModelFactory):
+    """An artifact row with a stored file, without the ONNX validation of an upload (for tests that only
+    need one to exist or to be downloadable)."""
+
+    class Meta:
+        model = Artifact
+
+    original_name = factory.Sequence(lambda n: f"model-{n}.onnx")
+    sha256 = factory.Sequence(lambda n: hashlib.sha256(f"artifact-{n}".encode()).hexdigest())
+    size_bytes = 16
+    ir_version = 8
+    opset = 17
+    file = factory.django.FileField(filename="model.onnx", data=b"not-really-onnx!")
+
+
 class ModelVariantFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = ModelVariant
@@ -117,3 +134,16 @@ class ReplanPolicyFactory(factory.django.DjangoModelFactory):
         model = ReplanPolicy
 
     name = factory.Sequence(lambda n: f"replan-{n}")
+
+
+class ProfilingRequestFactory(factory.django.DjangoModelFactory):
+    """A pending request to profile on cpu0 (give the host a CpuFactory accelerator where that matters)."""
+
+    class Meta:
+        model = ProfilingRequest
+
+    variant = factory.SubFactory(ModelVariantFactory, artifact=factory.SubFactory(ArtifactFactory))
+    host = factory.SubFactory(HostFactory)
+    device = "cpu0"
+    batch_sizes = [1, 2, 4]
+    cpu_threads = [1, 2]

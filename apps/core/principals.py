@@ -6,13 +6,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The only model permissions an agent holds. What it may see is further narrowed to its own host by
-# each model's `agent_scope` (see RestrictedQuerySet.restrict).
+# The only model permissions an agent holds, all of them to read. What it may see is further narrowed by
+# each model's `agent_scope` (see RestrictedQuerySet.restrict): its own host's records; every routing
+# table (its host's router serves every application); only the artifacts its host's latest desired state
+# or open profiling requests use. It writes nothing through these: its reports, metrics, router reports
+# and profiling progress and results go through agent-only actions that check for an agent themselves.
+# Variants, applications and profiles are not readable: the desired state and the profiling request carry
+# what the agent needs of them.
 AGENT_PERMISSIONS = frozenset(
     {
         "inventory.view_host",
         "inventory.view_accelerator",
         "inventory.view_gpuinstance",
+        "deployments.view_hostdesiredstate",
+        "deployments.view_routingtable",
+        "deployments.view_runtime",
+        "deployments.view_hostoperation",
+        "registry.view_profilingrequest",
+        "registry.view_artifact",
     }
 )
 

@@ -14,7 +14,7 @@ class HostAdmin(admin.ModelAdmin):
     list_display = ["name", "status", "backend", "address", "last_seen", "agent_token_prefix"]
     list_filter = ["status", "backend"]
     search_fields = ["name", "address", "description"]
-    readonly_fields = ["last_seen", "agent_version", "agent_token_prefix"]
+    readonly_fields = ["last_seen", "agent_version", "agent_token_prefix", "converged_version", "catalogue_disagreements"]
     inlines = [AcceleratorInline]
 
 

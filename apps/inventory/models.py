@@ -27,6 +27,14 @@ class Host(ChangeLoggedModel):
     agent_token_hash = models.CharField(max_length=64, blank=True, editable=False, db_index=True)
     agent_token_prefix = models.CharField(max_length=16, blank=True, editable=False)
     description = models.TextField(blank=True)
+    converged_version = models.PositiveIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="The desired-state version the agent last reported it has converged to; empty before the first",
+    )
+    catalogue_disagreements = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="Where the GPUs' MIG placements (as NVML reports them) differ from the catalogue, per the agent",
+    )
 
     audit_exclude_fields = ("agent_token_hash", "last_seen")
 

@@ -46,6 +46,11 @@ def host_agent_token_rotate(*, host: Host) -> str:
     return secret
 
 
+def host_visible_find(*, principal, pk) -> Host | None:
+    """The host with this id if the principal may see it (an agent: only its own host), else None."""
+    return Host.objects.restrict(principal, "view").filter(pk=pk).first()
+
+
 def host_by_agent_token(*, secret: str) -> Host | None:
     if not secret.startswith(AGENT_TOKEN_PREFIX):
         return None
@@ -87,10 +92,19 @@ def _instances_apply(accelerator: Accelerator, reported: list[dict[str, Any]]) -
 
 @transaction.atomic
 def host_actual_state_apply(*, host: Host, report: dict[str, Any]) -> Host:
-    """Make the inventory match what the host's agent reports: its backend, devices and MIG instances.
-    The report is all or nothing: an invalid part (an impossible MIG layout, say) changes nothing."""
+    """Make the inventory match what the host's agent reports: its backend, devices and MIG instances, the
+    desired-state version it has converged to and its catalogue disagreements. The report is all or
+    nothing: an invalid part (an impossible MIG layout, say) changes nothing. The data-plane parts of the
+    report (runtimes, operations) are applied by apps.deployments.services.host_report_apply, which calls
+    this in the same transaction. Accelerators' `placements` are not stored: the agent sums up what differs
+    from the catalogue in `catalogue_disagreements`."""
     host = Host.objects.select_for_update().get(pk=host.pk)
     host_values = {"backend": report["backend"]}
+    # Optional parts (older agents leave them out): a key that is absent leaves the stored value alone.
+    if "desired_version" in report:
+        host_values["converged_version"] = report["desired_version"]
+    if "catalogue_disagreements" in report:
+        host_values["catalogue_disagreements"] = list(report["catalogue_disagreements"])
     if host.status != HostStatusChoices.MAINTENANCE:
         host_values["status"] = HostStatusChoices.ONLINE
     _save_if_changed(host, host_values)

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Application, Artifact, ModelVariant, Pipeline, Profile
+from .models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 @admin.register(Pipeline)
@@ -45,3 +45,11 @@ class ProfileAdmin(admin.ModelAdmin):
     list_display = ["__str__", "latency_p50_ms", "latency_p99_ms", "throughput_rps", "source"]
     list_filter = ["source", "device_type", "slice"]
     search_fields = ["variant__name", "variant__application__name"]
+
+
+@admin.register(ProfilingRequest)
+class ProfilingRequestAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "status", "progress", "created_by", "created", "finished"]
+    list_filter = ["status", "host"]
+    search_fields = ["variant__name", "variant__application__name", "host__name"]
+    readonly_fields = ["status", "progress", "log", "error", "created_by", "started", "finished"]

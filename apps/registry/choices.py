@@ -18,3 +18,16 @@ class ProfileSourceChoices(models.TextChoices):
 
 CPU_DEVICE_TYPE = "cpu"
 FULL_SLICE = "full"
+
+
+class ProfilingStatusChoices(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+
+
+PROFILING_FINISHED = (ProfilingStatusChoices.SUCCEEDED, ProfilingStatusChoices.FAILED)
+PROFILING_BATCH_SIZES_DEFAULT = (1, 2, 4, 8, 16, 32, 64)
+PROFILING_CPU_THREADS_DEFAULT = (1, 2, 4)  # capped at the CPU's cores
+PROFILING_BATCH_SIZE_MAX = 4096

@@ -1,6 +1,6 @@
 import django_filters
 
-from .models import Application, Artifact, ModelVariant, Pipeline, Profile
+from .models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 class PipelineFilterSet(django_filters.FilterSet):
@@ -39,3 +39,11 @@ class ProfileFilterSet(django_filters.FilterSet):
     class Meta:
         model = Profile
         fields = ["variant", "device_type", "slice", "cpu_cores", "batch_size", "source"]
+
+
+class ProfilingRequestFilterSet(django_filters.FilterSet):
+    application = django_filters.NumberFilter(field_name="variant__application")
+
+    class Meta:
+        model = ProfilingRequest
+        fields = ["host", "variant", "device", "status"]

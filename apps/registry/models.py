@@ -2,16 +2,28 @@
 and ONNX artifacts, and measured or imported performance profiles."""
 from __future__ import annotations
 
+from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.core.models import ChangeLoggedModel
-from apps.inventory.models import name_validator
-from apps.planning.engine.mig import mig_catalogue_load
+from apps.inventory.choices import AcceleratorKindChoices
+from apps.inventory.models import Accelerator, Host, name_validator
+from apps.inventory.names import device_parse
+from apps.planning.engine.mig import mig_catalogue_load, mig_layout_validate, placement_parse
 
-from .choices import CPU_DEVICE_TYPE, FULL_SLICE, ProfileSourceChoices, TaskChoices
+from .choices import (
+    CPU_DEVICE_TYPE,
+    FULL_SLICE,
+    PROFILING_BATCH_SIZE_MAX,
+    PROFILING_BATCH_SIZES_DEFAULT,
+    PROFILING_CPU_THREADS_DEFAULT,
+    ProfileSourceChoices,
+    ProfilingStatusChoices,
+    TaskChoices,
+)
 
 
 def _tensor_specs_validate(value, field: str) -> None:
@@ -88,6 +100,24 @@ class Artifact(ChangeLoggedModel):
 
     def __str__(self) -> str:
         return f"{self.original_name} ({self.sha256[:12]})"
+
+    @staticmethod
+    def agent_scope(queryset, host):
+        """An agent reaches only the artifacts its host needs: those of the variants in its host's latest
+        desired state, and those of the variants its host has a pending or running profiling request for."""
+        wanted = set(
+            ProfilingRequest.objects.filter(host=host, status__in=[ProfilingStatusChoices.PENDING, ProfilingStatusChoices.RUNNING])
+            .exclude(variant__artifact=None)
+            .values_list("variant__artifact_id", flat=True)
+        )
+        # By name, not by import: deployments builds on the registry, not the other way round.
+        desired_state = apps.get_model("deployments", "HostDesiredState")
+        spec = desired_state.objects.filter(host=host).order_by("-version").values_list("spec", flat=True).first()
+        for runtime in (spec or {}).get("runtimes", []):
+            artifact = (runtime.get("variant") or {}).get("artifact")
+            if artifact:
+                wanted.add(artifact["id"])
+        return queryset.filter(pk__in=wanted)
 
 
 class ModelVariant(ChangeLoggedModel):
@@ -185,3 +215,116 @@ class Profile(ChangeLoggedModel):
             errors["latency_p99_ms"] = "p99 latency cannot be below p50."
         if errors:
             raise ValidationError(errors)
+
+
+def profiling_batch_sizes_default() -> list[int]:
+    return list(PROFILING_BATCH_SIZES_DEFAULT)
+
+
+def _whole_numbers_validate(value, field: str, lo: int, hi: int) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValidationError({field: "Expected a list of whole numbers."})
+    outside = [v for v in value if not lo <= v <= hi]
+    if outside:
+        raise ValidationError({field: f"{', '.join(map(str, outside))}: each must be between {lo} and {hi}."})
+    if len(set(value)) != len(value):
+        raise ValidationError({field: "A value is listed twice."})
+    return sorted(value)
+
+
+class ProfilingRequest(ChangeLoggedModel):
+    """Ask a host's agent to measure a variant on one of its devices (a GPU, a MIG placement on it, or a
+    CPU at several thread counts) at several batch sizes. The agent reports progress, then the points, which
+    become `measured` Profile rows."""
+
+    variant = models.ForeignKey(ModelVariant, on_delete=models.CASCADE, related_name="profiling_requests")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="profiling_requests")
+    device = models.CharField(max_length=20, help_text='The device to measure on: "gpu0", "cpu0"')
+    placement = models.CharField(max_length=40, blank=True, help_text='A MIG placement on the GPU ("3g.20gb@4"); blank for the whole GPU and for CPUs')
+    batch_sizes = models.JSONField(default=profiling_batch_sizes_default, blank=True)
+    cpu_threads = models.JSONField(default=list, blank=True, help_text="CPU only: thread counts to measure; default 1, 2, 4 up to the cores")
+    status = models.CharField(max_length=20, choices=ProfilingStatusChoices.choices, default=ProfilingStatusChoices.PENDING)
+    progress = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)], help_text="Percent done")
+    log = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, editable=False, related_name="+")
+    started = models.DateTimeField(null=True, blank=True, editable=False)
+    finished = models.DateTimeField(null=True, blank=True, editable=False)
+
+    audit_exclude_fields = ("log",)  # grows with every progress line; the request's status changes are the record
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        where = f"{self.device}/{self.placement}" if self.placement else self.device
+        host = self.host.name if self.host_id else "?"
+        variant = str(self.variant) if self.variant_id else "?"
+        return f"profile {variant} on {host}/{where}"
+
+    @property
+    def accelerator(self) -> Accelerator | None:
+        try:
+            kind, index = device_parse(self.device)
+        except ValueError:
+            return None
+        return Accelerator.objects.filter(host_id=self.host_id, kind=kind, index=index).first()
+
+    @property
+    def profile_device_type(self) -> str:
+        """The Profile.device_type the results are stored under: the catalogue name of the GPU (its NVML name
+        when the catalogue does not know it), or "cpu"."""
+        accelerator = self.accelerator
+        if accelerator is None or accelerator.kind == AcceleratorKindChoices.CPU:
+            return CPU_DEVICE_TYPE
+        spec = mig_catalogue_load().gpu_model_find(accelerator.model_name)
+        return spec.name if spec else accelerator.model_name
+
+    @property
+    def profile_slice(self) -> str:
+        """The Profile.slice of the results: the MIG profile, "full" for a whole GPU, empty on CPUs."""
+        if self.device.startswith(AcceleratorKindChoices.CPU):
+            return ""
+        return placement_parse(self.placement).profile if self.placement else FULL_SLICE
+
+    def clean(self) -> None:
+        if self.variant_id and self.variant.artifact_id is None:
+            raise ValidationError({"variant": f"{self.variant} has no artifact to profile."})
+        if not self.host_id:
+            return
+        try:
+            kind, index = device_parse(self.device)
+        except ValueError as exc:
+            raise ValidationError({"device": str(exc)}) from exc
+        accelerator = Accelerator.objects.filter(host_id=self.host_id, kind=kind, index=index).first()
+        if accelerator is None:
+            raise ValidationError({"device": f"{self.host.name} has no {self.device}."})
+        self.batch_sizes = _whole_numbers_validate(self.batch_sizes, "batch_sizes", 1, PROFILING_BATCH_SIZE_MAX)
+        if not self.batch_sizes:
+            raise ValidationError({"batch_sizes": "Give at least one batch size."})
+        if kind == AcceleratorKindChoices.CPU:
+            if self.placement:
+                raise ValidationError({"placement": "A CPU has no MIG placement."})
+            cores = accelerator.cpu_cores or 1
+            if not self.cpu_threads:
+                self.cpu_threads = [t for t in PROFILING_CPU_THREADS_DEFAULT if t <= cores]
+            self.cpu_threads = _whole_numbers_validate(self.cpu_threads, "cpu_threads", 1, cores)
+            return
+        if self.cpu_threads:
+            raise ValidationError({"cpu_threads": "Thread counts are for CPU devices only."})
+        if self.placement:
+            spec = accelerator.gpu_model
+            if not accelerator.mig_capable or spec is None:
+                raise ValidationError({"placement": f"{accelerator.model_name} is not MIG capable."})
+            try:
+                placement = placement_parse(self.placement)
+            except ValueError as exc:
+                raise ValidationError({"placement": str(exc)}) from exc
+            verdict = mig_layout_validate(spec, [placement])
+            if not verdict.valid:
+                raise ValidationError({"placement": verdict.reason})
+            self.placement = f"{spec.profile_find(placement.profile).name}@{placement.start}"
+
+    @staticmethod
+    def agent_scope(queryset, host):
+        return queryset.filter(host=host)

@@ -1,6 +1,7 @@
 """Roles are Django groups with model permissions:
 - viewer reads everything Tessera holds;
-- operator also changes the fleet, the registry and the policies;
+- operator also changes the fleet, the registry, the policies and the deployments (desired states,
+  routing tables);
 - admin also manages users, groups and every API token, and may read the audit log's actors' accounts.
 The groups are rebuilt after every migrate so a new model's permissions reach the roles."""
 from __future__ import annotations
@@ -10,8 +11,8 @@ from django.db.models import Q
 
 from .choices import RoleChoices
 
-TESSERA_APPS = ("core", "users", "inventory", "registry", "policies", "planning", "telemetry")
-OPERATOR_APPS = ("inventory", "registry", "policies", "planning", "telemetry")
+TESSERA_APPS = ("core", "users", "inventory", "registry", "policies", "planning", "deployments", "telemetry")
+OPERATOR_APPS = ("inventory", "registry", "policies", "planning", "deployments", "telemetry")
 ADMIN_EXTRA_APPS = ("auth", "users", "django_celery_beat")
 
 

@@ -30,6 +30,8 @@ INSTALLED_APPS = [
     "apps.inventory",
     "apps.registry",
     "apps.policies",
+    "apps.deployments",
+    "apps.telemetry",
 ]
 
 MIDDLEWARE = [

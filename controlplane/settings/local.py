@@ -12,9 +12,11 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise expects it, even before collectstatic
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tessera.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # WAL and a busy timeout let the in-process worker and the server write without "database is locked".
+    # WAL and a busy timeout let the in-process worker, the server and the demo's agents write without
+    # "database is locked"; IMMEDIATE transactions take the write lock up front, because SQLite fails a
+    # read transaction's upgrade to a write at once (no waiting) when another writer holds the lock.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", "transaction_mode": "IMMEDIATE"}
     )
 
 _redis_url = env.str("REDIS_URL", default="")

@@ -19,3 +19,9 @@ TESSERA_ARTIFACT_MAX_BYTES = env.int("TESSERA_ARTIFACT_MAX_BYTES", default=2 * 1
 
 TESSERA_TEST_REDIS_URL = env.str("REDIS_URL", default="")
 globals().update(EMBEDDED_SERVICES)
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    # A file, not SQLite's shared in-memory database: tests with a live server have several threads writing
+    # at once (agents reporting, the test itself), and only a file database waits on a busy lock (the
+    # timeout; local settings make transactions IMMEDIATE) instead of failing with "database table is locked".
+    DATABASES["default"]["TEST"] = {"NAME": str(Path(tempfile.mkdtemp(prefix="tessera-test-db-")) / "test.sqlite3")}  # noqa: F405

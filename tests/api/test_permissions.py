@@ -1,13 +1,41 @@
 """The permission matrix: anonymous, viewer, operator, admin and a host agent against every resource."""
 import pytest
 
+from apps.deployments.models import HostDesiredState, Runtime
+from apps.deployments.services import host_desired_state_set
 from apps.inventory.models import Host
-from tests.factories import ApplicationFactory, GpuFactory, HostFactory, ModelVariantFactory
+from tests.factories import (
+    ApplicationFactory,
+    ArtifactFactory,
+    CpuFactory,
+    GpuFactory,
+    HostFactory,
+    ModelVariantFactory,
+    ProfilingRequestFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
 # resource -> (list URL, payload builder for a valid create, the role that may create it)
 FLEET_AND_POLICIES = "operator"
+
+
+def _routing_table_payload():
+    variant = ModelVariantFactory()
+    return {"application": variant.application.pk, "routes": [{"instance": f"{HostFactory().name}/cpu0/0", "variant": variant.pk, "weight": 1}]}
+
+
+def _profiling_request_payload():
+    cpu = CpuFactory()
+    return {"variant": ModelVariantFactory(artifact=ArtifactFactory()).pk, "host": cpu.host.pk, "device": "cpu0"}
+
+
+# Read-only for every role: written by services and by the agents' reports, metrics and router reports.
+READ_ONLY = (
+    "/api/v1/artifacts/", "/api/v1/object-changes/", "/api/v1/gpu-models/", "/api/v1/tokens/", "/api/v1/desired-states/",
+    "/api/v1/runtimes/", "/api/v1/host-operations/", "/api/v1/runtime-samples/", "/api/v1/gpu-samples/",
+    "/api/v1/application-samples/",
+)
 
 
 def _payloads():
@@ -42,6 +70,8 @@ def _payloads():
             "/api/v1/slo-policies/", lambda: {"application": ApplicationFactory().pk, "latency_p99_ms": 30}, FLEET_AND_POLICIES
         ),
         "replan-policies": ("/api/v1/replan-policies/", lambda: {"name": "nightly", "interval_seconds": 600}, FLEET_AND_POLICIES),
+        "routing-tables": ("/api/v1/routing-tables/", _routing_table_payload, FLEET_AND_POLICIES),
+        "profiling-requests": ("/api/v1/profiling-requests/", _profiling_request_payload, FLEET_AND_POLICIES),
         "users": ("/api/v1/users/", lambda: {"username": "ci-bot", "role": "operator"}, "admin"),
     }
 
@@ -69,8 +99,18 @@ def test_user_roles_list_and_create(clients, principal, resource):
 
 @pytest.mark.parametrize("principal,expected", [("anonymous", 401), ("viewer", 200), ("operator", 200), ("admin", 200)])
 def test_read_only_resources(clients, principal, expected):
-    for url in ("/api/v1/artifacts/", "/api/v1/object-changes/", "/api/v1/gpu-models/", "/api/v1/tokens/"):
+    for url in READ_ONLY:
         assert clients[principal].get(url).status_code == expected, url
+
+
+@pytest.mark.parametrize("principal,expected", [("anonymous", 401), ("viewer", 403), ("operator", 201), ("admin", 201)])
+def test_desired_state_is_set_by_operators(clients, principal, expected):
+    host = HostFactory()
+    response = clients[principal].post(f"/api/v1/hosts/{host.pk}/desired-state/", {"runtimes": []}, format="json")
+    assert response.status_code == expected, response.content
+    assert HostDesiredState.objects.filter(host=host).exists() == (expected == 201)
+    if principal != "anonymous":
+        assert clients[principal].get(f"/api/v1/hosts/{host.pk}/desired-state/").status_code == (200 if expected == 201 else 404)
 
 
 @pytest.mark.parametrize("principal,update,delete", [("viewer", 403, 403), ("operator", 200, 204), ("admin", 200, 204)])
@@ -91,9 +131,29 @@ def test_agent_sees_only_its_own_host(agent_hosts):
     assert agent_a.get("/api/v1/accelerators/").json()["count"] == 0
 
 
+def test_agent_reads_its_own_hosts_data_plane(agent_hosts):
+    (host_a, host_b), (agent_a, _agent_b) = agent_hosts
+    for host in (host_a, host_b):
+        host_desired_state_set(host=host, spec={})
+        Runtime.objects.create(host=host, key="gpu0", state="ready")
+        ProfilingRequestFactory(host=host)
+    assert agent_a.get(f"/api/v1/hosts/{host_a.pk}/desired-state/").status_code == 200
+    assert agent_a.get(f"/api/v1/hosts/{host_b.pk}/desired-state/").status_code == 404
+    for url in ("/api/v1/desired-states/", "/api/v1/runtimes/", "/api/v1/profiling-requests/"):
+        listing = agent_a.get(url).json()
+        assert listing["count"] == 1, url
+    assert agent_a.get("/api/v1/host-operations/").status_code == 200
+    assert agent_a.get("/api/v1/routing-tables/").status_code == 200
+
+
 def test_agent_cannot_touch_anything_else(agent_hosts):
     (host_a, host_b), (agent_a, _agent_b) = agent_hosts
     assert agent_a.get("/api/v1/applications/").status_code == 403
+    for url in ("/api/v1/variants/", "/api/v1/profiles/", "/api/v1/runtime-samples/", "/api/v1/slo-policies/"):
+        assert agent_a.get(url).status_code == 403, url
+    assert agent_a.post(f"/api/v1/hosts/{host_a.pk}/desired-state/", {}, format="json").status_code == 403
+    assert agent_a.post("/api/v1/routing-tables/", {}, format="json").status_code == 403
+    assert agent_a.post("/api/v1/profiling-requests/", {}, format="json").status_code == 403
     assert agent_a.get("/api/v1/object-changes/").status_code == 403
     assert agent_a.get("/api/v1/users/").status_code == 403
     assert agent_a.post("/api/v1/hosts/", {"name": "sneaky"}, format="json").status_code == 403

@@ -1,4 +1,6 @@
-from rest_framework.permissions import DjangoModelPermissions
+from rest_framework.permissions import BasePermission, DjangoModelPermissions
+
+from ..principals import principal_is_agent
 
 
 class TesseraModelPermissions(DjangoModelPermissions):
@@ -14,3 +16,13 @@ class TesseraModelPermissions(DjangoModelPermissions):
         "PATCH": ["%(app_label)s.change_%(model_name)s"],
         "DELETE": ["%(app_label)s.delete_%(model_name)s"],
     }
+
+
+class IsAgent(BasePermission):
+    """Agent-only actions (reports, metrics, profiling progress): any host agent passes here; which host's
+    records it reaches is decided by the queryset restriction (its own host only, else 404)."""
+
+    message = "Only a host's agent may do this."
+
+    def has_permission(self, request, view):
+        return principal_is_agent(request.user)

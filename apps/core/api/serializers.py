@@ -36,3 +36,24 @@ class TesseraModelSerializer(serializers.ModelSerializer):
                 attrs[field.name] = getattr(candidate, field.name)
         return attrs
 
+
+
+class ChoiceTextField(serializers.CharField):
+    """A choice field documented as a string with its values listed, not as an OpenAPI enum. For fields
+    whose name another choice set already uses (`state`, `status`): drf-spectacular names enums after the
+    field, and two sets under one name would rename the existing enum component."""
+
+    def __init__(self, *, choices, **kwargs):
+        self.choice_values = [value for value, _ in choices] if choices and isinstance(choices[0], tuple) else list(choices)
+        listed = ", ".join(self.choice_values)
+        help_text = kwargs.pop("help_text", "")
+        kwargs["help_text"] = f"{help_text} One of: {listed}." if help_text else f"One of: {listed}."
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value not in self.choice_values:
+            self.fail("invalid_choice", input=value)
+        return value
+
+    default_error_messages = {"invalid_choice": '"{input}" is not a valid choice.'}

@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from apps.core.api.serializers import TesseraModelSerializer
+from apps.deployments.api.serializers import ReportedOperationSerializer, ReportedRuntimeSerializer
 
 from ..choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
 from ..models import Accelerator, GpuInstance, Host
@@ -15,10 +16,13 @@ class HostSerializer(TesseraModelSerializer):
         model = Host
         fields = [
             "id", "display", "name", "address", "labels", "status", "backend", "simulated", "last_seen",
-            "agent_version", "agent_token_set", "agent_token_prefix", "accelerator_count", "description",
+            "agent_version", "agent_token_set", "agent_token_prefix", "accelerator_count", "converged_version",
+            "catalogue_disagreements", "description", "created", "last_updated",
+        ]
+        read_only_fields = [
+            "last_seen", "agent_version", "agent_token_prefix", "converged_version", "catalogue_disagreements",
             "created", "last_updated",
         ]
-        read_only_fields = ["last_seen", "agent_version", "agent_token_prefix", "created", "last_updated"]
 
     def get_agent_token_set(self, obj) -> bool:
         return bool(obj.agent_token_hash)
@@ -75,6 +79,11 @@ class ReportedAcceleratorSerializer(serializers.Serializer):
     mig_enabled = serializers.BooleanField(default=False)
     cpu_cores = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     instances = ReportedGpuInstanceSerializer(many=True, required=False, default=list)
+    placements = serializers.DictField(
+        child=serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=7)), required=False,
+        help_text="NVML backend: the starts NVML reports for each MIG profile. Accepted, not stored: the agent "
+        "states what differs from the catalogue in catalogue_disagreements.",
+    )
 
     def validate_instances(self, value):
         starts = [i["start"] for i in value]
@@ -84,11 +93,28 @@ class ReportedAcceleratorSerializer(serializers.Serializer):
 
 
 class HostReportSerializer(serializers.Serializer):
-    """What an agent reports about its host: the devices it found and the MIG instances on them."""
+    """What an agent reports about its host: the devices it found and the MIG instances on them, and (the
+    data plane, all optional: a part left out leaves what is stored alone) the desired-state version it has
+    converged to, its runtimes (they replace the stored ones), its operations since its previous report and
+    where NVML disagrees with the MIG catalogue."""
 
     backend = serializers.ChoiceField(choices=HostBackendChoices.choices)
     agent_version = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
     accelerators = ReportedAcceleratorSerializer(many=True)
+    desired_version = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True, help_text="The desired-state version the host has converged to"
+    )
+    runtimes = ReportedRuntimeSerializer(many=True, required=False, max_length=1024)
+    operations = ReportedOperationSerializer(many=True, required=False, max_length=1000)
+    catalogue_disagreements = serializers.ListField(
+        child=serializers.CharField(max_length=500), required=False, max_length=200
+    )
+
+    def validate_runtimes(self, value):
+        keys = [r["key"] for r in value]
+        if len(keys) != len(set(keys)):
+            raise serializers.ValidationError("Two runtimes reported with the same key.")
+        return value
 
     def validate_accelerators(self, value):
         keys = [(a["kind"], a["index"]) for a in value]

@@ -5,12 +5,13 @@ from rest_framework.response import Response
 
 from apps.core.api.viewsets import TesseraModelViewSet
 from apps.core.principals import principal_is_agent
+from apps.deployments.services import host_report_apply
 from apps.planning.engine.mig import mig_catalogue_load
 from apps.users.roles import RoleChoices, user_role
 
 from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet
 from ..models import Accelerator, GpuInstance, Host
-from ..services import host_actual_state_apply, host_agent_token_rotate
+from ..services import host_agent_token_rotate
 from .serializers import (
     AcceleratorSerializer,
     AgentTokenSerializer,
@@ -51,11 +52,12 @@ class HostViewSet(TesseraModelViewSet):
     @extend_schema(request=HostReportSerializer, responses={200: HostSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsOwnHostAgent])
     def report(self, request, pk=None):
-        """Agent only: report the host's actual devices and MIG instances. All or nothing."""
+        """Agent only: report the host's actual devices and MIG instances, its runtimes and operations. All or
+        nothing."""
         host = self.get_object()
         report = HostReportSerializer(data=request.data)
         report.is_valid(raise_exception=True)
-        host = host_actual_state_apply(host=host, report=report.validated_data)
+        host = host_report_apply(host=host, report=report.validated_data)
         return Response(HostSerializer(host, context=self.get_serializer_context()).data)
 
     @extend_schema(request=None, responses={201: AgentTokenSerializer})

@@ -1,8 +1,10 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.core.api.serializers import TesseraModelSerializer
+from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 
-from ..models import Application, Artifact, ModelVariant, Pipeline, Profile
+from ..choices import ProfilingStatusChoices
+from ..models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 class PipelineSerializer(TesseraModelSerializer):
@@ -62,3 +64,72 @@ class ProfileSerializer(TesseraModelSerializer):
             "latency_p99_ms", "throughput_rps", "memory_mb", "source", "source_detail", "measured_at",
             "created", "last_updated",
         ]
+
+
+class ProfilingArtifactSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    download = serializers.CharField(help_text="API path of the file")
+
+
+class ProfilingRequestSerializer(TesseraModelSerializer):
+    """A profiling request, with what the host's agent needs to run it: the variant's name, application and
+    artifact, and the device_type and slice its results are to be reported under."""
+
+    application = serializers.CharField(source="variant.application.name", read_only=True)
+    variant_name = serializers.CharField(source="variant.name", read_only=True)
+    artifact = serializers.SerializerMethodField()
+    device_type = serializers.CharField(source="profile_device_type", read_only=True, help_text='Profile.device_type of the results')
+    slice = serializers.CharField(source="profile_slice", read_only=True, help_text='Profile.slice of the results ("" on CPUs)')
+    status = ChoiceTextField(choices=ProfilingStatusChoices.choices, read_only=True)
+
+    class Meta:
+        model = ProfilingRequest
+        fields = [
+            "id", "display", "variant", "variant_name", "application", "artifact", "host", "device", "placement",
+            "device_type", "slice", "batch_sizes", "cpu_threads", "status", "progress", "log", "error", "created_by",
+            "started", "finished", "created", "last_updated",
+        ]
+        read_only_fields = ["status", "progress", "log", "error", "created_by", "started", "finished", "created", "last_updated"]
+
+    @extend_schema_field(ProfilingArtifactSerializer(allow_null=True))
+    def get_artifact(self, obj) -> dict | None:
+        artifact = obj.variant.artifact
+        if artifact is None:
+            return None
+        return {
+            "id": artifact.pk, "sha256": artifact.sha256, "size_bytes": artifact.size_bytes,
+            "download": f"/api/v1/artifacts/{artifact.pk}/download/",
+        }
+
+
+class ProfilingProgressSerializer(serializers.Serializer):
+    status = ChoiceTextField(
+        choices=[ProfilingStatusChoices.RUNNING.value, ProfilingStatusChoices.FAILED.value], required=False,
+        help_text="running (the default once anything is reported) or failed (finishes the request).",
+    )
+    progress = serializers.IntegerField(min_value=0, max_value=100, required=False, help_text="Percent done")
+    log = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False, help_text="A line to append to the log")
+    error = serializers.CharField(required=False, allow_blank=True, default="", help_text="Why it failed")
+
+
+class ProfilingPointSerializer(serializers.Serializer):
+    device_type = serializers.CharField(max_length=100, help_text='As the request\'s device_type, e.g. "A100-SXM4-40GB" or "cpu"')
+    slice = serializers.CharField(max_length=30, required=False, allow_blank=True, default="", help_text='As the request\'s slice')
+    cpu_cores = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None, help_text="CPU: the thread count measured")
+    batch_size = serializers.IntegerField(min_value=1)
+    latency_p50_ms = serializers.FloatField(min_value=0.0001)
+    latency_p99_ms = serializers.FloatField(min_value=0.0001)
+    throughput_rps = serializers.FloatField(min_value=0.0, required=False, allow_null=True, default=None, help_text="batch / p50 latency if omitted")
+    memory_mb = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+
+
+class ProfilingResultsSerializer(serializers.Serializer):
+    points = ProfilingPointSerializer(many=True, max_length=10_000)
+    log = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False, help_text="A line to append to the log")
+
+
+class ProfilingResultsResponseSerializer(serializers.Serializer):
+    profiling_request = ProfilingRequestSerializer()
+    profiles = ProfileSerializer(many=True)

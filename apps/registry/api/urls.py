@@ -1,6 +1,13 @@
 from rest_framework.routers import SimpleRouter
 
-from .views import ApplicationViewSet, ArtifactViewSet, ModelVariantViewSet, PipelineViewSet, ProfileViewSet
+from .views import (
+    ApplicationViewSet,
+    ArtifactViewSet,
+    ModelVariantViewSet,
+    PipelineViewSet,
+    ProfileViewSet,
+    ProfilingRequestViewSet,
+)
 
 router = SimpleRouter()
 router.register("pipelines", PipelineViewSet, basename="pipeline")
@@ -8,4 +15,5 @@ router.register("applications", ApplicationViewSet, basename="application")
 router.register("artifacts", ArtifactViewSet, basename="artifact")
 router.register("variants", ModelVariantViewSet, basename="modelvariant")
 router.register("profiles", ProfileViewSet, basename="profile")
+router.register("profiling-requests", ProfilingRequestViewSet, basename="profilingrequest")
 urlpatterns = router.urls

@@ -1,0 +1,107 @@
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, generics, parsers, status
+from rest_framework.response import Response
+
+from apps.core.api.viewsets import RestrictedQuerysetMixin, TesseraModelViewSet, TesseraReadOnlyModelViewSet
+from apps.inventory.models import Host
+from apps.inventory.services import host_visible_find
+
+from ..filtersets import HostDesiredStateFilterSet, HostOperationFilterSet, RoutingTableFilterSet, RuntimeFilterSet
+from ..models import HostDesiredState, HostOperation, RoutingTable, Runtime
+from ..services import host_desired_state_set, routing_table_publish
+from .serializers import (
+    DesiredStateDocumentSerializer,
+    DesiredStateRequestSerializer,
+    HostDesiredStateSerializer,
+    HostOperationSerializer,
+    RoutingTablePublishSerializer,
+    RoutingTableSerializer,
+    RuntimeSerializer,
+)
+
+
+def host_visible_get(request, pk) -> Host:
+    """The host as the caller may see it (an agent: its own host only), else 404."""
+    host = host_visible_find(principal=request.user, pk=pk)
+    if host is None:
+        raise exceptions.NotFound("No such host.")
+    return host
+
+
+class HostDesiredStateView(RestrictedQuerysetMixin, generics.GenericAPIView):
+    """A host's desired state: GET the latest version (the host's own agent, viewers and up; 404 when none
+    was ever set); POST a new version (operators and up), validated against the host's inventory."""
+
+    queryset = HostDesiredState.objects.select_related("host")
+    serializer_class = DesiredStateDocumentSerializer
+    parser_classes = [parsers.JSONParser]
+    pagination_class = None
+    filter_backends = []
+
+    @extend_schema(
+        operation_id="hosts_desired_state_retrieve",
+        responses={200: DesiredStateDocumentSerializer, 404: OpenApiResponse(description="No such host, or no desired state yet")},
+    )
+    def get(self, request, pk):
+        host = host_visible_get(request, pk)
+        state = self.get_queryset().filter(host=host).order_by("-version").first()
+        if state is None:
+            raise exceptions.NotFound(f"No desired state was ever set for {host.name}.")
+        return Response(state.spec)
+
+    @extend_schema(
+        operation_id="hosts_desired_state_create",
+        request=DesiredStateRequestSerializer,
+        responses={201: DesiredStateDocumentSerializer},
+    )
+    def post(self, request, pk):
+        host = host_visible_get(request, pk)
+        state = host_desired_state_set(host=host, spec=request.data, actor=request.user)
+        return Response(state.spec, status=status.HTTP_201_CREATED)
+
+
+class HostDesiredStateViewSet(TesseraReadOnlyModelViewSet):
+    """Every stored version of every host's desired state (read-only; set them through
+    /hosts/{id}/desired-state/)."""
+
+    queryset = HostDesiredState.objects.select_related("host")
+    serializer_class = HostDesiredStateSerializer
+    filterset_class = HostDesiredStateFilterSet
+    ordering_fields = ["version", "created"]
+
+
+class RoutingTableViewSet(TesseraModelViewSet):
+    """Routing tables, one active version per application. POST publishes a new version and makes it the
+    active one in the same transaction. Agents read every table (their routers serve every application)."""
+
+    queryset = RoutingTable.objects.select_related("application__slo_policy").prefetch_related("application__variants")
+    serializer_class = RoutingTableSerializer
+    filterset_class = RoutingTableFilterSet
+    ordering_fields = ["version", "created"]
+    http_method_names = ["get", "post", "head", "options"]
+
+    @extend_schema(request=RoutingTablePublishSerializer, responses={201: RoutingTableSerializer})
+    def create(self, request, *args, **kwargs):
+        publish = RoutingTablePublishSerializer(data=request.data)
+        publish.is_valid(raise_exception=True)
+        routes = [dict(route) for route in publish.validated_data["routes"]]
+        table = routing_table_publish(application=publish.validated_data["application"], routes=routes, actor=request.user)
+        return Response(self.get_serializer(table).data, status=status.HTTP_201_CREATED)
+
+
+class RuntimeViewSet(TesseraReadOnlyModelViewSet):
+    """Runtimes as their agents last reported them (replaced by every report)."""
+
+    queryset = Runtime.objects.select_related("host", "application", "variant")
+    serializer_class = RuntimeSerializer
+    filterset_class = RuntimeFilterSet
+    ordering_fields = ["key", "last_updated"]
+
+
+class HostOperationViewSet(TesseraReadOnlyModelViewSet):
+    """What the agents did (MIG changes, runtime starts and stops), appended from their reports."""
+
+    queryset = HostOperation.objects.select_related("host")
+    serializer_class = HostOperationSerializer
+    filterset_class = HostOperationFilterSet
+    ordering_fields = ["at", "id"]

@@ -1,0 +1,637 @@
+"""Deployment services: a host's desired state (validated against its inventory, then filled in for the
+agent), routing tables (published atomically, several applications at once if need be), and the
+data-plane half of an agent's report (its runtimes and operations).
+
+The documents are those of docs/dataplane.md. Every service is all or nothing: bad input raises
+ValidationError with a message naming the offending item, and nothing is stored."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from apps.inventory.choices import AcceleratorKindChoices
+from apps.inventory.models import Accelerator, Host
+from apps.inventory.services import host_actual_state_apply
+from apps.planning.engine.batching import BATCHING_POLICIES, DROP_RULES, QUEUE_ORDERS, batching_policy_make
+from apps.planning.engine.mig import GpuModelSpec, Placement, layout_parse, mig_layout_validate, placement_parse
+from apps.planning.engine.routing import RoutingError
+from apps.planning.engine.routing import RoutingTable as EngineRoutingTable
+from apps.policies.choices import DropRuleChoices
+from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE
+from apps.registry.models import Application, ModelVariant, Profile
+
+from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
+from apps.inventory.names import RuntimeKey, instance_id_parse, runtime_key_parse
+
+ARTIFACT_DOWNLOAD_PATH = "/api/v1/artifacts/{id}/download/"
+DEFAULT_QUEUE_ORDER = "fifo"
+DEFAULT_DROP_RULE = DropRuleChoices.DEADLINE.value
+
+SPEC_KEYS = frozenset({"host", "version", "gpus", "runtimes"})  # host and version are the server's, ignored
+GPU_KEYS = frozenset({"index", "mig_enabled", "layout"})
+RUNTIME_KEYS = frozenset({"key", "device", "placement", "cpu_threads", "application", "variant", "max_batch", "batching", "profile"})
+BATCHING_KEYS = frozenset({"policy", "params", "drop_rule", "queue_order", "slo_ms"})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _user_or_none(actor: Any):
+    """Only a real user is recorded as `created_by` (agents and the system are not users)."""
+    return actor if getattr(actor, "pk", None) is not None and getattr(actor, "is_authenticated", False) else None
+
+
+class _Errors:
+    """Collects messages per field so one response names every problem, then raises them together."""
+
+    def __init__(self) -> None:
+        self.by_field: dict[str, list[str]] = defaultdict(list)
+
+    def add(self, field: str, message: str) -> None:
+        self.by_field[field].append(message)
+
+    def __bool__(self) -> bool:
+        return bool(self.by_field)
+
+    def raise_if_any(self) -> None:
+        if self.by_field:
+            raise ValidationError(dict(self.by_field))
+
+
+# --------------------------------------------------------------------------- desired state
+
+
+@dataclass
+class _GpuGeometry:
+    accelerator: Accelerator
+    mig_enabled: bool
+    layout: tuple[str, ...]  # canonical "profile@start", sorted by start
+
+
+def _gpu_spec(accelerator: Accelerator) -> GpuModelSpec | None:
+    return accelerator.gpu_model
+
+
+def _canonical_placement(spec: GpuModelSpec, placement: Placement) -> str:
+    profile = spec.profile_find(placement.profile)
+    return str(Placement(profile.name if profile else placement.profile, placement.start))
+
+
+def _gpus_validate(gpus: dict[int, Accelerator], raw: Any, errors: _Errors) -> tuple[list[dict], dict[int, _GpuGeometry]]:
+    """The GPUs this version sets, checked and canonicalised, and every GPU's geometry as it will be (a GPU
+    not listed keeps its current geometry)."""
+    geometry = {
+        index: _GpuGeometry(
+            accelerator,
+            accelerator.mig_enabled,
+            tuple(f"{gi.profile}@{gi.placement_start}" for gi in sorted(accelerator.gpu_instances.all(), key=lambda g: g.placement_start)),
+        )
+        for index, accelerator in gpus.items()
+    }
+    if raw is None:
+        return [], geometry
+    if not isinstance(raw, list):
+        errors.add("gpus", "Expected a list of {index, mig_enabled, layout}.")
+        return [], geometry
+    known = ", ".join(f"gpu{i}" for i in sorted(gpus)) or "none"
+    listed: list[dict] = []
+    seen: set[int] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            errors.add("gpus", f"gpus[{i}]: expected an object {{index, mig_enabled, layout}}.")
+            continue
+        unknown = sorted(set(item) - GPU_KEYS)
+        index = item.get("index")
+        if not _is_int(index) or index < 0:
+            errors.add("gpus", f"gpus[{i}]: 'index' must be a GPU index (an integer >= 0).")
+            continue
+        where = f"gpus[{i}] (gpu{index})"
+        if unknown:
+            errors.add("gpus", f"{where}: unknown keys {', '.join(unknown)}.")
+            continue
+        if index in seen:
+            errors.add("gpus", f"{where}: listed twice.")
+            continue
+        seen.add(index)
+        accelerator = gpus.get(index)
+        if accelerator is None:
+            errors.add("gpus", f"{where}: the host has no such GPU (its GPUs: {known}).")
+            continue
+        mig_enabled = item.get("mig_enabled")
+        layout = item.get("layout", [])
+        if not isinstance(mig_enabled, bool):
+            errors.add("gpus", f"{where}: 'mig_enabled' must be true or false.")
+            continue
+        if not isinstance(layout, list) or not all(isinstance(p, str) for p in layout):
+            errors.add("gpus", f"{where}: 'layout' must be a list of placements such as '3g.20gb@4'.")
+            continue
+        canonical: tuple[str, ...] = ()
+        if mig_enabled:
+            spec = _gpu_spec(accelerator)
+            if not accelerator.mig_capable or spec is None:
+                errors.add("gpus", f"{where}: {accelerator.model_name} is not MIG capable; set mig_enabled false.")
+                continue
+            try:
+                placements = layout_parse(layout)
+            except ValueError as exc:
+                errors.add("gpus", f"{where}: {exc}")
+                continue
+            verdict = mig_layout_validate(spec, placements)
+            if not verdict.valid:
+                errors.add("gpus", f"{where}: invalid MIG layout for {spec.name}: {verdict.reason}")
+                continue
+            canonical = tuple(_canonical_placement(spec, p) for p in placements)
+        elif layout:
+            errors.add("gpus", f"{where}: a MIG layout needs mig_enabled true.")
+            continue
+        geometry[index] = _GpuGeometry(accelerator, mig_enabled, canonical)
+        listed.append({"index": index, "mig_enabled": mig_enabled, "layout": list(canonical)})
+    listed.sort(key=lambda g: g["index"])
+    return listed, geometry
+
+
+def _artifact_document(variant: ModelVariant) -> dict | None:
+    artifact = variant.artifact
+    if artifact is None:
+        return None
+    return {
+        "id": artifact.pk,
+        "sha256": artifact.sha256,
+        "size_bytes": artifact.size_bytes,
+        "download": ARTIFACT_DOWNLOAD_PATH.format(id=artifact.pk),
+    }
+
+
+def _gpu_device_types(accelerator: Accelerator) -> list[str]:
+    """The spellings a GPU's profiles may be stored under: the catalogue name (what Profile normalises to),
+    else the NVML name with and without its vendor prefix."""
+    names = []
+    spec = _gpu_spec(accelerator)
+    if spec is not None:
+        names.append(spec.name)
+    names += [accelerator.model_name, accelerator.model_name.removeprefix("NVIDIA ").strip()]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def _profile_points(rows: Iterable[Profile]) -> list[dict]:
+    # latency_ms is the p50 batch latency: the figure the planner's problems use as a profile's latency.
+    return [{"batch": p.batch_size, "latency_ms": p.latency_p50_ms} for p in sorted(rows, key=lambda p: p.batch_size)]
+
+
+def _profile_lookup(variant: ModelVariant, accelerator: Accelerator, placement: str | None, cpu_threads: int | None) -> tuple[list[dict], str]:
+    """The variant's profile on this slice from the registry, and a description of the slice for errors.
+    CPU: the profile at cpu_cores == cpu_threads, else at the nearest profiled core count (the smaller on a
+    tie: slower, so the batching policy errs on the safe side)."""
+    if accelerator.kind == AcceleratorKindChoices.CPU:
+        rows = list(Profile.objects.filter(variant=variant, device_type=CPU_DEVICE_TYPE))
+        cores = sorted({p.cpu_cores for p in rows if p.cpu_cores})
+        if not cores:
+            return [], f"cpu ({cpu_threads} cores)"
+        best = min(cores, key=lambda c: (abs(c - cpu_threads), c))
+        return _profile_points(p for p in rows if p.cpu_cores == best), f"cpu ({cpu_threads} cores)"
+    slice_name = placement_parse(placement).profile if placement else FULL_SLICE
+    device_types = _gpu_device_types(accelerator)
+    rows = list(Profile.objects.filter(variant=variant, device_type__in=device_types, slice=slice_name))
+    for device_type in device_types:  # one spelling only, the catalogue's first
+        chosen = [p for p in rows if p.device_type == device_type]
+        if chosen:
+            return _profile_points(chosen), f"{device_type}/{slice_name}"
+    return [], f"{device_types[0]}/{slice_name}"
+
+
+def _profile_validate(raw: Any) -> tuple[list[dict] | None, str | None]:
+    if not isinstance(raw, list) or not raw:
+        return None, "'profile' must be a non-empty list of {batch, latency_ms}."
+    points, batches = [], set()
+    for j, point in enumerate(raw):
+        if not isinstance(point, dict) or set(point) - {"batch", "latency_ms"}:
+            return None, f"profile[{j}] must be an object {{batch, latency_ms}}."
+        batch, latency = point.get("batch"), point.get("latency_ms")
+        if not _is_int(batch) or batch < 1:
+            return None, f"profile[{j}]: 'batch' must be an integer >= 1."
+        if not _is_number(latency) or latency <= 0:
+            return None, f"profile[{j}]: 'latency_ms' must be a finite number > 0."
+        if batch in batches:
+            return None, f"profile[{j}]: batch {batch} is listed twice."
+        batches.add(batch)
+        points.append({"batch": batch, "latency_ms": float(latency)})
+    return sorted(points, key=lambda p: p["batch"]), None
+
+
+def _batching_validate(raw: Any, application: Application) -> tuple[dict | None, str | None]:
+    if not isinstance(raw, dict):
+        return None, "'batching' must be an object {policy, params, drop_rule, queue_order, slo_ms}."
+    unknown = sorted(set(raw) - BATCHING_KEYS)
+    if unknown:
+        return None, f"batching: unknown keys {', '.join(unknown)}."
+    try:
+        slo = application.slo_policy
+    except ObjectDoesNotExist:
+        slo = None
+    policy = raw.get("policy")
+    if policy not in BATCHING_POLICIES:
+        return None, f"batching.policy {policy!r} is not one of {', '.join(BATCHING_POLICIES)}."
+    params = raw.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return None, "batching.params must be an object."
+    try:
+        batching_policy_make(policy, **params)
+    except (ValueError, TypeError) as exc:
+        return None, f"batching.params: {exc}"
+    drop_rule = raw.get("drop_rule") or (slo.drop_rule if slo else DEFAULT_DROP_RULE)
+    if drop_rule not in DROP_RULES:
+        return None, f"batching.drop_rule {drop_rule!r} is not one of {', '.join(DROP_RULES)}."
+    queue_order = raw.get("queue_order") or DEFAULT_QUEUE_ORDER
+    if queue_order not in QUEUE_ORDERS:
+        return None, f"batching.queue_order {queue_order!r} is not one of {', '.join(QUEUE_ORDERS)}."
+    slo_ms = raw.get("slo_ms")
+    if slo_ms is None:
+        if slo is None:
+            return None, f"batching.slo_ms is needed: {application.name} has no SLO policy to take it from."
+        slo_ms = slo.latency_p99_ms
+    if not _is_number(slo_ms) or slo_ms <= 0:
+        return None, "batching.slo_ms must be a finite number of milliseconds > 0."
+    return {"policy": policy, "params": params, "drop_rule": drop_rule, "queue_order": queue_order, "slo_ms": float(slo_ms)}, None
+
+
+def _variant_id(raw: Any) -> int | None:
+    """A variant is sent as its id; a filled-in {"id": …, …} (a document read back) is accepted too."""
+    if isinstance(raw, dict):
+        raw = raw.get("id")
+    return raw if _is_int(raw) else None
+
+
+class _RuntimeChecker:
+    def __init__(self, host: Host, geometry: dict[int, _GpuGeometry], cpus: dict[int, Accelerator], raw: list, errors: _Errors):
+        self.host, self.geometry, self.cpus, self.errors = host, geometry, cpus, errors
+        names = {item.get("application") for item in raw if isinstance(item, dict) and isinstance(item.get("application"), str)}
+        ids = {v for item in raw if isinstance(item, dict) and (v := _variant_id(item.get("variant"))) is not None}
+        self.applications = {a.name: a for a in Application.objects.filter(name__in=names).select_related("slo_policy")}
+        self.variants = {v.pk: v for v in ModelVariant.objects.filter(pk__in=ids).select_related("application", "artifact")}
+        self.keys: set[str] = set()
+        self.cpu_threads: dict[int, int] = defaultdict(int)
+
+    def fail(self, where: str, message: str) -> None:
+        self.errors.add("runtimes", f"{where}: {message}")
+
+    def _placement(self, where: str, rk: RuntimeKey, item: dict, accelerator: Accelerator) -> tuple[bool, str | None]:
+        placement = item.get("placement", rk.placement)
+        if rk.placement is None:
+            if placement is not None:
+                self.fail(where, "'placement' is only for MIG instances (null for a whole GPU and for CPU runtimes).")
+                return False, None
+            return True, None
+        if placement is None or not isinstance(placement, str):
+            self.fail(where, f"'placement' must be {rk.placement!r}, the placement in the key.")
+            return False, None
+        spec = _gpu_spec(accelerator)
+        try:
+            parsed = placement_parse(placement)
+        except ValueError as exc:
+            self.fail(where, str(exc))
+            return False, None
+        canonical = _canonical_placement(spec, parsed) if spec else str(parsed)
+        if canonical != rk.placement:
+            self.fail(where, f"the key and the placement disagree: for placement {placement!r} write the key as {rk.device}/{canonical}.")
+            return False, None
+        return True, canonical
+
+    def check(self, i: int, item: Any) -> dict | None:
+        if not isinstance(item, dict):
+            self.fail(f"runtimes[{i}]", "expected an object.")
+            return None
+        try:
+            rk = runtime_key_parse(item.get("key"))
+        except ValueError as exc:
+            self.fail(f"runtimes[{i}]", f"key: {exc}")
+            return None
+        where = f"runtimes[{i}] ({rk.key})"
+        unknown = sorted(set(item) - RUNTIME_KEYS)
+        if unknown:
+            self.fail(where, f"unknown keys {', '.join(unknown)}.")
+            return None
+        if rk.key in self.keys:
+            self.fail(where, "the key is used twice.")
+            return None
+        self.keys.add(rk.key)
+        device = item.get("device", rk.device)
+        if device != rk.device:
+            self.fail(where, f"'device' must be {rk.device!r}, the device in the key.")
+            return None
+        # The device, as it will be.
+        cpu_threads = item.get("cpu_threads")
+        if rk.kind == AcceleratorKindChoices.GPU:
+            geometry = self.geometry.get(rk.index)
+            if geometry is None:
+                self.fail(where, f"the host has no {rk.device} (its GPUs: {', '.join(f'gpu{g}' for g in sorted(self.geometry)) or 'none'}).")
+                return None
+            accelerator = geometry.accelerator
+            if cpu_threads is not None:
+                self.fail(where, "'cpu_threads' is only for CPU runtimes.")
+                return None
+            ok, placement = self._placement(where, rk, item, accelerator)
+            if not ok:
+                return None
+            if placement is None and geometry.mig_enabled:
+                self.fail(where, f"a whole-GPU runtime needs MIG disabled on {rk.device}, and this version has it enabled.")
+                return None
+            if placement is not None:
+                if not geometry.mig_enabled:
+                    self.fail(where, f"MIG is disabled on {rk.device} in this version; a MIG instance cannot run there.")
+                    return None
+                if placement not in geometry.layout:
+                    layout = ", ".join(geometry.layout) or "empty"
+                    self.fail(where, f"{placement} is not in {rk.device}'s MIG layout ({layout}).")
+                    return None
+        else:
+            accelerator = self.cpus.get(rk.index)
+            if accelerator is None:
+                self.fail(where, f"the host has no {rk.device} (its CPUs: {', '.join(f'cpu{c}' for c in sorted(self.cpus)) or 'none'}).")
+                return None
+            placement = None
+            if item.get("placement") is not None:
+                self.fail(where, "'placement' is only for MIG instances (null for CPU runtimes).")
+                return None
+            if not _is_int(cpu_threads) or cpu_threads < 1:
+                self.fail(where, "'cpu_threads' must be an integer >= 1 on a CPU runtime.")
+                return None
+            self.cpu_threads[rk.index] += cpu_threads
+        # What it serves.
+        application = self.applications.get(item.get("application"))
+        if application is None:
+            self.fail(where, f"no application named {item.get('application')!r}.")
+            return None
+        variant_id = _variant_id(item.get("variant"))
+        variant = self.variants.get(variant_id) if variant_id is not None else None
+        if variant is None:
+            self.fail(where, f"'variant' must be the id of a model variant; {item.get('variant')!r} is not one.")
+            return None
+        if variant.application_id != application.pk:
+            self.fail(where, f"variant {variant.pk} ({variant.name}) belongs to {variant.application.name}, not {application.name}.")
+            return None
+        if variant.artifact_id is None:
+            if rk.kind == AcceleratorKindChoices.CPU:
+                self.fail(where, f"variant {variant.name} has no artifact; CPU runtimes compute for real and need one.")
+                return None
+            if not self.host.simulated:
+                self.fail(where, f"variant {variant.name} has no artifact; only a simulated host can run a variant without one.")
+                return None
+        max_batch = item.get("max_batch")
+        if not _is_int(max_batch) or max_batch < 1:
+            self.fail(where, "'max_batch' must be an integer >= 1.")
+            return None
+        batching, problem = _batching_validate(item.get("batching"), application)
+        if problem:
+            self.fail(where, problem)
+            return None
+        if item.get("profile") is not None:
+            profile, problem = _profile_validate(item["profile"])
+            if problem:
+                self.fail(where, problem)
+                return None
+        else:
+            profile, slice_text = _profile_lookup(variant, accelerator, placement, cpu_threads)
+            if not profile:
+                self.fail(where, f"no profile of {variant} on {slice_text}; profile it first or give 'profile'.")
+                return None
+        return {
+            "key": rk.key,
+            "device": rk.device,
+            "placement": placement,
+            "cpu_threads": cpu_threads if rk.kind == AcceleratorKindChoices.CPU else None,
+            "application": application.name,
+            "variant": {"id": variant.pk, "name": variant.name, "artifact": _artifact_document(variant)},
+            "max_batch": max_batch,
+            "batching": batching,
+            "profile": profile,
+        }
+
+    def check_cpu_threads(self) -> None:
+        for index, threads in sorted(self.cpu_threads.items()):
+            cores = self.cpus[index].cpu_cores or 0
+            if threads > cores:
+                self.errors.add("runtimes", f"cpu{index}: the CPU runtimes ask for {threads} threads in all; it has {cores} cores.")
+
+
+def host_desired_state_validate(*, host: Host, spec: Any) -> dict:
+    """Check a desired-state document against the host's inventory and return it filled in (without host
+    and version): canonical MIG placements, variants with their artifacts, batching defaults from the
+    application's SLO policy, profiles from the registry where not given. Raises ValidationError."""
+    errors = _Errors()
+    if not isinstance(spec, dict):
+        raise ValidationError({"non_field_errors": "Expected an object {gpus, runtimes}."})
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise ValidationError({"non_field_errors": f"Unknown keys {', '.join(unknown)} (expected gpus and runtimes)."})
+    accelerators = list(host.accelerators.prefetch_related("gpu_instances"))
+    gpus = {a.index: a for a in accelerators if a.kind == AcceleratorKindChoices.GPU}
+    cpus = {a.index: a for a in accelerators if a.kind == AcceleratorKindChoices.CPU}
+    listed, geometry = _gpus_validate(gpus, spec.get("gpus"), errors)
+    raw_runtimes = spec.get("runtimes", [])
+    runtimes: list[dict] = []
+    if raw_runtimes is None:
+        raw_runtimes = []
+    if not isinstance(raw_runtimes, list):
+        errors.add("runtimes", "Expected a list of runtimes.")
+    elif not errors:  # runtimes are checked against the geometry, which must be valid first
+        checker = _RuntimeChecker(host, geometry, cpus, raw_runtimes, errors)
+        for i, item in enumerate(raw_runtimes):
+            document = checker.check(i, item)
+            if document is not None:
+                runtimes.append(document)
+        checker.check_cpu_threads()
+    errors.raise_if_any()
+    runtimes.sort(key=lambda r: r["key"])
+    return {"gpus": listed, "runtimes": runtimes}
+
+
+@transaction.atomic
+def host_desired_state_set(*, host: Host, spec: dict, actor: Any = None) -> HostDesiredState:
+    """Store a new version of the host's desired state (the previous version + 1) after validating it
+    against the host's inventory (see host_desired_state_validate). Nothing is stored when it is invalid."""
+    host = Host.objects.select_for_update().get(pk=host.pk)  # one version number at a time per host
+    document = host_desired_state_validate(host=host, spec=spec)
+    latest = host.desired_states.aggregate(latest=Max("version"))["latest"] or 0
+    version = latest + 1
+    return HostDesiredState.objects.create(
+        host=host, version=version, spec={"host": host.name, "version": version, **document}, created_by=_user_or_none(actor)
+    )
+
+
+def host_desired_state_latest(*, host: Host) -> HostDesiredState | None:
+    return HostDesiredState.objects.filter(host=host).order_by("-version").first()
+
+
+# --------------------------------------------------------------------------- routing tables
+
+
+def _routes_validate(*, application: Application, routes: Any) -> list[dict]:
+    """[{instance, variant, weight}] -> the same with weights normalised to sum to 1. An empty list is a
+    valid table: the application has no capacity (its router answers no_route)."""
+    if not isinstance(routes, list):
+        raise ValidationError({"routes": "Expected a list of {instance, variant, weight}."})
+    errors = _Errors()
+    parsed: list[tuple[str, str, int, float]] = []
+    for i, route in enumerate(routes):
+        if not isinstance(route, dict) or set(route) - {"instance", "variant", "weight"}:
+            errors.add("routes", f"routes[{i}]: expected an object {{instance, variant, weight}}.")
+            continue
+        try:
+            host_name, _ = instance_id_parse(route.get("instance"))
+        except ValueError as exc:
+            errors.add("routes", f"routes[{i}]: {exc}.")
+            continue
+        variant_id, weight = _variant_id(route.get("variant")), route.get("weight")
+        if variant_id is None:
+            errors.add("routes", f"routes[{i}] ({route['instance']}): 'variant' must be a model variant's id.")
+            continue
+        if not _is_number(weight) or weight < 0:
+            errors.add("routes", f"routes[{i}] ({route['instance']}): 'weight' must be a finite number >= 0.")
+            continue
+        parsed.append((route["instance"], host_name, variant_id, float(weight)))
+    errors.raise_if_any()
+    hosts = set(Host.objects.filter(name__in={p[1] for p in parsed}).values_list("name", flat=True))
+    variants = {v.pk: v for v in ModelVariant.objects.filter(pk__in={p[2] for p in parsed}).select_related("application")}
+    for i, (instance, host_name, variant_id, _) in enumerate(parsed):
+        if host_name not in hosts:
+            errors.add("routes", f"routes[{i}] ({instance}): no host named {host_name!r}.")
+        variant = variants.get(variant_id)
+        if variant is None:
+            errors.add("routes", f"routes[{i}] ({instance}): no model variant {variant_id}.")
+        elif variant.application_id != application.pk:
+            errors.add("routes", f"routes[{i}] ({instance}): variant {variant_id} ({variant.name}) belongs to {variant.application.name}, not {application.name}.")
+    errors.raise_if_any()
+    try:
+        table = EngineRoutingTable(application.name, 0, tuple((instance, weight) for instance, _, _, weight in parsed))
+    except RoutingError as exc:
+        raise ValidationError({"routes": str(exc)}) from exc
+    weights = dict(table.entries)
+    return [{"instance": instance, "variant": variant_id, "weight": weights[instance]} for instance, _, variant_id, _ in parsed]
+
+
+def _routing_table_activate(*, application: Application, routes: list[dict], actor: Any) -> RoutingTable:
+    application = Application.objects.select_for_update().get(pk=application.pk)
+    tables = RoutingTable.objects.filter(application=application)
+    latest = tables.aggregate(latest=Max("version"))["latest"] or 0
+    # Deactivate first: at most one active table per application is a database constraint.
+    for previous in tables.filter(active=True):
+        previous.active = False
+        previous.save(update_fields=["active", "last_updated"])
+    return RoutingTable.objects.create(
+        application=application, version=latest + 1, active=True, routes=routes, created_by=_user_or_none(actor)
+    )
+
+
+@transaction.atomic
+def routing_tables_publish(*, tables: Mapping[Application, Any], actor: Any = None) -> dict[Application, RoutingTable]:
+    """Publish a new version of several applications' routing tables and make them the active ones, all in
+    one transaction: routers see either every old table or every new one. Every table is validated before
+    anything is written; an invalid one refuses them all."""
+    validated: dict[Application, list[dict]] = {}
+    messages: list[str] = []
+    for application, routes in tables.items():
+        try:
+            validated[application] = _routes_validate(application=application, routes=routes)
+        except ValidationError as exc:
+            messages += [f"{application.name}: {m}" for m in exc.messages]
+    if messages:
+        raise ValidationError({"routes": messages})
+    # A fixed order (by id) so two publishers lock applications in the same order.
+    return {
+        application: _routing_table_activate(application=application, routes=validated[application], actor=actor)
+        for application in sorted(validated, key=lambda a: a.pk)
+    }
+
+
+@transaction.atomic
+def routing_table_publish(*, application: Application, routes: Any, actor: Any = None) -> RoutingTable:
+    """Publish a new version (previous max + 1) of an application's routing table and make it the active
+    one in the same transaction. `routes` is [{instance: "<host>/<runtime key>", variant: id, weight}]."""
+    validated = _routes_validate(application=application, routes=routes)
+    return _routing_table_activate(application=application, routes=validated, actor=actor)
+
+
+# --------------------------------------------------------------------------- the agent's report
+
+
+def _runtimes_replace(*, host: Host, reported: list[dict]) -> None:
+    """Make the host's Runtime rows exactly the reported ones. An unknown application name or variant id is
+    kept as null (the runtime still exists and is still reported)."""
+    names = {r.get("application") for r in reported if r.get("application")}
+    ids = {r["variant"] for r in reported if r.get("variant") is not None}
+    applications = {a.name: a for a in Application.objects.filter(name__in=names)}
+    variants = {v.pk: v for v in ModelVariant.objects.filter(pk__in=ids)}
+    existing = {r.key: r for r in Runtime.objects.filter(host=host)}
+    wanted = {r["key"] for r in reported}
+    Runtime.objects.filter(host=host).exclude(key__in=wanted).delete()
+    fields = ("application", "variant", "state", "endpoint", "simulated", "error")
+    new, unchanged = [], []
+    for item in reported:
+        variant = variants.get(item.get("variant"))
+        application = applications.get(item.get("application")) or (variant.application if variant else None)
+        values = {
+            "application": application,
+            "variant": variant,
+            "state": item["state"],
+            "endpoint": item.get("endpoint", ""),
+            "simulated": item.get("simulated", False),
+            "error": item.get("error", ""),
+        }
+        runtime = existing.get(item["key"])
+        if runtime is None:
+            new.append(Runtime(host=host, key=item["key"], **values))
+        elif any(getattr(runtime, f) != values[f] for f in fields):
+            for name, value in values.items():
+                setattr(runtime, name, value)
+            runtime.save()
+        else:
+            unchanged.append(runtime.pk)
+    Runtime.objects.bulk_create(new)
+    # last_updated says when the agent last reported the runtime, changed or not.
+    Runtime.objects.filter(pk__in=unchanged).update(last_updated=timezone.now())
+
+
+def _operations_append(*, host: Host, reported: list[dict]) -> None:
+    """Append the agent's operations, skipping any already stored (a report resent after a lost reply)."""
+    if not reported:
+        return
+    fields = ("at", "action", "target", "outcome", "detail")
+    stored = set(
+        HostOperation.objects.filter(host=host, at__in={r["at"] for r in reported}).values_list(*fields)
+    )
+    new, seen = [], set()
+    for item in reported:
+        row = tuple(item.get(f, "") for f in fields)
+        if row in stored or row in seen:
+            continue
+        seen.add(row)
+        new.append(HostOperation(host=host, **dict(zip(fields, row))))
+    HostOperation.objects.bulk_create(new)
+
+
+@transaction.atomic
+def host_report_apply(*, host: Host, report: dict[str, Any]) -> Host:
+    """Apply an agent's whole report, all or nothing: the inventory part (devices, MIG instances, converged
+    version, catalogue disagreements: host_actual_state_apply), then its runtimes (which replace the stored
+    ones) and its operations (appended). A part left out of the report leaves what is stored alone."""
+    host = host_actual_state_apply(host=host, report=report)
+    if "runtimes" in report:
+        _runtimes_replace(host=host, reported=report["runtimes"])
+    if "operations" in report:
+        _operations_append(host=host, reported=report["operations"])
+    return host
+

@@ -1,0 +1,127 @@
+from rest_framework import serializers
+
+from ..models import ApplicationSample, GpuSample, RuntimeSample
+
+# --------------------------------------------------------------------------- what agents and routers send
+# Plain serializers (no model validation): ingest runs about a thousand times a second.
+
+
+class _Percent(serializers.FloatField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0.0, max_value=100.0, required=False, allow_null=True, default=None, **kwargs)
+
+
+class _Count(serializers.IntegerField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0, max_value=2**31 - 1, default=0, **kwargs)
+
+
+class _LatencyMs(serializers.FloatField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0.0, required=False, allow_null=True, default=None, **kwargs)
+
+
+class MetricsGpuInstanceSerializer(serializers.Serializer):
+    placement = serializers.CharField(max_length=40, help_text='MIG placement, e.g. "3g.20gb@4"')
+    utilization_pct = _Percent()
+    gr_engine_active_pct = _Percent()
+    memory_used_mb = _Count()
+
+
+class MetricsGpuSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, max_value=1023)
+    uuid = serializers.CharField(max_length=80, required=False, allow_blank=True, allow_null=True)
+    utilization_pct = _Percent()
+    gr_engine_active_pct = _Percent()
+    memory_used_mb = _Count()
+    power_w = serializers.FloatField(min_value=0.0, required=False, allow_null=True, default=None)
+    simulated = serializers.BooleanField(default=False)
+    instances = MetricsGpuInstanceSerializer(many=True, required=False, default=list, max_length=64)
+
+
+class MetricsRuntimeSerializer(serializers.Serializer):
+    key = serializers.CharField(max_length=100)
+    application = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    variant = serializers.CharField(max_length=100, required=False, allow_blank=True, default="", help_text="The variant's name")
+    arrivals = _Count()
+    served = _Count()
+    late = _Count()
+    dropped = _Count()
+    queue_length = _Count()
+    batches = _Count()
+    batch_size_mean = serializers.FloatField(min_value=0.0, default=0.0, allow_null=True, help_text="null when no batch ran")
+    latency_p50_ms = _LatencyMs()
+    latency_p99_ms = _LatencyMs()
+
+
+class MetricsReportSerializer(serializers.Serializer):
+    """An agent's metrics for one interval (also its heartbeat)."""
+
+    at = serializers.DateTimeField(help_text="End of the interval")
+    interval_s = serializers.FloatField(min_value=0.001, max_value=3600.0, default=1.0)
+    gpus = MetricsGpuSerializer(many=True, required=False, default=list, max_length=256)
+    runtimes = MetricsRuntimeSerializer(many=True, required=False, default=list, max_length=1024)
+
+
+class MetricsIngestedSerializer(serializers.Serializer):
+    runtime_samples = serializers.IntegerField()
+    gpu_samples = serializers.IntegerField()
+
+
+class RouterApplicationReportSerializer(serializers.Serializer):
+    application = serializers.CharField(max_length=100)
+    routing_version = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+    arrivals = _Count()
+    served = _Count()
+    late = _Count()
+    dropped = _Count()
+    no_route = _Count()
+    latency_p50_ms = _LatencyMs()
+    latency_p99_ms = _LatencyMs()
+
+
+class RouterReportSerializer(serializers.Serializer):
+    """A router's per-application counts for one interval."""
+
+    router = serializers.CharField(max_length=100, help_text="The router's name (e.g. its host's)")
+    at = serializers.DateTimeField(help_text="End of the interval")
+    interval_s = serializers.FloatField(min_value=0.001, max_value=3600.0, default=1.0)
+    applications = RouterApplicationReportSerializer(many=True, max_length=1024)
+
+
+class RouterReportIngestedSerializer(serializers.Serializer):
+    application_samples = serializers.IntegerField()
+
+
+# --------------------------------------------------------------------------- what the API lists
+
+
+class RuntimeSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RuntimeSample
+        fields = [
+            "id", "host", "runtime_key", "application", "application_name", "variant_name", "at", "interval_s",
+            "arrivals", "served", "late", "dropped", "queue_length", "batches", "batch_size_mean",
+            "latency_p50_ms", "latency_p99_ms",
+        ]
+        read_only_fields = fields
+
+
+class GpuSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuSample
+        fields = [
+            "id", "host", "accelerator_index", "placement", "at", "utilization_pct", "gr_engine_active_pct",
+            "memory_used_mb", "power_w", "simulated",
+        ]
+        read_only_fields = fields
+
+
+class ApplicationSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApplicationSample
+        fields = [
+            "id", "host", "router", "application", "application_name", "routing_version", "at", "interval_s",
+            "arrivals", "served", "late", "dropped", "no_route", "latency_p50_ms", "latency_p99_ms",
+        ]
+        read_only_fields = fields

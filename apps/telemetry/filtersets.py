@@ -1,0 +1,26 @@
+import django_filters
+
+from .models import ApplicationSample, GpuSample, RuntimeSample
+
+
+class _SampleFilterSet(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Samples at or after (ISO 8601)")
+    until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", help_text="Samples before (ISO 8601)")
+
+
+class RuntimeSampleFilterSet(_SampleFilterSet):
+    class Meta:
+        model = RuntimeSample
+        fields = ["host", "application", "application_name", "runtime_key", "variant_name"]
+
+
+class GpuSampleFilterSet(_SampleFilterSet):
+    class Meta:
+        model = GpuSample
+        fields = ["host", "accelerator_index", "placement", "simulated"]
+
+
+class ApplicationSampleFilterSet(_SampleFilterSet):
+    class Meta:
+        model = ApplicationSample
+        fields = ["host", "application", "application_name", "router"]

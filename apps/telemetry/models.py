@@ -1,0 +1,103 @@
+"""Time series the data plane reports every second: per runtime (from the agents' metrics), per GPU and
+MIG instance (ditto), and per application as each router sees it. Samples are measurements, not
+configuration: they are bulk-inserted without model validation or change logging, read-only everywhere,
+and pruned by age (telemetry_prune)."""
+from __future__ import annotations
+
+from django.db import models
+
+from apps.core.querysets import RestrictedQuerySet
+from apps.inventory.models import Host
+from apps.registry.models import Application
+
+
+class IntervalCounts(models.Model):
+    """What happened to queries over one reporting interval, ending at `at`."""
+
+    at = models.DateTimeField(help_text="End of the interval")
+    interval_s = models.FloatField()
+    arrivals = models.PositiveIntegerField(default=0)
+    served = models.PositiveIntegerField(default=0, help_text="Answered, on time or late")
+    late = models.PositiveIntegerField(default=0)
+    dropped = models.PositiveIntegerField(default=0)
+    latency_p50_ms = models.FloatField(null=True, blank=True)
+    latency_p99_ms = models.FloatField(null=True, blank=True)
+
+    objects = RestrictedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+        ordering = ["-at", "-id"]
+
+
+class RuntimeSample(IntervalCounts):
+    """One runtime's counts over one interval. `application_name` is what the agent reported; the foreign
+    key is set when an application of that name exists."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="runtime_samples")
+    runtime_key = models.CharField(max_length=100)
+    application = models.ForeignKey(Application, null=True, blank=True, on_delete=models.SET_NULL, related_name="runtime_samples")
+    application_name = models.CharField(max_length=100, blank=True)
+    variant_name = models.CharField(max_length=100, blank=True)
+    queue_length = models.PositiveIntegerField(default=0)
+    batches = models.PositiveIntegerField(default=0)
+    batch_size_mean = models.FloatField(default=0.0)
+
+    class Meta(IntervalCounts.Meta):
+        indexes = [
+            models.Index(fields=["host", "at"], name="runtimesample_host_at"),
+            models.Index(fields=["application", "at"], name="runtimesample_application_at"),
+            models.Index(fields=["at"], name="runtimesample_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.runtime_key} @ {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class GpuSample(models.Model):
+    """One GPU (placement blank) or one MIG instance on it (placement "3g.20gb@4") at one moment."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpu_samples")
+    accelerator_index = models.PositiveSmallIntegerField()
+    placement = models.CharField(max_length=40, blank=True, help_text="MIG placement; blank for the whole GPU")
+    at = models.DateTimeField()
+    utilization_pct = models.FloatField(null=True, blank=True)
+    gr_engine_active_pct = models.FloatField(null=True, blank=True)
+    memory_used_mb = models.PositiveIntegerField(default=0)
+    power_w = models.FloatField(null=True, blank=True)
+    simulated = models.BooleanField(default=False)
+
+    objects = RestrictedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["host", "at"], name="gpusample_host_at"),
+            models.Index(fields=["at"], name="gpusample_at"),
+        ]
+
+    def __str__(self) -> str:
+        where = f"gpu{self.accelerator_index}" + (f"/{self.placement}" if self.placement else "")
+        return f"{where} @ {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class ApplicationSample(IntervalCounts):
+    """One application's traffic over one interval as one router saw it (`router` names the router; `host`
+    is the host whose agent token it used)."""
+
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="application_samples")
+    router = models.CharField(max_length=100)
+    application = models.ForeignKey(Application, null=True, blank=True, on_delete=models.SET_NULL, related_name="application_samples")
+    application_name = models.CharField(max_length=100)
+    routing_version = models.PositiveIntegerField(null=True, blank=True)
+    no_route = models.PositiveIntegerField(default=0)
+
+    class Meta(IntervalCounts.Meta):
+        indexes = [
+            models.Index(fields=["application", "at"], name="applicationsample_app_at"),
+            models.Index(fields=["host", "at"], name="applicationsample_host_at"),
+            models.Index(fields=["at"], name="applicationsample_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.application_name} via {self.router} @ {self.at:%Y-%m-%d %H:%M:%S}"
