@@ -33,14 +33,16 @@ def demo(
     host: str = typer.Option("127.0.0.1", help="Address to serve on"),
     port: int = typer.Option(8000, help="Port to serve on"),
     serve: bool = typer.Option(True, help="Run the control plane after seeding"),
+    dataplane: bool = typer.Option(True, help="Also run the demo's simulated agents and a router (port 8100)"),
+    router_port: int = typer.Option(8100, help="Port of the demo's router"),
     admin_password: str = typer.Option(None, envvar="TESSERA_ADMIN_PASSWORD", help="Admin password (random if unset)"),
 ) -> None:
-    """Migrate, seed the demo fleet and run the control plane on embedded defaults."""
+    """Migrate, seed the demo fleet, run the control plane on embedded defaults with simulated agents and a router."""
     _django_setup()
     from django.conf import settings
     from django.core.management import call_command
 
-    from controlplane.demo import demo_seed
+    from controlplane.demo import demo_dataplane_start, demo_dataplane_stop, demo_seed
 
     call_command("migrate", interactive=False, verbosity=0)
     result = demo_seed(admin_password=admin_password)
@@ -50,8 +52,30 @@ def demo(
     typer.echo(f"Control plane: http://{host}:{port}/   admin: http://{host}:{port}/admin/   API: http://{host}:{port}/api/v1/docs/")
     for user, password in result.logins.items():
         typer.echo(f"  login {user:<9} password {password}")
-    if serve:
+    if not serve:
+        return
+    running = None
+    if dataplane:
+        state_root = Path(settings.VAR_DIR) / "demo-dataplane"
+        running = demo_dataplane_start(control_plane=f"http://{host}:{port}", state_root=state_root, router_port=router_port)
+        typer.echo(f"Data plane: 4 simulated agents and a router at {running.router_url} (logs in {state_root / 'logs'})")
+        typer.echo(f"  try: curl -s {running.router_url}/v1/infer/tabular-cpu -H 'Content-Type: application/json' "
+                   "-d '{\"inputs\": [{\"name\": \"input\", \"shape\": [1, 8], \"datatype\": \"FP32\", "
+                   "\"data\": [0.5, -1.2, 0.3, 2.0, -0.7, 0.1, 1.5, -0.4]}]}'")
+    import signal
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt  # SIGTERM stops the demo as Ctrl-C does: agents drain and stop their runtimes
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
         call_command("runserver", f"{host}:{port}", use_reloader=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if running is not None:
+            typer.echo("Stopping the demo's agents (they stop their runtimes) and router...")
+            demo_dataplane_stop(running)
 
 
 @app.command()
@@ -118,6 +142,78 @@ def agent_token(host: str = typer.Argument(..., help="Host name")) -> None:
         raise typer.Exit(2)
     with change_context(source="command"):
         typer.echo(host_agent_token_rotate(host=target))
+
+
+# --------------------------------------------------------------------------- data plane commands
+# These run on the serving hosts and never set Django up: they reach the control plane over its REST API.
+
+
+def _logging_setup(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def agent(
+    control_plane: str = typer.Option(None, envvar="TESSERA_CONTROL_PLANE", help="Control plane URL, e.g. http://cp:8000"),
+    token: str = typer.Option(None, envvar="TESSERA_AGENT_TOKEN", help="The host's agent token (tsa_...)"),
+    backend: str = typer.Option("nvml", help="Device backend: nvml (real GPUs) or simulated"),
+    simulate: str = typer.Option("", help='Simulated GPUs, e.g. "2xA100-SXM4-40GB,1xH100-SXM5-80GB" (with --backend simulated; none: a CPU-only host)'),
+    state_dir: Path = typer.Option(Path("var/agent"), help="Where runtime records, cached artifacts and logs live"),
+    desired_file: Path = typer.Option(None, help="Follow this desired-state file instead of the control plane"),
+    bind: str = typer.Option("127.0.0.1", help="Address the runtimes listen on"),
+    advertise: str = typer.Option(None, help="Address routers reach the runtimes at (default: the bind address)"),
+    metrics_port: int = typer.Option(0, help="Serve Prometheus /metrics on this port (0: off)"),
+    once: bool = typer.Option(False, help="One pass (register, reconcile, report), then exit; runtimes keep running"),
+    stop_runtimes_on_exit: bool = typer.Option(False, help="Drain and stop the runtimes when the agent exits"),
+    loglevel: str = typer.Option("INFO"),
+) -> None:
+    """Run the worker agent: register the host, apply its desired state (MIG and runtimes), report, heartbeat."""
+    import signal
+
+    from workers.agent.main import agent_build, crash_failpoint_from_env
+
+    _logging_setup(loglevel)
+    if desired_file is None and not (control_plane and token):
+        raise _fail("give --control-plane and --token (or --desired-file to run without a control plane)")
+    try:
+        the_agent = agent_build(
+            control_plane=control_plane, token=token, backend=backend, simulate=simulate, state_dir=state_dir,
+            desired_file=desired_file, bind=bind, advertise=advertise, metrics_port=metrics_port,
+            on_operation=crash_failpoint_from_env(),
+        )
+    except ValueError as exc:
+        raise _fail(str(exc))
+
+    def shutdown(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, shutdown)
+    try:
+        the_agent.run(once=once)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        the_agent.stop(stop_runtimes=stop_runtimes_on_exit)
+
+
+@app.command()
+def router(
+    control_plane: str = typer.Option(..., envvar="TESSERA_CONTROL_PLANE", help="Control plane URL"),
+    token: str = typer.Option(..., envvar="TESSERA_AGENT_TOKEN", help="Agent token of the host the router runs on"),
+    listen: str = typer.Option("127.0.0.1:8100", help="host:port to serve POST /v1/infer/{application} on"),
+    name: str = typer.Option(None, help="Name in router reports (default: the host's name)"),
+    loglevel: str = typer.Option("INFO"),
+) -> None:
+    """Run the router: the inference endpoint, following the control plane's routing tables."""
+    from workers.router.main import router_main
+
+    _logging_setup(loglevel)
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise _fail(f"--listen must be host:port, not {listen!r}")
+    router_main(control_plane=control_plane, token=token, host=host, port=int(port), name=name)
 
 
 # --------------------------------------------------------------------------- engine commands
@@ -575,3 +671,7 @@ def trace_show_cmd(path: Path = typer.Argument(..., help="Trace CSV: time_s,appl
     except ValueError as exc:  # TraceFormatError, including unreadable files
         raise _fail(str(exc)) from exc
     _trace_summary_echo(trace, path, "read")
+
+
+if __name__ == "__main__":
+    app()

@@ -220,7 +220,144 @@ def demo_seed(*, admin_password: str | None = None) -> DemoSeedResult:
         if created:
             _fleet_seed()
             _registry_seed(admin)
+            _deployment_seed(admin)
     return DemoSeedResult(
         created=created, admin_password=admin_password,
         logins={"admin": admin_password, "operator": other_password, "viewer": other_password},
     )
+
+
+# --------------------------------------------------------------------------- what runs where
+
+# Until a plan is applied (the control loop), the demo runs a hand-made placement: every GPU instance of
+# the demo fleet serves one application, taken in turn, with the most accurate variant whose profiled
+# p50 latency at batch 1 fits half the SLO there, and the largest batch that still does; each
+# application's traffic is split in proportion to its instances' capacity at that batch.
+
+
+def _batch_fitting(rows: list[Profile], budget_ms: float) -> tuple[int, float] | None:
+    fitting = [(r.batch_size, r.latency_p50_ms) for r in rows if r.latency_p50_ms <= budget_ms]
+    return max(fitting) if fitting else None
+
+
+def _demo_runtime(application: Application, device_type: str, slice_name: str, cpu_cores: int | None = None):
+    """(variant, max batch, capacity in queries/s) of the best variant that fits, or None."""
+    slo_ms = application.slo_policy.latency_p99_ms
+    best = None
+    for variant in application.variants.order_by("-accuracy", "name"):
+        rows = list(variant.profiles.filter(device_type=device_type, slice=slice_name, cpu_cores=cpu_cores))
+        fit = _batch_fitting(rows, slo_ms / 2)
+        if fit is not None:
+            best = (variant, fit[0], fit[0] * 1000.0 / fit[1])
+            break
+    return best
+
+
+def _deployment_seed(admin) -> None:
+    from apps.deployments.services import host_desired_state_set, routing_tables_publish
+
+    catalogue = mig_catalogue_load()
+    gpu_apps = list(Application.objects.exclude(name="tabular-cpu").order_by("-slo_policy__priority", "name"))
+    routes: dict[Application, list[dict]] = {a: [] for a in Application.objects.all()}
+    turn = 0
+    for host in Host.objects.filter(labels__demo="true").order_by("name"):
+        gpus, runtimes = [], []
+        for accelerator in host.accelerators.order_by("kind", "index"):
+            if accelerator.kind == AcceleratorKindChoices.CPU:
+                application = Application.objects.get(name="tabular-cpu")
+                for slot, variant in enumerate(application.variants.order_by("name")):
+                    rows = list(variant.profiles.filter(device_type=CPU_DEVICE_TYPE, cpu_cores=1))
+                    fit = _batch_fitting(rows, application.slo_policy.latency_p99_ms / 2)
+                    if fit is None:
+                        continue
+                    key = f"cpu{accelerator.index}/{slot}"
+                    runtimes.append({"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
+                                     "max_batch": fit[0], "batching": {"policy": "proteus"}})
+                    routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
+                continue
+            spec = catalogue.gpu_model_get(accelerator.model_name)
+            layout = [gi.placement for gi in accelerator.gpu_instances.order_by("placement_start")]
+            gpus.append({"index": accelerator.index, "mig_enabled": accelerator.mig_enabled, "layout": layout})
+            for placement in layout or [None]:
+                slice_name = placement.split("@")[0] if placement else "full"
+                for attempt in range(len(gpu_apps)):
+                    application = gpu_apps[(turn + attempt) % len(gpu_apps)]
+                    chosen = _demo_runtime(application, spec.name, slice_name)
+                    if chosen is not None:
+                        break
+                turn += 1
+                if chosen is None:
+                    continue
+                variant, max_batch, capacity = chosen
+                key = f"gpu{accelerator.index}/{placement}" if placement else f"gpu{accelerator.index}"
+                runtimes.append({"key": key, "application": application.name, "variant": variant.pk, "max_batch": max_batch,
+                                 "batching": {"policy": "proteus"}})
+                routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": capacity})
+        host_desired_state_set(host=host, spec={"gpus": gpus, "runtimes": runtimes}, actor=admin)
+    routing_tables_publish(tables={a: r for a, r in routes.items() if r}, actor=admin)
+
+
+# --------------------------------------------------------------------------- the demo's data plane
+
+
+@dataclass(frozen=True)
+class DemoDataPlane:
+    processes: tuple  # subprocess.Popen of each agent and the router
+    router_url: str
+
+
+def _simulate_option(host: Host) -> str:
+    counts: dict[str, int] = {}
+    catalogue = mig_catalogue_load()
+    for accelerator in host.accelerators.filter(kind=AcceleratorKindChoices.GPU).order_by("index"):
+        name = catalogue.gpu_model_get(accelerator.model_name).name
+        counts[name] = counts.get(name, 0) + 1
+    return ",".join(f"{n}x{name}" for name, n in counts.items())
+
+
+def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8100, log_dir=None) -> DemoDataPlane:
+    """Start one simulated agent per demo host (new agent tokens each time) and a router on the CPU host's
+    token. They reach the control plane at `control_plane` over its REST API, like real ones."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from apps.inventory.services import host_agent_token_rotate
+
+    state_root = Path(state_root)
+    log_dir = Path(log_dir or state_root / "logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    processes = []
+    router_token = None
+    with change_context(source="command"):
+        hosts = list(Host.objects.filter(labels__demo="true").order_by("name"))
+        tokens = {host.name: host_agent_token_rotate(host=host) for host in hosts}
+    for host in hosts:
+        env = dict(os.environ, TESSERA_AGENT_TOKEN=tokens[host.name], TESSERA_CONTROL_PLANE=control_plane)
+        cmd = [sys.executable, "-m", "controlplane.cli", "agent", "--backend", "simulated", "--simulate", _simulate_option(host),
+               "--state-dir", str(state_root / host.name), "--stop-runtimes-on-exit"]
+        with open(log_dir / f"agent-{host.name}.log", "ab") as log:
+            processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        if not host.accelerators.filter(kind=AcceleratorKindChoices.GPU).exists():
+            router_token = tokens[host.name]
+    env = dict(os.environ, TESSERA_AGENT_TOKEN=router_token or next(iter(tokens.values())), TESSERA_CONTROL_PLANE=control_plane)
+    cmd = [sys.executable, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}"]
+    with open(log_dir / "router.log", "ab") as log:
+        processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    return DemoDataPlane(tuple(processes), f"http://127.0.0.1:{router_port}")
+
+
+def demo_dataplane_stop(dataplane: DemoDataPlane, timeout_s: float = 20.0) -> None:
+    """SIGTERM every process (agents drain and stop their runtimes), SIGKILL what is left after the timeout."""
+    import subprocess
+
+    for process in dataplane.processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + timeout_s
+    for process in dataplane.processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()

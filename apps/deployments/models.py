@@ -13,7 +13,7 @@ from apps.inventory.models import Host
 from apps.registry.models import Application, ModelVariant
 
 from .choices import OperationOutcomeChoices, RuntimeStateChoices
-from apps.inventory.names import RUNTIME_KEY_MAX_LENGTH
+from apps.planning.engine.names import RUNTIME_KEY_MAX_LENGTH
 
 
 class HostDesiredState(ChangeLoggedModel):

@@ -28,7 +28,7 @@ from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE
 from apps.registry.models import Application, ModelVariant, Profile
 
 from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
-from apps.inventory.names import RuntimeKey, instance_id_parse, runtime_key_parse
+from apps.planning.engine.names import RuntimeKey, instance_id_parse, runtime_key_parse
 
 ARTIFACT_DOWNLOAD_PATH = "/api/v1/artifacts/{id}/download/"
 DEFAULT_QUEUE_ORDER = "fifo"

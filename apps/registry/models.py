@@ -11,7 +11,7 @@ from django.db import models
 from apps.core.models import ChangeLoggedModel
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, Host, name_validator
-from apps.inventory.names import device_parse
+from apps.planning.engine.names import device_parse
 from apps.planning.engine.mig import mig_catalogue_load, mig_layout_validate, placement_parse
 
 from .choices import (

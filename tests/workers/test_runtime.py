@@ -13,7 +13,7 @@ import pytest
 
 from apps.planning.engine.assemble import Assignment, plan_assemble
 from apps.planning.engine.batching import batching_policy_make
-from apps.planning.engine.problem import Plan, Problem, problem_from_dict
+from apps.planning.engine.problem import Plan, Problem, ProfilePoint, problem_from_dict
 from apps.planning.engine.batching import policy_latency_function
 from apps.planning.engine.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, simulate
 from apps.planning.engine.workload import Trace
@@ -221,3 +221,50 @@ def test_the_equivalence_covers_drops_and_waiting() -> None:
     # Off by default: no log.
     quiet = simulate(problem, trace, planner=one_instance_planner, config=SimulationConfig(noise_sigma=0.0, replan_interval_s=None, burst_factor=None))
     assert quiet.batches == []
+
+
+# --------------------------------------------------------------------------- on a real NVIDIA GPU
+
+
+def test_onnx_session_on_cuda_matches_cpu(mlp: bytes) -> None:
+    """Where onnxruntime-gpu and a CUDA device are present (the `gpu` extra on a GPU host), the runtime's
+    session runs on the CUDA execution provider and gives the CPU's answers."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu with CUDA is not installed here (install the `gpu` extra on a GPU host)")
+    try:
+        gpu = OnnxSession(mlp, device_uuid="0")
+    except Exception as exc:  # the provider is built in but no device (or driver) answers
+        pytest.skip(f"no usable CUDA device: {exc}")
+    if gpu.providers[0] != "CUDAExecutionProvider":
+        pytest.skip(f"CUDA provider did not load (providers: {gpu.providers})")
+    cpu = OnnxSession(mlp)
+    batch = queries(16, seed=5)
+    for got, want in zip(gpu.run_batch(batch), cpu.run_batch(batch)):
+        np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the live margin
+
+
+def test_live_margin_keeps_a_lone_query_that_proteus_holds_to_the_last_moment() -> None:
+    """Proteus holds a lone query until deadline - latency(2). With a flat profile (latency(2) == latency(1))
+    any wake-up lateness would make the deadline drop rule fire; the live margin plans earlier while the
+    drop rule judges the real deadline, so the query is served in time."""
+    points = [ProfilePoint("v", "cpu", "1", 1, 1.0), ProfilePoint("v", "cpu", "1", 2, 1.0)]
+    latency_ms, _ = policy_latency_function(points, 2)
+    batcher = InstanceBatcher(
+        batching_policy_make("proteus"), latency_ms=latency_ms, max_batch=2, execute=lambda p: [len(p)] * len(p),
+        drop_rule="deadline", slo_ms=20.0, margin_ms=2.0,
+    ).start()
+    try:
+        for _ in range(5):
+            submitted = time.monotonic()
+            assert batcher.submit("q").result(timeout=5) == 1
+            waited_ms = (time.monotonic() - submitted) * 1000.0
+            assert 10.0 < waited_ms < 20.0  # held for a partner (about 20 - 2 - 1 ms), then served alone, in time
+    finally:
+        batcher.close()
+    with pytest.raises(ValueError, match="margin_ms"):
+        InstanceBatcher(batching_policy_make("proteus"), latency_ms=latency_ms, max_batch=2, execute=list, slo_ms=20.0, margin_ms=20.0)

@@ -21,6 +21,13 @@ Two ways to run it:
   query; `step_until(t_ms)` processes every event up to `t_ms` (math.inf: until nothing is left).
   `execute` is called when a batch starts; its futures resolve when the batch ends in virtual time.
 
+Live serving plans with a safety margin (`margin_ms`, 0 in stepped mode so replays match the simulator):
+the policy sees every deadline `margin_ms` earlier than it is, while the drop rule and the late count judge
+the real deadline. Policies such as Proteus wait until the last moment a batch still fits; a timer that
+wakes a little late, or a batch that runs a little slower than its profiled p50, would otherwise turn
+every such wait into a drop. The margin covers timer wake-up jitter, run-time variance and the time a
+query spends outside the model (decoding, the answer's way back).
+
 `clock` returns seconds (`time.monotonic`); a clock with a `now_ms()` method (`VirtualClock`) is read in
 milliseconds directly, so replayed times stay exact. With `record_batches=True` the batcher keeps
 `batches`, one `(start_ms, [query ids], end_ms)` per batch, and `drops`, one `(query id, time_ms)` per
@@ -98,6 +105,7 @@ class InstanceBatcher:
         clock: Callable[[], float] = time.monotonic,
         service_ms: Callable[[int], float] | None = None,
         record_batches: bool = False,
+        margin_ms: float = 0.0,
     ) -> None:
         if drop_rule not in DROP_RULES:
             raise ValueError(f"drop_rule must be one of {DROP_RULES}, not {drop_rule!r}")
@@ -109,6 +117,9 @@ class InstanceBatcher:
         self.execute = execute
         self.drop_rule = drop_rule
         self.slo_ms = float(slo_ms)
+        if not (isinstance(margin_ms, (int, float)) and math.isfinite(margin_ms) and 0 <= margin_ms < slo_ms):
+            raise ValueError(f"margin_ms must be >= 0 and below the SLO, not {margin_ms!r}")
+        self.margin_ms = float(margin_ms)
         self.queue = QueryQueue(queue_order)  # validates the order
         self.service_ms = service_ms
         self.record_batches = record_batches
@@ -148,6 +159,7 @@ class InstanceBatcher:
             now = self._now_ms()
             arrival = now if arrival_ms is None else float(arrival_ms)
             deadline = arrival + self.slo_ms if deadline_ms is None else float(deadline_ms)
+            deadline -= self.margin_ms  # the policy plans against the earlier deadline (see the module docstring)
             query_id = self._next_id
             self._next_id += 1
             future: Future = Future()
@@ -233,7 +245,8 @@ class InstanceBatcher:
     def _kick(self, now: float) -> list[tuple[int, float, float]] | None:
         """The instance is idle: drop what expired, ask the policy, pop a batch (returned) or set the timer."""
         q = self.queue
-        dropped = q.drop_expired(now, self.drop_rule, self.slo_ms, self._lat1)
+        # The drop rule judges the real deadline: shifting now back by the margin undoes the planning shift.
+        dropped = q.drop_expired(now - self.margin_ms, self.drop_rule, self.slo_ms, self._lat1)
         if dropped:
             self._fail_dropped(dropped, now)
         if not q:
@@ -266,7 +279,7 @@ class InstanceBatcher:
             future, _payload, deadline = self._pending.pop(query_id)
             if self.record_batches:
                 self.drops.append((query_id, now))
-            future.set_exception(DeadlineExceeded(query_id, deadline, now, self.drop_rule))
+            future.set_exception(DeadlineExceeded(query_id, deadline + self.margin_ms, now, self.drop_rule))
 
     def _payloads(self, batch: list[tuple[int, float, float]]) -> list[Any]:
         return [self._pending[query_id][1] for query_id, _a, _d in batch]
@@ -301,7 +314,7 @@ class InstanceBatcher:
         late = 0
         for i, (query_id, _a, deadline) in enumerate(batch):
             future, _payload, _deadline = self._pending.pop(query_id)
-            if end > deadline + DEADLINE_TOLERANCE_MS:  # the simulator's test, to the bit
+            if end - self.margin_ms > deadline + DEADLINE_TOLERANCE_MS:  # the simulator's test, to the bit
                 late += 1
             if error is not None:
                 future.set_exception(error)

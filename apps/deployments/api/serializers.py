@@ -8,7 +8,7 @@ from apps.registry.models import Application
 
 from ..choices import ROUTE_STATE_UNKNOWN, OperationOutcomeChoices, RuntimeStateChoices
 from ..models import HostDesiredState, HostOperation, RoutingTable, Runtime
-from apps.inventory.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
+from apps.planning.engine.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
 from ..services import DEFAULT_DROP_RULE
 
 # --------------------------------------------------------------------------- the desired-state document

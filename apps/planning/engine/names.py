@@ -1,5 +1,6 @@
-"""The data plane's names (docs/dataplane.md, "Names"): devices (`gpu0`, `cpu0`), runtime keys
-(`gpu0/3g.20gb@4`, `gpu1`, `cpu0/0`) and fleet-wide instance ids (`<host>/<runtime key>`)."""
+"""The data plane's names (docs/dataplane.md, "Names"), one implementation for the control plane and the
+agents: devices (`gpu0`, `cpu0`), runtime keys (`gpu0/3g.20gb@4`, `gpu1`, `cpu0/0`) and fleet-wide
+instance ids (`<host>/<runtime key>`)."""
 from __future__ import annotations
 
 import re

@@ -1,0 +1,227 @@
+"""workers/wire.py: the KServe v2 codec (JSON and binary tensors, every datatype, clear errors) and the
+router <-> runtime frames (incremental parser, asyncio helpers, size limits)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from workers.wire import (
+    DATATYPES,
+    FRAME_PREFIX,
+    FrameError,
+    FrameParser,
+    WireError,
+    error_body,
+    frame_pack,
+    frame_read,
+    frame_write,
+    request_decode,
+    request_encode,
+    response_decode,
+    response_encode,
+)
+
+
+def sample(datatype: str, shape=(2, 3)) -> np.ndarray:
+    dt = DATATYPES[datatype]
+    rng = np.random.default_rng(0)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(max(info.min, -100), min(info.max, 100), size=shape).astype(dt)
+    return rng.normal(size=shape).astype(dt)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@pytest.mark.parametrize("datatype", sorted(DATATYPES))
+@pytest.mark.parametrize("binary", [False, True])
+def test_every_datatype_round_trips(datatype: str, binary: bool) -> None:
+    x = sample(datatype)
+    body, header_length = request_encode({"x": x, "y": x[:1]}, request_id="q1", binary=binary)
+    assert (header_length is not None) == binary
+    request_id, inputs, wants_binary = request_decode(body, header_length)
+    assert request_id == "q1" and not wants_binary
+    assert list(inputs) == ["x", "y"]
+    assert inputs["x"].dtype == x.dtype and inputs["x"].shape == x.shape
+    np.testing.assert_array_equal(inputs["x"], x)
+    np.testing.assert_array_equal(inputs["y"], x[:1])
+
+
+def test_a_json_request_as_the_doc_writes_it() -> None:
+    body = json.dumps({"id": "q1", "inputs": [{"name": "features", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}]})
+    request_id, inputs, wants_binary = request_decode(body.encode())
+    assert request_id == "q1" and not wants_binary
+    assert inputs["features"].dtype == np.float32 and inputs["features"].shape == (1, 4)
+    # Nested data is accepted too, and the id is optional.
+    body = json.dumps({"inputs": [{"name": "m", "shape": [2, 2], "datatype": "INT64", "data": [[1, 2], [3, 4]]}]})
+    request_id, inputs, _ = request_decode(body.encode())
+    assert request_id is None and inputs["m"].tolist() == [[1, 2], [3, 4]]
+
+
+def test_binary_inputs_alias_the_body_and_mix_with_json() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    header = json.dumps({"inputs": [
+        {"name": "x", "shape": [2, 3], "datatype": "FP32", "parameters": {"binary_data_size": 24}},
+        {"name": "k", "shape": [1], "datatype": "INT32", "data": [7]},
+    ], "parameters": {"binary_data_output": True}}).encode()
+    body = header + x.tobytes()
+    _, inputs, wants_binary = request_decode(body, len(header))
+    assert wants_binary
+    np.testing.assert_array_equal(inputs["x"], x)
+    assert inputs["k"].tolist() == [7]
+    assert not inputs["x"].flags.owndata  # a view on the body, no copy
+
+
+def test_binary_outputs_asked_per_output_the_triton_way() -> None:
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}],
+                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    assert request_decode(body)[2] is True
+
+
+@pytest.mark.parametrize(
+    ("doc", "header_length", "message"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1, 2]", None, "must be an object"),
+        (json.dumps({"inputs": []}).encode(), None, "non-empty list"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP8", "data": [1, 2]}]}).encode(), None, "unsupported datatype 'FP8'"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}).encode(), None, "unsupported datatype"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3]}]}).encode(), None, r"3 elements but shape \[2, 2\] needs 4"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ["a"]}]}).encode(), None, "does not hold numbers"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1.5]}]}).encode(), None, "must be integers"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "BOOL", "data": [3]}]}).encode(), None, "true/false"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [-1], "datatype": "FP32", "data": []}]}).encode(), None, "non-negative integers"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}).encode(), None, "no 'data'"),
+        (json.dumps({"inputs": [{"shape": [1], "datatype": "FP32", "data": [1]}]}).encode(), None, "'name'"),
+        (json.dumps({"id": 5, "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode(), None, "'id' must be a string"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]},
+                                {"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode(), None, "given twice"),
+    ],
+)
+def test_malformed_requests_say_what_is_wrong(doc: bytes, header_length, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        request_decode(doc, header_length)
+
+
+def test_malformed_binary_requests() -> None:
+    header = json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}).encode()
+    with pytest.raises(WireError, match="needs the Inference-Header-Content-Length"):
+        request_decode(header, None)
+    with pytest.raises(WireError, match="runs past the end"):
+        request_decode(header + b"\0" * 4, len(header))
+    with pytest.raises(WireError, match="4 bytes after the binary inputs"):
+        request_decode(header + b"\0" * 12, len(header))
+    with pytest.raises(WireError, match="must be an integer in 1.."):
+        request_decode(header, len(header) + 1)
+    wrong = json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": {"binary_data_size": 7}}]}).encode()
+    with pytest.raises(WireError, match="binary_data_size 7 does not match shape"):
+        request_decode(wrong + b"\0" * 7, len(wrong))
+    both = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1], "parameters": {"binary_data_size": 4}}]}).encode()
+    with pytest.raises(WireError, match="not both"):
+        request_decode(both + b"\0" * 4, len(both))
+
+
+# --------------------------------------------------------------------------- responses
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_responses_round_trip(binary: bool) -> None:
+    outputs = {"probabilities": np.array([[0.2, 0.7, 0.1]], dtype=np.float32), "label": np.array([1], dtype=np.int64),
+               "ok": np.array([True, False])}
+    params = {"variant": "mlp-wide", "instance": "h/cpu0/0", "routing_version": 2, "simulated": False}
+    body, header_length = response_encode("q1", outputs, model_name="tabular-cpu", model_version="mlp-wide", parameters=params, binary=binary)
+    assert (header_length is not None) == binary
+    doc, decoded = response_decode(body, header_length)
+    assert doc["id"] == "q1" and doc["model_name"] == "tabular-cpu" and doc["model_version"] == "mlp-wide"
+    assert doc["parameters"] == params
+    for name, array in outputs.items():
+        assert decoded[name].dtype == array.dtype
+        np.testing.assert_array_equal(decoded[name], array)
+    if binary:
+        assert doc["outputs"][0]["parameters"] == {"binary_data_size": 12}
+    else:
+        assert doc["outputs"][0]["data"] == pytest.approx([0.2, 0.7, 0.1])
+
+
+def test_empty_outputs_and_unsupported_dtypes() -> None:
+    body, header_length = response_encode(None, {}, model_name="m", parameters={"simulated": True})
+    assert header_length is None and json.loads(body) == {"model_name": "m", "outputs": [], "parameters": {"simulated": True}}
+    with pytest.raises(WireError, match="no KServe v2 datatype"):
+        response_encode(None, {"s": np.array(["a"])}, model_name="m")
+
+
+def test_error_body_has_the_control_plane_shape() -> None:
+    assert json.loads(error_body(504, "deadline_exceeded", "late")) == {"error": {"status": 504, "code": "deadline_exceeded", "message": "late"}}
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def test_frame_layout_is_big_endian_lengths_then_json_then_body() -> None:
+    frame = frame_pack({"op": "infer", "id": 7}, b"abc")
+    header_len, body_len = FRAME_PREFIX.unpack(frame[:8])
+    assert frame[:4] == header_len.to_bytes(4, "big") and body_len == 3
+    assert json.loads(frame[8:8 + header_len]) == {"op": "infer", "id": 7}
+    assert frame[8 + header_len:] == b"abc"
+
+
+def test_frame_parser_handles_any_split() -> None:
+    frames = [({"id": i, "op": "infer"}, bytes([i]) * (i * 37)) for i in range(6)]
+    stream = b"".join(frame_pack(h, b) for h, b in frames)
+    for chunk in (1, 3, 8, 50, 1000, len(stream)):
+        parser = FrameParser()
+        got = []
+        for start in range(0, len(stream), chunk):
+            got.extend(parser.feed(stream[start:start + chunk]))
+        assert [(h, bytes(b)) for h, b in got] == frames
+
+
+def test_frame_limits_and_bad_headers() -> None:
+    parser = FrameParser(max_body=100)
+    with pytest.raises(FrameError, match="exceeds the limit of 100"):
+        parser.feed(FRAME_PREFIX.pack(2, 101) + b"{}")
+    with pytest.raises(FrameError, match="header of"):
+        FrameParser().feed(FRAME_PREFIX.pack(1 << 30, 0))
+    with pytest.raises(FrameError, match="not valid JSON"):
+        FrameParser().feed(FRAME_PREFIX.pack(3, 0) + b"{x}")
+    with pytest.raises(FrameError, match="JSON object"):
+        FrameParser().feed(FRAME_PREFIX.pack(2, 0) + b"[]")
+
+
+def test_asyncio_frame_helpers() -> None:
+    async def scenario() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while (frame := await frame_read(reader)) is not None:
+                header, body = frame
+                await frame_write(writer, {"id": header["id"], "status": 200}, body[::-1])
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for i in range(3):
+            await frame_write(writer, {"op": "echo", "id": i}, b"hello" * i)
+        for i in range(3):
+            header, body = await frame_read(reader)
+            assert header == {"id": i, "status": 200} and body == (b"hello" * i)[::-1]
+        writer.close()
+        await writer.wait_closed()
+        # A stream cut inside a frame is an error; a clean end between frames is None.
+        truncated = asyncio.StreamReader()
+        truncated.feed_data(frame_pack({"id": 1}, b"xyz")[:-1])
+        truncated.feed_eof()
+        with pytest.raises(FrameError, match="ended inside a frame"):
+            await frame_read(truncated)
+        empty = asyncio.StreamReader()
+        empty.feed_eof()
+        assert await frame_read(empty) is None
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(scenario())

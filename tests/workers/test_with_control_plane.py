@@ -1,0 +1,144 @@
+"""Agents, runtimes and the router together with the control plane (a live server on the test database):
+the demo's desired state is applied by real agents (simulated GPUs, the real CPU), reported back, metrics
+flow, the router serves real inferences on the CPU application and labelled simulated ones on GPUs, and a
+profiling request on the CPU yields measured profiles."""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from apps.deployments.models import Runtime
+from apps.inventory.models import GpuInstance, Host
+from apps.registry.models import ModelVariant, Profile, ProfilingRequest
+from apps.telemetry.models import ApplicationSample, GpuSample, RuntimeSample
+from apps.inventory.services import host_agent_token_rotate
+from controlplane.demo import demo_seed
+from workers.agent.agent import Agent
+from workers.agent.backends.simulated import SimulatedBackend
+from workers.client import ControlPlaneClient
+from workers.profiler import profiling_request_run
+from workers.router.app import router_start_in_thread
+from workers.router.main import router_build
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def fleet(live_server, tmp_path):
+    demo_seed(admin_password="Admin-demo-pass-1")
+    agents, threads = [], []
+    tokens = {}
+    for name, gpus in (("sim-a100-01", "2xA100-SXM4-40GB"), ("sim-cpu-01", "")):
+        host = Host.objects.get(name=name)
+        tokens[name] = host_agent_token_rotate(host=host)
+        client = ControlPlaneClient(live_server.url, tokens[name])
+        backend = SimulatedBackend(gpus=gpus, state_file=tmp_path / name / "gpus.json", seed=len(agents) + 1)
+        agent = Agent(backend=backend, state_dir=tmp_path / name, client=client, metrics_s=0.5, drain_timeout_s=1.0)
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        agents.append(agent)
+        threads.append(thread)
+    yield {"url": live_server.url, "tokens": tokens, "agents": agents}
+    for agent in agents:
+        agent.stop(stop_runtimes=True)
+    for thread in threads:
+        thread.join(timeout=10)
+
+
+def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
+    for name in ("sim-a100-01", "sim-cpu-01"):
+        wait_for(lambda: Host.objects.get(name=name).converged_version == 1, what=f"{name} to converge")
+    host = Host.objects.get(name="sim-a100-01")
+    assert host.status == "online" and host.backend == "simulated"
+    # The MIG instances the demo declared are now reported by the agent, with simulated MIG uuids.
+    instances = GpuInstance.objects.filter(accelerator__host=host)
+    assert instances.count() == 5 and set(instances.values_list("state", flat=True)) == {"ready"}
+    assert all(gi.uuid.startswith("MIG-sim-") for gi in instances)
+    runtimes = Runtime.objects.filter(host__name__in=["sim-a100-01", "sim-cpu-01"])
+    assert runtimes.count() == 7 and set(runtimes.values_list("state", flat=True)) == {"ready"}
+    assert set(runtimes.filter(host__name="sim-cpu-01").values_list("simulated", flat=True)) == {False}
+    assert set(runtimes.filter(host__name="sim-a100-01").values_list("simulated", flat=True)) == {True}
+    assert host.operations.filter(action="mig.create", outcome="ok").count() == 5
+
+    router, client = router_build(control_plane=fleet["url"], token=fleet["tokens"]["sim-cpu-01"])
+    handle = router_start_in_thread(router)
+    try:
+        wait_for(lambda: router.refreshes > 0, what="the router's first tables")
+        rng = np.random.default_rng(0)
+        rows = rng.normal(size=(3, 8)).astype(np.float32)
+        body = {"id": "q1", "inputs": [{"name": "input", "shape": [3, 8], "datatype": "FP32", "data": rows.ravel().tolist()}]}
+        served_by = set()
+        for _ in range(20):
+            response = httpx.post(f"{handle.url}/v1/infer/tabular-cpu", json=body, timeout=10)
+            assert response.status_code == 200, response.text
+            answer = response.json()
+            variant = answer["model_version"]
+            served_by.add(variant)
+            assert response.headers["X-Tessera-Variant"] == variant and answer["parameters"]["simulated"] is False
+            # The same numbers onnxruntime gives on the variant's artifact: real inference.
+            artifact = ModelVariant.objects.get(application__name="tabular-cpu", name=variant).artifact
+            data = artifact.file.open("rb").read()
+            assert hashlib.sha256(data).hexdigest() == artifact.sha256
+            session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+            expected = session.run(None, {"input": rows})
+            for out, want in zip(answer["outputs"], expected):
+                assert out["shape"] == list(want.shape)
+                np.testing.assert_allclose(np.asarray(out["data"], dtype=np.float64).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+        assert served_by <= {"linear", "random-features-256"} and served_by
+
+        # A GPU application: served by a simulated runtime, labelled so, with no outputs computed.
+        response = httpx.post(f"{handle.url}/v1/infer/classify-resnet", json={"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]}, timeout=10)
+        assert response.status_code == 200, response.text
+        assert response.json()["parameters"]["simulated"] is True
+
+        # Router reports and agent metrics reach the control plane every second.
+        wait_for(lambda: ApplicationSample.objects.filter(application__name="tabular-cpu", served__gt=0).exists(), what="router reports")
+        wait_for(lambda: RuntimeSample.objects.filter(host__name="sim-cpu-01", served__gt=0).exists(), what="runtime samples")
+        assert GpuSample.objects.filter(host__name="sim-a100-01", simulated=True).exists()
+        assert Host.objects.get(name="sim-cpu-01").last_seen is not None
+    finally:
+        handle.stop()
+        client.close()
+
+
+def test_profiling_request_on_the_real_cpu_posts_measured_profiles(fleet) -> None:
+    variant = ModelVariant.objects.get(application__name="tabular-cpu", name="linear")
+    host = Host.objects.get(name="sim-cpu-01")
+    request = ProfilingRequest.objects.create(variant=variant, host=host, device="cpu0", batch_sizes=[1, 4], cpu_threads=[1])
+    agent = fleet["agents"][1]
+    listed = agent.client.profiling_requests("pending")
+    assert [r["id"] for r in listed] == [request.pk]
+    before = {p.batch_size: p.measured_at for p in Profile.objects.filter(variant=variant, device_type="cpu", cpu_cores=1)}
+    points = profiling_request_run(listed[0], client=agent.client, backend=agent.backend, cache_dir=agent.state_dir / "artifacts")
+    assert [p["batch_size"] for p in points] == [1, 4]
+    request.refresh_from_db()
+    assert request.status == "succeeded" and request.progress == 100 and "batch 4" in request.log
+    for batch in (1, 4):
+        row = Profile.objects.get(variant=variant, device_type="cpu", cpu_cores=1, batch_size=batch)
+        assert row.source == "measured" and row.measured_at > before[batch] and row.latency_p99_ms >= row.latency_p50_ms > 0
+
+    # A simulated GPU cannot be profiled: the request fails and says why.
+    gpu_variant = ModelVariant.objects.filter(application__name="classify-resnet").first()
+    gpu_host = Host.objects.get(name="sim-a100-01")
+    failing = ProfilingRequest.objects.create(variant=gpu_variant, host=gpu_host, device="gpu0", placement="3g.20gb@4")
+    gpu_agent = fleet["agents"][0]
+    listed = [r for r in gpu_agent.client.profiling_requests("pending") if r["id"] == failing.pk]
+    profiling_request_run(listed[0], client=gpu_agent.client, backend=gpu_agent.backend, cache_dir=gpu_agent.state_dir / "artifacts")
+    failing.refresh_from_db()
+    assert failing.status == "failed" and ("simulated" in failing.error or "artifact" in failing.error)

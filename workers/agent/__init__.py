@@ -1,0 +1,1 @@
+"""The worker agent: devices, MIG reconciliation, runtimes, metrics."""

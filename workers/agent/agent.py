@@ -1,0 +1,356 @@
+"""The agent's loops: register, follow the desired state, report, heartbeat with metrics, profile.
+
+- **Control loop** (the calling thread): every `poll_s`, read the host's desired state (from the control
+  plane, or from `desired_file`), reconcile when its version is not the one the host converged to or a
+  desired runtime is not running, and report the actual state after every pass (and every `report_s`).
+  The last desired state read is kept on disk, so an agent restarted while the control plane is away
+  still knows what to run.
+- **Metrics loop** (a thread): every `metrics_s`, collect each runtime's counters for the interval and the
+  GPUs' telemetry, post them (this is also the heartbeat) and update the Prometheus exporter.
+- **Profiling loop** (a thread): runs the control plane's profiling requests for this host, one at a time.
+
+The control plane being unreachable never stops serving: the runtimes keep their sessions and the router
+its tables; the agent logs the outage once and carries on."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .backends import DeviceBackend
+from .desired import DesiredState, DesiredStateError, desired_state_parse
+from .reconcile import Operation, ReconcileResult, Reconciler
+from .supervisor import RuntimeSupervisor
+
+__all__ = ["Agent", "AGENT_VERSION"]
+
+log = logging.getLogger("tessera.agent")
+
+AGENT_VERSION = "0.1.0"
+def _mib(value: float | None) -> int:
+    return 0 if value is None else max(0, round(value))
+
+
+class Agent:
+    """See the module docstring. `client` is a `workers.client.ControlPlaneClient` (None with a
+    `desired_file` and no control plane)."""
+
+    def __init__(
+        self,
+        *,
+        backend: DeviceBackend,
+        state_dir: Path,
+        client: Any = None,
+        desired_file: Path | None = None,
+        bind: str = "127.0.0.1",
+        advertise: str | None = None,
+        poll_s: float = 1.0,
+        metrics_s: float = 1.0,
+        report_s: float = 10.0,
+        exporter: Any = None,
+        on_operation: Callable[[Operation], None] | None = None,
+        drain_timeout_s: float = 10.0,
+    ) -> None:
+        if client is None and desired_file is None:
+            raise ValueError("give a control plane (client) or a desired-state file")
+        self.backend = backend
+        self.client = client
+        self.desired_file = Path(desired_file) if desired_file else None
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.poll_s, self.metrics_s, self.report_s = poll_s, metrics_s, report_s
+        self.exporter = exporter
+        if exporter is not None:
+            exporter.runtime_metrics = self.runtime_metrics
+        self.supervisor = RuntimeSupervisor(self.state_dir, bind=bind, advertise=advertise)
+        self._operations: list[Operation] = []
+        self._ops_lock = threading.Lock()
+        self._extra_on_operation = on_operation
+        self.reconciler = Reconciler(
+            backend=backend, supervisor=self.supervisor, artifact_fetch=self._artifact_fetch,
+            on_operation=self._operation_seen, drain_timeout_s=drain_timeout_s,
+            stop_requested=lambda: self._stop.is_set(),
+        )
+        self.converged_version: int | None = None
+        self.last_result: ReconcileResult | None = None
+        self._desired: DesiredState | None = None
+        self._desired_error = ""
+        self._last_report = 0.0
+        self._cp_down_since: float | None = None
+        self._stop = threading.Event()
+        self._loop_running = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._runtime_errors: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _operation_seen(self, op: Operation) -> None:
+        with self._ops_lock:
+            self._operations.append(op)
+            del self._operations[:-1000]  # an agent cut off for long keeps the latest thousand
+        if self._extra_on_operation is not None:
+            self._extra_on_operation(op)
+
+    def _artifact_fetch(self, artifact: dict) -> Path:
+        cache = self.state_dir / "artifacts"
+        if self.client is None:
+            # Without a control plane, the desired file names local files (`download` is a path).
+            path = Path(artifact["download"])
+            from workers.client import _file_sha256
+
+            if _file_sha256(path) != artifact["sha256"]:
+                raise ValueError(f"{path}: does not match sha256 {artifact['sha256']}")
+            return path
+        return self.client.artifact_fetch(artifact, cache)
+
+    def _cp_call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Call the control plane; an outage is logged once and returns None."""
+        from workers.client import ControlPlaneRejected, ControlPlaneUnavailable
+
+        try:
+            value = fn()
+        except ControlPlaneUnavailable as exc:
+            if self._cp_down_since is None:
+                self._cp_down_since = time.monotonic()
+                log.warning("control plane unreachable (%s); serving on the last desired state: %s", what, exc)
+            return None
+        except ControlPlaneRejected as exc:
+            log.error("control plane refused %s: %s", what, exc)
+            return None
+        if self._cp_down_since is not None:
+            log.info("control plane reachable again after %.0f s", time.monotonic() - self._cp_down_since)
+            self._cp_down_since = None
+        return value
+
+    # ------------------------------------------------------------------ desired state
+
+    def _desired_cache(self) -> Path:
+        return self.state_dir / "desired.json"
+
+    def desired_read(self) -> DesiredState | None:
+        """The desired state to follow: fresh from the source when it answers, else the last one kept."""
+        doc = None
+        if self.desired_file is not None:
+            doc = json.loads(self.desired_file.read_text())
+        else:
+            fetched = self._cp_call("desired state", self.client.desired_state)
+            if fetched is not None:
+                doc = fetched
+            elif self._desired is None and self._desired_cache().exists():
+                doc = json.loads(self._desired_cache().read_text())
+        if doc is None:
+            return self._desired
+        try:
+            desired = desired_state_parse(doc)
+        except DesiredStateError as exc:
+            if self._desired_error != str(exc):
+                log.error("desired state refused, keeping the previous one: %s", exc)
+            self._desired_error = str(exc)
+            return self._desired
+        self._desired_error = ""
+        if self._desired is None or desired.version != self._desired.version:
+            tmp = self._desired_cache().with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self._desired_cache())
+        self._desired = desired
+        return desired
+
+    def _needs_reconcile(self, desired: DesiredState) -> bool:
+        if self.converged_version != desired.version or self.last_result is None or not self.last_result.converged:
+            return True
+        running = self.supervisor.observe()
+        return any(running.get(r.key) is None or running[r.key].fingerprint != r.fingerprint for r in desired.runtimes)
+
+    # ------------------------------------------------------------------ reports
+
+    def actual_state(self) -> dict:
+        """The report of docs/dataplane.md, "Actual state"."""
+        accelerators: list[dict] = []
+        for gpu in self.backend.gpus():
+            accelerators.append({
+                "index": gpu.index, "kind": "gpu", "uuid": gpu.uuid, "model_name": gpu.model_name,
+                "memory_mb": gpu.memory_mb, "mig_capable": gpu.mig_capable, "mig_enabled": gpu.mig_enabled,
+                "instances": [{"profile": i.placement.profile, "start": i.placement.start, "uuid": i.uuid, "state": "ready"} for i in gpu.instances],
+                "placements": {name: list(starts) for name, starts in gpu.placements.items()},
+            })
+        accelerators.append({"index": 0, "kind": "cpu", "model_name": "cpu", "cpu_cores": self.backend.cpu_cores()})
+        desired = {r.key: r for r in (self._desired.runtimes if self._desired else ())}
+        runtimes = []
+        running = self.supervisor.observe()
+        for key, record in sorted(running.items()):
+            want = desired.get(key)
+            runtimes.append({
+                "key": key, "application": want.application if want else "", "variant": want.variant.get("id") if want else None,
+                "state": "ready", "endpoint": record.endpoint or "",
+                "simulated": bool(want and want.device_kind == "gpu" and self.backend.name == "simulated"), "error": "",
+            })
+        for key, want in sorted(desired.items()):
+            if key not in running:
+                error = next((e for e in (self.last_result.errors if self.last_result else []) if e.startswith(key + ":")), "not started")
+                runtimes.append({"key": key, "application": want.application, "variant": want.variant.get("id"), "state": "failed",
+                                 "endpoint": "", "simulated": want.device_kind == "gpu" and self.backend.name == "simulated", "error": error})
+        with self._ops_lock:
+            operations = [op.as_report() for op in self._operations]
+        return {
+            "backend": self.backend.name, "agent_version": AGENT_VERSION, "accelerators": accelerators,
+            "desired_version": self.converged_version, "runtimes": runtimes, "operations": operations,
+            "catalogue_disagreements": self.backend.catalogue_disagreements(),
+        }
+
+    def report(self) -> bool:
+        if self.client is None:
+            return False
+        report = self.actual_state()
+        sent = self._cp_call("report", lambda: self.client.report(report))
+        if sent is not None:
+            with self._ops_lock:  # what was reported is dropped; what came since stays for the next report
+                del self._operations[: len(report["operations"])]
+            self._last_report = time.monotonic()
+            return True
+        return False
+
+    # ------------------------------------------------------------------ the loops
+
+    def step(self) -> ReconcileResult | None:
+        """One pass of the control loop."""
+        desired = self.desired_read()
+        result = None
+        if desired is not None and self._needs_reconcile(desired):
+            result = self.reconciler.reconcile(desired)
+            self.last_result = result
+            if result.converged:
+                if self.converged_version != desired.version:
+                    log.info("converged to desired state version %d", desired.version)
+                self.converged_version = desired.version
+            else:
+                log.warning("desired state version %d not reached yet: %s", desired.version, "; ".join(result.errors[:5]))
+        if result is not None or time.monotonic() - self._last_report >= self.report_s:
+            self.report()
+        return result
+
+    def metrics_tick(self, interval_s: float) -> dict:
+        """Collect one interval's metrics, post them and feed the exporter; returns the payload."""
+        from datetime import datetime, timezone
+
+        snapshots = []
+        desired = {r.key: r for r in (self._desired.runtimes if self._desired else ())}
+        for key, record in self.supervisor.observe().items():
+            try:
+                reply = self.supervisor.call(record, "stats", timeout_s=1.0)
+            except (OSError, ValueError):
+                continue
+            stats = dict(reply.get("stats") or {})
+            want = desired.get(key)
+            stats.setdefault("key", key)
+            stats.setdefault("application", want.application if want else "")
+            stats.setdefault("variant", want.variant["name"] if want else "")
+            snapshots.append(stats)
+            if want is not None and want.device_kind == "gpu" and hasattr(self.backend, "set_load"):
+                busy = min(1.0, float(stats.get("busy_ms", 0.0)) / (interval_s * 1000.0))
+                self.backend.set_load(want.device_index, want.placement, busy)
+        telemetry = self.backend.telemetry()
+        payload = {
+            "at": datetime.now(timezone.utc).isoformat(), "interval_s": interval_s,
+            "gpus": [{
+                "index": t.index, "uuid": t.uuid, "utilization_pct": t.utilization_pct, "memory_used_mb": _mib(t.memory_used_mb),
+                "power_w": t.power_w, "simulated": t.simulated,
+                "instances": [{"placement": str(i.placement), "gr_engine_active_pct": i.gr_engine_active_pct, "memory_used_mb": _mib(i.memory_used_mb)} for i in t.instances],
+            } for t in telemetry],
+            "runtimes": snapshots,
+        }
+        if self.exporter is not None:
+            gpus = self.backend.gpus()
+            self.exporter.update(
+                telemetry, model_names={g.index: g.model_name for g in gpus},
+                gi_ids={(g.index, str(i.placement)): i.gpu_instance_id for g in gpus for i in g.instances},
+            )
+        if self.client is not None:
+            self._cp_call("metrics", lambda: self.client.metrics(payload))
+        return payload
+
+    def runtime_metrics(self) -> list[bytes]:
+        """Each running runtime's Prometheus text (its `metrics` frame), for the exporter's scrape."""
+        from .supervisor import frame_call
+
+        texts = []
+        for record in self.supervisor.observe().values():
+            if not record.endpoint:
+                continue
+            try:
+                reply, body = frame_call(record.endpoint, {"op": "metrics"}, timeout_s=1.0)
+            except (OSError, ValueError):
+                continue
+            if reply.get("status") == 200:
+                texts.append(body)
+        return texts
+
+    def _metrics_loop(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(max(0.0, last + self.metrics_s - time.monotonic())):
+            now = time.monotonic()
+            try:
+                self.metrics_tick(now - last)
+            except Exception:  # metrics must never take the agent down
+                log.exception("metrics collection failed")
+            last = now
+
+    def _profiling_loop(self, poll_s: float = 5.0) -> None:
+        from workers.profiler import profiling_request_run
+
+        while not self._stop.wait(poll_s):
+            requests = self._cp_call("profiling requests", lambda: self.client.profiling_requests("pending")) or []
+            for request in requests:
+                if self._stop.is_set():
+                    return
+                try:
+                    profiling_request_run(request, client=self.client, backend=self.backend, cache_dir=self.state_dir / "artifacts")
+                except Exception:
+                    log.exception("profiling request %s failed", request.get("id"))
+
+    def start_background(self) -> None:
+        """Start the metrics (and, with a control plane, profiling) threads."""
+        targets = [self._metrics_loop] + ([self._profiling_loop] if self.client is not None else [])
+        for target in targets:
+            thread = threading.Thread(target=target, name=f"tessera-agent-{target.__name__.strip('_')}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def run(self, *, once: bool = False) -> None:
+        """Run until `stop()` (or a single pass with `once`)."""
+        if self.client is not None:
+            self.report()  # registration: the host's devices, before anything else
+        if once:
+            self.step()
+            return
+        self.start_background()
+        self._loop_running.set()
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    self.step()
+                except Exception:
+                    log.exception("control loop pass failed; trying again")
+                self._stop.wait(max(0.0, self.poll_s - (time.monotonic() - started)))
+        finally:
+            self._loop_running.clear()
+
+    def stop(self, *, stop_runtimes: bool = False) -> None:
+        """Stop the loops. Runtimes keep serving unless `stop_runtimes` (they are drained first)."""
+        self._stop.set()
+        # A pass in progress (another thread runs the loop) finishes first: nothing starts after this.
+        deadline = time.monotonic() + 120.0
+        while self._loop_running.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        if stop_runtimes:
+            for record in self.supervisor.observe().values():
+                self.supervisor.stop(record, drain_timeout_s=2.0)
+        if self.exporter is not None:
+            self.exporter.close()
+        self.backend.close()

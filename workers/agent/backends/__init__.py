@@ -1,0 +1,227 @@
+"""Device backends of the worker agent: which GPUs the host has, their MIG instances, their telemetry.
+
+The agent reconciles MIG layouts and reports devices through one interface, `DeviceBackend`, so the
+same reconciliation code runs on real GPUs and on declared ones:
+
+- ``nvml`` (`NvmlBackend`, backends/nvml.py): real GPUs through NVML (the ``pynvml`` module of
+  nvidia-ml-py), the library nvidia-smi itself is built on;
+- ``simulated`` (`SimulatedBackend`, backends/simulated.py): GPUs declared on the command line
+  (``"2xA100-SXM4-40GB"``), with the MIG rules of the catalogue, every record labelled simulated, so a
+  fleet can be rehearsed on machines without GPUs.
+
+Placements are written as the planning engine writes them (``Placement("3g.20gb", 4)``, the start counted
+in memory slices as ``nvidia-smi mig -lgipp`` prints it), so a layout read from a backend feeds
+`mig_layout_diff` directly. CPUs are always real: both backends count the cores this process may use.
+
+Errors the agent should log and report (a refused placement, a MIG mode change that needs a GPU reset,
+NVML failing) are `BackendError`; programming errors stay ValueError/TypeError.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from apps.planning.engine.mig import MigCatalogue, Placement, mig_catalogue_load, placement_parse
+
+__all__ = [
+    "BACKEND_NAMES",
+    "BackendError",
+    "DeviceBackend",
+    "GpuInfo",
+    "GpuTelemetry",
+    "MigInstanceInfo",
+    "MigInstanceTelemetry",
+    "backend_make",
+    "catalogue_compare",
+    "host_cpu_cores",
+    "placement_coerce",
+]
+
+BACKEND_NAMES = ("nvml", "simulated")
+
+
+class BackendError(RuntimeError):
+    """A device operation failed in a way the agent should log and report (it carries NVML's own error
+    text where there is one); the agent keeps running and retries on its next pass."""
+
+
+@dataclass(frozen=True)
+class MigInstanceInfo:
+    """One MIG instance: a GPU instance at `placement` and the compute instance that spans it.
+
+    `uuid` is the MIG device's ``MIG-…`` UUID (what ``CUDA_VISIBLE_DEVICES`` takes); it exists only once
+    the compute instance does, so a GPU instance left without one (an agent killed between the two
+    creations) has ``uuid == ""`` and ``compute_instance_id is None``.
+    """
+
+    placement: Placement
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int | None
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as the agent reports it (docs/dataplane.md, "Actual state", an accelerator).
+
+    `model_name` is the name NVML reports ("NVIDIA A100-SXM4-40GB"); the catalogue resolves it.
+    `placements` maps each GPU instance profile to the starts NVML reports as possible on an empty GPU,
+    for the cross-check against the catalogue (`catalogue_compare`); NVML reports profiles only while MIG
+    is enabled, so it is ``{}`` otherwise.
+    """
+
+    index: int
+    uuid: str
+    model_name: str
+    memory_mb: int
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    instances: tuple[MigInstanceInfo, ...] = ()
+    placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    simulated: bool = False
+
+    @property
+    def layout(self) -> tuple[Placement, ...]:
+        """The instances' placements, sorted: the ``current`` of `mig_layout_diff`."""
+        return tuple(sorted(instance.placement for instance in self.instances))
+
+    def instance_at(self, placement: Placement) -> MigInstanceInfo | None:
+        return next((i for i in self.instances if i.placement == placement), None)
+
+
+@dataclass(frozen=True)
+class MigInstanceTelemetry:
+    """Activity of one MIG instance. `gr_engine_active_pct` follows DCGM's GR_ENGINE_ACTIVE (as a
+    percentage); None where the hardware cannot measure it (NVML's GPM needs Hopper or newer), never a
+    made-up number."""
+
+    placement: Placement
+    uuid: str
+    gr_engine_active_pct: float | None
+    memory_used_mb: float | None
+
+
+@dataclass(frozen=True)
+class GpuTelemetry:
+    """One GPU's sample for the metrics post. `utilization_pct` is None on a MIG-enabled GPU: NVML does
+    not report whole-GPU utilisation there, only per-instance activity (`instances`)."""
+
+    index: int
+    uuid: str
+    utilization_pct: float | None
+    memory_used_mb: float
+    power_w: float | None
+    simulated: bool
+    instances: tuple[MigInstanceTelemetry, ...] = ()
+
+
+@runtime_checkable
+class DeviceBackend(Protocol):
+    """What the agent needs from the devices of its host."""
+
+    name: str  # "nvml" | "simulated"
+
+    def gpus(self) -> list[GpuInfo]:
+        """Every GPU, by index, with its MIG mode and instances as they are now."""
+        ...
+
+    def cpu_cores(self) -> int:
+        """CPU cores this process may run on (CPUs are real on every backend)."""
+        ...
+
+    def mig_mode_set(self, index: int, enabled: bool) -> None:
+        """Enable or disable MIG. Refused (BackendError) while instances exist when disabling, on GPUs
+        without MIG, and, on real GPUs, when the change stays pending until a GPU reset."""
+        ...
+
+    def mig_instance_create(self, index: int, placement: Placement) -> MigInstanceInfo:
+        """Create the GPU instance at exactly `placement` and one compute instance spanning it. Creating
+        an instance that already exists returns it (completing its compute instance if it has none), so
+        an agent restarted mid-operation can simply retry."""
+        ...
+
+    def mig_instance_destroy(self, index: int, placement: Placement) -> None:
+        """Destroy the instance's compute instances, then the GPU instance. Destroying an absent
+        instance is a no-op, so the agent may retry after a crash."""
+        ...
+
+    def telemetry(self) -> list[GpuTelemetry]:
+        ...
+
+    def catalogue_disagreements(self) -> list[str]:
+        """Human-readable lines where the hardware's MIG profiles differ from the catalogue."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def host_cpu_cores() -> int:
+    """Cores this process may run on: its affinity mask (what a container or taskset allows), else the
+    machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def placement_coerce(placement: Placement | str) -> Placement:
+    """A `Placement`, from itself or from its text (``"3g.20gb@4"``)."""
+    if isinstance(placement, Placement):
+        return placement
+    if isinstance(placement, str):
+        return placement_parse(placement)
+    raise TypeError(f"a placement must be a Placement or 'profile@start' text, got {placement!r}")
+
+
+def catalogue_compare(gpu: GpuInfo, catalogue: MigCatalogue | None = None) -> list[str]:
+    """Where the profiles and starts NVML reports for `gpu` differ from the MIG catalogue, one line each.
+
+    The planner places instances with the catalogue; if the hardware disagrees (a driver that adds or
+    drops a profile, a catalogue entry copied wrong), the agent reports it instead of failing later on a
+    refused placement. Nothing is compared for GPUs without MIG or while MIG is off (NVML reports no
+    profiles then).
+    """
+    if not gpu.mig_capable or not gpu.placements:
+        return []
+    catalogue = catalogue if catalogue is not None else mig_catalogue_load()
+    where = f"gpu{gpu.index}"
+    model = catalogue.gpu_model_find(gpu.model_name)
+    if model is None:
+        return [
+            f"{where} {gpu.model_name}: NVML reports MIG profiles {sorted(gpu.placements)}, but the "
+            f"catalogue does not know this model (known: {', '.join(catalogue.gpu_model_names)})"
+        ]
+    lines = []
+    for profile in model.profiles:
+        reported = gpu.placements.get(profile.name)
+        if reported is None:
+            lines.append(
+                f"{where} {profile.name}: the catalogue lists starts {list(profile.starts)}, "
+                "NVML does not report the profile"
+            )
+        elif tuple(sorted(reported)) != profile.starts:
+            lines.append(
+                f"{where} {profile.name}: NVML reports starts {sorted(reported)}, "
+                f"the catalogue {list(profile.starts)}"
+            )
+    for name in sorted(set(gpu.placements) - set(model.profile_names)):
+        lines.append(
+            f"{where} {name}: NVML reports starts {sorted(gpu.placements[name])}, "
+            f"the catalogue does not list the profile for {model.name}"
+        )
+    return lines
+
+
+def backend_make(name: str, **options: Any) -> DeviceBackend:
+    """The backend called `name` ("nvml" or "simulated"), built with `options` (see each class)."""
+    if name == "nvml":
+        from .nvml import NvmlBackend
+
+        return NvmlBackend(**options)
+    if name == "simulated":
+        from .simulated import SimulatedBackend
+
+        return SimulatedBackend(**options)
+    raise ValueError(f"unknown device backend {name!r} (known: {', '.join(BACKEND_NAMES)})")

@@ -1,0 +1,79 @@
+"""Assembling an agent from its command-line options (`tessera agent`)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import zlib
+from pathlib import Path
+from typing import Callable
+
+from .agent import Agent
+from .backends import backend_make
+from .reconcile import Operation
+
+__all__ = ["CRASH_ENV", "agent_build", "crash_failpoint_from_env"]
+
+log = logging.getLogger("tessera.agent")
+
+# Failpoint for crash-safety tests: with TESSERA_AGENT_CRASH_AFTER_OPS=N the agent kills itself with
+# SIGKILL right after its N-th operation (no clean-up of any kind, as a power cut or an OOM kill would).
+CRASH_ENV = "TESSERA_AGENT_CRASH_AFTER_OPS"
+
+
+def crash_failpoint_from_env() -> Callable[[Operation], None] | None:
+    raw = os.environ.get(CRASH_ENV)
+    if not raw:
+        return None
+    limit = int(raw)
+    seen = 0
+
+    def after(op: Operation) -> None:
+        nonlocal seen
+        seen += 1
+        if seen >= limit:
+            log.warning("failpoint %s=%d: killing the agent after %s %s", CRASH_ENV, limit, op.action, op.target)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return after
+
+
+def agent_build(
+    *,
+    control_plane: str | None,
+    token: str | None,
+    backend: str,
+    simulate: str = "",
+    state_dir: Path,
+    desired_file: Path | None = None,
+    bind: str = "127.0.0.1",
+    advertise: str | None = None,
+    metrics_port: int = 0,
+    on_operation: Callable[[Operation], None] | None = None,
+) -> Agent:
+    """The agent the options describe (ValueError with a clear message on bad options)."""
+    state_dir = Path(state_dir)
+    options: dict = {}
+    if backend == "simulated":
+        # No GPUs declared: a CPU-only host. The seed keeps simulated UUIDs distinct between hosts (they are
+        # unique fleet-wide) and stable across restarts of the same agent.
+        seed = zlib.crc32(str(state_dir.resolve()).encode())
+        options = {"gpus": simulate, "state_file": state_dir / "simulated-gpus.json", "seed": seed}
+    elif simulate:
+        raise ValueError("--simulate is for --backend simulated")
+    device_backend = backend_make(backend, **options)
+    client = None
+    if control_plane:
+        from workers.client import ControlPlaneClient
+
+        client = ControlPlaneClient(control_plane, token or "")
+    exporter = None
+    if metrics_port:
+        from .exporter import AgentExporter
+
+        exporter = AgentExporter(hostname=os.uname().nodename)
+        exporter.serve(metrics_port, addr=bind)
+    return Agent(
+        backend=device_backend, state_dir=state_dir, client=client, desired_file=desired_file, bind=bind,
+        advertise=advertise, exporter=exporter, on_operation=on_operation,
+    )

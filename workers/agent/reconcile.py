@@ -1,0 +1,308 @@
+"""Make a host what its desired state says: MIG geometry, then the runtimes on it.
+
+Level-triggered: every pass starts from what is observed (the GPUs' instances as the device backend
+reports them, the runtime processes the supervisor finds), never from a memory of what was done before.
+So a pass interrupted at any step (a crash, a kill, a failed call), followed by another pass, converges:
+what was created is found and kept, what is missing is made, and what must go is removed. No step
+depends on an earlier pass having finished.
+
+Order within a pass (make before break where the GPU has room):
+
+1. Create the new MIG instances that fit beside everything on the GPU now, and start the desired
+   runtimes whose instance exists (new capacity serves before old capacity goes).
+2. Drain and stop the runtimes that are no longer wanted, changed, or sit on an instance that goes; only
+   then destroy instances (no runtime is ever left on a destroyed instance), switch MIG modes, create the
+   remaining instances (`mig_layout_diff`: destroys before creates, every intermediate layout valid), and
+   start the remaining runtimes.
+
+Every action is an `Operation` (logged, and reported to the control plane). A runtime that fails to start
+is retried on a later pass with exponential backoff.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from apps.planning.engine.mig import Placement, mig_catalogue_load, mig_layout_diff, mig_layout_validate
+
+from .backends import BackendError, DeviceBackend, GpuInfo
+from .desired import DesiredRuntime, DesiredState, runtime_key_parse
+from .supervisor import RuntimeProcess, RuntimeStartError, RuntimeSupervisor
+
+__all__ = ["Operation", "ReconcileResult", "Reconciler", "runtime_spec_build"]
+
+log = logging.getLogger("tessera.agent")
+
+# Backoff for a runtime that failed to start: 2, 4, 8, ... seconds, at most this.
+RESTART_BACKOFF_MAX_S = 60.0
+
+
+@dataclass(frozen=True)
+class Operation:
+    at: str
+    action: str  # runtime.start | runtime.drain | runtime.stop | mig.create | mig.destroy | mig.mode
+    target: str
+    outcome: str  # ok | failed
+    detail: str = ""
+
+    def as_report(self) -> dict:
+        return {"at": self.at, "action": self.action, "target": self.target, "outcome": self.outcome, "detail": self.detail}
+
+
+@dataclass
+class ReconcileResult:
+    version: int
+    converged: bool
+    errors: list[str] = field(default_factory=list)
+
+
+def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, device_uuid: str | None, simulated: bool) -> dict:
+    """The runtime process's spec file (workers.runtime.server.RuntimeSpec)."""
+    artifact = runtime.variant.get("artifact") or {}
+    return {
+        "key": runtime.key,
+        "application": runtime.application,
+        "variant": runtime.variant["name"],
+        "artifact_path": str(artifact_path) if artifact_path is not None else None,
+        "sha256": artifact.get("sha256"),
+        "simulated": simulated,
+        "device_uuid": device_uuid,
+        "cpu_threads": runtime.cpu_threads or 1,
+        "max_batch": runtime.max_batch,
+        "batching": {
+            "policy": runtime.batching.get("policy", "proteus"),
+            "params": runtime.batching.get("params", {}) or {},
+            "drop_rule": runtime.batching.get("drop_rule", "deadline"),
+            "queue_order": runtime.batching.get("queue_order", "fifo"),
+            "slo_ms": float(runtime.batching["slo_ms"]),
+        },
+        "profile": [{"batch": b, "latency_ms": ms} for b, ms in runtime.profile],
+    }
+
+
+class Reconciler:
+    """See the module docstring. `artifact_fetch(artifact dict) -> Path` downloads and verifies a model
+    file (the control-plane client's cache); `on_operation` sees every operation after it is done (the
+    agent reports them; tests use it to kill the agent between steps)."""
+
+    def __init__(
+        self,
+        *,
+        backend: DeviceBackend,
+        supervisor: RuntimeSupervisor,
+        artifact_fetch: Callable[[dict], Path],
+        on_operation: Callable[[Operation], None] | None = None,
+        drain_timeout_s: float = 10.0,
+        ready_timeout_s: float = 60.0,
+        stop_requested: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.backend = backend
+        self.supervisor = supervisor
+        self.artifact_fetch = artifact_fetch
+        self.on_operation = on_operation
+        self.drain_timeout_s = drain_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_requested = stop_requested  # the agent is shutting down: start nothing more
+        self.catalogue = mig_catalogue_load()
+        self._failures: dict[str, tuple[int, float]] = {}  # runtime key -> (consecutive failures, retry at)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _op(self, action: str, target: str, outcome: str, detail: str = "") -> Operation:
+        op = Operation(datetime.now(timezone.utc).isoformat(), action, target, outcome, detail)
+        (log.info if outcome == "ok" else log.warning)("%s %s: %s %s", action, target, outcome, detail)
+        if self.on_operation is not None:
+            self.on_operation(op)
+        return op
+
+    # ------------------------------------------------------------------ the pass
+
+    def reconcile(self, desired: DesiredState) -> ReconcileResult:
+        result = ReconcileResult(version=desired.version, converged=False)
+        gpus = {g.index: g for g in self.backend.gpus()}
+        targets: dict[int, tuple[object, tuple[Placement, ...], bool]] = {}  # index -> (spec, layout, mig)
+        for want in desired.gpus:
+            gpu = gpus.get(want.index)
+            if gpu is None:
+                result.errors.append(f"gpu{want.index}: no such GPU on this host")
+                continue
+            spec = self.catalogue.gpu_model_find(gpu.model_name)
+            if want.mig_enabled and (not gpu.mig_capable or spec is None):
+                result.errors.append(f"gpu{want.index}: {gpu.model_name} is not a MIG GPU the catalogue knows")
+                continue
+            if spec is not None and want.layout:
+                verdict = mig_layout_validate(spec, want.layout)
+                if not verdict.valid:
+                    result.errors.append(f"gpu{want.index}: desired layout is invalid: {verdict.reason}")
+                    continue
+            targets[want.index] = (spec, want.layout, want.mig_enabled)
+
+        # 1. Make before break: new instances that fit now, and runtimes whose instance exists.
+        running = self.supervisor.observe()
+        for index, (spec, layout, mig_enabled) in targets.items():
+            gpu = gpus[index]
+            if gpu.mig_enabled != mig_enabled or spec is None:
+                continue
+            current = [i.placement for i in gpu.instances]
+            for placement in mig_layout_diff(spec, current, layout).create:
+                if mig_layout_validate(spec, current + [placement]).valid:
+                    if self._instance_create(index, placement, result):
+                        current.append(placement)
+        gpus = {g.index: g for g in self.backend.gpus()}
+        stopping = self._runtimes_to_stop(desired, running, gpus, targets)
+        self._runtimes_start(desired, running, gpus, skip=set(stopping), result=result)
+
+        # 2. Break: stop what goes, reshape the GPUs, start the rest.
+        for record in stopping.values():
+            self._runtime_stop(record)
+        running = self.supervisor.observe()
+        for index, (spec, layout, mig_enabled) in targets.items():
+            gpu = gpus[index]
+            if gpu.mig_enabled != mig_enabled:
+                for instance in gpu.instances:
+                    self._instance_destroy(index, instance.placement, result)
+                try:
+                    self.backend.mig_mode_set(index, mig_enabled)
+                    self._op("mig.mode", f"gpu{index}", "ok", "enabled" if mig_enabled else "disabled")
+                except BackendError as exc:
+                    self._op("mig.mode", f"gpu{index}", "failed", str(exc))
+                    result.errors.append(f"gpu{index}: {exc}")
+                    continue
+                gpu = next(g for g in self.backend.gpus() if g.index == index)
+            if spec is None or not gpu.mig_enabled:
+                continue
+            diff = mig_layout_diff(spec, [i.placement for i in gpu.instances], layout)
+            for placement in diff.destroy:
+                self._instance_destroy(index, placement, result)
+            for placement in diff.create:
+                self._instance_create(index, placement, result)
+        gpus = {g.index: g for g in self.backend.gpus()}
+        self._runtimes_start(desired, running, gpus, skip=set(), result=result)
+
+        # Converged: every listed GPU has its layout and every desired runtime runs as desired.
+        running = self.supervisor.observe()
+        for index, (_spec, layout, mig_enabled) in targets.items():
+            gpu = gpus[index]
+            if gpu.mig_enabled != mig_enabled or tuple(sorted(i.placement for i in gpu.instances)) != tuple(sorted(layout)):
+                result.errors.append(f"gpu{index}: layout not reached")
+        for runtime in desired.runtimes:
+            record = running.get(runtime.key)
+            if record is None or record.fingerprint != runtime.fingerprint:
+                result.errors.append(f"{runtime.key}: not running")
+        for key in set(running) - {r.key for r in desired.runtimes}:
+            result.errors.append(f"{key}: still running though not desired")
+        result.converged = not result.errors
+        return result
+
+    # ------------------------------------------------------------------ MIG
+
+    def _instance_create(self, index: int, placement: Placement, result: ReconcileResult) -> bool:
+        try:
+            created = self.backend.mig_instance_create(index, placement)
+        except BackendError as exc:
+            self._op("mig.create", f"gpu{index}/{placement}", "failed", str(exc))
+            result.errors.append(f"gpu{index}/{placement}: {exc}")
+            return False
+        self._op("mig.create", f"gpu{index}/{placement}", "ok", created.uuid)
+        return True
+
+    def _instance_destroy(self, index: int, placement: Placement, result: ReconcileResult) -> None:
+        # Never destroy under a runtime: stop whatever runs on the instance first (found by its key).
+        for record in self.supervisor.observe().values():
+            kind, gpu_index, where, _ = runtime_key_parse(record.key)
+            if kind == "gpu" and gpu_index == index and where in (placement, None):
+                self._runtime_stop(record)
+        try:
+            self.backend.mig_instance_destroy(index, placement)
+        except BackendError as exc:
+            self._op("mig.destroy", f"gpu{index}/{placement}", "failed", str(exc))
+            result.errors.append(f"gpu{index}/{placement}: {exc}")
+            return
+        self._op("mig.destroy", f"gpu{index}/{placement}", "ok")
+
+    # ------------------------------------------------------------------ runtimes
+
+    def _runtimes_to_stop(self, desired: DesiredState, running: dict[str, RuntimeProcess], gpus: dict[int, GpuInfo], targets: dict) -> dict[str, RuntimeProcess]:
+        stop: dict[str, RuntimeProcess] = {}
+        for key, record in running.items():
+            want = desired.runtime(key)
+            kind, index, placement, _ = runtime_key_parse(key)
+            on_gone_instance = False
+            if kind == "gpu":
+                gpu = gpus.get(index)
+                target = targets.get(index)
+                if gpu is None:
+                    on_gone_instance = True
+                elif placement is None:
+                    on_gone_instance = gpu.mig_enabled or (target is not None and target[2])
+                else:
+                    present = placement in [i.placement for i in gpu.instances]
+                    kept = target is None or (target[2] == gpu.mig_enabled and placement in target[1])
+                    on_gone_instance = not present or not kept
+            if want is None or want.fingerprint != record.fingerprint or on_gone_instance:
+                stop[key] = record
+        return stop
+
+    def _runtime_stop(self, record: RuntimeProcess) -> None:
+        drained = self.supervisor.drain(record, self.drain_timeout_s)
+        self._op("runtime.drain", record.key, "ok" if drained else "failed", "" if drained else "did not drain; stopping anyway")
+        self.supervisor.stop(record, drain_timeout_s=0)
+        self._op("runtime.stop", record.key, "ok")
+
+    def _device_for(self, runtime: DesiredRuntime, gpus: dict[int, GpuInfo]) -> tuple[bool, str | None]:
+        """(can start now, device uuid) for a runtime: its GPU instance must exist."""
+        if runtime.device_kind == "cpu":
+            return True, None
+        gpu = gpus.get(runtime.device_index)
+        if gpu is None:
+            return False, None
+        if runtime.placement is None:
+            return (not gpu.mig_enabled), gpu.uuid
+        instance = next((i for i in gpu.instances if i.placement == runtime.placement), None)
+        return (instance is not None), (instance.uuid if instance else None)
+
+    def _runtimes_start(self, desired: DesiredState, running: dict[str, RuntimeProcess], gpus: dict[int, GpuInfo], *, skip: set[str], result: ReconcileResult) -> None:
+        now = time.monotonic()
+        for runtime in desired.runtimes:
+            record = running.get(runtime.key)
+            if self.stop_requested():
+                result.errors.append("stopped before finishing")
+                return
+            if runtime.key in skip or (record is not None and record.fingerprint == runtime.fingerprint):
+                continue
+            if record is not None:
+                continue  # a different runtime still holds this key; it is stopped first
+            ready, device_uuid = self._device_for(runtime, gpus)
+            if not ready:
+                continue
+            failures, retry_at = self._failures.get(runtime.key, (0, 0.0))
+            if now < retry_at:
+                result.errors.append(f"{runtime.key}: start failed {failures}x; retrying in {retry_at - now:.0f} s")
+                continue
+            simulated = runtime.device_kind == "gpu" and self.backend.name == "simulated"
+            try:
+                artifact = runtime.variant.get("artifact")
+                path = self.artifact_fetch(artifact) if artifact else None
+                spec = runtime_spec_build(runtime, artifact_path=path, device_uuid=device_uuid, simulated=simulated)
+                env = {"CUDA_VISIBLE_DEVICES": "" if simulated or device_uuid is None else device_uuid}
+                if runtime.cpu_threads:
+                    env["OMP_NUM_THREADS"] = str(runtime.cpu_threads)
+                record = self.supervisor.start(key=runtime.key, fingerprint=runtime.fingerprint, spec=spec, env=env, ready_timeout_s=self.ready_timeout_s)
+                health = self.supervisor.call(record, "health", timeout_s=5.0)
+                if health.get("status") != 200:
+                    self.supervisor.stop(record, drain_timeout_s=0)
+                    raise RuntimeStartError(f"health check answered {health}")
+            except Exception as exc:  # the artifact, the process or its health: retried later
+                failures += 1
+                self._failures[runtime.key] = (failures, now + min(RESTART_BACKOFF_MAX_S, 2.0 ** failures))
+                self._op("runtime.start", runtime.key, "failed", str(exc)[:500])
+                result.errors.append(f"{runtime.key}: {exc}")
+                continue
+            self._failures.pop(runtime.key, None)
+            running[runtime.key] = record
+            label = "simulated" if simulated else (device_uuid or "cpu")
+            self._op("runtime.start", runtime.key, "ok", f"{runtime.variant['name']} at {record.endpoint} on {label}")

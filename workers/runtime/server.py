@@ -1,0 +1,715 @@
+"""The runtime process: one serving instance (a GPU, a MIG instance, or a CPU allotment) behind the router's
+frame protocol (docs/dataplane.md, "Router <-> runtime frames").
+
+    python -m workers.runtime.server --spec SPEC.json --listen 127.0.0.1:0 --ready-file PATH
+
+Start-up: read the spec (`RuntimeSpec`), pin the GPU (CUDA_VISIBLE_DEVICES = device_uuid, unless the
+environment already sets it), load the model (`OnnxSession`, its sha256 checked) or a `SimulatedSession`,
+warm it up, start the instance batcher (threaded, the spec's batching policy, drop rule, queue order and
+SLO, the profile as the policy's latency function), bind the TCP server, and only then write the endpoint
+it listens on, `tcp://HOST:PORT` (the real port when 0 was asked), to the ready file, atomically (a temp
+file renamed over it): the agent polls for that file. A runtime that cannot start writes no ready file,
+prints `tessera-runtime: error: ...` on stderr and exits with status 2.
+
+Frames (one JSON header and a body each; any number in flight on a connection, answered as they finish,
+matched by `id`, which is echoed back):
+
+- `{"op": "infer", "id": 7, "deadline_ms": 48.5, "content_type": ..., "header_length": N or null,
+  "instance": "<host>/<key>", "routing_version": 2}` with the client's KServe v2 body. `deadline_ms` is
+  RELATIVE: milliseconds from when the runtime reads the frame (the router's remaining budget; clocks of
+  two hosts are not comparable); absent: the SLO. Answer `{"id", "status": 200, "variant", "simulated",
+  "content_type", "header_length"}` with the KServe v2 response body (binary outputs when the request asked
+  for them; `header_length` is then the response's Inference-Header-Content-Length). Errors carry
+  `{"id", "status", "code", "message", "variant", "simulated", "content_type": "application/json"}` and the
+  body `{"error": {"status", "code", "message"}}`: 400 `malformed` (WireError, unknown or missing inputs,
+  wrong datatype or shape), 504 `deadline_exceeded` (the drop rule gave up on the query), 503 `draining`,
+  500 `internal` (the model failed).
+- `{"op": "health"}` -> `{"status": 200, "state": "ready"|"draining", "key", "application", "variant",
+  "instance", "simulated", "providers", "max_batch", "queue_length", "in_flight", "pid", "uptime_s",
+  "counters": {arrivals, served, late, dropped, failed, batches, queue_length since the start}}`.
+- `{"op": "stats"}` -> `{"status": 200, "stats": {...}}`: `InstanceStats.snapshot_and_reset()`, the
+  interval's item of the agent's metrics `runtimes[]` (the agent calls it every second).
+- `{"op": "metrics"}` -> `{"status": 200, "content_type": ...}` with the Prometheus text as the body.
+- `{"op": "drain", "timeout_ms": 10000}` -> stop taking queries (503 `draining` from now on) and answer
+  `{"status": 200, "state": "drained"}` once nothing is queued or in flight, or `{"status": 504, "code":
+  "drain_timeout"}` when `timeout_ms` (default: none) passes first. The process keeps running.
+
+SIGTERM / SIGINT: drain (at most `--drain-timeout-s`), close, exit 0.
+
+The hot path does not log, does not copy binary tensors (the arrays alias the frame's body; a query that
+carries its own batch axis and runs alone goes to the model as it is), and hops threads once per query:
+to the batcher's worker thread, which runs the batch and writes the answers itself.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from apps.planning.engine.batching import batching_policy_make, policy_latency_function
+from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats
+from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
+from workers.runtime.simulated import SimulatedSession, profile_points
+from workers.wire import FRAME_PREFIX, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
+
+__all__ = ["BatchingSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ready_file_write", "main", "session_load"]
+
+log = logging.getLogger("tessera.runtime")
+
+JSON_CT = "application/json"
+BINARY_CT = "application/octet-stream"
+
+
+class RuntimeSpecError(ValueError):
+    """The spec file is missing, unreadable, or a field is wrong; the message names the field."""
+
+
+@dataclass
+class BatchingSpec:
+    policy: str = "proteus"
+    params: dict[str, Any] = field(default_factory=dict)
+    drop_rule: str = "deadline"
+    queue_order: str = "fifo"
+    slo_ms: float = 1000.0
+    margin_ms: float | None = None  # None: batching_margin_ms(slo_ms)
+
+
+def batching_margin_ms(slo_ms: float) -> float:
+    """The live batcher's planning margin (workers/runtime/batcher.py): 5% of the SLO, at least 1 ms, at
+    most a quarter of the SLO."""
+    return min(max(1.0, 0.05 * slo_ms), 0.25 * slo_ms)
+
+
+@dataclass
+class RuntimeSpec:
+    """What one runtime process serves. The JSON file holds these fields (`artifact` is accepted for
+    `artifact_path`; unknown fields are ignored). `instance` is the fleet-unique instance id used in the
+    Prometheus labels (default: the key)."""
+
+    key: str
+    application: str
+    variant: str
+    artifact_path: str | None = None
+    sha256: str | None = None
+    simulated: bool = False
+    device_uuid: str | None = None
+    cpu_threads: int = 1
+    max_batch: int = 1
+    batching: BatchingSpec = field(default_factory=BatchingSpec)
+    profile: list[dict[str, Any]] = field(default_factory=list)
+    instance: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeSpec":
+        if not isinstance(data, Mapping):
+            raise RuntimeSpecError(f"the spec must be a JSON object, got {type(data).__name__}")
+        for name in ("key", "application", "variant"):
+            if not isinstance(data.get(name), str) or not data[name]:
+                raise RuntimeSpecError(f"spec field {name!r} must be a non-empty string, got {data.get(name)!r}")
+        artifact = data.get("artifact_path") or data.get("artifact")
+        if artifact is not None and not isinstance(artifact, str):
+            raise RuntimeSpecError(f"spec field 'artifact_path' must be a path or null, got {artifact!r}")
+        simulated = data.get("simulated", False)
+        if not isinstance(simulated, bool):
+            raise RuntimeSpecError(f"spec field 'simulated' must be true or false, got {simulated!r}")
+        if artifact is None and not simulated:
+            raise RuntimeSpecError("spec: a runtime that is not simulated needs 'artifact_path'")
+        ints = {}
+        for name, default in (("cpu_threads", 1), ("max_batch", 1)):
+            value = data.get(name)
+            value = default if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RuntimeSpecError(f"spec field {name!r} must be an integer >= 1, got {value!r}")
+            ints[name] = value
+        raw = data.get("batching") or {}
+        if not isinstance(raw, Mapping):
+            raise RuntimeSpecError("spec field 'batching' must be an object")
+        slo = raw.get("slo_ms", 1000.0)
+        if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not math.isfinite(slo) or slo <= 0:
+            raise RuntimeSpecError(f"spec field 'batching.slo_ms' must be a finite number > 0, got {slo!r}")
+        params = raw.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise RuntimeSpecError("spec field 'batching.params' must be an object")
+        margin = raw.get("margin_ms")
+        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < slo):
+            raise RuntimeSpecError(f"spec field 'batching.margin_ms' must be >= 0 and below slo_ms, got {margin!r}")
+        batching = BatchingSpec(
+            policy=str(raw.get("policy") or "proteus"), params=dict(params), drop_rule=str(raw.get("drop_rule") or "deadline"),
+            queue_order=str(raw.get("queue_order") or "fifo"), slo_ms=float(slo),
+            margin_ms=None if margin is None else float(margin),
+        )
+        profile = data.get("profile") or []
+        if not isinstance(profile, list):
+            raise RuntimeSpecError("spec field 'profile' must be a list of {batch, latency_ms}")
+        try:
+            profile_points(profile)
+        except ValueError as exc:
+            raise RuntimeSpecError(f"spec field {exc}") from None
+        if simulated and not profile:
+            raise RuntimeSpecError("spec: a simulated runtime needs a 'profile' (its service time)")
+        for name in ("sha256", "device_uuid", "instance"):
+            if data.get(name) is not None and not isinstance(data[name], str):
+                raise RuntimeSpecError(f"spec field {name!r} must be a string or null, got {data[name]!r}")
+        return cls(
+            key=data["key"], application=data["application"], variant=data["variant"], artifact_path=artifact,
+            sha256=data.get("sha256") or None, simulated=simulated, device_uuid=data.get("device_uuid") or None,
+            cpu_threads=ints["cpu_threads"], max_batch=ints["max_batch"], batching=batching,
+            profile=[dict(p) if isinstance(p, Mapping) else {"batch": p[0], "latency_ms": p[1]} for p in profile],
+            instance=data.get("instance") or None,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RuntimeSpec":
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise RuntimeSpecError(f"cannot read the spec {path}: {exc}") from None
+        except ValueError as exc:
+            raise RuntimeSpecError(f"the spec {path} is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def dump(self, path: str | Path) -> Path:
+        path = Path(path)
+        _atomic_write(path, json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def ready_file_write(path: str | Path, endpoint: str) -> None:
+    """Write the endpoint to the ready file atomically (temp file in the same folder, then os.replace)."""
+    _atomic_write(Path(path), endpoint)
+
+
+def session_load(spec: RuntimeSpec) -> Any:
+    """The spec's session: a SimulatedSession, or an OnnxSession on the artifact (sha256 checked), warm."""
+    if spec.simulated:
+        return SimulatedSession(spec.profile, spec.max_batch)
+    from workers.runtime.session import OnnxSession
+
+    if spec.device_uuid and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.device_uuid
+    assert spec.artifact_path is not None
+    session = OnnxSession(spec.artifact_path, sha256=spec.sha256, intra_op_threads=spec.cpu_threads, device_uuid=spec.device_uuid)
+    session.warmup(sorted({1, spec.max_batch}))
+    return session
+
+
+def _input_signature(session: Any) -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """{input name: (numpy dtype or None, dims)} read from an OnnxSession (empty: accept anything)."""
+    inputs = getattr(session, "_inputs", None)
+    if not inputs:
+        return {}
+    from workers.runtime.session import _ONNX_DTYPES
+
+    out = {}
+    for i in inputs:
+        dt = _ONNX_DTYPES.get(i.type)
+        out[i.name] = (np.dtype(dt) if dt is not None else None, tuple(i.shape))
+    return out
+
+
+def _measured_profile(session: Any, max_batch: int, signature: dict) -> list[dict[str, Any]]:
+    """A latency profile measured on the session (a real runtime started without one)."""
+    points = []
+    for b in sorted({1, max_batch}):
+        feed = []
+        for _ in range(b):
+            feed.append({name: np.zeros([d if isinstance(d, int) and d > 0 else 1 for d in dims[1:]], dtype=dt or np.float32)
+                         for name, (dt, dims) in signature.items()})
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            session.run_batch(feed)
+            times.append((time.perf_counter() - t) * 1000.0)
+        points.append({"batch": b, "latency_ms": sorted(times)[len(times) // 2]})
+    return points
+
+
+class _Query:
+    __slots__ = ("inputs", "batched", "arrival_ms", "deadline_ms", "end_ms", "compute_ms", "start_ms")
+
+    def __init__(self, inputs: dict, batched: bool, arrival_ms: float, deadline_ms: float) -> None:
+        self.inputs = inputs
+        self.batched = batched  # every input carries its own batch axis (the model can take it as it is)
+        self.arrival_ms = arrival_ms
+        self.deadline_ms = deadline_ms
+        self.start_ms = self.end_ms = self.compute_ms = 0.0
+
+
+class _Connection:
+    """One frame connection. Reads happen on the event loop (`loop.add_reader`, non-blocking recv); writes
+    come from any thread (the loop for control answers, the batcher's worker thread for inference answers,
+    which saves a thread hop per query): one lock per connection keeps frames whole, and a write waits until
+    it is complete, at most `_SEND_TIMEOUT_S` (a peer that stops reading for that long is disconnected)."""
+
+    __slots__ = ("server", "sock", "fd", "parser", "closed", "lock", "peer")
+
+    def __init__(self, server: "RuntimeServer", sock: socket.socket) -> None:
+        self.server = server
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.parser = FrameParser()
+        self.closed = False
+        self.lock = threading.Lock()
+        try:
+            self.peer = sock.getpeername()
+        except OSError:
+            self.peer = None
+
+    def readable(self) -> None:
+        try:
+            data = self.sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close()
+            return
+        if not data:
+            self.close()
+            return
+        try:
+            frames = self.parser.feed(data)
+        except ValueError as exc:  # FrameError: this connection cannot be trusted any more
+            log.warning("closing the connection from %s: %s", self.peer, exc)
+            self.close()
+            return
+        handle = self.server.frame_handle
+        for header, body in frames:
+            handle(self, header, body)
+
+    def send(self, header: dict, body: bytes = b"") -> None:
+        """Send one frame (any thread)."""
+        self.send_bytes(frame_pack(header, body))
+
+    def send_bytes(self, data: bytes) -> None:
+        if self.closed:
+            return
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                self.closed = True
+                loop = self.server._loop
+                if loop is not None and not loop.is_closed():
+                    loop.call_soon_threadsafe(self.close)
+
+    def close(self) -> None:
+        """Close (event loop thread)."""
+        self.closed = True
+        loop = self.server._loop
+        if self.fd >= 0:
+            if loop is not None and not loop.is_closed():
+                loop.remove_reader(self.fd)
+            self.fd = -1
+            with self.lock:
+                self.sock.close()
+        self.server._connections.discard(self)
+
+
+_RECV_BYTES = 1 << 18
+_SEND_TIMEOUT_S = 10.0
+
+
+class RuntimeServer:
+    """The frame server around one session and its batcher (see the module docstring). `start(host, port)`
+    binds and returns the endpoint; `wait_closed()` returns once a shutdown finished."""
+
+    def __init__(self, spec: RuntimeSpec, session: Any | None = None) -> None:
+        self.spec = spec
+        self.session = session if session is not None else session_load(spec)
+        self.simulated = bool(getattr(self.session, "simulated", False))
+        self.signature = _input_signature(self.session)
+        self._run_direct = getattr(self.session, "run", None) if self.signature else None
+        profile = spec.profile or _measured_profile(self.session, spec.max_batch, self.signature)
+        latency_ms, _ = policy_latency_function(profile_points(profile), spec.max_batch)
+        self.stats = RuntimeStats()
+        self.instance_stats = self.stats.instance(
+            key=spec.key, application=spec.application, variant=spec.variant, instance=spec.instance or spec.key, simulated=self.simulated)
+        b = spec.batching
+        try:
+            policy = batching_policy_make(b.policy, **b.params)
+            self.batcher = InstanceBatcher(
+                policy, latency_ms=latency_ms, max_batch=spec.max_batch, execute=self._execute, drop_rule=b.drop_rule,
+                slo_ms=b.slo_ms, queue_order=b.queue_order,
+                margin_ms=b.margin_ms if b.margin_ms is not None else batching_margin_ms(b.slo_ms),
+            )
+        except (ValueError, TypeError) as exc:
+            raise RuntimeSpecError(f"spec field 'batching': {exc}") from None
+        self.instance_stats.queue_length_source(self.batcher.__len__)
+        self.draining = False
+        self._in_flight = 0
+        self._count_lock = threading.Lock()
+        self.started = time.monotonic()
+        self._drain_waiters: list[tuple[_Connection, Any, asyncio.TimerHandle | None]] = []
+        self._connections: set[_Connection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: socket.socket | None = None
+        self._closed: asyncio.Event | None = None
+        instance = spec.instance or spec.key
+        self._params_default = {"variant": spec.variant, "instance": instance, "simulated": self.simulated}
+        self._reply_head = ('{"status":200,"variant":%s,"simulated":%s,"content_type":' % (
+            json.dumps(spec.variant), "true" if self.simulated else "false")).encode()
+        self.endpoint: str | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Queries taken and not answered yet (queued or in a batch)."""
+        return self._in_flight
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start the batcher, bind, serve; returns the endpoint `tcp://HOST:PORT`."""
+        self._loop = asyncio.get_running_loop()
+        self._closed = asyncio.Event()
+        self.batcher.start()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+        listener.setblocking(False)
+        self._listener = listener
+        self._loop.add_reader(listener.fileno(), self._accept)
+        sockname = listener.getsockname()
+        self.endpoint = f"tcp://{_host_str(sockname[0])}:{sockname[1]}"
+        return self.endpoint
+
+    def _accept(self) -> None:
+        assert self._listener is not None and self._loop is not None
+        while True:
+            try:
+                sock, _addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: try again on the next readiness
+                log.warning("accept failed: %s", exc)
+                return
+            # Blocking for sendall, with a kernel send timeout (not settimeout: that polls before every
+            # send); reads never wait (MSG_DONTWAIT, on readiness).
+            sock.setblocking(True)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(_SEND_TIMEOUT_S), 0))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(self, sock)
+            self._connections.add(conn)
+            self._loop.add_reader(conn.fd, conn.readable)
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop taking queries, wait (at most `drain_timeout_s`) for what is queued and in flight, close."""
+        self.draining = True
+        deadline = time.monotonic() + drain_timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._listener is not None and self._loop is not None:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+        for conn in list(self._connections):
+            conn.close()
+        self.batcher.close(timeout=5.0)
+        if self._closed is not None:
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        assert self._closed is not None
+        await self._closed.wait()
+
+    # ------------------------------------------------------------------ the batcher's side (worker thread)
+
+    def _execute(self, queries: list[_Query]) -> list[Any]:
+        start = time.monotonic()
+        if len(queries) == 1 and queries[0].batched and self._run_direct is not None:
+            # One query that already has its batch axis: the model takes its arrays as they are
+            # (run_batch would stack and split for nothing).
+            outputs = [self._run_direct(queries[0].inputs)]
+        else:
+            outputs = self.session.run_batch([q.inputs for q in queries])
+        end = time.monotonic()
+        start_ms, end_ms = start * 1000.0, end * 1000.0
+        compute_ms = end_ms - start_ms
+        self.instance_stats.batch(len(queries), compute_ms)
+        for q in queries:
+            q.start_ms = start_ms
+            q.end_ms = end_ms
+            q.compute_ms = compute_ms
+        return outputs
+
+    # ------------------------------------------------------------------ frames (event loop thread)
+
+    def frame_handle(self, conn: _Connection, header: dict, body: bytes) -> None:
+        op = header.get("op")
+        if op == "infer":
+            self._infer(conn, header, body)
+        elif op == "health":
+            conn.send(self._health(header.get("id")))
+        elif op == "stats":
+            conn.send({"id": header.get("id"), "status": 200, "stats": self.instance_stats.snapshot_and_reset()})
+        elif op == "metrics":
+            conn.send({"id": header.get("id"), "status": 200, "content_type": PROMETHEUS_CONTENT_TYPE}, self.stats.exposition())
+        elif op == "drain":
+            self._drain(conn, header)
+        else:
+            self._error(conn, header.get("id"), 400, "unknown_op", f"unknown op {op!r}; known: infer, health, stats, metrics, drain")
+
+    def _error(self, conn: _Connection, rid: Any, status: int, code: str, message: str) -> None:
+        conn.send({"id": rid, "status": status, "code": code, "message": message, "variant": self.spec.variant,
+                   "simulated": self.simulated, "content_type": JSON_CT}, error_body(status, code, message))
+
+    def _health(self, rid: Any) -> dict:
+        return {
+            "id": rid, "status": 200, "state": "draining" if self.draining else "ready", "key": self.spec.key,
+            "application": self.spec.application, "variant": self.spec.variant, "instance": self.spec.instance or self.spec.key,
+            "simulated": self.simulated, "providers": list(getattr(self.session, "providers", [])), "max_batch": self.spec.max_batch,
+            "queue_length": len(self.batcher), "in_flight": self._in_flight, "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started, 3), "counters": self.instance_stats.totals(),
+        }
+
+    def _drain(self, conn: _Connection, header: dict) -> None:
+        self.draining = True
+        rid = header.get("id")
+        if self._in_flight == 0:
+            conn.send({"id": rid, "status": 200, "state": "drained"})
+            return
+        timer = None
+        entry: list = []
+        timeout_ms = header.get("timeout_ms")
+        if isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool) and timeout_ms >= 0:
+            timer = self._loop.call_later(timeout_ms / 1000.0, self._drain_timeout, entry)  # type: ignore[union-attr]
+        waiter = (conn, rid, timer)
+        entry.append(waiter)
+        self._drain_waiters.append(waiter)
+        if self._in_flight == 0:  # answered meanwhile (the worker thread)
+            self._drained()
+
+    def _drain_timeout(self, entry: list) -> None:
+        waiter = entry[0]
+        if waiter in self._drain_waiters:
+            self._drain_waiters.remove(waiter)
+            conn, rid, _ = waiter
+            conn.send({"id": rid, "status": 504, "code": "drain_timeout", "state": "draining", "in_flight": self._in_flight,
+                       "message": f"{self._in_flight} queries still queued or in flight"})
+
+    def _drained(self) -> None:
+        if self._in_flight:
+            return
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for conn, rid, timer in waiters:
+            if timer is not None:
+                timer.cancel()
+            conn.send({"id": rid, "status": 200, "state": "drained"})
+
+    def _infer(self, conn: _Connection, header: dict, body: bytes) -> None:
+        rid = header.get("id")
+        if self.draining:
+            self._error(conn, rid, 503, "draining", f"instance {self.spec.instance or self.spec.key} is draining")
+            return
+        arrival_ms = time.monotonic() * 1000.0
+        try:
+            request_id, inputs, binary = request_decode(body, header.get("header_length"))
+            batched = self._inputs_check(inputs) if self.signature else False
+        except WireError as exc:
+            self._error(conn, rid, 400, "malformed", str(exc))
+            return
+        budget = header.get("deadline_ms")
+        deadline_ms = arrival_ms + (float(budget) if budget is not None else self.spec.batching.slo_ms)
+        query = _Query(inputs, batched, arrival_ms, deadline_ms)
+        self.instance_stats.arrival()
+        with self._count_lock:
+            self._in_flight += 1
+        try:
+            future = self.batcher.submit(query, deadline_ms=deadline_ms)
+        except BatcherClosed:
+            with self._count_lock:
+                self._in_flight -= 1
+            self.instance_stats.failed()
+            self._error(conn, rid, 503, "draining", "the instance is shutting down")
+            return
+        context = (conn, rid, request_id, binary, query, header)
+        # The answer is encoded and sent from the thread that resolves the future (the batcher's worker).
+        future.add_done_callback(lambda f: self._infer_done(f, context))
+
+    def _inputs_check(self, inputs: dict) -> bool:
+        """WireError unless `inputs` are the model's, with its datatypes and shapes (batch axis optional);
+        True when every input carries the batch axis."""
+        signature = self.signature
+        batched = True
+        missing = [n for n in signature if n not in inputs]
+        if missing:
+            raise WireError(f"missing inputs {missing}; the model takes {list(signature)}")
+        if len(inputs) != len(signature):
+            unknown = [n for n in inputs if n not in signature]
+            raise WireError(f"unknown inputs {unknown}; the model takes {list(signature)}")
+        for name, array in inputs.items():
+            dt, dims = signature[name]
+            if dt is not None and array.dtype != dt:
+                raise WireError(f"input {name!r}: datatype {array.dtype} but the model takes {dt}")
+            rank = len(dims)
+            if array.ndim != rank:
+                if array.ndim != rank - 1:
+                    raise WireError(f"input {name!r}: shape {list(array.shape)} but the model takes {list(dims)} (batch axis optional)")
+                batched = False
+            tail = dims[1:]
+            got = array.shape[array.ndim - len(tail):] if tail else ()
+            for want, have in zip(tail, got):
+                if isinstance(want, int) and want > 0 and want != have:
+                    raise WireError(f"input {name!r}: shape {list(array.shape)} but the model takes {list(dims)}")
+        return batched
+
+    def _infer_done(self, future: Any, context: tuple) -> None:
+        """A query's answer (any thread; usually the batcher's worker, right after its batch)."""
+        conn, rid, request_id, binary, query, header = context
+        now_ms = time.monotonic() * 1000.0
+        latency = now_ms - query.arrival_ms
+        stats = self.instance_stats
+        try:
+            exc = future.exception()
+            if exc is None:
+                params = self._params_default
+                instance, version = header.get("instance"), header.get("routing_version")
+                if instance or version is not None:
+                    params = dict(params)
+                    if instance:
+                        params["instance"] = instance
+                    if version is not None:
+                        params["routing_version"] = version
+                try:
+                    body, header_length = response_encode(request_id, future.result(), model_name=self.spec.application,
+                                                          model_version=self.spec.variant, parameters=params, binary=binary)
+                except WireError as err:
+                    stats.failed(latency)
+                    self._error(conn, rid, 500, "internal", f"cannot encode the outputs: {err}")
+                else:
+                    stats.served(latency, query.start_ms - query.arrival_ms, query.compute_ms, query.end_ms > query.deadline_ms + 1e-6)
+                    if header_length is None:
+                        tail = b'"application/json","header_length":null,"id":%s}' % json.dumps(rid).encode()
+                    else:
+                        tail = b'"application/octet-stream","header_length":%d,"id":%s}' % (header_length, json.dumps(rid).encode())
+                    head = self._reply_head + tail
+                    conn.send_bytes(b"".join((FRAME_PREFIX.pack(len(head), len(body)), head, body)))
+            elif isinstance(exc, DeadlineExceeded):
+                stats.dropped(latency, latency)
+                self._error(conn, rid, 504, "deadline_exceeded", f"the query cannot meet its deadline ({exc.rule!r} drop rule at the instance)")
+            elif isinstance(exc, BatcherClosed):
+                stats.failed(latency)
+                self._error(conn, rid, 503, "draining", "the instance shut down before serving the query")
+            else:
+                stats.failed(latency)
+                self._error(conn, rid, 500, "internal", f"the model failed: {type(exc).__name__}: {exc}")
+        finally:
+            with self._count_lock:
+                self._in_flight -= 1
+                idle = self._in_flight == 0
+            if idle and self._drain_waiters:
+                loop = self._loop
+                if loop is not None and not loop.is_closed():
+                    loop.call_soon_threadsafe(self._drained)
+
+
+def _host_str(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _listen_parse(text: str) -> tuple[str, int]:
+    host, sep, port = text.removeprefix("tcp://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise RuntimeSpecError(f"--listen must be HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.new_event_loop()
+
+
+async def _serve(server: RuntimeServer, host: str, port: int, ready_file: str | None, drain_timeout_s: float) -> None:
+    endpoint = await server.start(host, port)
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task] = []
+
+    def stop() -> None:
+        if not stopping:
+            log.info("signal received: draining, then exiting")
+            stopping.append(loop.create_task(server.shutdown(drain_timeout_s)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - not on the main thread / platform
+            pass
+    if ready_file:
+        ready_file_write(ready_file, endpoint)
+    log.info("runtime %s (%s/%s%s) serving on %s", server.spec.key, server.spec.application, server.spec.variant,
+             ", simulated" if server.simulated else "", endpoint)
+    await server.wait_closed()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.runtime.server", description="A Tessera runtime process (one serving instance).")
+    parser.add_argument("--spec", required=True, help="the runtime spec (JSON, RuntimeSpec's fields)")
+    parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free port)")
+    parser.add_argument("--ready-file", default=None, help="where to write tcp://HOST:PORT once serving")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0, help="how long SIGTERM waits for queued queries")
+    parser.add_argument("--log-level", default=os.environ.get("TESSERA_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # The event loop and the batcher's thread share the GIL: a short switch interval keeps a batch that
+    # just finished from waiting behind the loop for the default 5 ms.
+    sys.setswitchinterval(0.0005)
+    try:
+        spec = RuntimeSpec.load(args.spec)
+        host, port = _listen_parse(args.listen)
+        log.info("runtime %s starting: %s/%s, %s", spec.key, spec.application, spec.variant,
+                 "simulated" if spec.simulated else f"model {spec.artifact_path}")
+        server = RuntimeServer(spec)
+    except Exception as exc:  # the spec, the artifact (checksum), the model, the policy: the agent reports it
+        print(f"tessera-runtime: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    # Everything loaded so far lives as long as the process: keep it out of the collector's way (fewer and
+    # shorter full collections on the hot path).
+    gc.collect()
+    gc.freeze()
+    loop = _event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_serve(server, host, port, args.ready_file, args.drain_timeout_s))
+    except OSError as exc:
+        print(f"tessera-runtime: error: cannot listen on {args.listen}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

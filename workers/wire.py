@@ -1,0 +1,431 @@
+"""What travels on the data plane's wires (docs/dataplane.md).
+
+1. The inference API's bodies: the KServe v2 / Triton inference protocol, JSON tensors and the binary
+   tensor extension.
+
+   - `request_decode(body, header_length) -> (request id, {input name: ndarray}, wants binary outputs)`.
+     `header_length` is the `Inference-Header-Content-Length` HTTP header (None: the whole body is JSON).
+     An input with `"parameters": {"binary_data_size": N}` takes its N raw little-endian bytes from the
+     bytes after the JSON header, inputs in order; the arrays alias the body (no copy) and are read-only.
+   - `response_encode(request_id, outputs, model_name=..., model_version=..., parameters=..., binary=...)
+     -> (body, header_length or None)`: JSON `data`, or the binary extension when `binary` is true (then
+     `header_length` is the value of the response's `Inference-Header-Content-Length`).
+   - `error_body(status, code, message) -> bytes`: the control plane's error shape
+     `{"error": {"status", "code", "message"}}`.
+   - Malformed input raises `WireError` (a `ValueError`) whose message says what is wrong and where.
+
+   Datatypes: BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64 (BYTES is
+   not supported).
+
+2. The router <-> runtime frames: `u32 header length | u32 body length | header (UTF-8 JSON) | body`,
+   lengths big-endian. `frame_pack(header, body) -> bytes`; asyncio streams: `await frame_read(reader)`
+   (None at a clean end of stream) and `await frame_write(writer, header, body)`; protocols (the hot path):
+   `FrameParser().feed(data) -> [(header, body), ...]`. Frames larger than the limits (`MAX_HEADER_BYTES`,
+   `MAX_BODY_BYTES`, or the `max_body` given) raise `FrameError`; the connection should then be closed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import struct
+from typing import Any, Mapping
+
+import numpy as np
+
+__all__ = [
+    "BINARY_CONTENT_TYPE",
+    "DATATYPES",
+    "FRAME_PREFIX",
+    "FrameError",
+    "FrameParser",
+    "HEADER_LENGTH_HEADER",
+    "JSON_CONTENT_TYPE",
+    "MAX_BODY_BYTES",
+    "MAX_HEADER_BYTES",
+    "WireError",
+    "datatype_of",
+    "error_body",
+    "frame_pack",
+    "frame_read",
+    "frame_write",
+    "request_decode",
+    "request_encode",
+    "response_decode",
+    "response_encode",
+]
+
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
+
+# KServe v2 datatype <-> numpy dtype (little-endian on the wire).
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+_KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items()}
+
+# Frames: a JSON header this large is a bug or an attack; bodies are tensors.
+MAX_HEADER_BYTES = 1 << 20
+MAX_BODY_BYTES = 256 << 20
+FRAME_PREFIX = struct.Struct(">II")
+
+
+class WireError(ValueError):
+    """A malformed inference request or response (HTTP 400 `malformed`); the message says what and where."""
+
+    status = 400
+    code = "malformed"
+
+
+class FrameError(WireError):
+    """A malformed or oversized router <-> runtime frame; the connection cannot be trusted after it."""
+
+    code = "bad_frame"
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The KServe datatype name of a numpy array's dtype (WireError for dtypes the protocol lacks here)."""
+    dt = array.dtype
+    name = _KIND_SIZE_TO_DATATYPE.get((dt.kind, dt.itemsize))
+    if name is None:
+        raise WireError(f"dtype {dt} has no KServe v2 datatype supported here ({', '.join(DATATYPES)})")
+    return name
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}: 'shape' must be a list of non-negative integers, got {value!r}")
+    for d in value:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise WireError(f"{where}: 'shape' must be a list of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+def _dtype(value: Any, where: str) -> np.dtype:
+    dt = DATATYPES.get(value) if isinstance(value, str) else None
+    if dt is None:
+        raise WireError(f"{where}: unsupported datatype {value!r}; supported: {', '.join(DATATYPES)}")
+    return dt
+
+
+def _json_tensor(data: Any, dt: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    if not isinstance(data, list):
+        raise WireError(f"{where}: 'data' must be a list (flat or nested), got {type(data).__name__}")
+    try:
+        if dt.kind == "b":
+            array = np.asarray(data)
+            if array.size and array.dtype.kind != "b":
+                raise WireError(f"{where}: BOOL data must be true/false values")
+            array = array.astype(np.bool_, copy=False)
+        elif dt.kind in "iu":
+            array = np.asarray(data)
+            if array.size and array.dtype.kind not in "iu":
+                raise WireError(f"{where}: {dt.name} data must be integers, got {array.dtype.kind!r}-kind values")
+            array = array.astype(dt, copy=False)
+        else:
+            array = np.asarray(data, dtype=dt)
+    except WireError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise WireError(f"{where}: 'data' does not hold numbers of its datatype: {exc}") from None
+    expected = math.prod(shape)
+    if array.size != expected:
+        raise WireError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {expected}")
+    return array.reshape(shape)
+
+
+def _parameters(entry: Mapping[str, Any], where: str) -> Mapping[str, Any]:
+    params = entry.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise WireError(f"{where}: 'parameters' must be an object")
+    return params
+
+
+def _json_header(body: bytes | bytearray | memoryview, header_length: int | None) -> tuple[dict, int]:
+    n = len(body)
+    if header_length is None:
+        end = n
+    else:
+        if isinstance(header_length, bool) or not isinstance(header_length, int) or not 0 < header_length <= n:
+            raise WireError(f"{HEADER_LENGTH_HEADER} {header_length!r} must be an integer in 1..{n} (the body's length)")
+        end = header_length
+    raw = body if end == n and isinstance(body, bytes) else bytes(body[:end])
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError(f"the JSON header is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"the JSON header must be an object, got {type(doc).__name__}")
+    return doc, end
+
+
+def request_decode(body: bytes | bytearray | memoryview, header_length: int | None = None) -> tuple[str | None, dict[str, np.ndarray], bool]:
+    """A KServe v2 inference request -> (request id or None, {input name: array}, wants binary outputs).
+    See the module docstring. Raises WireError."""
+    doc, offset = _json_header(body, header_length)
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise WireError(f"'id' must be a string, got {request_id!r}")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise WireError("'inputs' must be a non-empty list of tensors")
+    tensors: dict[str, np.ndarray] = {}
+    end = len(body)
+    view: memoryview | None = None
+    for i, entry in enumerate(inputs):
+        if not isinstance(entry, dict):
+            raise WireError(f"inputs[{i}] must be an object")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise WireError(f"inputs[{i}]: 'name' must be a non-empty string")
+        where = f"input {name!r}"
+        if name in tensors:
+            raise WireError(f"{where} is given twice")
+        shape = _shape(entry.get("shape"), where)
+        dt = _dtype(entry.get("datatype"), where)
+        size = _parameters(entry, where).get("binary_data_size")
+        if size is not None:
+            if "data" in entry:
+                raise WireError(f"{where}: give either 'data' or parameters.binary_data_size, not both")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise WireError(f"{where}: binary_data_size must be a non-negative integer, got {size!r}")
+            expected = math.prod(shape) * dt.itemsize
+            if size != expected:
+                raise WireError(f"{where}: binary_data_size {size} does not match shape {list(shape)} of {entry['datatype']} ({expected} bytes)")
+            if header_length is None:
+                raise WireError(f"{where}: binary data needs the {HEADER_LENGTH_HEADER} header")
+            if offset + size > end:
+                raise WireError(f"{where}: binary data runs past the end of the body ({offset + size} > {end} bytes)")
+            if view is None:
+                view = memoryview(body)
+            tensors[name] = np.frombuffer(view[offset:offset + size], dtype=dt).reshape(shape)
+            offset += size
+        else:
+            if "data" not in entry:
+                raise WireError(f"{where}: no 'data' and no parameters.binary_data_size")
+            tensors[name] = _json_tensor(entry["data"], dt, shape, where)
+    if header_length is not None and offset != end:
+        raise WireError(f"the body has {end - offset} bytes after the binary inputs that no input claims")
+    wants_binary = bool(_parameters(doc, "the request").get("binary_data_output", False))
+    outputs = doc.get("outputs")
+    if isinstance(outputs, list) and not wants_binary:
+        wants_binary = any(isinstance(o, dict) and isinstance(o.get("parameters"), dict) and o["parameters"].get("binary_data")
+                           for o in outputs)
+    return request_id, tensors, wants_binary
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _contiguous_le(array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    dt = array.dtype
+    if dt.byteorder == ">" or (dt.byteorder == "=" and not np.little_endian):
+        array = array.astype(dt.newbyteorder("<"))
+    return np.ascontiguousarray(array)
+
+
+def _tensor_entries(tensors: Mapping[str, np.ndarray], binary: bool) -> tuple[list[dict[str, Any]], list[Any]]:
+    """KServe v2 tensor entries of a request or response, and with `binary` the raw buffers that follow
+    the JSON header in the same order."""
+    entries: list[dict[str, Any]] = []
+    buffers: list[Any] = []
+    for name, value in tensors.items():
+        array = _contiguous_le(value)
+        entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype_of(array)}
+        if binary:
+            entry["parameters"] = {"binary_data_size": array.nbytes}
+            buffers.append(memoryview(array).cast("B") if array.size else b"")
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        entries.append(entry)
+    return entries, buffers
+
+
+def response_encode(
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    *,
+    model_name: str,
+    model_version: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    binary: bool = False,
+) -> tuple[bytes, int | None]:
+    """A KServe v2 inference response -> (body, header length for `Inference-Header-Content-Length` or
+    None for a JSON-only body)."""
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    doc["model_name"] = model_name
+    if model_version is not None:
+        doc["model_version"] = model_version
+    doc["outputs"], buffers = _tensor_entries(outputs, binary)
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    header = _dumps(doc)
+    if not binary:
+        return header, None
+    return b"".join([header, *buffers]), len(header)
+
+
+def request_encode(
+    inputs: Mapping[str, np.ndarray],
+    *,
+    request_id: str | None = None,
+    binary: bool = False,
+    binary_outputs: bool = False,
+) -> tuple[bytes, int | None]:
+    """A KServe v2 inference request (clients, tests, benches) -> (body, header length or None)."""
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    doc["inputs"], buffers = _tensor_entries(inputs, binary)
+    if binary_outputs:
+        doc["parameters"] = {"binary_data_output": True}
+    header = _dumps(doc)
+    if not binary:
+        return header, None
+    return b"".join([header, *buffers]), len(header)
+
+
+def response_decode(body: bytes, header_length: int | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A KServe v2 inference response (clients, tests) -> (its JSON header, {output name: array})."""
+    doc, offset = _json_header(body, header_length)
+    outputs: dict[str, np.ndarray] = {}
+    for i, entry in enumerate(doc.get("outputs") or []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise WireError(f"outputs[{i}] must be an object with a 'name'")
+        where = f"output {entry['name']!r}"
+        shape = _shape(entry.get("shape"), where)
+        dt = _dtype(entry.get("datatype"), where)
+        size = _parameters(entry, where).get("binary_data_size")
+        if size is not None:
+            if header_length is None or offset + size > len(body):
+                raise WireError(f"{where}: binary data missing")
+            outputs[entry["name"]] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=offset).reshape(shape)
+            offset += size
+        else:
+            outputs[entry["name"]] = _json_tensor(entry.get("data"), dt, shape, where)
+    return doc, outputs
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    """The control plane's error shape, `{"error": {"status", "code", "message"}}`, as JSON bytes."""
+    return _dumps({"error": {"status": status, "code": code, "message": message}})
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def frame_pack(header: Mapping[str, Any], body: bytes | bytearray | memoryview = b"") -> bytes:
+    """One frame: `u32 header length | u32 body length | header JSON | body` (big-endian lengths)."""
+    head = _dumps(header)
+    return b"".join((FRAME_PREFIX.pack(len(head), len(body)), head, body))
+
+
+def _frame_header(raw: bytes | bytearray) -> dict[str, Any]:
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FrameError(f"frame header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise FrameError(f"frame header must be a JSON object, got {type(header).__name__}")
+    return header
+
+
+def _frame_check(header_len: int, body_len: int, max_body: int) -> None:
+    if header_len > MAX_HEADER_BYTES:
+        raise FrameError(f"frame header of {header_len} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    if body_len > max_body:
+        raise FrameError(f"frame body of {body_len} bytes exceeds the limit of {max_body}")
+
+
+async def frame_read(reader: asyncio.StreamReader, max_body: int = MAX_BODY_BYTES) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame from a stream as (header, body); None when the stream ends cleanly between frames.
+    Raises FrameError on a truncated, malformed or oversized frame."""
+    try:
+        prefix = await reader.readexactly(8)
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise FrameError("the stream ended inside a frame's length prefix") from None
+    header_len, body_len = FRAME_PREFIX.unpack(prefix)
+    _frame_check(header_len, body_len, max_body)
+    try:
+        head = await reader.readexactly(header_len)
+        body = await reader.readexactly(body_len) if body_len else b""
+    except asyncio.IncompleteReadError:
+        raise FrameError("the stream ended inside a frame") from None
+    return _frame_header(head), body
+
+
+async def frame_write(writer: asyncio.StreamWriter, header: Mapping[str, Any], body: bytes | bytearray | memoryview = b"") -> None:
+    """Write one frame to a stream and wait until the transport's buffer has room again."""
+    writer.write(frame_pack(header, body))
+    await writer.drain()
+
+
+class FrameParser:
+    """Incremental frame parser for asyncio protocols: `feed(data)` returns the frames `data` completes, as
+    (header dict, body bytes). Raises FrameError (the connection should be closed)."""
+
+    __slots__ = ("_buf", "_max_body", "_need")
+
+    def __init__(self, max_body: int = MAX_BODY_BYTES) -> None:
+        self._buf = bytearray()
+        self._max_body = max_body
+        self._need = 8  # bytes needed before the next parse step can make progress
+
+    def feed(self, data: bytes) -> list[tuple[dict[str, Any], bytes | bytearray]]:
+        buf = self._buf
+        if not buf and len(data) >= 8:
+            # Fast path: a whole frame (or several) arrived in one read, nothing buffered.
+            frames, used = self._parse(data)
+            if used < len(data):
+                buf += data[used:]
+            return frames
+        buf += data
+        if len(buf) < self._need:
+            return []
+        frames, used = self._parse(buf)
+        if used:
+            del buf[:used]
+        return frames
+
+    def _parse(self, data: bytes | bytearray) -> tuple[list[tuple[dict[str, Any], bytes]], int]:
+        frames = []
+        pos = 0
+        n = len(data)
+        unpack = FRAME_PREFIX.unpack_from
+        while n - pos >= 8:
+            header_len, body_len = unpack(data, pos)
+            _frame_check(header_len, body_len, self._max_body)
+            end = pos + 8 + header_len + body_len
+            if end > n:
+                self._need = end - pos
+                return frames, pos
+            start = pos + 8
+            header = _frame_header(data[start:start + header_len])
+            body = data[start + header_len:end] if body_len else b""  # one copy (bytes, or bytearray)
+            frames.append((header, body))
+            pos = end
+        self._need = 8
+        return frames, pos
