@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import ReplanPolicy, SloPolicy
+from .models import ProfilingPolicy, ReplanPolicy, SloPolicy
 
 
 @admin.register(SloPolicy)
@@ -12,3 +12,8 @@ class SloPolicyAdmin(admin.ModelAdmin):
 @admin.register(ReplanPolicy)
 class ReplanPolicyAdmin(admin.ModelAdmin):
     list_display = ["name", "enabled", "interval_seconds", "demand_change_threshold", "auto_apply"]
+
+
+@admin.register(ProfilingPolicy)
+class ProfilingPolicyAdmin(admin.ModelAdmin):
+    list_display = ["name", "enabled", "auto_profile_new_variants", "device_types", "timeout_s"]

@@ -1,6 +1,6 @@
 import django_filters
 
-from .models import ReplanPolicy, SloPolicy
+from .models import ProfilingPolicy, ReplanPolicy, SloPolicy
 
 
 class SloPolicyFilterSet(django_filters.FilterSet):
@@ -15,3 +15,9 @@ class ReplanPolicyFilterSet(django_filters.FilterSet):
     class Meta:
         model = ReplanPolicy
         fields = ["name", "enabled", "auto_apply"]
+
+
+class ProfilingPolicyFilterSet(django_filters.FilterSet):
+    class Meta:
+        model = ProfilingPolicy
+        fields = ["name", "enabled", "auto_profile_new_variants"]

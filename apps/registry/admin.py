@@ -52,4 +52,4 @@ class ProfilingRequestAdmin(admin.ModelAdmin):
     list_display = ["__str__", "status", "progress", "created_by", "created", "finished"]
     list_filter = ["status", "host"]
     search_fields = ["variant__name", "variant__application__name", "host__name"]
-    readonly_fields = ["status", "progress", "log", "error", "created_by", "started", "finished"]
+    readonly_fields = ["status", "progress", "log", "error", "created_by", "job", "started", "finished"]

@@ -46,4 +46,4 @@ class ProfilingRequestFilterSet(django_filters.FilterSet):
 
     class Meta:
         model = ProfilingRequest
-        fields = ["host", "variant", "device", "status"]
+        fields = ["host", "variant", "device", "status", "job"]

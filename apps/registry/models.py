@@ -221,7 +221,8 @@ def profiling_batch_sizes_default() -> list[int]:
     return list(PROFILING_BATCH_SIZES_DEFAULT)
 
 
-def _whole_numbers_validate(value, field: str, lo: int, hi: int) -> list[int]:
+def whole_numbers_validate(value, field: str, lo: int, hi: int) -> list[int]:
+    """A list of distinct whole numbers in [lo, hi], sorted (batch sizes, thread counts)."""
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise ValidationError({field: "Expected a list of whole numbers."})
     outside = [v for v in value if not lo <= v <= hi]
@@ -248,6 +249,10 @@ class ProfilingRequest(ChangeLoggedModel):
     log = models.TextField(blank=True)
     error = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, editable=False, related_name="+")
+    job = models.ForeignKey(
+        "jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, editable=False, related_name="profiling_requests",
+        help_text="The profiling job that created and follows this request; empty for a request made directly",
+    )
     started = models.DateTimeField(null=True, blank=True, editable=False)
     finished = models.DateTimeField(null=True, blank=True, editable=False)
 
@@ -299,7 +304,7 @@ class ProfilingRequest(ChangeLoggedModel):
         accelerator = Accelerator.objects.filter(host_id=self.host_id, kind=kind, index=index).first()
         if accelerator is None:
             raise ValidationError({"device": f"{self.host.name} has no {self.device}."})
-        self.batch_sizes = _whole_numbers_validate(self.batch_sizes, "batch_sizes", 1, PROFILING_BATCH_SIZE_MAX)
+        self.batch_sizes = whole_numbers_validate(self.batch_sizes, "batch_sizes", 1, PROFILING_BATCH_SIZE_MAX)
         if not self.batch_sizes:
             raise ValidationError({"batch_sizes": "Give at least one batch size."})
         if kind == AcceleratorKindChoices.CPU:
@@ -308,7 +313,7 @@ class ProfilingRequest(ChangeLoggedModel):
             cores = accelerator.cpu_cores or 1
             if not self.cpu_threads:
                 self.cpu_threads = [t for t in PROFILING_CPU_THREADS_DEFAULT if t <= cores]
-            self.cpu_threads = _whole_numbers_validate(self.cpu_threads, "cpu_threads", 1, cores)
+            self.cpu_threads = whole_numbers_validate(self.cpu_threads, "cpu_threads", 1, cores)
             return
         if self.cpu_threads:
             raise ValidationError({"cpu_threads": "Thread counts are for CPU devices only."})

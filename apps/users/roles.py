@@ -11,7 +11,7 @@ from django.db.models import Q
 
 from .choices import RoleChoices
 
-TESSERA_APPS = ("core", "users", "inventory", "registry", "policies", "planning", "deployments", "telemetry")
+TESSERA_APPS = ("core", "users", "inventory", "registry", "policies", "planning", "deployments", "telemetry", "jobs")
 OPERATOR_APPS = ("inventory", "registry", "policies", "planning", "deployments", "telemetry")
 ADMIN_EXTRA_APPS = ("auth", "users", "django_celery_beat")
 

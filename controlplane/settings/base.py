@@ -32,6 +32,8 @@ INSTALLED_APPS = [
     "apps.policies",
     "apps.deployments",
     "apps.telemetry",
+    "apps.jobs",
+    "apps.planning",
 ]
 
 MIDDLEWARE = [
@@ -130,7 +132,11 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
-    "ENUM_NAME_OVERRIDES": {},
+    # Fields of the same name with different choices (Accelerator.kind, Job.kind) get an enum each.
+    "ENUM_NAME_OVERRIDES": {
+        "AcceleratorKindEnum": "apps.inventory.choices.AcceleratorKindChoices",
+        "JobKindEnum": "apps.jobs.choices.JobKindChoices",
+    },
 }
 
 # --- Celery -------------------------------------------------------------------------------------
@@ -167,6 +173,10 @@ def redis_settings(redis_url: str) -> dict:
                 "CONFIG": {"hosts": [redis_url]},
             }
         },
+        "TESSERA_JOBS_IN_THREAD": False,
+        # A task whose worker died unacknowledged (acks_late) is delivered again after this many seconds.
+        # It must exceed the longest task (a rollout's time limit is 31 min).
+        "CELERY_BROKER_TRANSPORT_OPTIONS": {"visibility_timeout": env.int("TESSERA_BROKER_VISIBILITY_TIMEOUT", default=3600)},
     }
 
 
@@ -177,4 +187,7 @@ EMBEDDED_SERVICES = {
     "CELERY_BROKER_URL": "memory://",
     "CELERY_RESULT_BACKEND": "cache+memory://",
     "CHANNEL_LAYERS": {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}},
+    # The in-process worker: a job's task runs in a thread of this process once its transaction commits,
+    # so a long job (a rollout waits for agents) does not hold up the request that started it.
+    "TESSERA_JOBS_IN_THREAD": True,
 }

@@ -19,6 +19,7 @@ TESSERA_ARTIFACT_MAX_BYTES = env.int("TESSERA_ARTIFACT_MAX_BYTES", default=2 * 1
 
 TESSERA_TEST_REDIS_URL = env.str("REDIS_URL", default="")
 globals().update(EMBEDDED_SERVICES)
+TESSERA_JOBS_IN_THREAD = False  # tests run a job's task in the caller, to its end
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     # A file, not SQLite's shared in-memory database: tests with a live server have several threads writing

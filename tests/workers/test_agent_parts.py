@@ -3,6 +3,7 @@ per-interval reports), and the control-plane client (outage vs refusal, verified
 from __future__ import annotations
 
 import hashlib
+import json
 
 import httpx
 import pytest
@@ -104,3 +105,28 @@ def test_artifact_download_is_verified_and_cached(tmp_path) -> None:
     with pytest.raises(ControlPlaneRejected, match="does not match its sha256"):
         client.artifact_fetch(bad, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nothing half-written or wrong kept
+
+
+def test_agent_restarted_while_the_control_plane_is_away_follows_its_last_desired_state(tmp_path) -> None:
+    from workers.agent.agent import Agent
+    from workers.agent.backends.simulated import SimulatedBackend
+    from workers.agent.supervisor import RuntimeSupervisor
+
+    desired = {
+        "host": "h", "version": 4, "gpus": [{"index": 0, "mig_enabled": True, "layout": ["7g.40gb@0"]}],
+        "runtimes": [{"key": "gpu0/7g.40gb@0", "application": "classify", "variant": {"id": 1, "name": "resnet50", "artifact": None},
+                      "max_batch": 4, "batching": {"policy": "proteus", "slo_ms": 50.0}, "profile": [{"batch": 1, "latency_ms": 2.0}]}],
+    }
+    (tmp_path / "desired.json").write_text(json.dumps(desired))  # what the previous run of the agent kept
+
+    def down(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    agent = Agent(backend=SimulatedBackend(gpus="1xA100-SXM4-40GB"), state_dir=tmp_path, client=client_with(down))
+    try:
+        result = agent.step()
+        assert result is not None and result.converged and agent.converged_version == 4
+        assert sorted(agent.supervisor.observe()) == ["gpu0/7g.40gb@0"]
+        assert agent.report() is False  # nothing reached the control plane; the agent carries on
+    finally:
+        RuntimeSupervisor(tmp_path).stop_all()

@@ -1,6 +1,6 @@
 from apps.core.api.serializers import TesseraModelSerializer
 
-from ..models import ReplanPolicy, SloPolicy
+from ..models import ProfilingPolicy, ReplanPolicy, SloPolicy
 
 
 class SloPolicySerializer(TesseraModelSerializer):
@@ -12,4 +12,16 @@ class SloPolicySerializer(TesseraModelSerializer):
 class ReplanPolicySerializer(TesseraModelSerializer):
     class Meta:
         model = ReplanPolicy
-        fields = ["id", "display", "name", "enabled", "interval_seconds", "demand_change_threshold", "auto_apply", "created", "last_updated"]
+        fields = [
+            "id", "display", "name", "enabled", "interval_seconds", "demand_change_threshold", "auto_apply", "debounce_seconds",
+            "demand_window_seconds", "forecast_horizon_seconds", "host_lost_after_seconds", "created", "last_updated",
+        ]
+
+
+class ProfilingPolicySerializer(TesseraModelSerializer):
+    class Meta:
+        model = ProfilingPolicy
+        fields = [
+            "id", "display", "name", "enabled", "auto_profile_new_variants", "device_types", "slices", "batch_sizes", "cpu_threads",
+            "timeout_s", "created", "last_updated",
+        ]

@@ -1,8 +1,8 @@
 from apps.core.api.viewsets import TesseraModelViewSet
 
-from ..filtersets import ReplanPolicyFilterSet, SloPolicyFilterSet
-from ..models import ReplanPolicy, SloPolicy
-from .serializers import ReplanPolicySerializer, SloPolicySerializer
+from ..filtersets import ProfilingPolicyFilterSet, ReplanPolicyFilterSet, SloPolicyFilterSet
+from ..models import ProfilingPolicy, ReplanPolicy, SloPolicy
+from .serializers import ProfilingPolicySerializer, ReplanPolicySerializer, SloPolicySerializer
 
 
 class SloPolicyViewSet(TesseraModelViewSet):
@@ -15,3 +15,11 @@ class ReplanPolicyViewSet(TesseraModelViewSet):
     queryset = ReplanPolicy.objects.all()
     serializer_class = ReplanPolicySerializer
     filterset_class = ReplanPolicyFilterSet
+
+
+class ProfilingPolicyViewSet(TesseraModelViewSet):
+    """How new variants are profiled (automatic profiling when a variant gets an artifact)."""
+
+    queryset = ProfilingPolicy.objects.all()
+    serializer_class = ProfilingPolicySerializer
+    filterset_class = ProfilingPolicyFilterSet

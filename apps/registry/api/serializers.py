@@ -2,8 +2,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
+from apps.jobs.api.serializers import JobSerializer
 
-from ..choices import ProfilingStatusChoices
+from ..choices import PROFILING_BATCH_SIZE_MAX, ProfilingStatusChoices
 from ..models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
@@ -89,9 +90,9 @@ class ProfilingRequestSerializer(TesseraModelSerializer):
         fields = [
             "id", "display", "variant", "variant_name", "application", "artifact", "host", "device", "placement",
             "device_type", "slice", "batch_sizes", "cpu_threads", "status", "progress", "log", "error", "created_by",
-            "started", "finished", "created", "last_updated",
+            "job", "started", "finished", "created", "last_updated",
         ]
-        read_only_fields = ["status", "progress", "log", "error", "created_by", "started", "finished", "created", "last_updated"]
+        read_only_fields = ["status", "progress", "log", "error", "created_by", "job", "started", "finished", "created", "last_updated"]
 
     @extend_schema_field(ProfilingArtifactSerializer(allow_null=True))
     def get_artifact(self, obj) -> dict | None:
@@ -133,3 +134,65 @@ class ProfilingResultsSerializer(serializers.Serializer):
 class ProfilingResultsResponseSerializer(serializers.Serializer):
     profiling_request = ProfilingRequestSerializer()
     profiles = ProfileSerializer(many=True)
+
+
+class VariantProfileSerializer(serializers.Serializer):
+    """What to profile a variant on; everything optional."""
+
+    device_types = serializers.ListField(
+        child=serializers.CharField(max_length=100), required=False, max_length=50,
+        help_text='"cpu" and GPU models ("A100-SXM4-40GB"); default: every type on the online fleet',
+    )
+    slices = serializers.ListField(
+        child=serializers.CharField(max_length=30), required=False, max_length=50,
+        help_text='GPUs: MIG profiles ("3g.20gb") and "full" for a whole GPU; default: every slice the online GPUs have',
+    )
+    batch_sizes = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=PROFILING_BATCH_SIZE_MAX), required=False, max_length=64,
+        help_text="Default 1, 2, 4 … 64",
+    )
+    cpu_threads = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=1024), required=False, max_length=64,
+        help_text="CPUs: thread counts to measure; default 1, 2, 4 up to the CPU's cores",
+    )
+    timeout_s = serializers.IntegerField(
+        min_value=1, max_value=7 * 24 * 3600, required=False,
+        help_text="Fail the job (and its open requests) after this long; default TESSERA_PROFILING_JOB_TIMEOUT_S (1800)",
+    )
+
+
+class ProfilingSkipSerializer(serializers.Serializer):
+    device_type = serializers.CharField()
+    slice = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField()
+
+
+class VariantProfileResponseSerializer(serializers.Serializer):
+    job = JobSerializer()
+    profiling_requests = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the requests created")
+    skipped = ProfilingSkipSerializer(many=True, help_text="What could not be profiled, and why (e.g. simulated GPUs)")
+
+
+class ProfileImportRowSerializer(serializers.Serializer):
+    """One imported profile (the JSON form; a CSV has these as columns)."""
+
+    variant = serializers.CharField(help_text='Its id, or "application/variant"')
+    device_type = serializers.CharField(max_length=100)
+    slice = serializers.CharField(max_length=30, required=False, allow_blank=True, help_text='"full" or a MIG profile on GPUs; empty on CPUs')
+    cpu_cores = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    batch_size = serializers.IntegerField(min_value=1)
+    latency_p50_ms = serializers.FloatField(min_value=0.0001)
+    latency_p99_ms = serializers.FloatField(min_value=0.0001)
+    throughput_rps = serializers.FloatField(min_value=0.0, required=False, allow_null=True, help_text="batch / p50 latency if omitted")
+    memory_mb = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    source_detail = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class ProfileImportFileSerializer(serializers.Serializer):
+    file = serializers.FileField(help_text="A CSV with a header row naming the columns")
+    source_detail = serializers.CharField(max_length=200, required=False, allow_blank=True, help_text="For rows that give none")
+
+
+class ProfileImportResultSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    updated = serializers.IntegerField()

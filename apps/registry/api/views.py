@@ -1,15 +1,19 @@
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import ProtectedError
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiTypes, extend_schema
-from rest_framework import exceptions, parsers
+from rest_framework import exceptions, parsers, status
 from rest_framework.decorators import action
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
 from apps.core.api.exceptions import validation_error_from_django
 from apps.core.api.permissions import IsAgent
 from apps.core.api.viewsets import TesseraModelViewSet
+from apps.core.principals import principal_is_agent
+from apps.jobs.api.serializers import JobSerializer
 
 from ..filtersets import (
     ApplicationFilterSet,
@@ -20,18 +24,71 @@ from ..filtersets import (
     ProfilingRequestFilterSet,
 )
 from ..models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
-from ..services import artifact_create, profiling_request_progress, profiling_results_record
+from ..services import (
+    artifact_create,
+    profile_rows_from_csv,
+    profiles_import,
+    profiling_auto_schedule,
+    profiling_request_progress,
+    profiling_results_record,
+    variant_profile,
+)
 from .serializers import (
     ApplicationSerializer,
     ArtifactSerializer,
     ModelVariantSerializer,
     PipelineSerializer,
+    ProfileImportFileSerializer,
+    ProfileImportResultSerializer,
+    ProfileImportRowSerializer,
     ProfileSerializer,
     ProfilingProgressSerializer,
     ProfilingRequestSerializer,
     ProfilingResultsResponseSerializer,
     ProfilingResultsSerializer,
+    VariantProfileResponseSerializer,
+    VariantProfileSerializer,
 )
+
+PROFILE_IMPORT_MAX_BYTES = 16 * 1024 * 1024
+
+
+class UserHasPermissions(BasePermission):
+    """A user (never an agent) holding every one of `perms`: for actions whose model permission is not
+    the viewset's own (profiling a variant creates profiling requests; an import adds and changes
+    profiles)."""
+
+    perms: tuple[str, ...] = ()
+
+    def has_permission(self, request, view):
+        user = request.user
+        if not getattr(user, "is_authenticated", False) or principal_is_agent(user):
+            return False
+        return user.has_perms(self.perms)
+
+
+class CanRequestProfiling(UserHasPermissions):
+    message = "Profiling a variant needs the operator role."
+    perms = ("registry.view_modelvariant", "registry.add_profilingrequest")
+
+
+class CanImportProfiles(UserHasPermissions):
+    message = "Importing profiles needs the operator role."
+    perms = ("registry.add_profile", "registry.change_profile")
+
+
+class CsvParser(parsers.BaseParser):
+    """text/csv bodies, handed to the view as text."""
+
+    media_type = "text/csv"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
+        data = stream.read() if stream is not None else b""
+        try:
+            return data.decode("utf-8-sig" if encoding.lower().replace("_", "-") == "utf-8" else encoding)
+        except (UnicodeDecodeError, LookupError) as exc:
+            raise exceptions.ParseError(f"The CSV is not valid {encoding}: {exc}") from exc
 
 
 class PipelineViewSet(TesseraModelViewSet):
@@ -83,10 +140,56 @@ class ArtifactViewSet(TesseraModelViewSet):
 
 
 class ModelVariantViewSet(TesseraModelViewSet):
+    """Model variants. A variant created with an artifact, or given one, is profiled automatically when a
+    profiling policy says so (see /api/v1/profiling-policies/)."""
+
     queryset = ModelVariant.objects.select_related("application", "artifact")
     serializer_class = ModelVariantSerializer
     filterset_class = ModelVariantFilterSet
     ordering_fields = ["name", "accuracy"]
+
+    def restrict_action(self) -> str:
+        return "view" if self.action == "profile" else super().restrict_action()
+
+    def perform_create(self, serializer):
+        with transaction.atomic():
+            variant = serializer.save()
+            profiling_auto_schedule(variant=variant, previous_artifact_id=None, actor=self.request.user)
+
+    def perform_update(self, serializer):
+        previous = serializer.instance.artifact_id
+        with transaction.atomic():
+            variant = serializer.save()
+            profiling_auto_schedule(variant=variant, previous_artifact_id=previous, actor=self.request.user)
+
+    @extend_schema(request=VariantProfileSerializer, responses={202: VariantProfileResponseSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[CanRequestProfiling], parser_classes=[parsers.JSONParser])
+    def profile(self, request, pk=None):
+        """Operators: profile the variant on the fleet. One profiling request per device type and slice
+        that an online agent can measure (simulated GPUs cannot be: they are left out and listed in
+        `skipped`), followed by a `profiling` job (GET /api/v1/jobs/{id}/). 400 when the variant has no
+        artifact, or when no agent can measure any of it (saying why per device type)."""
+        variant = self.get_object()
+        body = VariantProfileSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            start = variant_profile(
+                variant=variant, device_types=data.get("device_types") or None, slices=data.get("slices") or None,
+                batch_sizes=data.get("batch_sizes") or None, cpu_threads=data.get("cpu_threads") or None,
+                timeout_s=data.get("timeout_s"), actor=request.user,
+            )
+        except DjangoValidationError as exc:
+            raise validation_error_from_django(exc) from exc
+        start.job.refresh_from_db()  # its task may have started already (embedded services run it on commit)
+        return Response(
+            {
+                "job": JobSerializer(start.job, context=self.get_serializer_context()).data,
+                "profiling_requests": [pr.pk for pr in start.requests],
+                "skipped": [s.as_dict() for s in start.skipped],
+            },
+            status=status.HTTP_202_ACCEPTED,
+        )
 
 
 class ProfileViewSet(TesseraModelViewSet):
@@ -94,6 +197,50 @@ class ProfileViewSet(TesseraModelViewSet):
     serializer_class = ProfileSerializer
     filterset_class = ProfileFilterSet
     ordering_fields = ["batch_size", "latency_p50_ms", "device_type"]
+
+    @extend_schema(
+        request={
+            "application/json": ProfileImportRowSerializer(many=True),
+            "text/csv": OpenApiTypes.STR,
+            "multipart/form-data": ProfileImportFileSerializer,
+        },
+        responses={200: ProfileImportResultSerializer},
+    )
+    @action(
+        detail=False, methods=["post"], url_path="import", url_name="import", permission_classes=[CanImportProfiles],
+        parser_classes=[parsers.JSONParser, CsvParser, parsers.MultiPartParser],
+    )
+    def import_profiles(self, request):
+        """Operators: import profiles measured elsewhere, as a JSON list of rows, a text/csv body, or a
+        multipart CSV `file` (header row naming the columns variant, device_type, slice, cpu_cores,
+        batch_size, latency_p50_ms, latency_p99_ms, throughput_rps, memory_mb, source_detail). Rows are
+        upserted as `imported` profiles; all or nothing, each bad row reported under "line N" (CSV, the
+        header being line 1) or "row N" (JSON, from 1)."""
+        data = request.data
+        source_detail = ""
+        try:
+            if isinstance(data, str) or (request.content_type or "").startswith(CsvParser.media_type):
+                rows = profile_rows_from_csv(text=data if isinstance(data, str) else "")  # an empty body is not parsed
+            elif "file" in request.FILES:
+                upload = request.FILES["file"]
+                if upload.size > PROFILE_IMPORT_MAX_BYTES:
+                    raise exceptions.ValidationError({"file": f"File is larger than the limit of {PROFILE_IMPORT_MAX_BYTES} bytes."})
+                try:
+                    text = upload.read().decode("utf-8-sig")
+                except UnicodeDecodeError as exc:
+                    raise exceptions.ValidationError({"file": f"The CSV is not UTF-8: {exc}"}) from exc
+                rows = profile_rows_from_csv(text=text)
+                source_detail = str(data.get("source_detail", "") or "")[:200] or f"imported from {upload.name}"[:200]
+            elif isinstance(data, list):
+                rows = [(f"row {i}", item) for i, item in enumerate(data, start=1)]
+            else:
+                raise exceptions.ValidationError(
+                    {"non_field_errors": ["Send a JSON list of profiles, a text/csv body, or a multipart CSV `file`."]}
+                )
+            result = profiles_import(rows=rows, source_detail=source_detail)
+        except DjangoValidationError as exc:
+            raise validation_error_from_django(exc) from exc
+        return Response({"created": result.created, "updated": result.updated})
 
 
 class ProfilingRequestViewSet(TesseraModelViewSet):

@@ -1,0 +1,14 @@
+import django_filters
+
+from .choices import JobKindChoices, JobStatusChoices
+from .models import Job
+
+
+class JobFilterSet(django_filters.FilterSet):
+    kind = django_filters.MultipleChoiceFilter(choices=JobKindChoices.choices)
+    status = django_filters.MultipleChoiceFilter(choices=JobStatusChoices.choices)
+    since = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="gte")
+
+    class Meta:
+        model = Job
+        fields = ["kind", "status", "key", "since"]

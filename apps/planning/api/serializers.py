@@ -1,0 +1,89 @@
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from apps.core.api.serializers import ChoiceTextField
+from apps.planning.engine.problem import OBJECTIVES
+from apps.planning.engine.solve import PLANNERS
+
+from ..choices import PlanStatusChoices, PlanTriggerChoices
+from ..models import Plan
+from ..services import HEADROOM_MAX, PLAN_RUN_DEFAULTS, TIME_LIMIT_MAX_S
+
+
+class PlanRunOptionsSerializer(serializers.Serializer):
+    """Options of a plan run; every one is optional (defaults in brackets)."""
+
+    solver = serializers.ChoiceField(choices=list(PLANNERS), required=False, help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]")
+    objective = serializers.ChoiceField(choices=list(OBJECTIVES), required=False, help_text=f"[{PLAN_RUN_DEFAULTS['objective']}]")
+    time_limit_s = serializers.FloatField(
+        required=False, min_value=0.001, max_value=TIME_LIMIT_MAX_S, help_text=f"The solver's time limit [{PLAN_RUN_DEFAULTS['time_limit_s']:g}]",
+    )
+    headroom = serializers.FloatField(
+        required=False, min_value=1.0, max_value=HEADROOM_MAX,
+        help_text=f"Plan for the observed demand times this [{PLAN_RUN_DEFAULTS['headroom']:g}]",
+    )
+    mip_gap = serializers.FloatField(required=False, min_value=0.0, max_value=1.0, help_text="Relative MIP gap [the engine's, 0]")
+    reconfiguration_penalty = serializers.FloatField(
+        required=False, min_value=0.0, max_value=1.0,
+        help_text=f"Cost per MIG instance destroyed or created, in effective-accuracy units [{PLAN_RUN_DEFAULTS['reconfiguration_penalty']:g}]",
+    )
+    include_registered = serializers.BooleanField(
+        required=False, help_text="Also plan hosts whose agent has never reported, as declared [false]",
+    )
+    demand = serializers.DictField(
+        child=serializers.FloatField(min_value=0.0), required=False,
+        help_text="{application: rps}: plan for this demand instead of the observed one (a what-if)",
+    )
+    trigger_detail = serializers.CharField(required=False, allow_blank=True, max_length=500, help_text="Why this run (shown on the plan)")
+
+
+class PlanListSerializer(serializers.ModelSerializer):
+    """A plan without its large documents (problem, result, desired states, routing, diff details)."""
+
+    display = serializers.CharField(source="__str__", read_only=True)
+    status = ChoiceTextField(choices=PlanStatusChoices.choices, read_only=True)
+    trigger = ChoiceTextField(choices=PlanTriggerChoices.choices, read_only=True)
+    valid = serializers.SerializerMethodField()
+    diff_summary = serializers.SerializerMethodField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Plan
+        fields = [
+            "id", "display", "status", "trigger", "trigger_detail", "job", "previous", "solver", "objective_kind", "solver_status",
+            "objective", "bound", "gap", "solve_seconds", "effective_accuracy", "shortfall", "valid", "diff_summary", "notes",
+            "created_by", "approved_by", "approved_at", "activated_at", "created", "last_updated",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.BooleanField(allow_null=True))
+    def get_valid(self, obj) -> bool | None:
+        return obj.validation.get("valid") if obj.validation else None
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_diff_summary(self, obj) -> dict:
+        return (obj.diff or {}).get("summary", {})
+
+
+class PlanSerializer(PlanListSerializer):
+    """Everything about a plan: its inputs (`problem`, `demand`, `devices`), the engine's answer (`result`),
+    the validator's verdict, the simulator's prediction, what applying it writes (`desired_states`,
+    `routing`), the diff against what runs now and its rollout record."""
+
+    class Meta(PlanListSerializer.Meta):
+        fields = PlanListSerializer.Meta.fields + [
+            "demand", "validation", "prediction", "diff", "desired_states", "routing", "rollout", "devices", "problem", "result",
+        ]
+        read_only_fields = fields
+
+
+class ConflictErrorBodySerializer(serializers.Serializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    message = serializers.CharField()
+    job = serializers.IntegerField(help_text="The job that is already running")
+
+
+class ConflictErrorSerializer(serializers.Serializer):
+    error = ConflictErrorBodySerializer()

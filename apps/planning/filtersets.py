@@ -1,0 +1,27 @@
+import django_filters
+
+from apps.jobs.choices import JobStatusChoices
+from apps.jobs.models import Job
+
+from .choices import PlanStatusChoices, PlanTriggerChoices
+from .models import Plan
+
+
+class PlanFilterSet(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=PlanStatusChoices.choices)
+    trigger = django_filters.MultipleChoiceFilter(choices=PlanTriggerChoices.choices)
+    since = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="lt")
+
+    class Meta:
+        model = Plan
+        fields = ["status", "trigger", "solver", "job", "since", "until"]
+
+
+class PlanRunFilterSet(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=JobStatusChoices.choices)
+    since = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="gte")
+
+    class Meta:
+        model = Job
+        fields = ["status", "since"]

@@ -1,0 +1,270 @@
+"""The control loop on real services (PostgreSQL, Redis, a Celery worker): the demo fleet with real
+simulated agents and a router, a demand jump detected, a re-plan run by the worker, auto-applied, the
+rollout converging on the agents and the router on the new tables; a host that never converges fails the
+rollout and is rolled back; a worker killed in the middle of a rollout leaves a job that a new worker
+completes without writing anything twice."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from apps.deployments.models import HostDesiredState, RoutingTable
+from apps.inventory.models import Host
+from apps.inventory.services import host_agent_token_rotate
+from apps.jobs.models import Job
+from apps.planning.choices import PlanStatusChoices
+from apps.planning.models import Plan
+from apps.planning.rollout import plan_apply, plan_approve
+from apps.planning.services import plan_run_start
+from apps.planning.triggers import demand_change_check
+from apps.policies.models import ReplanPolicy
+from apps.registry.models import Application
+from apps.telemetry.models import ApplicationSample
+from controlplane.demo import demo_seed
+from workers.agent.agent import Agent
+from workers.agent.backends.simulated import SimulatedBackend
+from workers.client import ControlPlaneClient
+from workers.router.app import router_start_in_thread
+from workers.router.main import router_build
+
+from tests.conftest import service_unavailable
+
+from .conftest import REPO, _database_url_of_test_db
+
+pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+@pytest.fixture
+def broker(transactional_db, redis_url, settings):
+    """Tasks this process queues go to Redis (not run in-process, as tests otherwise do), on the default
+    queue, to a real worker: the one .ci/run started, or one started here."""
+    from django.db import connection as db
+
+    from controlplane.celery import app
+
+    if db.vendor != "postgresql":
+        service_unavailable("a Celery worker shares the test database only on PostgreSQL (set DATABASE_URL)")
+    worker = None if os.environ.get("TESSERA_CELERY_EXTERNAL_WORKER") == "1" else _worker("celery", redis_url, visibility_s=3600)
+    saved = {k: app.conf[k] for k in ("task_always_eager", "broker_url", "result_backend")}
+    app.conf.update(task_always_eager=False, broker_url=redis_url, result_backend=redis_url)
+    app._pool = None  # connections made for the in-memory broker are not reused
+    settings.TESSERA_JOBS_IN_THREAD = False
+    yield app
+    app.conf.update(saved)
+    app._pool = None
+    if worker is not None:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def fleet_seed() -> dict[str, Host]:
+    """The demo fleet with two hosts in service (the others in maintenance, left out of planning)."""
+    demo_seed(admin_password="Admin-demo-pass-1")
+    Host.objects.exclude(name__in=["sim-a100-01", "sim-cpu-01"]).update(status="maintenance")
+    return {h.name: h for h in Host.objects.filter(name__in=["sim-a100-01", "sim-cpu-01"])}
+
+
+@pytest.fixture
+def agents(live_server, tmp_path):
+    """Real agents (simulated GPUs, the real CPU) for the two hosts in service, in threads."""
+    running: list[tuple[Agent, threading.Thread]] = []
+
+    def start(names: list[str]) -> None:
+        for name in names:
+            host = Host.objects.get(name=name)
+            gpus = "2xA100-SXM4-40GB" if name == "sim-a100-01" else ""
+            client = ControlPlaneClient(live_server.url, host_agent_token_rotate(host=host))
+            backend = SimulatedBackend(gpus=gpus, state_file=tmp_path / name / "gpus.json", seed=len(running) + 11)
+            agent = Agent(backend=backend, state_dir=tmp_path / name, client=client, metrics_s=1.0, drain_timeout_s=1.0)
+            thread = threading.Thread(target=agent.run, daemon=True)
+            thread.start()
+            running.append((agent, thread))
+
+    yield start
+    for agent, thread in running:
+        agent.stop(stop_runtimes=True)
+        thread.join(timeout=10)
+
+
+def demand_inject(application: str, rps: float, seconds: int = 60) -> None:
+    """What routers report after a jump in an application's traffic: per-second samples."""
+    now = timezone.now()
+    app = Application.objects.get(name=application)
+    ApplicationSample.objects.bulk_create([
+        ApplicationSample(application=app, application_name=application, router="load-test", at=now - timedelta(seconds=s),
+                          interval_s=1.0, arrivals=int(rps), served=int(rps))
+        for s in range(seconds)
+    ])
+
+
+def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, agents, live_server) -> None:
+    hosts = fleet_seed()
+    ReplanPolicy.objects.filter(name="default").update(auto_apply=True, debounce_seconds=0)
+    agents(list(hosts))
+    wait_for(lambda: set(Host.objects.filter(name__in=hosts).values_list("converged_version", flat=True)) == {1}, 120, "agents on version 1")
+    router, client = router_build(control_plane=live_server.url, token=host_agent_token_rotate(host=Host.objects.get(name="sim-a100-02")))
+    handle = router_start_in_thread(router)
+    try:
+        demand_inject("tabular-cpu", 40.0)
+        demand_inject("classify-resnet", 120.0)
+        detected = time.monotonic()
+        job = demand_change_check()
+        assert job is not None and job.kind == "planning"
+        try:
+            plan = wait_for(lambda: Plan.objects.filter(job=job).exclude(status__in=["draft"]).first(), 120, "the plan run on the worker")
+        except AssertionError:
+            job.refresh_from_db()
+            raise AssertionError(f"no plan: job {job.status} {job.log} {job.error}") from None
+        assert plan.trigger == "demand", plan.trigger
+        plan = wait_for(lambda: Plan.objects.filter(pk=plan.pk, status__in=["active", "failed"]).first(), 240, "the rollout")
+        rollout = Job.objects.filter(kind="rollout").latest("created")
+        assert plan.status == "active", rollout.log + rollout.error + str(plan.notes)
+        assert rollout.status == "succeeded" and rollout.attempts == 1
+        elapsed = time.monotonic() - detected
+        # Every host converged to the version the plan wrote, and the router follows the new tables.
+        for host in Host.objects.filter(name__in=hosts):
+            latest = HostDesiredState.objects.filter(host=host).order_by("-version").first()
+            assert host.converged_version == latest.version
+        active = {t.application.name: t.version for t in RoutingTable.objects.filter(active=True)}
+
+        def router_on_new_tables() -> bool:
+            held = httpx.get(f"{handle.url}/v1/routing-tables", timeout=5).json()
+            versions = {t["application"]: t["version"] for t in (held.get("tables", held) if isinstance(held, dict) else held)}
+            return all(versions.get(name) == version for name, version in active.items())
+
+        wait_for(router_on_new_tables, 30, "the router on the new routing tables")
+        body = {"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": [0.1] * 8}]}
+        answer = httpx.post(f"{handle.url}/v1/infer/tabular-cpu", json=body, timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert elapsed < 300, f"demand change to active plan took {elapsed:.0f} s (the default interval is 300 s)"
+    finally:
+        handle.stop()
+        client.close()
+
+
+def test_a_host_that_never_converges_fails_the_rollout_and_is_rolled_back(broker, agents) -> None:
+    hosts = fleet_seed()
+    agents(["sim-a100-01"])  # sim-cpu-01's agent never comes
+    Host.objects.filter(name="sim-cpu-01").update(status="online", converged_version=1)
+    wait_for(lambda: Host.objects.get(name="sim-a100-01").converged_version == 1, 120, "the GPU host's agent")
+    job = plan_run_start(trigger="manual", options={"demand": {"tabular-cpu": 30.0, "classify-resnet": 50.0}})
+    plan = wait_for(lambda: Plan.objects.filter(job=job, status__in=["validated", "failed"]).first(), 120, "the plan")
+    assert plan.status == "validated", plan.notes
+    before = HostDesiredState.objects.filter(host=hosts["sim-cpu-01"]).order_by("-version").first()
+    plan_approve(plan=plan, actor=None)
+    rollout = plan_apply(plan=plan, actor=None, deadline_s=8)
+    rollout = wait_for(lambda: Job.objects.filter(pk=rollout.pk, status__in=["succeeded", "failed"]).first(), 180, "the rollout to end")
+    plan.refresh_from_db()
+    assert rollout.status == "failed" and "sim-cpu-01" in rollout.error and "rolled back" in rollout.error
+    assert plan.status == PlanStatusChoices.FAILED
+    latest = HostDesiredState.objects.filter(host=hosts["sim-cpu-01"]).order_by("-version").first()
+    if latest.version != before.version:  # the host was written: its state before is back, as a newer version
+        assert latest.spec["runtimes"] == before.spec["runtimes"]
+
+
+def _worker(queue: str, broker_url: str, visibility_s: int = 3) -> subprocess.Popen:
+    """A Celery worker on `queue`; a message it took and did not acknowledge goes back to the queue after
+    `visibility_s` (acks_late: a worker killed mid-task)."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings.local", "DATABASE_URL": _database_url_of_test_db(),
+           "REDIS_URL": broker_url, "TESSERA_BROKER_VISIBILITY_TIMEOUT": str(visibility_s)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "-Q", queue, "--hostname", f"{queue}-{uuid.uuid4().hex[:4]}@%h",
+         "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def test_a_worker_killed_mid_rollout_leaves_a_job_that_completes_once(celery_worker, redis_url) -> None:
+    client, _queue, _media = celery_worker
+    hosts = fleet_seed()
+    Host.objects.filter(name__in=hosts).update(status="online", converged_version=1)
+    from apps.jobs.services import job_create, job_execute
+    from apps.planning.services import plan_run_execute, plan_run_options_clean
+
+    options = plan_run_options_clean({"demand": {"tabular-cpu": 30.0, "classify-resnet": 50.0}})
+    planning = job_create(kind="planning", params={"trigger": "manual", "options": options})
+    job_execute(job_id=planning.pk, work=lambda j: plan_run_execute(job=j))  # in this process: the rollout is what is tested
+    plan = Plan.objects.get(job=planning)
+    assert plan.status == "validated", plan.notes
+    plan_approve(plan=plan, actor=None)
+
+    # Stand-in agents: the GPU host converges at once; the CPU host only once released.
+    release = threading.Event()
+    stop = threading.Event()
+
+    def converge() -> None:
+        try:
+            while not stop.wait(0.1):
+                for host in Host.objects.filter(name__in=hosts):
+                    if host.name == "sim-cpu-01" and not release.is_set():
+                        continue
+                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").values_list("version", flat=True).first()
+                    if latest and host.converged_version != latest:
+                        Host.objects.filter(pk=host.pk).update(converged_version=latest)
+        finally:
+            connection.close()
+
+    stand_ins = threading.Thread(target=converge, daemon=True)
+    stand_ins.start()
+    queue = f"tessera-kill-{uuid.uuid4().hex[:6]}"
+    first = _worker(queue, redis_url)
+    second = None
+    try:
+        from apps.planning.rollout_tasks import rollout_task
+
+        job = job_create(kind="rollout", targets=[plan], params={"plan": plan.pk, "wave_fraction": 1.0, "deadline_s": 120}, key="rollout:fleet")
+        Plan.objects.filter(pk=plan.pk).update(status="rolling_out")
+        client.send_task(rollout_task.name, args=[job.pk], queue=queue)
+        wait_for(lambda: "waiting for their agents" in Job.objects.get(pk=job.pk).log, 120, "the rollout to wait on the CPU host")
+        written = {h: HostDesiredState.objects.filter(host__name=h).count() for h in hosts}
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        time.sleep(4)  # past the visibility timeout (3 s): the new worker restores the unacknowledged task
+        second = _worker(queue, redis_url)
+        release.set()
+        job = wait_for(lambda: Job.objects.filter(pk=job.pk, status__in=["succeeded", "failed"]).first(), 180, "the retried rollout")
+        assert job.status == "succeeded", job.log + job.error
+        assert job.attempts == 2
+        plan.refresh_from_db()
+        assert plan.status == "active"
+        # The second attempt wrote nothing the first had written: each host got the make state (if any)
+        # and the final state once.
+        for name in hosts:
+            states = list(HostDesiredState.objects.filter(host__name=name).order_by("version"))
+            specs = [s.spec["runtimes"] for s in states]
+            assert all(a != b for a, b in zip(specs, specs[1:])), f"{name}: a state was written twice"
+            assert len(states) >= written[name]
+    finally:
+        stop.set()
+        release.set()
+        for worker in (first, second):
+            if worker is not None and worker.poll() is None:
+                worker.terminate()
+                try:
+                    worker.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    worker.kill()

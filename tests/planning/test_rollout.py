@@ -1,0 +1,140 @@
+"""Rollout of an approved plan on the demo fleet with stand-in agents (a thread that reports each host
+converged to its latest desired state, as a real agent does after reconciling): make before break with
+the routing switch in between, a host that never converges fails the rollout and everything touched is
+restored, an operator's rollback, and a re-delivered task that does nothing twice."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection
+
+from apps.deployments.models import HostDesiredState, RoutingTable
+from apps.deployments.services import host_desired_state_latest
+from apps.inventory.models import Host
+from apps.jobs.models import Job
+from apps.jobs.services import job_execute
+from apps.planning.choices import PlanStatusChoices
+from apps.planning.models import Plan
+from apps.planning.rollout import plan_apply, plan_approve, plan_rollback, rollout_execute
+from apps.registry.models import Application, ModelVariant
+from controlplane.demo import demo_seed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class StandInAgents:
+    """Reports every host in `alive` converged to its latest desired-state version, every 50 ms."""
+
+    def __init__(self, alive: set[str]) -> None:
+        self.alive = alive
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.05):
+                for host in Host.objects.filter(name__in=self.alive):
+                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").values_list("version", flat=True).first()
+                    if latest and host.converged_version != latest:
+                        Host.objects.filter(pk=host.pk).update(converged_version=latest)
+        finally:
+            connection.close()
+
+    def __enter__(self) -> "StandInAgents":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def fleet():
+    demo_seed(admin_password="Admin-demo-pass-1")
+    Host.objects.update(status="online", converged_version=1)  # the demo's version 1 is what runs
+    return {h.name: h for h in Host.objects.all()}
+
+
+def cpu_plan() -> Plan:
+    """sim-cpu-01 keeps cpu0/0, drops cpu0/1 and starts cpu0/2 with the other variant; the rest unchanged."""
+    tabular = Application.objects.get(name="tabular-cpu")
+    linear, other = ModelVariant.objects.get(application=tabular, name="linear"), ModelVariant.objects.filter(application=tabular).exclude(name="linear").get()
+    desired = {}
+    for host in Host.objects.all():
+        latest = host_desired_state_latest(host=host)
+        desired[host.name] = {"gpus": latest.spec["gpus"], "runtimes": latest.spec["runtimes"]}
+    runtimes = [r for r in desired["sim-cpu-01"]["runtimes"] if r["key"] == "cpu0/0"]
+    runtimes.append({"key": "cpu0/2", "cpu_threads": 1, "application": "tabular-cpu", "variant": other.pk, "max_batch": 8, "batching": {"policy": "proteus"}})
+    desired["sim-cpu-01"] = {"gpus": [], "runtimes": runtimes}
+    routing = {"tabular-cpu": [{"instance": "sim-cpu-01/cpu0/0", "variant": linear.pk, "weight": 3.0},
+                               {"instance": "sim-cpu-01/cpu0/2", "variant": other.pk, "weight": 1.0}]}
+    for table in RoutingTable.objects.filter(active=True).exclude(application=tabular):
+        routing[table.application.name] = [{"instance": r["instance"], "variant": r["variant"], "weight": r["weight"]} for r in table.routes]
+    return Plan.objects.create(status=PlanStatusChoices.VALIDATED, desired_states=desired, routing=routing)
+
+
+def test_rollout_makes_before_it_breaks_and_switches_routing_in_between(fleet) -> None:
+    plan = cpu_plan()
+    with pytest.raises(ValidationError):
+        plan_apply(plan=plan, actor=None)  # not approved yet
+    plan_approve(plan=plan, actor=None)
+    with StandInAgents(set(fleet)):
+        job = plan_apply(plan=plan, actor=None, deadline_s=20)  # eager: runs to its end here
+    job.refresh_from_db()
+    plan.refresh_from_db()
+    assert job.status == "succeeded", job.log + job.error
+    assert plan.status == "active" and plan.activated_at
+    cpu = fleet["sim-cpu-01"]
+    versions = list(HostDesiredState.objects.filter(host=cpu).order_by("version"))
+    assert [v.version for v in versions] == [1, 2, 3]
+    make, final = versions[1].spec, versions[2].spec
+    assert [r["key"] for r in make["runtimes"]] == ["cpu0/0", "cpu0/1", "cpu0/2"]  # old and new together
+    assert [r["key"] for r in final["runtimes"]] == ["cpu0/0", "cpu0/2"]
+    # Unchanged hosts were not written at all.
+    assert HostDesiredState.objects.filter(host=fleet["sim-h100-01"]).count() == 1
+    table = RoutingTable.objects.get(application__name="tabular-cpu", active=True)
+    assert table.version == 2 and {r["instance"] for r in table.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/2"}
+    # The switch came after the make wave and before the break wave.
+    assert versions[1].created <= table.created <= versions[2].created
+    assert "make:" in job.log and "switched" in job.log and "break:" in job.log
+
+    # A re-delivered task finds the job finished and does nothing; rollout_execute itself is idempotent too.
+    assert job_execute(job_id=job.pk, work=lambda j: rollout_execute(job=j)) is None
+    assert rollout_execute(job=job) == {"plan": plan.pk, "status": "active"}
+    assert HostDesiredState.objects.filter(host=cpu).count() == 3
+
+    # The operator takes it back: the host returns to version 1's state, the tables to theirs.
+    with StandInAgents(set(fleet)):
+        back = plan_rollback(plan=plan, actor=None, deadline_s=20)
+    back.refresh_from_db()
+    plan.refresh_from_db()
+    assert back.status == "succeeded", back.log + back.error
+    assert plan.status == "rolled_back"
+    latest = host_desired_state_latest(host=cpu)
+    assert latest.version == 4 and latest.spec["runtimes"] == versions[0].spec["runtimes"]
+    restored = RoutingTable.objects.get(application__name="tabular-cpu", active=True)
+    assert restored.version == 3 and {r["instance"] for r in restored.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/1"}
+
+
+def test_a_host_that_never_converges_fails_the_rollout_and_everything_is_restored(fleet) -> None:
+    plan = cpu_plan()
+    plan_approve(plan=plan, actor=None)
+    started = time.monotonic()
+    with StandInAgents(set(fleet) - {"sim-cpu-01"}):
+        job = plan_apply(plan=plan, actor=None, deadline_s=1.5)
+    job.refresh_from_db()
+    plan.refresh_from_db()
+    assert job.status == "failed" and "sim-cpu-01 did not converge within 1.5 s" in job.error and "rolled back" in job.error
+    assert plan.status == "failed"
+    assert time.monotonic() - started < 15
+    cpu = fleet["sim-cpu-01"]
+    latest = host_desired_state_latest(host=cpu)
+    first = HostDesiredState.objects.get(host=cpu, version=1)
+    assert latest.version == 3 and latest.spec["runtimes"] == first.spec["runtimes"]  # the state before, as a new version
+    # The routers never left the old tables (the switch comes after the make wave).
+    assert RoutingTable.objects.get(application__name="tabular-cpu", active=True).version == 1
+    assert Job.objects.get(pk=job.pk).result == {}
