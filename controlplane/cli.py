@@ -55,6 +55,11 @@ def demo(
     if not serve:
         return
     running = None
+    if settings.CELERY_TASK_ALWAYS_EAGER:  # no broker and no beat: the control loop's clock runs in this process
+        from controlplane.embedded import embedded_scheduler_start
+
+        embedded_scheduler_start()
+        typer.echo("Control loop: planning watch every 5 s and periodic re-plans in this process (no beat without Redis)")
     if dataplane:
         state_root = Path(settings.VAR_DIR) / "demo-dataplane"
         running = demo_dataplane_start(control_plane=f"http://{host}:{port}", state_root=state_root, router_port=router_port)

@@ -73,7 +73,12 @@ def job_enqueue(*, job: Job, task: Any) -> None:
     if getattr(settings, "TESSERA_JOBS_IN_THREAD", False):
         transaction.on_commit(lambda: threading.Thread(target=_in_process_run, args=(task, job.pk), name=f"tessera-job-{job.pk}", daemon=True).start())
     else:
-        transaction.on_commit(lambda: task.delay(job.pk))
+        transaction.on_commit(lambda: _task_send(task, job.pk))
+
+
+def _task_send(task: Any, job_id: int) -> None:
+    """The one place a job's task leaves this process (to the broker, or run in the caller when eager)."""
+    task.delay(job_id)
 
 
 def _in_process_run(task: Any, job_id: int) -> None:

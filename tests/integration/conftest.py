@@ -54,7 +54,8 @@ def celery_worker(transactional_db, redis_url, tmp_path_factory):
         service_unavailable("a Celery worker shares the test database only on PostgreSQL (set DATABASE_URL)")
     from celery import Celery
 
-    client = Celery("tessera-test-client", broker=redis_url, backend=redis_url)
+    # Not the current app: shared tasks elsewhere in the session must keep resolving to the project's app.
+    client = Celery("tessera-test-client", broker=redis_url, backend=redis_url, set_as_current=False)
     client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
     if os.environ.get("TESSERA_CELERY_EXTERNAL_WORKER") == "1":
         media_root = Path(os.environ["TESSERA_MEDIA_ROOT"])
@@ -72,7 +73,9 @@ def celery_worker(transactional_db, redis_url, tmp_path_factory):
         "TESSERA_MEDIA_ROOT": str(media_root),
     }
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "-Q", queue,
+        # Its own queue for what the test sends, and the default one for what its tasks queue in turn
+        # (a plan run that auto-applies queues the rollout), as the worker .ci/run starts consumes.
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "-Q", f"{queue},celery",
          "--hostname", f"{queue}@%h", "--without-gossip", "--without-mingle", "--loglevel=INFO"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )

@@ -38,7 +38,6 @@ from workers.client import ControlPlaneClient
 from workers.router.app import router_start_in_thread
 from workers.router.main import router_build
 
-from tests.conftest import service_unavailable
 
 from .conftest import REPO, _database_url_of_test_db
 
@@ -56,29 +55,13 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 
 @pytest.fixture
-def broker(transactional_db, redis_url, settings):
-    """Tasks this process queues go to Redis (not run in-process, as tests otherwise do), on the default
-    queue, to a real worker: the one .ci/run started, or one started here."""
-    from django.db import connection as db
-
-    from controlplane.celery import app
-
-    if db.vendor != "postgresql":
-        service_unavailable("a Celery worker shares the test database only on PostgreSQL (set DATABASE_URL)")
-    worker = None if os.environ.get("TESSERA_CELERY_EXTERNAL_WORKER") == "1" else _worker("celery", redis_url, visibility_s=3600)
-    saved = {k: app.conf[k] for k in ("task_always_eager", "broker_url", "result_backend")}
-    app.conf.update(task_always_eager=False, broker_url=redis_url, result_backend=redis_url)
-    app._pool = None  # connections made for the in-memory broker are not reused
+def broker(celery_worker, settings, monkeypatch):
+    """Jobs this process queues go through Redis to the real worker (the one .ci/run started, or one
+    started for the test), instead of running in-process as tests otherwise do."""
+    client, queue, _media = celery_worker
     settings.TESSERA_JOBS_IN_THREAD = False
-    yield app
-    app.conf.update(saved)
-    app._pool = None
-    if worker is not None:
-        worker.terminate()
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+    monkeypatch.setattr("apps.jobs.services._task_send", lambda task, job_id: client.send_task(task.name, args=[job_id], queue=queue))
+    return client, queue
 
 
 def fleet_seed() -> dict[str, Host]:

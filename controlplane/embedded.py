@@ -1,0 +1,43 @@
+"""The embedded scheduler: on embedded defaults (no broker, no beat process) it stands in for
+django-celery-beat inside the control plane's process, running the same services the beat tasks run:
+the planning watch every few seconds (lost hosts, model pool, demand) and each enabled re-planning
+policy's periodic re-plan at its interval. With Redis configured, `celery beat` does this instead."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import connection
+
+log = logging.getLogger("tessera.embedded")
+
+WATCH_EVERY_S = 5.0
+
+
+def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threading.Event:
+    """Start the scheduler thread; set the returned event to stop it."""
+    from apps.planning.triggers import planning_watch, replan_periodic
+    from apps.policies.models import ReplanPolicy
+
+    stop = threading.Event()
+
+    def run() -> None:
+        last_periodic: dict[int, float] = {}
+        started = time.monotonic()
+        try:
+            while not stop.wait(watch_every_s):
+                try:
+                    planning_watch()
+                    now = time.monotonic()
+                    for policy in ReplanPolicy.objects.filter(enabled=True):
+                        if now - last_periodic.get(policy.pk, started) >= policy.interval_seconds:
+                            last_periodic[policy.pk] = now
+                            replan_periodic(policy_id=policy.pk)
+                except Exception:  # the scheduler outlives a failed check; the next tick tries again
+                    log.exception("embedded scheduler tick failed")
+        finally:
+            connection.close()
+
+    threading.Thread(target=run, name="tessera-embedded-scheduler", daemon=True).start()
+    return stop
