@@ -139,6 +139,9 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# Agent and router samples older than this are deleted (telemetry.prune, hourly on beat or in-process).
+TESSERA_TELEMETRY_RETENTION_DAYS = env.float("TESSERA_TELEMETRY_RETENTION_DAYS", default=7.0)
+
 # --- Celery -------------------------------------------------------------------------------------
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"

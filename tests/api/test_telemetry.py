@@ -140,3 +140,10 @@ def test_prune_deletes_only_old_samples(agent_hosts):
     deleted = telemetry_prune(older_than=timedelta(days=7))
     assert deleted == {"runtimesample": 1, "gpusample": 1, "applicationsample": 1}
     assert RuntimeSample.objects.count() == GpuSample.objects.count() == ApplicationSample.objects.count() == 1
+
+
+def test_retention_is_scheduled_on_beat(db) -> None:
+    from django_celery_beat.models import PeriodicTask
+
+    task = PeriodicTask.objects.get(name="telemetry.prune")
+    assert task.task == "telemetry.prune" and task.enabled and task.interval.every == 3600
