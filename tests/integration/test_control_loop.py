@@ -155,11 +155,14 @@ def test_a_host_that_never_converges_fails_the_rollout_and_is_rolled_back(broker
     Host.objects.filter(name="sim-cpu-01").update(status="online", converged_version=1)
     wait_for(lambda: Host.objects.get(name="sim-a100-01").converged_version == 1, 120, "the GPU host's agent")
     job = plan_run_start(trigger="manual", options={"demand": {"tabular-cpu": 30.0, "classify-resnet": 50.0}})
-    plan = wait_for(lambda: Plan.objects.filter(job=job, status__in=["validated", "failed"]).first(), 120, "the plan")
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status__in=["succeeded", "failed"]).exists(), 120, "the plan run")
+    job.refresh_from_db()
+    assert job.status == "succeeded", job.log + job.error
+    plan = Plan.objects.get(job=job)
     assert plan.status == "validated", plan.notes
     before = HostDesiredState.objects.filter(host=hosts["sim-cpu-01"]).order_by("-version").first()
     plan_approve(plan=plan, actor=None)
-    rollout = plan_apply(plan=plan, actor=None, deadline_s=8)
+    rollout = plan_apply(plan=plan, actor=None, deadline_s=20)
     rollout = wait_for(lambda: Job.objects.filter(pk=rollout.pk, status__in=["succeeded", "failed"]).first(), 180, "the rollout to end")
     plan.refresh_from_db()
     assert rollout.status == "failed" and "sim-cpu-01" in rollout.error and "rolled back" in rollout.error
