@@ -1,7 +1,6 @@
-"""URL map: admin, REST API v1 (with its OpenAPI schema and browsable docs), health."""
+"""URL map: admin, REST API v1 (with its OpenAPI schema and browsable docs), health, and the operator dashboard."""
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from apps.core.views import healthz
@@ -26,6 +25,6 @@ urlpatterns = [
     path("api/v1/", include((api_v1, "api"))),
     path("api-auth/", include("rest_framework.urls")),
     path("healthz", healthz, name="healthz"),
-    # Until the dashboard exists, the admin is the operator's web UI.
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    # The operator dashboard (server-rendered pages, login at /login/).
+    path("", include("apps.dashboard.urls")),
 ]

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "apps.telemetry",
     "apps.jobs",
     "apps.planning",
+    "apps.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -90,7 +91,10 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-LOGIN_URL = "/admin/login/"
+# The dashboard's login page (Django's auth views); the admin keeps its own at /admin/login/.
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # --- Tessera ------------------------------------------------------------------------------------
 # Uploaded ONNX artifacts larger than this are refused before anything is stored.

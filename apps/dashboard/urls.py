@@ -1,0 +1,15 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+from django.views.generic import RedirectView
+
+from . import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    # Until the overview page exists, the dashboard opens on the fleet.
+    path("", RedirectView.as_view(pattern_name="dashboard:fleet", permanent=False), name="home"),
+    path("fleet/", views.fleet, name="fleet"),
+    path("login/", auth_views.LoginView.as_view(template_name="dashboard/login.html", redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+]
