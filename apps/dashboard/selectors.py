@@ -162,3 +162,121 @@ def fleet_overview(user) -> list[HostView]:
         )
         for h in hosts
     ]
+
+
+# --------------------------------------------------------------------------- plans and jobs
+
+PLAN_ACTIONS = {"validated": "approve", "approved": "apply", "active": "rollback"}  # which button a state allows
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{float(value):.1%}"
+
+
+def plan_queryset_for(user):
+    from apps.planning.models import Plan
+
+    return Plan.objects.restrict(user, "view").select_related("job", "previous", "created_by", "approved_by")
+
+
+def shortfall_summary(shortfall: dict) -> str:
+    items = [(name, rps) for name, rps in (shortfall or {}).items() if isinstance(rps, (int, float)) and rps > 0]
+    if not items:
+        return "none"
+    return ", ".join(f"{name} {rps:g} rps" for name, rps in sorted(items))
+
+
+def diff_summary(diff: dict) -> str:
+    s = (diff or {}).get("summary") or {}
+    if not s:
+        return "—"
+    if not s.get("changes"):
+        return "no change"
+    parts = [f"+{s.get('mig_created', 0)}/−{s.get('mig_destroyed', 0)} MIG",
+             f"+{s.get('runtimes_added', 0)}/−{s.get('runtimes_removed', 0)}/~{s.get('runtimes_changed', 0)} runtimes",
+             f"{s.get('applications_rerouted', 0)} rerouted"]
+    return ", ".join(parts)
+
+
+@dataclass
+class PlanRow:
+    pk: int
+    status: str
+    status_label: str
+    trigger: str
+    created: object
+    solver_status: str
+    gap: str
+    effective_accuracy: str
+    shortfall: str
+    diff: str
+
+
+def plan_list(user) -> list[PlanRow]:
+    return [
+        PlanRow(pk=p.pk, status=p.status, status_label=p.get_status_display(), trigger=p.trigger, created=p.created,
+                solver_status=p.solver_status or "—", gap=_pct(p.gap), effective_accuracy=_pct(p.effective_accuracy),
+                shortfall=shortfall_summary(p.shortfall), diff=diff_summary(p.diff))
+        for p in plan_queryset_for(user)
+    ]
+
+
+def _variant_names(ids) -> dict[int, str]:
+    from apps.registry.models import ModelVariant
+
+    ids = {i for i in ids if isinstance(i, int)}
+    return {v.pk: f"{v.application.name}/{v.name}" if v.application_id else v.name
+            for v in ModelVariant.objects.filter(pk__in=ids).select_related("application")} if ids else {}
+
+
+def plan_detail(plan) -> dict:
+    """What the plan page shows, from the plan's stored JSON (prediction, routing, diff)."""
+    prediction = plan.prediction or {}
+    applications = [
+        {"name": name, "queries": app.get("queries"), "on_time": app.get("on_time"), "late": app.get("late"),
+         "dropped": app.get("dropped"), "violation": _pct(app.get("slo_violation_ratio")),
+         "accuracy": _pct(app.get("effective_accuracy")), "p99": app.get("latency_p99_ms")}
+        for name, app in sorted((prediction.get("applications") or {}).items())
+    ]
+    variant_ids = [r.get("variant") for routes in (plan.routing or {}).values() for r in routes]
+    diff = plan.diff or {}
+    for host in (diff.get("hosts") or {}).values():
+        rts = host.get("runtimes") or {}
+        variant_ids += [r.get("variant") for r in rts.get("added", []) + rts.get("removed", [])]
+        variant_ids += [c.get(side, {}).get("variant") for c in rts.get("changed", []) for side in ("before", "after")]
+    names = _variant_names(variant_ids)
+    routing = []
+    for application, routes in sorted((plan.routing or {}).items()):
+        total = sum(max(0.0, float(r.get("weight") or 0)) for r in routes)
+        routing.append({"application": application, "routes": [
+            {"instance": r.get("instance"), "variant": names.get(r.get("variant"), r.get("variant")),
+             "weight": f"{(max(0.0, float(r.get('weight') or 0)) / total if total > 0 else 0):.1%}"}
+            for r in routes
+        ]})
+    hosts = []
+    for name, host in sorted((diff.get("hosts") or {}).items()):
+        rts = host.get("runtimes") or {}
+        label = lambda r: f"{r.get('key')} {r.get('application') or ''} {names.get(r.get('variant'), r.get('variant') or '')}".strip()  # noqa: E731
+        hosts.append({
+            "name": name, "baseline": host.get("baseline", ""), "changed": host.get("changed", False),
+            "gpus": [{"name": gpu, "create": c.get("create", []), "destroy": c.get("destroy", []),
+                      "mode": c.get("mig_enabled", {})} for gpu, c in sorted((host.get("gpus") or {}).items())],
+            "added": [label(r) for r in rts.get("added", [])],
+            "removed": [label(r) for r in rts.get("removed", [])],
+            "changed_runtimes": [f"{c.get('key')}: {names.get(c['before'].get('variant'), c['before'].get('variant'))} → "
+                                 f"{names.get(c['after'].get('variant'), c['after'].get('variant'))}" for c in rts.get("changed", [])],
+            "kept": rts.get("kept", 0),
+        })
+    return {
+        "plan": plan, "action": PLAN_ACTIONS.get(plan.status), "gap": _pct(plan.gap), "effective_accuracy": _pct(plan.effective_accuracy),
+        "shortfall": shortfall_summary(plan.shortfall), "diff_summary": diff_summary(diff), "diff_against": (diff.get("against") or {}).get("description", ""),
+        "prediction": prediction, "violation": _pct(prediction.get("slo_violation_ratio")),
+        "predicted_accuracy": _pct(prediction.get("effective_accuracy")), "applications": applications,
+        "routing": routing, "hosts": hosts, "notes": [str(n) for n in (plan.notes or [])],
+    }
+
+
+def job_queryset_for(user):
+    from apps.jobs.models import Job
+
+    return Job.objects.restrict(user, "view").select_related("actor")

@@ -10,6 +10,11 @@ urlpatterns = [
     # Until the overview page exists, the dashboard opens on the fleet.
     path("", RedirectView.as_view(pattern_name="dashboard:fleet", permanent=False), name="home"),
     path("fleet/", views.fleet, name="fleet"),
+    path("plans/", views.plans, name="plans"),
+    path("plans/<int:pk>/", views.plan, name="plan"),
+    path("plans/<int:pk>/<str:action>/", views.plan_action, name="plan-action"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/<int:pk>/", views.job, name="job"),
     path("login/", auth_views.LoginView.as_view(template_name="dashboard/login.html", redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

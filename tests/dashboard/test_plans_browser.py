@@ -1,0 +1,56 @@
+"""Plan approval and apply in a real browser (same pattern as test_fleet_browser.py: Debian's Chromium
+driven by Playwright against the live server; the database is seeded before the browser starts)."""
+import re
+
+import pytest
+
+from apps.planning.models import Plan
+from controlplane.demo import demo_seed
+from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa: F401 (fixture)
+
+
+@pytest.fixture
+def validated_plan(transactional_db):
+    """The demo logins and a validated plan whose rollout has nothing to write (it succeeds at once)."""
+    seeded = demo_seed()
+    plan = Plan.objects.create(status="validated", solver="pulp", solver_status="Optimal", gap=0.0, effective_accuracy=0.9,
+                               prediction={"slo_violation_ratio": 0.0, "effective_accuracy": 0.9, "applications": {}},
+                               desired_states={}, routing={}, notes=["browser test plan"])
+    return {"plan": plan.pk, "logins": seeded.logins}
+
+
+def _login(page, url, username, password):
+    page.goto(f"{url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("form button[type=submit]")
+    page.wait_for_load_state()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_approves_and_applies_a_plan(live_server, validated_plan, browser_page):
+    page, url, pk = browser_page, live_server.url, validated_plan["plan"]
+    _login(page, url, "operator", validated_plan["logins"]["operator"])
+    page.goto(f"{url}/plans/{pk}/")
+    page.click("button[name=approve]")
+    page.wait_for_selector('[data-plan-status="approved"]')
+    assert page.locator("button[name=approve]").count() == 0
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "plan.png"), full_page=True)
+    page.click("button[name=apply]")
+    page.wait_for_url(re.compile(rf"{re.escape(url)}/jobs/\d+/$"))
+    page.wait_for_selector('[data-job-status="succeeded"]')
+    bar = page.locator(".progress .bar")
+    assert page.locator("[data-progress]").get_attribute("data-progress") == "100"
+    assert bar.evaluate("e => e.getBoundingClientRect().width") == pytest.approx(
+        page.locator(".progress").evaluate("e => e.getBoundingClientRect().width"), abs=1)
+    page.screenshot(path=str(SCREENSHOTS / "job.png"), full_page=True)
+    assert (SCREENSHOTS / "plan.png").stat().st_size > 0 and (SCREENSHOTS / "job.png").stat().st_size > 0
+
+    # A viewer sees the (now active) plan without any action.
+    page.click(".logout button")
+    _login(page, url, "viewer", validated_plan["logins"]["viewer"])
+    page.goto(f"{url}/plans/{pk}/")
+    page.wait_for_selector('[data-plan-status="active"]')
+    for name in ("approve", "apply", "rollback"):
+        assert page.locator(f"button[name={name}]").count() == 0
