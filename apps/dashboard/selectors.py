@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from django.db.models import Count
+
 from apps.deployments.models import Runtime
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host
 from apps.planning.engine.mig import mig_catalogue_load
+from apps.policies.models import SloPolicy
+from apps.registry.models import Application, ModelVariant, Profile
 
 # A GPU the MIG catalogue does not know is still drawn on this many memory slices (A100/H100 have 8).
 DEFAULT_MEMORY_SLICES = 8
@@ -280,3 +284,62 @@ def job_queryset_for(user):
     from apps.jobs.models import Job
 
     return Job.objects.restrict(user, "view").select_related("actor")
+
+
+# --------------------------------------------------------------------------- applications
+
+@dataclass
+class VariantView:
+    name: str
+    accuracy_pct: str
+    accuracy_metric: str
+    artifact_name: str | None
+    artifact_sha: str | None
+    profile_points: list[tuple[str, int]]  # (device type, number of points), sorted by device type
+
+
+@dataclass
+class ApplicationView:
+    pk: int
+    name: str
+    task: str
+    description: str
+    slo: object  # apps.policies SloPolicy or None
+    variants: list[VariantView]
+    colour: str
+
+
+def application_queryset_for(user):
+    return Application.objects.restrict(user, "view").order_by("name")
+
+
+def applications_overview(user) -> list[ApplicationView]:
+    """Every application the user may see, with its SLO and its variants (accuracy, artifact, profile
+    points per device type)."""
+    applications = list(application_queryset_for(user))
+    slos = {s.application_id: s for s in SloPolicy.objects.restrict(user, "view").filter(application__in=applications)}
+    variants = list(
+        ModelVariant.objects.restrict(user, "view").filter(application__in=applications).select_related("artifact")
+        .order_by("application__name", "-accuracy", "name")
+    )
+    points: dict[int, list[tuple[str, int]]] = {}
+    counts = (
+        Profile.objects.restrict(user, "view").filter(variant__in=variants).values("variant_id", "device_type")
+        .annotate(n=Count("pk")).order_by("variant_id", "device_type")
+    )
+    for row in counts:
+        points.setdefault(row["variant_id"], []).append((row["device_type"], row["n"]))
+    by_application: dict[int, list[VariantView]] = {}
+    for v in variants:
+        artifact = v.artifact if v.artifact_id else None
+        by_application.setdefault(v.application_id, []).append(VariantView(
+            name=v.name, accuracy_pct=f"{v.accuracy * 100:.1f}%", accuracy_metric=v.accuracy_metric,
+            artifact_name=artifact.original_name if artifact else None,
+            artifact_sha=artifact.sha256[:12] if artifact else None,
+            profile_points=points.get(v.pk, []),
+        ))
+    return [
+        ApplicationView(pk=a.pk, name=a.name, task=a.get_task_display(), description=a.description, slo=slos.get(a.pk),
+                        variants=by_application.get(a.pk, []), colour=application_colour(a.name))
+        for a in applications
+    ]

@@ -10,6 +10,7 @@ urlpatterns = [
     # Until the overview page exists, the dashboard opens on the fleet.
     path("", RedirectView.as_view(pattern_name="dashboard:fleet", permanent=False), name="home"),
     path("fleet/", views.fleet, name="fleet"),
+    path("applications/", views.applications, name="applications"),
     path("plans/", views.plans, name="plans"),
     path("plans/<int:pk>/", views.plan, name="plan"),
     path("plans/<int:pk>/<str:action>/", views.plan_action, name="plan-action"),
