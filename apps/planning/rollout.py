@@ -264,7 +264,10 @@ def rollout_execute(*, job: Job) -> dict:
         started = time.monotonic()
         final = {hosts[name].pk: spec for name, spec in plan.desired_states.items() if name in hosts}
         if not plan.rollout.get("switched"):
-            make = {pk: _union_spec(Host.objects.get(pk=pk), plan.rollout["hosts"][Host.objects.get(pk=pk).name]["before"], spec) for pk, spec in final.items()}
+            make = {
+                hosts[name].pk: _union_spec(hosts[name], plan.rollout["hosts"][name]["before"], spec)
+                for name, spec in plan.desired_states.items() if name in hosts
+            }
             job_progress(job_id=job.pk, progress=10, log_line=f"make: {len(make)} hosts, waves of {max(1, math.ceil(len(make) * fraction))}")
             _write_waves(job=job, plan=plan, targets=make, fraction=fraction, deadline_s=deadline_s, phase="make", actor=actor)
             timings["make_s"] = time.monotonic() - started
