@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock clean
+.PHONY: demo test lock vendor clean
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test: $(STAMP)
 ## Re-pin every dependency after editing pyproject.toml (needs uv: pip install uv).
 lock:
 	uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 --generate-hashes --universal -o requirements/lock.txt
+
+## Re-vendor the dashboard's front-end libraries from the npm registry (checked in; only to change a version).
+vendor:
+	bash scripts/vendor_static.sh
 
 clean:
 	rm -rf $(VENV) var

@@ -1,0 +1,7 @@
+"""Dashboard views, one module per page family; each view is a thin adapter over selectors and services."""
+from .applications import applications
+from .fleet import fleet
+from .jobs import job, jobs
+from .plans import plan, plan_action, plans
+
+__all__ = ["applications", "fleet", "job", "jobs", "plan", "plan_action", "plans"]
