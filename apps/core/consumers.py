@@ -1,10 +1,12 @@
 """WebSocket consumers stay thin: authenticate, subscribe, filter by permission, forward."""
 from __future__ import annotations
 
+import asyncio
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .streams import CHANGE_GROUP
+from .streams import CHANGE_GROUP, stream_server_loop_register
 
 UNAUTHENTICATED = 4401
 
@@ -19,6 +21,7 @@ class ChangeStreamConsumer(AsyncJsonWebsocketConsumer):
             return
         self.permissions = await database_sync_to_async(user.get_all_permissions)()
         self.is_superuser = user.is_superuser
+        stream_server_loop_register(asyncio.get_running_loop())
         await self.channel_layer.group_add(CHANGE_GROUP, self.channel_name)
         await self.accept()
 

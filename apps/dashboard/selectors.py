@@ -14,10 +14,14 @@ from apps.planning.engine.mig import mig_catalogue_load
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
 
+from .profile_charts import variant_profile_series
+
 # A GPU the MIG catalogue does not know is still drawn on this many memory slices (A100/H100 have 8).
 DEFAULT_MEMORY_SLICES = 8
 SVG_SLICE_WIDTH = 60  # SVG user units per memory slice; the drawing scales to its container
 SVG_HEIGHT = 56
+SVG_SUB_FONT = {True: 10, False: 12}  # the variant label's font size (svg.mig .sub, .narrow) on a narrow block or not
+SVG_CHAR_WIDTH = 0.6  # an average glyph's advance, in font sizes (system sans-serif)
 
 
 def application_colour(name: str | None) -> str:
@@ -52,10 +56,18 @@ class BlockView:
     width: int
     text_x: int
     colour: str
+    change: str = ""  # on the plan page: "created" or "destroyed" by the plan ("" when kept, and on the fleet page)
 
     @property
     def application(self) -> str:
         return (self.runtime.application or "") if self.runtime else ""
+
+    @property
+    def variant_text_length(self) -> int | None:
+        """The width to squeeze the variant label into when it would overflow its block (None: it fits)."""
+        text = (self.runtime.variant or "") if self.runtime else ""
+        room = self.width - 8
+        return room if len(text) * SVG_CHAR_WIDTH * SVG_SUB_FONT[self.size == 1] > room else None
 
 
 @dataclass
@@ -108,15 +120,28 @@ def _runtime_view(runtime: Runtime) -> RuntimeView:
     )
 
 
-def _block_view(instance: GpuInstance, runtime: RuntimeView | None) -> BlockView:
-    x = instance.placement_start * SVG_SLICE_WIDTH
-    width = max(instance.placement_size, 1) * SVG_SLICE_WIDTH
+def gpu_memory_slices(catalogue, model_name: str) -> int:
+    """How many memory slices a GPU is drawn on: its MIG catalogue model's, else DEFAULT_MEMORY_SLICES."""
+    spec = catalogue.gpu_model_find(model_name)
+    return spec.memory_slices if spec is not None else DEFAULT_MEMORY_SLICES
+
+
+def block_view(*, placement: str, profile: str, start: int, size: int, state: str, runtime: RuntimeView | None,
+               change: str = "") -> BlockView:
+    """A GPU instance on memory slices [start, start + size), in SVG coordinates: the one drawing geometry
+    of the dashboard (the fleet page and the plan page's before/after drawings)."""
+    x = start * SVG_SLICE_WIDTH
+    width = max(size, 1) * SVG_SLICE_WIDTH
     return BlockView(
-        placement=instance.placement, profile=instance.profile, start=instance.placement_start,
-        size=instance.placement_size, state=instance.get_state_display(), runtime=runtime,
+        placement=placement, profile=profile, start=start, size=size, state=state, runtime=runtime,
         x=x + 2, width=width - 4, text_x=x + width // 2,
-        colour=application_colour(runtime.application if runtime else None),
+        colour=application_colour(runtime.application if runtime else None), change=change,
     )
+
+
+def _block_view(instance: GpuInstance, runtime: RuntimeView | None) -> BlockView:
+    return block_view(placement=instance.placement, profile=instance.profile, start=instance.placement_start,
+                      size=instance.placement_size, state=instance.get_state_display(), runtime=runtime)
 
 
 def fleet_overview(user) -> list[HostView]:
@@ -140,8 +165,7 @@ def fleet_overview(user) -> list[HostView]:
             mig_enabled=acc.mig_enabled,
         )
         if acc.kind == AcceleratorKindChoices.GPU:
-            spec = catalogue.gpu_model_find(acc.model_name)
-            view.memory_slices = spec.memory_slices if spec is not None else DEFAULT_MEMORY_SLICES
+            view.memory_slices = gpu_memory_slices(catalogue, acc.model_name)
             if acc.mig_enabled:
                 view.blocks = [
                     _block_view(gi, runtime_by_key.get((acc.host_id, f"gpu{acc.index}/{gi.placement}")))
@@ -296,6 +320,12 @@ class VariantView:
     artifact_name: str | None
     artifact_sha: str | None
     profile_points: list[tuple[str, int]]  # (device type, number of points), sorted by device type
+    pk: int = 0
+    chart: dict | None = None  # profile_charts.variant_profile_series data plus "slo_ms"; None when not profiled
+
+    @property
+    def chart_id(self) -> str:
+        return f"profile-data-{self.pk}"
 
 
 @dataclass
@@ -313,9 +343,13 @@ def application_queryset_for(user):
     return Application.objects.restrict(user, "view").order_by("name")
 
 
+def _chart_with_slo(chart: dict | None, slo) -> dict | None:
+    return None if chart is None else {**chart, "slo_ms": slo.latency_p99_ms if slo is not None else None}
+
+
 def applications_overview(user) -> list[ApplicationView]:
     """Every application the user may see, with its SLO and its variants (accuracy, artifact, profile
-    points per device type)."""
+    points per device type, and latency-vs-batch chart data with the SLO)."""
     applications = list(application_queryset_for(user))
     slos = {s.application_id: s for s in SloPolicy.objects.restrict(user, "view").filter(application__in=applications)}
     variants = list(
@@ -329,6 +363,7 @@ def applications_overview(user) -> list[ApplicationView]:
     )
     for row in counts:
         points.setdefault(row["variant_id"], []).append((row["device_type"], row["n"]))
+    charts = variant_profile_series(variants, profiles=Profile.objects.restrict(user, "view"))
     by_application: dict[int, list[VariantView]] = {}
     for v in variants:
         artifact = v.artifact if v.artifact_id else None
@@ -336,10 +371,53 @@ def applications_overview(user) -> list[ApplicationView]:
             name=v.name, accuracy_pct=f"{v.accuracy * 100:.1f}%", accuracy_metric=v.accuracy_metric,
             artifact_name=artifact.original_name if artifact else None,
             artifact_sha=artifact.sha256[:12] if artifact else None,
-            profile_points=points.get(v.pk, []),
+            profile_points=points.get(v.pk, []), pk=v.pk,
+            chart=_chart_with_slo(charts.get(v.pk), slos.get(v.application_id)),
         ))
     return [
         ApplicationView(pk=a.pk, name=a.name, task=a.get_task_display(), description=a.description, slo=slos.get(a.pk),
                         variants=by_application.get(a.pk, []), colour=application_colour(a.name))
         for a in applications
     ]
+
+
+# --------------------------------------------------------------------------- policies
+
+POLICY_KINDS = ("slo", "replan", "profiling")  # the Policies page's sections, in order
+
+
+def policy_model(kind: str):
+    """The policy model for one of POLICY_KINDS, or None."""
+    from apps.policies.models import ProfilingPolicy, ReplanPolicy
+
+    return {"slo": SloPolicy, "replan": ReplanPolicy, "profiling": ProfilingPolicy}.get(kind)
+
+
+def policy_queryset_for(user, kind: str, action: str = "view"):
+    """The policies of one kind the user may see (or change, with action="change"), in page order."""
+    qs = policy_model(kind).objects.restrict(user, action)
+    return qs.select_related("application").order_by("application__name") if kind == "slo" else qs.order_by("name")
+
+
+@dataclass
+class PoliciesOverview:
+    slo: list  # SloPolicy rows, by application name
+    applications_without_slo: list[str]
+    replan: list  # ReplanPolicy rows, by name
+    replan_governing_pk: int | None  # the enabled policy that governs the re-planning triggers (first by name)
+    profiling: list  # ProfilingPolicy rows, by name
+
+
+def policies_overview(user) -> PoliciesOverview:
+    """Every policy the user may see: each application's SLO, the re-planning and the profiling policies."""
+    from apps.planning.demand import replan_policy_current
+
+    slo = list(policy_queryset_for(user, "slo"))
+    with_slo = {p.application_id for p in slo}
+    without = [a.name for a in application_queryset_for(user) if a.pk not in with_slo] if user.has_perm("policies.view_slopolicy") else []
+    replan = list(policy_queryset_for(user, "replan"))
+    governing = replan_policy_current()
+    return PoliciesOverview(
+        slo=slo, applications_without_slo=without, replan=replan, profiling=list(policy_queryset_for(user, "profiling")),
+        replan_governing_pk=governing.pk if governing is not None and any(p.pk == governing.pk for p in replan) else None,
+    )

@@ -7,10 +7,11 @@ from . import views
 app_name = "dashboard"
 
 urlpatterns = [
-    # Until the overview page exists, the dashboard opens on the fleet.
-    path("", RedirectView.as_view(pattern_name="dashboard:fleet", permanent=False), name="home"),
+    path("", RedirectView.as_view(pattern_name="dashboard:overview", permanent=False), name="home"),
+    path("overview/", views.overview, name="overview"),
     path("fleet/", views.fleet, name="fleet"),
     path("applications/", views.applications, name="applications"),
+    path("policies/", views.policies, name="policies"),
     path("plans/", views.plans, name="plans"),
     path("plans/<int:pk>/", views.plan, name="plan"),
     path("plans/<int:pk>/<str:action>/", views.plan_action, name="plan-action"),

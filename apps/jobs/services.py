@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from .choices import JOB_ACTIVE_STATUSES, JobStatusChoices
 from .models import Job
+from .streams import job_stream_announce
 
 log = logging.getLogger("tessera.jobs")
 
@@ -64,6 +65,7 @@ def job_create(
         if active is None:
             raise
         raise JobConflict(active) from None
+    job_stream_announce(job.pk)
     return job
 
 
@@ -103,6 +105,7 @@ def job_progress(*, job_id: int, progress: int | None = None, log_line: str = ""
         values["log"] = Concat("log", Value(_line(log_line)), output_field=models.TextField())
     if values:
         Job.objects.filter(pk=job_id).update(**values)
+        job_stream_announce(job_id)
 
 
 def job_checkpoint_set(*, job_id: int, name: str, value: Any) -> None:
@@ -124,6 +127,7 @@ def _job_claim(job_id: int) -> Job | None:
         job.started = job.started or timezone.now()
         job.log += _line(f"attempt {job.attempts} started" + (" (resuming from its checkpoint)" if job.checkpoint else ""))
         job.save(update_fields=["status", "attempts", "started", "log"])
+        job_stream_announce(job.pk)
         return job
 
 
@@ -134,6 +138,7 @@ def _job_finish(job_id: int, *, status: str, result: dict | None = None, error: 
         values["result"] = result or {}
     values["log"] = Concat("log", Value(_line(status + (f": {error}" if error else ""))), output_field=models.TextField())
     Job.objects.filter(pk=job_id).update(**values)
+    job_stream_announce(job_id)
 
 
 def job_execute(*, job_id: int, work: Callable[[Job], dict | None], final_attempt: bool = True) -> dict | None:

@@ -1,7 +1,7 @@
 """Telemetry services: ingest an agent's metrics (also its heartbeat) and a router's report, and prune old
 samples. Ingest runs about a thousand times a second across a fleet, so it takes already-validated data
 (plain serializers in the view), maps application names with one query and bulk-inserts; there is no
-per-row model validation."""
+per-row model validation. Once committed, each report is announced on the live stream (streams.py)."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -14,6 +14,7 @@ from apps.inventory.models import Host
 from apps.registry.models import Application
 
 from .models import ApplicationSample, GpuSample, RuntimeSample
+from .streams import host_metrics_event, metrics_publish, router_report_event
 
 
 def _application_ids(names: Iterable[str]) -> dict[str, int]:
@@ -71,6 +72,8 @@ def host_metrics_ingest(*, host: Host, report: dict[str, Any]) -> dict[str, int]
         GpuSample.objects.bulk_create(gpu_rows)
         # Bookkeeping, not a change: last_seen is excluded from the audit, and update() skips the receivers.
         Host.objects.filter(pk=host.pk).update(last_seen=timezone.now())
+        event = host_metrics_event(host_name=host.name, report=report)
+        transaction.on_commit(lambda: metrics_publish(event))
     return {"runtime_samples": len(runtime_rows), "gpu_samples": len(gpu_rows)}
 
 
@@ -99,7 +102,10 @@ def router_report_ingest(*, host: Host, report: dict[str, Any]) -> dict[str, int
         )
         for a in items
     ]
-    ApplicationSample.objects.bulk_create(rows)
+    with transaction.atomic():
+        ApplicationSample.objects.bulk_create(rows)
+        event = router_report_event(report=report)
+        transaction.on_commit(lambda: metrics_publish(event))
     return {"application_samples": len(rows)}
 
 

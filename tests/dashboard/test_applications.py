@@ -1,11 +1,18 @@
 """The applications page through Django's test client: viewers see every application with its SLO and
 variants but no upload form; operators upload a variant with its ONNX file (artifact and variant stored
-together), and a rejected file comes back inline with nothing stored."""
+together), and a rejected file comes back inline with nothing stored. Each variant's stored profiles go to
+the page as chart data (latency per batch size and slice), in one query for all variants."""
+import json
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from apps.registry.models import Application, Artifact, ModelVariant
+from apps.dashboard.profile_charts import variant_profile_series
+from apps.dashboard.selectors import applications_overview
+from apps.registry.choices import ProfileSourceChoices
+from apps.registry.models import Application, Artifact, ModelVariant, Profile
 from controlplane.demo import demo_seed
 from tests.onnx_builders import onnx_failing_checker_bytes, onnx_mlp_bytes
 
@@ -105,3 +112,80 @@ def test_bad_variant_fields_roll_back_the_artifact(client, users):
     # The same file goes through once the fields are right: no leftover row or file blocked it.
     response = client.post("/applications/", _form(application, onnx_mlp_bytes(seed=7)))
     assert response.status_code == 302 and Artifact.objects.count() == artifacts + 1
+
+
+# --------------------------------------------------------------------------- profile charts
+
+def _chart_data(html: str, variant: ModelVariant) -> dict:
+    """The json_script block the page embeds for a variant's latency-vs-batch chart."""
+    match = re.search(rf'<script id="profile-data-{variant.pk}" type="application/json">(.*?)</script>', html, re.S)
+    assert match, f"no chart data for {variant}"
+    return json.loads(match[1])
+
+
+def test_profiled_variant_embeds_its_stored_profiles(client, users):
+    client.force_login(users["viewer"])
+    html = client.get("/applications/").content.decode()
+    variant = ModelVariant.objects.get(application__name="classify-resnet", name="resnet50")
+    data = _chart_data(html, variant)
+    rows = list(Profile.objects.filter(variant=variant))
+    assert data["batch_sizes"] == sorted({p.batch_size for p in rows})
+    assert data["slo_ms"] == 60.0  # classify-resnet's p99 SLO, drawn as the reference line
+    assert f'data-profile-chart="profile-data-{variant.pk}"' in html
+    stored = {(p.device_type, p.slice, p.batch_size): p.latency_p99_ms for p in rows}
+    assert len(data["series"]) == len({(p.device_type, p.slice) for p in rows})
+    for series in data["series"]:
+        for batch, latency in zip(data["batch_sizes"], series["latency_ms"]):
+            assert latency == stored.get((series["device_type"], series["slice"], batch))
+        assert series["source"] == "imported"
+    # Within a GPU model, slices go smallest to largest, the whole GPU last.
+    a100 = [s["slice"] for s in data["series"] if s["device_type"] == "A100-SXM4-40GB"]
+    assert a100[0].startswith("1g.") and a100[-1] == "full" and "3g.20gb" in a100
+    # The CPU variants' measured profiles come out labelled as such.
+    cpu_variant = ModelVariant.objects.filter(application__name="tabular-cpu").first()
+    cpu = _chart_data(html, cpu_variant)["series"]
+    assert [(s["device"], s["label"], s["source"]) for s in cpu] == [("CPU", "1 core", "measured")]
+    assert '<script src="/static/dashboard/profile_charts.js">' in html and "uPlot.iife.min.js" in html
+
+
+def test_unprofiled_variant_says_so(client, users):
+    application = Application.objects.get(name="classify-resnet")
+    variant = ModelVariant.objects.create(application=application, name="resnet18", accuracy=0.69, accuracy_metric="ImageNet top-1")
+    client.force_login(users["viewer"])
+    html = client.get("/applications/").content.decode()
+    figure = html.split('data-variant-profiles="resnet18"', 1)[1].split("</figure>", 1)[0]
+    assert "Not profiled yet." in figure and "data-profile-chart" not in figure
+    assert f'id="profile-data-{variant.pk}"' not in html
+
+
+def test_profile_series_gaps_and_order():
+    application = Application.objects.create(name="charts-app")
+    variant = ModelVariant.objects.create(application=application, name="v", accuracy=0.5, accuracy_metric="m")
+    other = ModelVariant.objects.create(application=application, name="w", accuracy=0.4, accuracy_metric="m")
+    points = [("A100-SXM4-40GB", "full", None, 1, 2.0), ("A100-SXM4-40GB", "full", None, 8, 5.0),
+              ("A100-SXM4-40GB", "1g.5gb", None, 1, 4.0), ("A100-SXM4-40GB", "1g.5gb", None, 4, 9.0),
+              ("cpu", "", 2, 1, 30.0)]
+    for device_type, slice_, cores, batch, p99 in points:
+        Profile.objects.create(variant=variant, device_type=device_type, slice=slice_, cpu_cores=cores, batch_size=batch,
+                               latency_p50_ms=p99, latency_p99_ms=p99, throughput_rps=batch * 1000 / p99,
+                               source=ProfileSourceChoices.MEASURED)
+    data = variant_profile_series([variant.pk, other.pk])
+    assert set(data) == {variant.pk}  # a variant without rows is absent (the page says "not profiled yet")
+    chart = data[variant.pk]
+    assert chart["batch_sizes"] == [1, 4, 8]
+    assert [(s["label"], s["latency_ms"]) for s in chart["series"]] == [
+        ("1g.5gb", [4.0, 9.0, None]), ("full GPU", [2.0, None, 5.0]), ("2 cores", [30.0, None, None]),
+    ]
+    assert chart["series"][-1]["device"] == "CPU" and chart["series"][0]["source"] == "measured"
+    assert variant_profile_series([]) == {}
+
+
+def test_profile_series_is_one_query(users, django_assert_num_queries, django_assert_max_num_queries):
+    variants = ModelVariant.objects.all()
+    with django_assert_num_queries(1):
+        data = variant_profile_series(variants)
+    assert len(data) == Profile.objects.values("variant").distinct().count() >= 10
+    # The page's selector stays bounded however many variants there are (no query per variant).
+    with django_assert_max_num_queries(8):
+        overview = applications_overview(users["viewer"])
+    assert sum(1 for a in overview for v in a.variants if v.chart) == len(data)

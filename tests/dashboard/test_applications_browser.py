@@ -12,8 +12,8 @@ def seeded(transactional_db):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_operator_sees_an_invalid_upload_rejected_inline(live_server, seeded, browser_page, tmp_path):
-    page, url = browser_page, live_server.url
+def test_operator_sees_an_invalid_upload_rejected_inline(asgi_live_server, seeded, browser_page, tmp_path):
+    page, url = browser_page, asgi_live_server.url
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not an onnx model")
     page.goto(f"{url}/login/")

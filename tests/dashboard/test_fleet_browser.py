@@ -1,5 +1,5 @@
 """The fleet page in a real browser: Playwright drives Debian's Chromium (/usr/bin/chromium) against
-pytest-django's live server. Playwright never downloads a browser here.
+Daphne serving the ASGI application (tests/dashboard/conftest.py). Playwright never downloads a browser here.
 
 Playwright's sync API keeps an event loop running in this thread while it is open, and Django refuses ORM
 calls there; so the database is seeded and read before the browser starts (fixture order)."""
@@ -38,14 +38,14 @@ def browser_page():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_viewer_logs_in_and_sees_the_mig_layouts(live_server, demo_fleet, browser_page):
+def test_viewer_logs_in_and_sees_the_mig_layouts(asgi_live_server, demo_fleet, browser_page):
     page = browser_page
-    page.goto(f"{live_server.url}/fleet/")
+    page.goto(f"{asgi_live_server.url}/fleet/")
     assert "/login/" in page.url
     page.fill("#id_username", "viewer")
     page.fill("#id_password", demo_fleet["viewer_password"])
     page.click("form button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/fleet/")
+    page.wait_for_url(f"{asgi_live_server.url}/fleet/")
     page.wait_for_selector("[data-placement]")
 
     assert page.locator("[data-placement]").count() == demo_fleet["gpu_instances"] > 0

@@ -28,15 +28,15 @@ def _login(page, url, username, password):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_operator_approves_and_applies_a_plan(live_server, validated_plan, browser_page):
-    page, url, pk = browser_page, live_server.url, validated_plan["plan"]
+def test_operator_approves_and_applies_a_plan(asgi_live_server, validated_plan, browser_page):
+    page, url, pk = browser_page, asgi_live_server.url, validated_plan["plan"]
     _login(page, url, "operator", validated_plan["logins"]["operator"])
     page.goto(f"{url}/plans/{pk}/")
     page.click("button[name=approve]")
     page.wait_for_selector('[data-plan-status="approved"]')
     assert page.locator("button[name=approve]").count() == 0
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "plan.png"), full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "plan-approved.png"), full_page=True)
     page.click("button[name=apply]")
     page.wait_for_url(re.compile(rf"{re.escape(url)}/jobs/\d+/$"))
     page.wait_for_selector('[data-job-status="succeeded"]')
@@ -45,7 +45,7 @@ def test_operator_approves_and_applies_a_plan(live_server, validated_plan, brows
     assert bar.evaluate("e => e.getBoundingClientRect().width") == pytest.approx(
         page.locator(".progress").evaluate("e => e.getBoundingClientRect().width"), abs=1)
     page.screenshot(path=str(SCREENSHOTS / "job.png"), full_page=True)
-    assert (SCREENSHOTS / "plan.png").stat().st_size > 0 and (SCREENSHOTS / "job.png").stat().st_size > 0
+    assert (SCREENSHOTS / "plan-approved.png").stat().st_size > 0 and (SCREENSHOTS / "job.png").stat().st_size > 0
 
     # A viewer sees the (now active) plan without any action.
     page.click(".logout button")

@@ -147,7 +147,9 @@ def test_jobs_list_and_detail(client, users):
     assert "width: 42%" in html and "Planning" in html and "Rollout" in html
     html = client.get(f"/jobs/{running.pk}/").content.decode()
     assert 'data-progress="42"' in html and "<pre" in html and "&lt;gap&gt; 1%" in html
-    assert '<meta http-equiv="refresh" content="2">' in html  # active: refreshes itself
+    # Active: follows the job over the live stream; refreshes itself only without JavaScript.
+    assert 'data-live-topics="jobs"' in html and "jobs_live.js" in html
+    assert '<noscript><meta http-equiv="refresh" content="2"></noscript>' in html
     html = client.get(f"/jobs/{done.pk}/").content.decode()
     assert 'http-equiv="refresh"' not in html and "RolloutFailed: late" in html
 

@@ -119,7 +119,9 @@ def test_the_real_plan_run_start_is_called_with_its_contract(policy, django_capt
         job = replan_trigger(trigger="model_pool", detail="variant added")
     assert job.kind == JobKindChoices.PLANNING and job.status == JobStatusChoices.PENDING
     assert job.params["trigger"] == "model_pool" and job.params["trigger_detail"] == "variant added"
-    assert len(callbacks) == 1  # the run is queued on commit (not run here)
+    # The run is queued on commit (not run here); the other callback announces the new job on the live stream.
+    queued = [c for c in callbacks if "job_stream" not in getattr(c, "__qualname__", "")]
+    assert len(queued) == 1 and len(callbacks) == 2
     assert replan_trigger(trigger="manual") is None  # JobConflict from plan_run_start: one run at a time
 
 

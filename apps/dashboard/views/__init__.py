@@ -2,6 +2,8 @@
 from .applications import applications
 from .fleet import fleet
 from .jobs import job, jobs
+from .overview import overview
 from .plans import plan, plan_action, plans
+from .policies import policies
 
-__all__ = ["applications", "fleet", "job", "jobs", "plan", "plan_action", "plans"]
+__all__ = ["applications", "fleet", "job", "jobs", "overview", "plan", "plan_action", "plans", "policies"]

@@ -11,6 +11,7 @@ from apps.jobs.models import Job
 from apps.jobs.services import JobConflict
 from apps.planning.rollout import plan_apply, plan_approve, plan_rollback
 
+from ..plan_geometry import plan_geometry
 from ..selectors import plan_detail, plan_list, plan_queryset_for
 from .common import _require
 
@@ -26,7 +27,8 @@ def plan(request, pk: int):
     _require(request, "planning.view_plan", "Viewing plans needs the viewer role.")
     obj = get_object_or_404(plan_queryset_for(request.user), pk=pk)
     context = plan_detail(obj)
-    context.update(nav="plans", can_change=request.user.has_perm("planning.change_plan"))
+    context.update(nav="plans", can_change=request.user.has_perm("planning.change_plan"),
+                   geometry=plan_geometry(obj, user=request.user))
     return render(request, "dashboard/plan.html", context)
 
 

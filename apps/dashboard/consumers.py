@@ -1,0 +1,144 @@
+"""`ws/live/`: the dashboard's one WebSocket. A page subscribes to the topics it draws; each subscription is
+checked against the user's permissions when it is made, and change events are filtered per object type.
+
+Client -> server: {"subscribe": ["metrics", "jobs", "changes"]} / {"unsubscribe": [...]}.
+Server -> client:
+- {"type": "subscribed", "topic": t} or {"type": "error", "topic": t, "error": "..."};
+- {"type": "metrics", ...}: roll-ups of the fleet's telemetry (apps/telemetry/rollup.py), sent within
+  `FLUSH_S` of a report arriving and at least once per `TICK_S` without one;
+- {"type": "job", ...} as a job's status, progress or log changes; {"type": "change", ...} per audited change;
+- {"type": "tick", "at": ...} once per `TICK_S` to pages without metrics, so they can tell a live stream
+  from a dead one."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from apps.core.consumers import UNAUTHENTICATED
+from apps.core.streams import CHANGE_GROUP, stream_server_loop_register
+from apps.jobs.streams import JOB_GROUP
+from apps.telemetry.rollup import LiveWindow
+from apps.telemetry.selectors import application_catalogue_for
+from apps.telemetry.streams import METRICS_GROUP
+
+FLUSH_S = 0.2  # a report reaches the browser within this (plus transit): coalesces a fleet's reports
+TICK_S = 1.0
+CATALOGUE_REFRESH_S = 30.0  # variants and SLOs change rarely; a page reload is immediate anyway
+
+
+@dataclass(frozen=True)
+class Topic:
+    group: str
+    perms: tuple[str, ...]  # all needed to subscribe (superusers always may)
+
+
+TOPICS = {
+    "metrics": Topic(METRICS_GROUP, ("telemetry.view_applicationsample", "telemetry.view_runtimesample", "telemetry.view_gpusample")),
+    "jobs": Topic(JOB_GROUP, ("jobs.view_job",)),
+    "changes": Topic(CHANGE_GROUP, ()),  # every event is checked against the object type's view permission
+}
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        self.user = user
+        self.permissions = await database_sync_to_async(user.get_all_permissions)()
+        self.subscribed: set[str] = set()
+        self.window = LiveWindow()
+        self.catalogue: dict = {}
+        self.catalogue_at = 0.0
+        self.dirty = False
+        stream_server_loop_register(asyncio.get_running_loop())
+        await self.accept()
+        self.pump = asyncio.get_running_loop().create_task(self._pump())
+
+    async def disconnect(self, code: int) -> None:
+        pump = getattr(self, "pump", None)
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+        for topic in getattr(self, "subscribed", ()):
+            await self.channel_layer.group_discard(TOPICS[topic].group, self.channel_name)
+
+    def _may(self, perm: str) -> bool:
+        return self.user.is_superuser or perm in self.permissions
+
+    async def receive_json(self, content, **kwargs) -> None:
+        if not isinstance(content, dict) or not ({"subscribe", "unsubscribe"} & content.keys()):
+            await self.send_json({"type": "error", "error": 'Send {"subscribe": [topics]} or {"unsubscribe": [topics]}.'})
+            return
+        for action in ("subscribe", "unsubscribe"):
+            topics = content.get(action, [])
+            for topic in [topics] if isinstance(topics, str) else topics if isinstance(topics, list) else []:
+                await (self._subscribe(topic) if action == "subscribe" else self._unsubscribe(topic))
+
+    async def _subscribe(self, topic) -> None:
+        spec = TOPICS.get(topic) if isinstance(topic, str) else None
+        if spec is None:
+            await self.send_json({"type": "error", "topic": topic, "error": f"Unknown topic; one of {', '.join(TOPICS)}."})
+            return
+        missing = [p for p in spec.perms if not self._may(p)]
+        if missing:
+            await self.send_json({"type": "error", "topic": topic, "error": f"Forbidden: needs {', '.join(missing)}."})
+            return
+        if topic == "metrics":
+            await self._catalogue_refresh()
+        await self.channel_layer.group_add(spec.group, self.channel_name)
+        self.subscribed.add(topic)
+        await self.send_json({"type": "subscribed", "topic": topic})
+
+    async def _unsubscribe(self, topic) -> None:
+        if topic in self.subscribed:
+            self.subscribed.discard(topic)
+            await self.channel_layer.group_discard(TOPICS[topic].group, self.channel_name)
+
+    async def _catalogue_refresh(self) -> None:
+        self.catalogue = await database_sync_to_async(application_catalogue_for)(self.user)
+        self.catalogue_at = time.monotonic()
+
+    async def _pump(self) -> None:
+        """Push a metrics roll-up within FLUSH_S of new reports, and something at least every TICK_S."""
+        last_sent = time.monotonic()
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            now = time.monotonic()
+            due = now - last_sent >= TICK_S
+            if "metrics" in self.subscribed:
+                if not (self.dirty or due):
+                    continue
+                if now - self.catalogue_at >= CATALOGUE_REFRESH_S:
+                    await self._catalogue_refresh()
+                self.dirty = False
+                await self.send_json({"type": "metrics", **self.window.snapshot(now=time.time(), catalogue=self.catalogue)})
+                last_sent = now
+            elif due:
+                await self.send_json({"type": "tick", "at": time.time()})
+                last_sent = now
+
+    # ---------------------------------------------------------------- channel-layer events
+
+    async def metrics_host(self, event: dict) -> None:
+        self.window.host_report(event)
+        self.dirty = True
+
+    async def metrics_router(self, event: dict) -> None:
+        self.window.router_report(event)
+        self.dirty = True
+
+    async def job_update(self, event: dict) -> None:
+        await self.send_json({**{k: v for k, v in event.items() if k != "type"}, "type": "job"})
+
+    async def change_event(self, event: dict) -> None:
+        app_label, model = event["object_type"].split(".", 1)
+        if self._may(f"{app_label}.view_{model}"):
+            await self.send_json({**{k: v for k, v in event.items() if k != "type"}, "type": "change"})

@@ -1,0 +1,177 @@
+"""Live updates in a real browser (Debian's Chromium via Playwright) against Daphne serving HTTP and the
+dashboard's WebSocket: a report changes the overview within 2 s; an operator follows a rollout's progress
+without reloading; the stale banner shows when the control plane goes away. As in the other browser tests,
+the database is seeded before the browser starts (Django refuses ORM calls in Playwright's thread); the
+stand-in agents below use the ORM from a thread of their own."""
+import re
+import threading
+import time
+from datetime import datetime, timezone
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from apps.deployments.models import HostDesiredState
+from apps.inventory.models import Host
+from apps.planning.models import Plan
+from apps.inventory.services import host_agent_token_rotate
+from apps.users.services import token_create
+from controlplane.demo import demo_seed
+from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa: F401 (fixture)
+from tests.dashboard.test_plans_browser import _login
+from tests.planning.test_rollout import cpu_plan
+
+DEMAND_CELL = 'tr[data-application="tabular-cpu"] [data-metric="demand_rps"]'
+
+
+@pytest.fixture
+def seeded(transactional_db):
+    seeded = demo_seed()
+    Host.objects.update(status="online", converged_version=1)  # the demo's version 1 is what runs
+    host = Host.objects.get(name="sim-cpu-01")
+    gpu_host = Host.objects.get(name="sim-a100-01")
+    operator = get_user_model().objects.get(username="operator")
+    return {"logins": seeded.logins, "agent_token": host_agent_token_rotate(host=host),
+            "operator_token": token_create(user=operator, description="browser test")[1],
+            "gpu_host": gpu_host.pk, "gpu_host_token": host_agent_token_rotate(host=gpu_host)}
+
+
+def _open_live(page, url, seeded, role, path):
+    """Log in as `role`, open `path` and wait until its live stream is open."""
+    _login(page, url, role, seeded["logins"][role])
+    page.goto(f"{url}{path}")
+    page.wait_for_selector('body[data-live-state="open"]')
+
+
+def _router_report(url: str, token: str, arrivals: int) -> None:
+    body = {"router": "browser-test-router", "at": datetime.now(timezone.utc).isoformat(), "interval_s": 1.0,
+            "applications": [{"application": "tabular-cpu", "arrivals": arrivals, "served": arrivals, "latency_p99_ms": 3.5}]}
+    response = httpx.post(f"{url}/api/v1/router-reports/", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_report_reaches_the_overview_within_two_seconds(seeded, asgi_live_server, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    _open_live(page, url, seeded, "viewer", "/overview/")
+    page.wait_for_selector(".spark canvas")  # uPlot drew the sparklines
+    assert page.locator(DEMAND_CELL).text_content().strip() in ("—", "0", "0.0")
+
+    sent = time.monotonic()
+    _router_report(url, seeded["agent_token"], arrivals=777)
+    page.wait_for_function(f"document.querySelector('{DEMAND_CELL}').textContent.trim() === '777.0'", timeout=2000)
+    delay = time.monotonic() - sent
+    assert delay < 2.0
+    assert page.locator('tr[data-application="tabular-cpu"] [data-slo-state]').text_content() == "met"
+    assert page.locator('[data-live-total="demand_rps"]').text_content() == "777.0"
+    assert page.locator("#live-banner").is_hidden()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "overview.png"), full_page=True)
+
+    # The control plane goes away: the page says its data may be stale.
+    asgi_live_server.process.terminate()
+    page.wait_for_selector("#live-banner:not([hidden])", timeout=5000)
+    assert "stale" in page.locator("#live-banner").text_content()
+    page.screenshot(path=str(SCREENSHOTS / "overview-stale.png"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fleet_page_shows_live_load_and_utilisation(seeded, asgi_live_server, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    _open_live(page, url, seeded, "viewer", "/fleet/")
+    instance = "sim-a100-01/gpu0/4g.20gb@0"
+    bar = page.locator(f'[data-util-bar][data-instance="{instance}"]')
+    assert bar.get_attribute("width") == "0"
+    report = {"at": datetime.now(timezone.utc).isoformat(), "interval_s": 1.0,
+              "gpus": [{"index": 0, "simulated": True, "utilization_pct": 50.0, "instances": [
+                  {"placement": "4g.20gb@0", "gr_engine_active_pct": 64.0, "memory_used_mb": 12000}]}],
+              "runtimes": [{"key": "gpu0/4g.20gb@0", "application": "classify-resnet", "variant": "resnet50",
+                            "arrivals": 120, "served": 120, "latency_p99_ms": 12.5}]}
+    response = httpx.post(f"{url}/api/v1/hosts/{seeded['gpu_host']}/metrics/", json=report,
+                          headers={"Authorization": f"Bearer {seeded['gpu_host_token']}"}, timeout=5)
+    assert response.status_code == 201, response.text
+    row = page.locator(f'li[data-instance="{instance}"]')
+    page.wait_for_function(f"document.querySelector('li[data-instance=\"{instance}\"] [data-load]').textContent === '120.0'", timeout=2000)
+    assert row.locator("[data-util]").text_content() == "64" and row.locator("[data-p99]").text_content() == "12.5"
+    full = float(bar.get_attribute("data-bar-width"))
+    assert float(bar.get_attribute("width")) == pytest.approx(full * 0.64, abs=0.1)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)
+
+
+class SlowStandInAgents:
+    """Report each host converged to its latest desired state `delay_s` after it was written, as an agent
+    would after reconciling, so the rollout takes a few seconds."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(0.1):
+                for host in Host.objects.all():
+                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").first()
+                    if latest and host.converged_version != latest.version and time.time() - latest.created.timestamp() >= self.delay_s:
+                        Host.objects.filter(pk=host.pk).update(converged_version=latest.version)
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def approved_plan(seeded, settings):
+    settings.TESSERA_JOBS_IN_THREAD = True  # the server runs the rollout in a thread, as the demo does
+    plan = cpu_plan()
+    Plan.objects.filter(pk=plan.pk).update(status="approved")
+    return plan.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_follows_the_rollout_live(seeded, approved_plan, asgi_live_server, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    _open_live(page, url, seeded, "operator", f"/plans/{approved_plan}/")
+    with SlowStandInAgents(delay_s=1.5):
+        page.click("button[name=apply]")
+        page.wait_for_url(re.compile(rf"{re.escape(url)}/jobs/\d+/$"))
+        # Record every progress value the bar shows, and mark the document: a reload would lose the mark.
+        page.evaluate("""() => {
+            window.__sameDocument = true; window.__progressSeen = [];
+            const bar = document.querySelector('.progress');
+            window.__progressSeen.push(Number(bar.dataset.progress));
+            new MutationObserver(() => window.__progressSeen.push(Number(bar.dataset.progress)))
+                .observe(bar, {attributes: true, attributeFilter: ['data-progress']});
+        }""")
+        page.wait_for_selector('[data-job-status="running"]', timeout=10_000)
+        page.screenshot(path=str(SCREENSHOTS / "job-running.png"), full_page=True)
+        page.wait_for_selector('[data-job-status="succeeded"]', timeout=30_000)
+    seen = page.evaluate("window.__progressSeen")
+    assert page.evaluate("window.__sameDocument") is True  # updated in place, never reloaded
+    assert seen[-1] == 100 and any(0 < value < 100 for value in seen), seen
+    assert "switch" in page.locator("[data-job-log]").text_content().lower()
+    page.screenshot(path=str(SCREENSHOTS / "job.png"), full_page=True)
+
+
+@pytest.fixture
+def validated_plan_pk(seeded):
+    return cpu_plan().pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_plan_page_follows_an_approval_made_elsewhere(seeded, validated_plan_pk, asgi_live_server, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    _open_live(page, url, seeded, "viewer", f"/plans/{validated_plan_pk}/")
+    assert page.locator("[data-plan-status]").get_attribute("data-plan-status") == "validated"
+    response = httpx.post(f"{url}/api/v1/plans/{validated_plan_pk}/approve/", headers={"Authorization": f"Bearer {seeded['operator_token']}"}, timeout=5)
+    assert response.status_code == 200, response.text
+    page.wait_for_selector('[data-plan-status="approved"]', timeout=3000)  # the page redrew itself

@@ -1,0 +1,159 @@
+"""The dashboard's WebSocket (`ws/live/`) on the in-memory channel layer: subscriptions are checked per
+topic, metrics roll-ups follow ingested reports within the flush interval, job changes and audited
+changes arrive as they happen. (The Redis layer is exercised by the integration tests and the browser.)"""
+import asyncio
+import time
+from datetime import datetime, timezone
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+
+from apps.core.consumers import UNAUTHENTICATED
+from apps.dashboard.consumers import LiveConsumer
+from apps.jobs.choices import JobKindChoices
+from apps.jobs.services import job_create, job_progress
+from apps.policies.models import SloPolicy
+from apps.telemetry.services import host_metrics_ingest, router_report_ingest
+from apps.users.roles import user_role_set
+from tests.factories import ApplicationFactory, HostFactory, ModelVariantFactory, UserFactory
+
+
+async def _open(user):
+    communicator = WebsocketCommunicator(LiveConsumer.as_asgi(), "/ws/live/")
+    communicator.scope["user"] = user
+    connected, code = await communicator.connect()
+    return communicator, connected, code
+
+
+async def _until(communicator, kind, predicate=lambda m: True, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {kind} message matched within {timeout} s")
+        message = await communicator.receive_json_from(timeout=left)
+        if message["type"] == kind and predicate(message):
+            return message
+
+
+async def _drain(communicator, seconds):
+    """Every message that arrives within `seconds` (ticks included)."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        # receive_nothing does not consume; a timed-out receive would cancel the consumer
+        if not await communicator.receive_nothing(timeout=0.05):
+            out.append(await communicator.receive_json_from())
+    return out
+
+
+def test_anonymous_is_refused():
+    async def scenario():
+        _, connected, code = await _open(AnonymousUser())
+        return connected, code
+
+    assert asyncio.run(scenario()) == (False, UNAUTHENTICATED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_subscription_is_checked(users):
+    nobody = UserFactory(username="no-role")
+    user_role_set(nobody, None)
+
+    async def scenario():
+        limited, connected, _ = await _open(nobody)
+        assert connected
+        await limited.send_json_to({"subscribe": ["metrics", "jobs", "nonsense"]})
+        replies = [await limited.receive_json_from(timeout=2) for _ in range(3)]
+        await limited.send_json_to({"hello": 1})
+        replies.append(await limited.receive_json_from(timeout=2))
+        viewer, _, _ = await _open(users["viewer"])
+        await viewer.send_json_to({"subscribe": ["metrics", "jobs"]})
+        granted = [await _until(viewer, "subscribed"), await _until(viewer, "subscribed")]
+        await limited.disconnect()
+        await viewer.disconnect()
+        return replies, granted
+
+    replies, granted = asyncio.run(scenario())
+    assert [(r["type"], r.get("topic")) for r in replies] == [("error", "metrics"), ("error", "jobs"), ("error", "nonsense"), ("error", None)]
+    assert "telemetry.view_applicationsample" in replies[0]["error"] and "Unknown topic" in replies[2]["error"]
+    assert sorted(g["topic"] for g in granted) == ["jobs", "metrics"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_rollup_follows_reports(users):
+    application = ApplicationFactory(name="live-app")
+    SloPolicy.objects.create(application=application, latency_p99_ms=50)
+    ModelVariantFactory(application=application, name="small", accuracy=0.70)
+    ModelVariantFactory(application=application, name="large", accuracy=0.90)
+    host = HostFactory(name="live-host")
+    now = datetime.now(timezone.utc)
+
+    def reports():
+        router_report_ingest(host=host, report={"router": "r1", "at": now, "interval_s": 1.0, "applications": [
+            {"application": "live-app", "arrivals": 200, "served": 190, "late": 6, "dropped": 4, "no_route": 0, "latency_p99_ms": 42.5},
+        ]})
+        host_metrics_ingest(host=host, report={"at": now, "interval_s": 1.0, "runtimes": [
+            {"key": "gpu0/1g.5gb@0", "application": "live-app", "variant": "small", "arrivals": 100, "served": 100},
+            {"key": "gpu0/3g.20gb@4", "application": "live-app", "variant": "large", "arrivals": 100, "served": 300},
+        ], "gpus": [{"index": 0, "simulated": True, "instances": [
+            {"placement": "1g.5gb@0", "gr_engine_active_pct": 40.0, "memory_used_mb": 1000},
+            {"placement": "3g.20gb@4", "gr_engine_active_pct": 80.0, "memory_used_mb": 9000},
+        ]}]})
+
+    async def scenario():
+        viewer, _, _ = await _open(users["viewer"])
+        await viewer.send_json_to({"subscribe": "metrics"})
+        await _until(viewer, "subscribed")
+        idle = await _until(viewer, "metrics")  # sent at least once a second, reports or not
+        sent = time.monotonic()
+        await database_sync_to_async(reports)()
+        live = await _until(viewer, "metrics", lambda m: "live-host" in m["reports"], timeout=2)
+        delay = time.monotonic() - sent
+        await viewer.disconnect()
+        return idle, live, delay
+
+    idle, live, delay = asyncio.run(scenario())
+    assert idle["applications"]["live-app"]["demand_rps"] == 0 and idle["report_age_s"] is None
+    app = live["applications"]["live-app"]
+    assert app["demand_rps"] == 200 and app["served_rps"] == 190 and app["p99_ms"] == 42.5
+    assert app["slo_ms"] == 50 and app["slo_met"] is True
+    assert app["violation_ratio"] == pytest.approx(10 / 200)
+    assert app["accuracy"] == pytest.approx((0.70 * 100 + 0.90 * 300) / 400)
+    assert live["instances"]["live-host/gpu0/3g.20gb@4"]["utilization_pct"] == 80.0
+    assert live["instances"]["live-host/gpu0/3g.20gb@4"]["load_rps"] == 100
+    assert live["fleet"]["gpu_slices"] == 2 and live["fleet"]["runtimes"] == 2 and live["fleet"]["hosts_reporting"] == 1
+    assert delay < 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_and_change_events_arrive_as_they_happen(users):
+    nobody = UserFactory(username="changes-only")
+    user_role_set(nobody, None)
+
+    async def scenario():
+        viewer, _, _ = await _open(users["viewer"])
+        limited, _, _ = await _open(nobody)
+        await viewer.send_json_to({"subscribe": ["jobs", "changes"]})
+        await limited.send_json_to({"subscribe": ["changes"]})
+        await _until(viewer, "subscribed")
+        await _until(viewer, "subscribed")
+        await _until(limited, "subscribed")
+        job = await database_sync_to_async(lambda: job_create(kind=JobKindChoices.PLANNING, actor_name="test"))()
+        created = await _until(viewer, "job", lambda m: m["id"] == job.pk)
+        await database_sync_to_async(lambda: job_progress(job_id=job.pk, progress=40, log_line="solving"))()
+        progressed = await _until(viewer, "job", lambda m: m["progress"] == 40)
+        await database_sync_to_async(lambda: HostFactory(name="h-live"))()
+        change = await _until(viewer, "change", lambda m: m["object_repr"] == "h-live")
+        seen_by_limited = await _drain(limited, 0.5)
+        await viewer.disconnect()
+        await limited.disconnect()
+        return created, progressed, change, seen_by_limited
+
+    created, progressed, change, seen_by_limited = asyncio.run(scenario())
+    assert created["status"] == "pending" and created["progress"] == 0
+    assert "solving" in progressed["log"]
+    assert change["object_type"] == "inventory.host" and change["action"] == "create"
+    assert {m["type"] for m in seen_by_limited} <= {"tick"}  # no view permission on hosts: no change sent

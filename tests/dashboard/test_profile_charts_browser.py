@@ -1,0 +1,61 @@
+"""Profile charts on the applications page in a real browser (same pattern as test_fleet_browser.py: Debian's
+Chromium driven by Playwright against the live server; the database is seeded and read before the browser
+opens): every profiled variant of the demo fleet gets uPlot canvases, one panel per device type."""
+import pytest
+
+from apps.registry.models import ModelVariant, Profile
+from controlplane.demo import demo_seed
+from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa: F401 (fixture)
+
+
+@pytest.fixture
+def seeded(transactional_db):
+    result = demo_seed()
+    profiled = set(Profile.objects.values_list("variant_id", flat=True).distinct())
+    variants = {v.name: v.pk in profiled for v in ModelVariant.objects.all()}
+    devices = {
+        v.name: len(set(Profile.objects.filter(variant=v).values_list("device_type", flat=True)))
+        for v in ModelVariant.objects.filter(pk__in=profiled)
+    }
+    return {"viewer_password": result.logins["viewer"], "variants": variants, "devices": devices}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_applications_page_draws_a_chart_per_profiled_variant(asgi_live_server, seeded, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{url}/login/")
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", seeded["viewer_password"])
+    page.click("form button[type=submit]")
+    page.wait_for_load_state()
+    page.goto(f"{url}/applications/")
+    page.wait_for_selector("[data-profile-chart] .uplot canvas")
+
+    assert any(seeded["variants"].values()), "the demo seed stores profiles"
+    for name, profiled in seeded["variants"].items():
+        figure = page.locator(f'[data-variant-profiles="{name}"]')
+        assert figure.count() == 1, name
+        if profiled:
+            # One uPlot panel per device type the variant was profiled on, each with a drawn canvas.
+            assert figure.locator(".uplot canvas").count() >= seeded["devices"][name] >= 1, name
+            box = figure.locator(".uplot canvas").first.bounding_box()
+            assert box["width"] > 250 and box["height"] > 150, (name, box)
+        else:
+            assert figure.locator(".uplot").count() == 0 and "Not profiled yet" in figure.inner_text()
+    # The legend (DOM; uPlot paints the axes on the canvas) names the slices and the SLO line.
+    resnet = page.locator('[data-variant-profiles="resnet50"]')
+    assert "SLO 60 ms" in resnet.locator(".u-legend").first.inner_text()
+    a100 = resnet.locator('[data-device="A100-SXM4-40GB"]')
+    assert "1g.5gb" in a100.locator(".u-legend").inner_text()
+    # Hovering names the batch size in the panel head and shows each slice's latency in the legend.
+    a100.locator(".u-over").hover()
+    assert a100.locator(".profile-readout").inner_text().startswith("batch ")
+    assert " ms" in a100.locator(".u-legend .u-value").nth(1).inner_text()
+    page.mouse.move(0, 0)
+    assert errors == []
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "applications.png"), full_page=True)
+    assert (SCREENSHOTS / "applications.png").stat().st_size > 0
