@@ -3,16 +3,19 @@ WebSocket subscriber gets only the changes to object types it may view); jobs an
 groups of their own through `group_publish`.
 
 Publishers are synchronous code running anywhere: a request thread of the ASGI server, a Celery worker,
-an in-process job thread. With channels-redis any of them may send. The in-memory layer (embedded
-defaults) keeps asyncio queues that belong to the server's event loop, so a send from another thread is
-handed to that loop instead of running on a loop of its own."""
+an in-process job thread. None of them waits for the send:
+- channels-redis: events go to one publisher thread per process, whose event loop keeps the layer's
+  Redis connections (an `async_to_sync` per event would open a loop, and a connection, per report);
+- the in-memory layer (embedded defaults) keeps asyncio queues that belong to the server's event loop, so
+  a send from another thread is handed to that loop."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+import time
 
-from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from .models import ObjectChange
@@ -30,6 +33,63 @@ def stream_server_loop_register(loop: asyncio.AbstractEventLoop) -> None:
     global _server_loop
     with _server_loop_lock:
         _server_loop = loop
+
+
+class _Publisher:
+    """A daemon thread running an event loop that sends events to the channel layer in the order given.
+    Started on first use in each process (after a fork too: threads do not survive one). At most
+    `MAX_PENDING` sends wait; beyond that (Redis away) events are dropped with a warning, not queued."""
+
+    MAX_PENDING = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending = 0
+        self._dropped = 0
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._pid != os.getpid() or self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="tessera-stream-publisher", daemon=True).start()
+                self._loop, self._pid, self._pending = loop, os.getpid(), 0
+            return self._loop
+
+    def submit(self, layer, group: str, event: dict) -> None:
+        loop = self._ensure()
+        with self._lock:
+            if self._pending >= self.MAX_PENDING:
+                self._dropped += 1
+                if self._dropped % 1000 == 1:
+                    logger.warning("live stream backlog full: %d events dropped so far", self._dropped)
+                return
+            self._pending += 1
+        loop.call_soon_threadsafe(loop.create_task, self._send(layer, group, event))
+
+    async def _send(self, layer, group: str, event: dict) -> None:
+        try:
+            await layer.group_send(group, event)
+        except Exception:  # noqa: BLE001 - best effort, see group_publish
+            logger.warning("could not publish to %s", group, exc_info=True)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every submitted event has been sent (tests, and processes about to exit)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._pending == 0:
+                    return True
+            time.sleep(0.005)
+        return False
+
+
+_publisher = _Publisher()
+stream_publisher_flush = _publisher.flush
 
 
 def group_publish(group: str, event: dict) -> None:
@@ -52,7 +112,7 @@ def group_publish(group: str, event: dict) -> None:
             else:
                 asyncio.run_coroutine_threadsafe(layer.group_send(group, event), loop)
             return
-        async_to_sync(layer.group_send)(group, event)
+        _publisher.submit(layer, group, event)
     except Exception:  # noqa: BLE001 - the data is committed; a down channel layer must not fail the caller
         logger.warning("could not publish to %s", group, exc_info=True)
 

@@ -1,11 +1,12 @@
 """`ws/live/`: the dashboard's one WebSocket. A page subscribes to the topics it draws; each subscription is
 checked against the user's permissions when it is made, and change events are filtered per object type.
 
-Client -> server: {"subscribe": ["metrics", "jobs", "changes"]} / {"unsubscribe": [...]}.
+Client -> server: {"subscribe": ["metrics", "instances", "jobs", "changes"]} / {"unsubscribe": [...]}.
 Server -> client:
 - {"type": "subscribed", "topic": t} or {"type": "error", "topic": t, "error": "..."};
 - {"type": "metrics", ...}: roll-ups of the fleet's telemetry (apps/telemetry/rollup.py), sent within
-  `FLUSH_S` of a report arriving and at least once per `TICK_S` without one;
+  `FLUSH_S` of a report arriving and at least once per `TICK_S` without one; with "instances" also
+  subscribed, every instance's load and utilisation in it (the fleet page);
 - {"type": "job", ...} as a job's status, progress or log changes; {"type": "change", ...} per audited change;
 - {"type": "tick", "at": ...} once per `TICK_S` to pages without metrics, so they can tell a live stream
   from a dead one."""
@@ -37,8 +38,10 @@ class Topic:
     perms: tuple[str, ...]  # all needed to subscribe (superusers always may)
 
 
+METRICS_PERMS = ("telemetry.view_applicationsample", "telemetry.view_runtimesample", "telemetry.view_gpusample")
 TOPICS = {
-    "metrics": Topic(METRICS_GROUP, ("telemetry.view_applicationsample", "telemetry.view_runtimesample", "telemetry.view_gpusample")),
+    "metrics": Topic(METRICS_GROUP, METRICS_PERMS),
+    "instances": Topic(METRICS_GROUP, METRICS_PERMS),  # adds per-instance figures to "metrics"
     "jobs": Topic(JOB_GROUP, ("jobs.view_job",)),
     "changes": Topic(CHANGE_GROUP, ()),  # every event is checked against the object type's view permission
 }
@@ -67,8 +70,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-        for topic in getattr(self, "subscribed", ()):
-            await self.channel_layer.group_discard(TOPICS[topic].group, self.channel_name)
+        for group in {TOPICS[topic].group for topic in getattr(self, "subscribed", ())}:
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     def _may(self, perm: str) -> bool:
         return self.user.is_superuser or perm in self.permissions
@@ -91,7 +94,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if missing:
             await self.send_json({"type": "error", "topic": topic, "error": f"Forbidden: needs {', '.join(missing)}."})
             return
-        if topic == "metrics":
+        if topic in ("metrics", "instances") and not self.catalogue_at:
             await self._catalogue_refresh()
         await self.channel_layer.group_add(spec.group, self.channel_name)
         self.subscribed.add(topic)
@@ -100,7 +103,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _unsubscribe(self, topic) -> None:
         if topic in self.subscribed:
             self.subscribed.discard(topic)
-            await self.channel_layer.group_discard(TOPICS[topic].group, self.channel_name)
+            group = TOPICS[topic].group
+            if not any(TOPICS[other].group == group for other in self.subscribed):  # "metrics" and "instances" share one
+                await self.channel_layer.group_discard(group, self.channel_name)
 
     async def _catalogue_refresh(self) -> None:
         self.catalogue = await database_sync_to_async(application_catalogue_for)(self.user)
@@ -113,13 +118,14 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.sleep(FLUSH_S)
             now = time.monotonic()
             due = now - last_sent >= TICK_S
-            if "metrics" in self.subscribed:
+            if {"metrics", "instances"} & self.subscribed:
                 if not (self.dirty or due):
                     continue
                 if now - self.catalogue_at >= CATALOGUE_REFRESH_S:
                     await self._catalogue_refresh()
                 self.dirty = False
-                await self.send_json({"type": "metrics", **self.window.snapshot(now=time.time(), catalogue=self.catalogue)})
+                snapshot = self.window.snapshot(now=time.time(), catalogue=self.catalogue, instances="instances" in self.subscribed)
+                await self.send_json({"type": "metrics", **snapshot})
                 last_sent = now
             elif due:
                 await self.send_json({"type": "tick", "at": time.time()})

@@ -24,12 +24,25 @@ SVG_SUB_FONT = {True: 10, False: 12}  # the variant label's font size (svg.mig .
 SVG_CHAR_WIDTH = 0.6  # an average glyph's advance, in font sizes (system sans-serif)
 
 
+GOLDEN_ANGLE = 137.508  # successive applications get hues as far apart as possible
+_application_ordinals: dict[str, int] = {}
+
+
 def application_colour(name: str | None) -> str:
-    """A stable colour per application (same name, same colour on every page and every run)."""
+    """A stable colour per application: its hue steps the golden angle by the application's primary key, so
+    applications registered one after another never look alike (hashing names made near-twins). A name the
+    registry does not know (telemetry keeps them) gets a hue from its hash."""
     if not name:
         return "#9aa5b1"
-    hue = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 360
-    return f"hsl({hue}, 55%, 42%)"
+    ordinal = _application_ordinals.get(name)
+    if ordinal is None:
+        _application_ordinals.update(Application.objects.values_list("name", "pk"))
+        ordinal = _application_ordinals.get(name)
+    if ordinal is None:
+        hue = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 360
+    else:
+        hue = (ordinal * GOLDEN_ANGLE) % 360
+    return f"hsl({hue:.0f}, 58%, 42%)"
 
 
 @dataclass

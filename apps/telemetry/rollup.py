@@ -154,9 +154,11 @@ class LiveWindow:
             for key in [k for k, v in table.items() if v.at < cutoff]:
                 del table[key]
 
-    def snapshot(self, *, now: float, catalogue: Mapping[str, ApplicationCatalogue]) -> dict[str, Any]:
-        """The JSON the dashboard draws from: per application roll-ups, per instance load and utilisation,
-        fleet totals, and which hosts reported since the previous snapshot (with their reports' times)."""
+    def snapshot(self, *, now: float, catalogue: Mapping[str, ApplicationCatalogue], instances: bool = True) -> dict[str, Any]:
+        """The JSON the dashboard draws from: per application roll-ups, fleet totals, which hosts reported
+        since the previous snapshot (with their reports' times) and, with `instances`, every instance's load
+        and utilisation (the fleet page's; for a large fleet it is most of the message, so pages that do not
+        draw instances go without)."""
         self._expire(now)
         routers = [
             RouterCounts(
@@ -183,21 +185,19 @@ class LiveWindow:
             variants=[VariantServed(application=a, variant=v, served=n) for (a, v), n in served.items()],
             catalogue=catalogue,
         )
-        instances: dict[str, dict[str, Any]] = {}
-        utilisations = []
-        for instance_id, latest in self.instances.items():
-            utilisation = latest.data.get("utilization_pct")
-            if utilisation is not None:
-                utilisations.append(utilisation)
-            instances[instance_id] = {"utilization_pct": utilisation, "memory_used_mb": latest.data.get("memory_used_mb")}
-        for runtime_id, entry in load.items():
-            instances.setdefault(runtime_id, {"utilization_pct": None, "memory_used_mb": None}).update(entry)
+        per_instance: dict[str, dict[str, Any]] = {}
+        utilisations = [u for u in (latest.data.get("utilization_pct") for latest in self.instances.values()) if u is not None]
+        if instances:
+            for instance_id, latest in self.instances.items():
+                per_instance[instance_id] = {"utilization_pct": latest.data.get("utilization_pct"), "memory_used_mb": latest.data.get("memory_used_mb")}
+            for runtime_id, entry in load.items():
+                per_instance.setdefault(runtime_id, {"utilization_pct": None, "memory_used_mb": None}).update(entry)
         fresh, self.fresh_hosts = self.fresh_hosts, {}
         return {
             "at": now,
             "report_age_s": None if self.last_report_at is None else max(0.0, now - self.last_report_at),
             "applications": {name: roll.as_dict() for name, roll in sorted(applications.items())},
-            "instances": instances,
+            "instances": per_instance,
             "fleet": {
                 "hosts_reporting": sum(1 for at in self.hosts.values() if at >= now - self.horizon_s),
                 "runtimes": len(self.runtimes),

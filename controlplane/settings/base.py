@@ -169,6 +169,24 @@ LOGGING = {
 }
 
 
+def database_settings(url: str) -> dict:
+    """The default database from one URL. PostgreSQL gets psycopg's connection pool: under ASGI every
+    request runs on a thread of its own, so per-thread persistent connections (CONN_MAX_AGE) would be
+    opened per request and leak; the pool hands each request a warm connection instead. Size it with
+    TESSERA_DB_POOL_MAX_SIZE (per server or worker process; PostgreSQL allows 100 by default);
+    TESSERA_DB_POOL=false opens a connection per request instead (a process that must not keep idle
+    connections, such as CI's worker on a test database that is dropped at the end)."""
+    database = env.db_url_config(url)
+    if database["ENGINE"] == "django.db.backends.postgresql" and env.bool("TESSERA_DB_POOL", default=True):
+        database["CONN_MAX_AGE"] = 0  # the pool manages connection lifetime; Django refuses both
+        database.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env.int("TESSERA_DB_POOL_MIN_SIZE", default=2),
+            "max_size": env.int("TESSERA_DB_POOL_MAX_SIZE", default=20),
+            "timeout": env.float("TESSERA_DB_POOL_TIMEOUT_S", default=10.0),  # waiting for a free connection
+        }
+    return database
+
+
 def redis_settings(redis_url: str) -> dict:
     """Everything that talks to Redis, derived from one URL: broker, result backend, channel layer."""
     return {

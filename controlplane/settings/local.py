@@ -1,7 +1,7 @@
 """Embedded defaults for a laptop: SQLite, in-memory channel layer, Celery tasks run in-process.
 Set DATABASE_URL / REDIS_URL to use real services with the same settings."""
 from .base import *  # noqa: F401,F403
-from .base import EMBEDDED_SERVICES, STATIC_ROOT, VAR_DIR, env, redis_settings
+from .base import EMBEDDED_SERVICES, STATIC_ROOT, VAR_DIR, database_settings, env, redis_settings
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
 # Local only: a fixed development key. Production settings have no default (see production.py).
@@ -10,7 +10,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhos
 
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise expects it, even before collectstatic
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tessera.sqlite3'}")}
+DATABASES = {"default": database_settings(env.str("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tessera.sqlite3'}"))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL and a busy timeout let the in-process worker, the server and the demo's agents write without
     # "database is locked"; IMMEDIATE transactions take the write lock up front, because SQLite fails a

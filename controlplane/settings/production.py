@@ -2,15 +2,13 @@
 A missing DJANGO_SECRET_KEY, DATABASE_URL, REDIS_URL or DJANGO_ALLOWED_HOSTS stops start-up with
 ImproperlyConfigured rather than running with something guessed."""
 from .base import *  # noqa: F401,F403
-from .base import env, redis_settings
+from .base import database_settings, env, redis_settings
 
 DEBUG = False
 SECRET_KEY = env.str("DJANGO_SECRET_KEY")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS")
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
-DATABASES = {"default": env.db("DATABASE_URL")}
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES = {"default": database_settings(env.str("DATABASE_URL"))}
 globals().update(redis_settings(env.str("REDIS_URL")))
 
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto.

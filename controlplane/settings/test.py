@@ -26,3 +26,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     # at once (agents reporting, the test itself), and only a file database waits on a busy lock (the
     # timeout; local settings make transactions IMMEDIATE) instead of failing with "database table is locked".
     DATABASES["default"]["TEST"] = {"NAME": str(Path(tempfile.mkdtemp(prefix="tessera-test-db-")) / "test.sqlite3")}  # noqa: F405
+# No connection pool in tests: pytest-django opens, flushes and closes connections per test, and the
+# browser tests fork a server process, which a pool's worker threads would not survive.
+DATABASES["default"].get("OPTIONS", {}).pop("pool", None)  # noqa: F405

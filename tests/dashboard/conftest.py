@@ -16,12 +16,26 @@ def _asgi_application():
     return ASGIStaticFilesHandler(application)  # passes ws/ scopes through to Channels
 
 
+def _child_setup() -> None:
+    """In the forked server: threads do not survive a fork, so nothing the parent's threads ran may be
+    reused. asgiref's executor for thread-sensitive sync code (database_sync_to_async in consumers) would
+    queue work for a thread that is not there, and hang; channel layers hold the parent's queues."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asgiref.sync import SyncToAsync
+    from channels.layers import channel_layers
+
+    connections.close_all()
+    SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
+    channel_layers.backends = {}
+
+
 @pytest.fixture
 def asgi_live_server(transactional_db):
     from daphne.testing import DaphneProcess
 
     connections.close_all()  # the child must open its own connections, not share the parent's sockets
-    process = DaphneProcess(host="127.0.0.1", get_application=_asgi_application, setup=connections.close_all)
+    process = DaphneProcess(host="127.0.0.1", get_application=_asgi_application, setup=_child_setup)
     process.start()
     if not process.ready.wait(20):
         process.terminate()

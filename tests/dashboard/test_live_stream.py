@@ -104,18 +104,23 @@ def test_metrics_rollup_follows_reports(users):
         ]}]})
 
     async def scenario():
-        viewer, _, _ = await _open(users["viewer"])
-        await viewer.send_json_to({"subscribe": "metrics"})
-        await _until(viewer, "subscribed")
+        viewer, _, _ = await _open(users["viewer"])  # the fleet page: per-instance figures too
+        await viewer.send_json_to({"subscribe": ["metrics", "instances"]})
+        overview, _, _ = await _open(users["viewer"])  # the overview: roll-ups only
+        await overview.send_json_to({"subscribe": "metrics"})
+        for communicator in (viewer, viewer, overview):
+            await _until(communicator, "subscribed")
         idle = await _until(viewer, "metrics")  # sent at least once a second, reports or not
         sent = time.monotonic()
         await database_sync_to_async(reports)()
         live = await _until(viewer, "metrics", lambda m: "live-host" in m["reports"], timeout=2)
         delay = time.monotonic() - sent
+        light = await _until(overview, "metrics", lambda m: "live-host" in m["reports"], timeout=2)
         await viewer.disconnect()
-        return idle, live, delay
+        await overview.disconnect()
+        return idle, live, delay, light
 
-    idle, live, delay = asyncio.run(scenario())
+    idle, live, delay, light = asyncio.run(scenario())
     assert idle["applications"]["live-app"]["demand_rps"] == 0 and idle["report_age_s"] is None
     app = live["applications"]["live-app"]
     assert app["demand_rps"] == 200 and app["served_rps"] == 190 and app["p99_ms"] == 42.5
@@ -126,6 +131,7 @@ def test_metrics_rollup_follows_reports(users):
     assert live["instances"]["live-host/gpu0/3g.20gb@4"]["load_rps"] == 100
     assert live["fleet"]["gpu_slices"] == 2 and live["fleet"]["runtimes"] == 2 and live["fleet"]["hosts_reporting"] == 1
     assert delay < 1.0
+    assert light["instances"] == {} and light["applications"] == live["applications"] and light["fleet"]["gpu_slices"] == 2
 
 
 @pytest.mark.django_db(transaction=True)

@@ -5,6 +5,7 @@ from rest_framework.views import APIView
 
 from apps.core.api.permissions import IsAgent
 from apps.core.api.viewsets import TesseraReadOnlyModelViewSet
+from apps.core.principals import principal_is_agent
 from apps.inventory.services import host_visible_find
 
 from ..filtersets import ApplicationSampleFilterSet, GpuSampleFilterSet, RuntimeSampleFilterSet
@@ -18,7 +19,17 @@ from .serializers import (
     RouterReportIngestedSerializer,
     RouterReportSerializer,
     RuntimeSampleSerializer,
+    report_validate,
 )
+
+
+def _reporting_host(principal, pk):
+    """The host `pk` if the principal may see it: what `host_visible_find` answers, without querying again
+    for the host an agent's token has just loaded (an agent sees its own host only)."""
+    host = getattr(principal, "host", None)
+    if principal_is_agent(principal) and host is not None and host.pk == pk and principal.has_perm("inventory.view_host"):
+        return host
+    return host_visible_find(principal=principal, pk=pk)
 
 
 class HostMetricsView(APIView):
@@ -34,12 +45,10 @@ class HostMetricsView(APIView):
         responses={201: MetricsIngestedSerializer, 404: OpenApiResponse(description="Not this agent's host")},
     )
     def post(self, request, pk):
-        host = host_visible_find(principal=request.user, pk=pk)
+        host = _reporting_host(request.user, pk)
         if host is None:
             raise exceptions.NotFound("No such host.")
-        report = MetricsReportSerializer(data=request.data)
-        report.is_valid(raise_exception=True)
-        written = host_metrics_ingest(host=host, report=report.validated_data)
+        written = host_metrics_ingest(host=host, report=report_validate(MetricsReportSerializer, request.data))
         return Response(written, status=status.HTTP_201_CREATED)
 
 
@@ -52,9 +61,7 @@ class RouterReportView(APIView):
 
     @extend_schema(operation_id="router_reports_create", request=RouterReportSerializer, responses={201: RouterReportIngestedSerializer})
     def post(self, request):
-        report = RouterReportSerializer(data=request.data)
-        report.is_valid(raise_exception=True)
-        written = router_report_ingest(host=request.user.host, report=report.validated_data)
+        written = router_report_ingest(host=request.user.host, report=report_validate(RouterReportSerializer, request.data))
         return Response(written, status=status.HTTP_201_CREATED)
 
 

@@ -4,6 +4,10 @@
   "use strict";
   var fmt = TesseraLive.formatNumber;
   TesseraLive.on("metrics", function (m) {
+    Object.keys(m.reports).forEach(function (host) {
+      var seen = document.querySelector('[data-host="' + CSS.escape(host) + '"] .last-seen');
+      if (seen) seen.textContent = "last report: " + new Date(m.reports[host] * 1000).toLocaleTimeString([], { hour12: false });
+    });
     document.querySelectorAll("[data-util-bar]").forEach(function (bar) {
       var entry = m.instances[bar.dataset.instance];
       var util = entry && entry.utilization_pct !== null ? Math.max(0, Math.min(100, entry.utilization_pct)) : 0;

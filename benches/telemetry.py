@@ -1,0 +1,710 @@
+#!/usr/bin/env python
+"""Telemetry ingest: agent metric reports ingested per second, and the delay from a report to the browser.
+
+    .venv/bin/python benches/telemetry.py                       # full run, about 3 min on two cores
+    .venv/bin/python benches/telemetry.py --quick               # smoke run, about 1 min
+    options: --loads 250,500,1000,1500,2000 (offered instance reports/s), --instances 7, --duration 20,
+             --warmup 5, --servers 1, --no-browser, --postgres URL, --database tessera_bench,
+             --redis redis://127.0.0.1:6379/7, --out bench-results, --png docs/img/telemetry.png
+
+What runs (all on this machine, sharing its cores; printed with the results):
+- The control plane as production runs it: `tessera serve` (Daphne, HTTP and WebSocket, one process) on
+  `controlplane.settings.local` with DJANGO_DEBUG=false, DATABASE_URL on a fresh PostgreSQL database
+  (`--database`, dropped and created for each run, migrated, demo seed plus the bench's hosts) and
+  REDIS_URL (the channels-redis layer; its Redis database is flushed first). Static files are collected
+  and WhiteNoise serves them. `--servers K` runs K such processes on consecutive ports, the agents spread
+  over them (the browser uses the first; with `--browser-server-alone` it takes no agent reports, as if
+  agents and browsers had separate endpoints); the default is one.
+- Agents: STAND-INS. One process (this one, asyncio) plays N agents. Each has its own host, registered
+  with its own agent token, its own keep-alive HTTP/1.1 connection, and posts an agent-shaped
+  `POST /api/v1/hosts/{id}/metrics/` (the shape of workers/agent/agent.py `metrics_tick`) once per
+  second at its own phase (phases spread evenly over the second), one request at a time, as the real
+  agent's metrics loop does (the next report a second after the previous one started, at once if that
+  one took longer; 5 s timeout). A host has A100-SXM4-40GBs split into seven 1g.5gb MIG instances each,
+  one runtime on each: a report carries `--instances` runtime records (default 7: one GPU; 56 is an
+  8-GPU host) and as many MIG instance records plus each GPU's own. The numbers in it are fixed; no runtime, router or GPU runs.
+- "instance reports/s" = runtime records ingested per second (agents x instances per agent per
+  second: each becomes one RuntimeSample row); "HTTP reports/s" = metrics POSTs answered 201 per
+  second. Offered loads are rounded to whole agents. The achieved rate is counted twice: from the 201
+  answers, and from the RuntimeSample rows whose `at` falls in the measured window.
+- Browser: Chromium (Playwright, /usr/bin/chromium, headless, same machine) logged in as the demo's
+  viewer on /overview/; a hook on `TesseraLive.on("metrics")` records, for every host in a push's
+  `reports`, Date.now()/1000 - the report's `at` (stamped by the sender just before it sends; same
+  clock). So the delay is sender -> Daphne -> PostgreSQL commit -> Redis channel layer -> the
+  WebSocket consumer's roll-up (pushed within 0.2 s) -> the browser's JavaScript. "seen" counts the
+  (host, at) pairs the browser received against the reports answered 201 (a host reporting twice
+  between two pushes shows only its latest).
+- Each load: `--warmup` s (connections opened, agents reporting, not measured), then `--duration` s
+  measured: reports sent in that window count. CPU: per process group from /proc (the server
+  process(es), PostgreSQL (postmaster and backends, dead ones through the postmaster's child times),
+  Redis, the browser with Playwright's driver, this generator) in % of one core, and the machine's
+  busy share of all its cores; "other" is CPU used by processes outside the bench (anything else running on
+  the machine takes cores from the server: check it before trusting a row).
+- `--db-pool` is a what-if, not the shipped configuration: the servers run the local settings plus
+  DATABASES OPTIONS "pool" (Django's psycopg pool), from a settings module written to the run's temporary
+  folder. Without it, as shipped, every request opens and closes its own PostgreSQL connection.
+- Targets (issue 7): 1,000 instance reports/s on 2 cores with p95 under 500 ms to the browser. A load
+  "keeps up" when at least 99 % of what it offers is ingested with no errors.
+
+Writes OUT/telemetry.csv (one row per load) and the PNG (needs matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import PNG_SKIPPED, csv_rows_write, fmt, pyplot_load  # noqa: E402
+
+TARGET_RATE = 1000.0  # instance reports/s
+TARGET_P95_S = 0.5
+KEEP_UP = 0.99
+CHROMIUM = Path("/usr/bin/chromium")
+MIG_PER_GPU = 7  # 1g.5gb instances on an A100-SXM4-40GB
+REQUEST_TIMEOUT_S = 5.0  # the agent's client (workers/client.py)
+CSV_FIELDS = (
+    "offered_instance_rps", "agents", "instances_per_agent", "servers", "duration_s",
+    "achieved_instance_rps", "db_instance_rps", "achieved_http_rps", "offered_http_rps", "sent", "ok", "errors", "timeouts",
+    "http_p50_ms", "http_p95_ms", "http_p99_ms", "browser_p50_ms", "browser_p95_ms", "browser_p99_ms", "browser_max_ms",
+    "browser_seen", "browser_pushes", "push_kb_mean",
+    "cpu_server_pct", "cpu_postgres_pct", "cpu_redis_pct", "cpu_browser_pct", "cpu_generator_pct", "cpu_other_pct", "cpu_machine_pct",
+    "browser_server_alone",
+    "keeps_up", "rate_ratio", "p95_ratio", "verdict",
+)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def bench_env(args, var_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings.local",
+        "DJANGO_DEBUG": "false",
+        "DATABASE_URL": f"{args.postgres.rstrip('/')}/{args.database}",
+        "REDIS_URL": args.redis,
+        "TESSERA_VAR_DIR": str(var_dir),
+        "TESSERA_LOG_LEVEL": "WARNING",
+    })
+    return env
+
+
+def database_recreate(postgres_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{postgres_url.rstrip('/')}/postgres", autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def redis_flush(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+
+
+def placements(instances: int) -> list[tuple[int, str]]:
+    """(GPU index, placement) for `instances` 1g.5gb MIG instances, seven per A100-SXM4-40GB."""
+    return [(i // MIG_PER_GPU, f"1g.5gb@{i % MIG_PER_GPU}") for i in range(instances)]
+
+
+def fleet_seed(hosts: int, instances: int) -> dict[str, Any]:
+    """Migrate, seed the demo (applications, variants, logins), add `hosts` bench hosts with agent tokens and
+    collect static files. Returns the viewer's password, the hosts (id, name, token) and the
+    (application, variant) pairs the stand-ins report."""
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    from apps.core.context import change_context
+    from apps.inventory.models import Accelerator, GpuInstance, Host
+    from apps.inventory.services import host_agent_token_rotate
+    from apps.registry.models import ModelVariant
+    from controlplane.demo import demo_seed
+
+    call_command("migrate", interactive=False, verbosity=0)
+    seeded = demo_seed(admin_password="bench-admin-password-1")
+    call_command("collectstatic", interactive=False, verbosity=0)
+    gpus = sorted({g for g, _ in placements(instances)})
+    out = []
+    with change_context(source="command"), transaction.atomic():
+        created = Host.objects.bulk_create([
+            Host(name=f"bench-{h + 1:04d}", address="127.0.0.1", backend="simulated", status="online",
+                 labels={"bench": "telemetry"}, description="benches/telemetry.py stand-in agent")
+            for h in range(hosts)
+        ])
+        accelerators = Accelerator.objects.bulk_create([
+            Accelerator(host=host, index=g, kind="gpu", uuid=f"GPU-bench-{host.name}-{g}", model_name="NVIDIA A100-SXM4-40GB",
+                        memory_mb=40960, mig_capable=True, mig_enabled=True)
+            for host in created for g in gpus
+        ])
+        by_key = {(a.host_id, a.index): a for a in accelerators}
+        GpuInstance.objects.bulk_create([
+            GpuInstance(accelerator=by_key[(host.pk, g)], profile=p.split("@")[0], placement_start=int(p.split("@")[1]),
+                        placement_size=1, state="ready")  # bulk: save() would look the size up (1g.5gb: one slice)
+            for host in created for g, p in placements(instances)
+        ])
+        for host in created:
+            out.append({"id": host.pk, "name": host.name, "token": host_agent_token_rotate(host=host)})
+    variants = list(ModelVariant.objects.exclude(application__name="tabular-cpu").order_by("application__name", "name")
+                    .values_list("application__name", "name"))
+    connection.close()
+    return {"viewer_password": seeded.logins["viewer"], "hosts": out, "variants": variants}
+
+
+def server_start(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+    """`tessera serve` (Daphne) on 127.0.0.1:port."""
+    fh = log.open("w")
+    return subprocess.Popen([str(REPO / ".venv" / "bin" / "tessera"), "serve", "--bind", "127.0.0.1", "--port", str(port)],
+                            env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def server_wait(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server on port {port} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+                s.sendall(b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                if s.recv(64).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server on port {port} did not answer within {timeout_s:g} s")
+
+
+def port_free_find(count: int) -> int:
+    """The first of `count` consecutive free ports from 18400."""
+    base = 18400
+    while True:
+        ok = True
+        for p in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+        base += count
+
+
+# --------------------------------------------------------------------------- CPU accounting from /proc
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(comm, ppid, own ticks, reaped children's ticks) of a process, or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1:raw.rindex(")")]
+    rest = raw[raw.rindex(")") + 2:].split()
+    return comm, int(rest[1]), int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14])
+
+
+def cpu_snapshot(server_pids: set[int], browser_root: int | None) -> dict[str, float]:
+    """Cumulative CPU seconds per group, and the machine's busy and total seconds."""
+    procs = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                procs[int(entry)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+
+    def tree(root: int) -> set[int]:
+        seen, todo = set(), [root]
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            todo += children.get(pid, [])
+        return seen
+
+    out = {"server": 0.0, "postgres": 0.0, "redis": 0.0, "browser": 0.0}
+    for pid in server_pids:
+        for p in tree(pid):
+            if p in procs:
+                out["server"] += (procs[p][2] + (procs[p][3] if p == pid else 0)) / CLK_TCK
+    for pid, (comm, ppid, own, reaped) in procs.items():
+        if comm.startswith("postgres"):
+            postmaster = not procs.get(ppid, ("",))[0].startswith("postgres")  # it reaps the backends
+            out["postgres"] += (own + (reaped if postmaster else 0)) / CLK_TCK
+        elif comm.startswith("redis-server"):
+            out["redis"] += own / CLK_TCK
+    if browser_root is not None:
+        servers = set().union(*(tree(pid) for pid in server_pids)) if server_pids else set()
+        for p in tree(browser_root) - {os.getpid()} - servers:
+            if p in procs:
+                out["browser"] += (procs[p][2] + procs[p][3]) / CLK_TCK
+    t = os.times()
+    out["generator"] = t.user + t.system
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    out["machine_busy"] = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / CLK_TCK  # user nice system irq softirq
+    out["machine_total"] = sum(fields[:8]) / CLK_TCK  # ... + idle iowait steal
+    return out
+
+
+# --------------------------------------------------------------------------- stand-in agents
+
+
+class HttpConnection:
+    """A minimal keep-alive HTTP/1.1 client (Content-Length or chunked answers): cheaper than a general one,
+    so that the generator leaves the cores to the server."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def request(self, data: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            await self.open()
+        self.writer.write(data)
+        line = await self.reader.readline()
+        if not line:
+            raise ConnectionError("closed by the server")
+        status = int(line.split(None, 2)[1])
+        length, chunked, close = None, False, False
+        while True:
+            h = await self.reader.readline()
+            if h in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = h.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+            elif name == b"connection" and b"close" in value.lower():
+                close = True
+        if chunked:
+            body = b""
+            while True:
+                size = int((await self.reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                body += await self.reader.readexactly(size)
+                await self.reader.readline()
+        elif length is not None:
+            body = await self.reader.readexactly(length)
+        else:
+            body = await self.reader.read()
+            close = True
+        if close:
+            self.close()
+        return status, body
+
+
+@dataclass
+class Sent:
+    at: float  # the report's `at` (epoch), stamped just before it is sent
+    latency_s: float | None  # request written to answer read; None on a timeout or a broken connection
+    status: int  # 0: no answer
+
+
+@dataclass
+class Agent:
+    host: dict
+    port: int
+    body: bytes  # the report with "@AT@" where its time goes
+    phase_s: float
+    sent: list[Sent] = field(default_factory=list)
+
+    def request_bytes(self, at_iso: str) -> bytes:
+        body = self.body.replace(b"@AT@", at_iso.encode())
+        return (f"POST /api/v1/hosts/{self.host['id']}/metrics/ HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                f"Authorization: Bearer {self.host['token']}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    async def run(self, start: float, stop: float) -> None:
+        """Report every second from `start + phase` until `stop` (monotonic), one request at a time."""
+        conn = HttpConnection(self.port)
+        try:
+            await conn.open()
+            due = start + self.phase_s
+            while True:
+                now = time.monotonic()
+                if due > now:
+                    await asyncio.sleep(due - now)
+                if time.monotonic() >= stop:
+                    return
+                began = time.monotonic()
+                wall = time.time()
+                data = self.request_bytes(datetime.fromtimestamp(wall, timezone.utc).isoformat())
+                try:
+                    status, _ = await asyncio.wait_for(conn.request(data), REQUEST_TIMEOUT_S)
+                    self.sent.append(Sent(wall, time.monotonic() - began, status))
+                except (OSError, asyncio.TimeoutError, ConnectionError, ValueError, asyncio.IncompleteReadError):
+                    conn.close()
+                    self.sent.append(Sent(wall, None, 0))
+                due = began + 1.0  # as the agent's metrics loop: a second after the last one started
+        finally:
+            conn.close()
+
+
+def report_body(host: dict, instances: int, variants: list[tuple[str, str]], seed: int) -> bytes:
+    """An agent-shaped metrics report (workers/agent/agent.py metrics_tick) with `"at": "@AT@"`."""
+    layout = placements(instances)
+    gpus = []
+    for g in sorted({g for g, _ in layout}):
+        gpus.append({
+            "index": g, "uuid": f"GPU-bench-{host['name']}-{g}", "utilization_pct": 61.5, "memory_used_mb": 9000, "power_w": 251.0,
+            "simulated": True,
+            "instances": [{"placement": p, "gr_engine_active_pct": 40.0 + i % 7 * 5, "memory_used_mb": 1200 + 10 * (i % 7)}
+                          for i, (gg, p) in enumerate(layout) if gg == g],
+        })
+    runtimes = []
+    for i, (g, p) in enumerate(layout):
+        application, variant = variants[(seed + i) % len(variants)]
+        runtimes.append({
+            "key": f"gpu{g}/{p}", "application": application, "variant": variant, "arrivals": 40, "served": 40, "late": 0,
+            "dropped": 0, "queue_length": 1, "batches": 10, "batch_size_mean": 4.0, "latency_p50_ms": 12.5, "latency_p99_ms": 21.0,
+        })
+    return json.dumps({"at": "@AT@", "interval_s": 1.0, "gpus": gpus, "runtimes": runtimes}, separators=(",", ":")).encode()
+
+
+# --------------------------------------------------------------------------- the browser
+
+HOOK = """() => {
+  if (window.__bench) return true;
+  window.__bench = {delays: [], pushes: 0, chars: 0};
+  TesseraLive.on("metrics", function (m) {
+    var now = Date.now() / 1000;
+    window.__bench.pushes += 1;
+    var reports = m.reports || {};
+    Object.keys(reports).forEach(function (host) {
+      if (host.indexOf("bench-") === 0) window.__bench.delays.push([host, reports[host], now - reports[host]]);
+    });
+  });
+  return true;
+}"""
+DRAIN = """() => { var b = window.__bench; var out = {delays: b.delays, pushes: b.pushes}; b.delays = []; b.pushes = 0; return out; }"""
+
+
+async def browser_open(playwright, base_url: str, password: str):
+    browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(30_000)
+    sizes: list[int] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: sizes.append(len(payload))))
+    await page.goto(f"{base_url}/login/?next=/overview/")
+    await page.fill("#id_username", "viewer")
+    await page.fill("#id_password", password)
+    await page.click("form button[type=submit]")
+    await page.wait_for_url(f"{base_url}/overview/")
+    await page.wait_for_function("() => window.TesseraLive && TesseraLive.state.connected")
+    await page.evaluate(HOOK)
+    return browser, page, sizes
+
+
+# --------------------------------------------------------------------------- one load
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def db_count(host_ids: list[int], t0: float, t1: float) -> int:
+    from django.db import connection
+
+    from apps.telemetry.models import RuntimeSample
+
+    try:
+        return RuntimeSample.objects.filter(host_id__in=host_ids, at__gte=datetime.fromtimestamp(t0, timezone.utc),
+                                            at__lt=datetime.fromtimestamp(t1, timezone.utc)).count()
+    finally:
+        connection.close()
+
+
+async def load_run(args, load: float, seeded: dict, ports: list[int], page, frame_sizes: list[int], server_pids: set[int],
+                   browser_root: int | None) -> dict[str, Any]:
+    agents_n = max(1, round(load / args.instances))
+    hosts = seeded["hosts"][:agents_n]
+    agent_ports = ports[1:] if args.browser_server_alone and len(ports) > 1 else ports
+    agents = [Agent(host=h, port=agent_ports[i % len(agent_ports)], body=report_body(h, args.instances, seeded["variants"], i), phase_s=i / agents_n)
+              for i, h in enumerate(hosts)]
+    start = time.monotonic() + 0.5
+    t0_mono = start + args.warmup
+    t1_mono = t0_mono + args.duration
+    wall_offset = time.time() - time.monotonic()
+    tasks = [asyncio.ensure_future(a.run(start, t1_mono)) for a in agents]
+    await asyncio.sleep(max(0.0, t0_mono - time.monotonic()))
+    if page is not None:
+        await page.evaluate(DRAIN)
+    frame_sizes.clear()
+    cpu0 = cpu_snapshot(server_pids, browser_root)
+    await asyncio.sleep(max(0.0, t1_mono - time.monotonic()))
+    cpu1 = cpu_snapshot(server_pids, browser_root)
+    await asyncio.gather(*tasks)  # reports in flight finish (or time out)
+    await asyncio.sleep(1.0)  # the last roll-ups reach the browser
+    t0, t1 = t0_mono + wall_offset, t1_mono + wall_offset
+    sent = [s for a in agents for s in a.sent if t0 <= s.at < t1]
+    ok = [s for s in sent if s.status == 201]
+    errors = [s for s in sent if s.status not in (201, 0)]
+    timeouts = [s for s in sent if s.status == 0]
+    latencies = [s.latency_s for s in ok]
+    delays, pushes = [], 0
+    if page is not None:
+        drained = await page.evaluate(DRAIN)
+        pushes = drained["pushes"]
+        seen = {(h, at): d for h, at, d in drained["delays"] if t0 <= at < t1}
+        delays = list(seen.values())
+    rows_in_db = await asyncio.to_thread(db_count, [h["id"] for h in hosts], t0, t1)
+    elapsed = cpu1["machine_total"] - cpu0["machine_total"]
+    wall = t1 - t0
+
+    def pct(key: str) -> float:
+        return 100.0 * (cpu1[key] - cpu0[key]) / wall
+
+    achieved = len(ok) * args.instances / args.duration
+    offered = agents_n * args.instances
+    keeps_up = len(ok) >= KEEP_UP * agents_n * args.duration and not errors and not timeouts
+    p95 = percentile(delays, 0.95)
+    row = {
+        "offered_instance_rps": offered, "agents": agents_n, "instances_per_agent": args.instances, "servers": len(ports),
+        "duration_s": args.duration, "achieved_instance_rps": achieved, "db_instance_rps": rows_in_db / args.duration,
+        "achieved_http_rps": len(ok) / args.duration, "offered_http_rps": float(agents_n), "sent": len(sent), "ok": len(ok),
+        "errors": len(errors), "timeouts": len(timeouts),
+        "http_p50_ms": _ms(percentile(latencies, 0.5)), "http_p95_ms": _ms(percentile(latencies, 0.95)),
+        "http_p99_ms": _ms(percentile(latencies, 0.99)),
+        "browser_p50_ms": _ms(percentile(delays, 0.5)), "browser_p95_ms": _ms(p95), "browser_p99_ms": _ms(percentile(delays, 0.99)),
+        "browser_max_ms": _ms(max(delays) if delays else None), "browser_seen": len(delays) if page is not None else None,
+        "browser_pushes": pushes if page is not None else None,
+        "push_kb_mean": statistics.mean(frame_sizes) / 1024 if frame_sizes else None,
+        "cpu_server_pct": pct("server"), "cpu_postgres_pct": pct("postgres"), "cpu_redis_pct": pct("redis"),
+        "cpu_browser_pct": pct("browser") if page is not None else None, "cpu_generator_pct": pct("generator"),
+        "cpu_machine_pct": 100.0 * (cpu1["machine_busy"] - cpu0["machine_busy"]) / elapsed if elapsed > 0 else None,
+        "cpu_other_pct": max(0.0, 100.0 * (cpu1["machine_busy"] - cpu0["machine_busy"]) / wall - sum(
+            pct(k) for k in ("server", "postgres", "redis", "generator", "browser"))),
+        "browser_server_alone": bool(args.browser_server_alone and len(ports) > 1),
+        "keeps_up": keeps_up, "rate_ratio": achieved / TARGET_RATE,
+        "p95_ratio": (p95 / TARGET_P95_S) if p95 is not None else None,
+    }
+    good_delay = p95 is not None and p95 < TARGET_P95_S
+    row["verdict"] = ("meets" if keeps_up and good_delay else
+                      "behind" if not keeps_up else "slow" if page is not None else "no browser")
+    return row
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def trials(args, seeded: dict, ports: list[int], server_pids: set[int]) -> list[dict[str, Any]]:
+    rows = []
+    playwright = browser = page = None
+    frame_sizes: list[int] = []
+    browser_root = None
+    try:
+        if not args.no_browser:
+            from playwright.async_api import async_playwright
+
+            playwright = await async_playwright().start()
+            browser, page, frame_sizes = await browser_open(playwright, f"http://127.0.0.1:{ports[0]}", seeded["viewer_password"])
+            browser_root = os.getpid()  # Playwright's driver and Chromium are this process's descendants
+        for load in args.loads:
+            row = await load_run(args, load, seeded, ports, page, frame_sizes, server_pids, browser_root)
+            rows.append(row)
+            print(f"  offered {row['offered_instance_rps']:>5.0f}/s ({row['agents']} agents): ingested {row['achieved_instance_rps']:.0f}/s,"
+                  f" browser p95 {fmt(row['browser_p95_ms'], '.0f')} ms, server CPU {row['cpu_server_pct']:.0f}%: {row['verdict']}", flush=True)
+            await asyncio.sleep(2.0)  # the previous load's hosts leave the live window before the next starts
+    finally:
+        if browser is not None:
+            await browser.close()
+        if playwright is not None:
+            await playwright.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--loads", default="250,500,1000,1500,2000", help="offered instance reports/s, comma-separated")
+    parser.add_argument("--instances", type=int, default=7, help="runtime records per report (MIG instances per host)")
+    parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
+    parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before each load's window")
+    parser.add_argument("--servers", type=int, default=1, help="Daphne processes (agents spread over them)")
+    parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no delay to the browser)")
+    parser.add_argument("--browser-server-alone", action="store_true",
+                        help="with --servers K > 1: the browser's server (the first) takes no agent reports")
+    parser.add_argument("--quick", action="store_true", help="smoke run: loads 250,1000, 6 s each")
+    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432", help="server URL, without a database")
+    parser.add_argument("--database", default="tessera_bench", help="dropped and created for the run")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/7", help="flushed for the run")
+    parser.add_argument("--keep-database", action="store_true", help="leave the bench database behind")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results")
+    parser.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "telemetry.png")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.loads, args.duration, args.warmup = "250,1000", 6.0, 3.0
+    args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    if not args.no_browser and not CHROMIUM.exists():
+        print(f"no Chromium at {CHROMIUM}: running without the browser")
+        args.no_browser = True
+    started = time.perf_counter()
+    servers: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-telemetry-") as tmp:
+        var_dir = Path(tmp)
+        env = bench_env(args, var_dir)
+        os.environ.update({k: env[k] for k in ("DJANGO_DEBUG", "DATABASE_URL", "REDIS_URL", "TESSERA_VAR_DIR", "TESSERA_LOG_LEVEL")})
+        os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings.local"  # this process only seeds and counts
+        busy0 = cpu_snapshot(set(), None)
+        time.sleep(2.0)
+        busy1 = cpu_snapshot(set(), None)
+        background = 100.0 * (busy1["machine_busy"] - busy0["machine_busy"]) / max(1e-9, busy1["machine_total"] - busy0["machine_total"])
+        database_recreate(args.postgres, args.database)
+        redis_flush(args.redis)
+        import django
+
+        django.setup()
+        hosts_needed = max(max(1, round(load / args.instances)) for load in args.loads)
+        seeded = fleet_seed(hosts_needed, args.instances)
+        print(f"Telemetry ingest (benches/telemetry.py): PostgreSQL {args.database} (fresh), Redis {args.redis} channel layer,"
+              f" {args.servers} x `tessera serve` (Daphne, DEBUG off); {os.cpu_count()} cores shared by everything.\n"
+              f"  Agents are STAND-INS: one asyncio process, one keep-alive connection and one report per second each;"
+              f" a report = {math.ceil(args.instances / MIG_PER_GPU)} A100 GPU(s), {args.instances} MIG instances, {args.instances} runtimes (no runtime runs).\n"
+              f"  Browser: {'none' if args.no_browser else 'Chromium (headless, same machine) as viewer on /overview/'};"
+              f" {args.warmup:g} s warm-up + {args.duration:g} s measured per load.\n"
+              f"  Machine busy before the bench started: {background:.0f}% of its cores", flush=True)
+        base = port_free_find(args.servers)
+        ports = [base + k for k in range(args.servers)]
+        try:
+            for k, port in enumerate(ports):
+                servers.append(server_start(env, port, var_dir / f"server-{k}.log"))
+            for k, port in enumerate(ports):
+                server_wait(port, servers[k], var_dir / f"server-{k}.log")
+            rows = asyncio.run(trials(args, seeded, ports, {p.pid for p in servers}))
+        finally:
+            for proc in servers:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+            for proc in servers:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            for k in range(len(servers)):
+                log = (var_dir / f"server-{k}.log").read_text()
+                errors = [line for line in log.splitlines() if line and not line[0].isspace() and " ERROR " not in line
+                          and ("Error:" in line or "Exception:" in line)]  # the exceptions' own lines, not the log's
+                if errors:
+                    kinds = sorted({e[:160] for e in errors})
+                    print(f"server {k}: {log.count('Traceback')} tracebacks in its log; distinct errors:\n  " + "\n  ".join(kinds[:5]))
+            from django.db import connections
+
+            connections.close_all()
+            if not args.keep_database:
+                database_recreate(args.postgres, args.database)  # leave it empty rather than holding gigabytes
+    table_print(rows, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {csv_rows_write(args.out / 'telemetry.csv', rows, CSV_FIELDS)} in {time.perf_counter() - started:.0f} s")
+    print(plot(rows, args.png, args))
+    return 0
+
+
+def table_print(rows: list[dict[str, Any]], args) -> None:
+    head = (f"{'offered':>7} {'agents':>6} {'ingested':>8} {'in DB':>6} {'HTTP/s':>6} {'err':>4} {'http p50':>8} {'p95':>6} {'p99':>6}"
+            f" {'browser p50':>11} {'p95':>6} {'max':>6} {'seen':>6} {'push kB':>7} {'cpu srv':>7} {'pg':>4} {'redis':>5} {'brws':>4}"
+            f" {'gen':>4} {'other':>5} {'machine':>7}  verdict")
+    print("\ninstance reports/s (offered, ingested from 201 answers, RuntimeSample rows); latencies in ms; CPU in % of one core"
+          f" (machine: % of all {os.cpu_count()})\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        print(f"{r['offered_instance_rps']:>7.0f} {r['agents']:>6} {r['achieved_instance_rps']:>8.0f} {r['db_instance_rps']:>6.0f}"
+              f" {r['achieved_http_rps']:>6.1f} {r['errors'] + r['timeouts']:>4} {fmt(r['http_p50_ms'], '.1f'):>8} {fmt(r['http_p95_ms'], '.0f'):>6}"
+              f" {fmt(r['http_p99_ms'], '.0f'):>6} {fmt(r['browser_p50_ms'], '.0f'):>11} {fmt(r['browser_p95_ms'], '.0f'):>6}"
+              f" {fmt(r['browser_max_ms'], '.0f'):>6} {fmt(r['browser_seen'], 'd'):>6} {fmt(r['push_kb_mean'], '.0f'):>7}"
+              f" {r['cpu_server_pct']:>7.0f} {r['cpu_postgres_pct']:>4.0f} {r['cpu_redis_pct']:>5.0f} {fmt(r['cpu_browser_pct'], '.0f'):>4}"
+              f" {r['cpu_generator_pct']:>4.0f} {r['cpu_other_pct']:>5.0f} {fmt(r['cpu_machine_pct'], '.0f'):>7}  {r['verdict']}")
+    at_target = [r for r in rows if r["offered_instance_rps"] >= TARGET_RATE]
+    best = max((r for r in rows if r["verdict"] == "meets"), key=lambda r: r["achieved_instance_rps"], default=None)
+    print(f"\ntarget (issue 7): {TARGET_RATE:.0f} instance reports/s with browser p95 < {TARGET_P95_S * 1000:.0f} ms on 2 cores")
+    if best is not None:
+        print(f"  highest load met: {best['achieved_instance_rps']:.0f} instance reports/s ({best['rate_ratio']:.2f}x the target rate),"
+              f" browser p95 {best['browser_p95_ms']:.0f} ms ({fmt(best['p95_ratio'], '.2f')}x the target delay)")
+    target_row = min(at_target, key=lambda r: r["offered_instance_rps"], default=None)
+    if target_row is not None:
+        print(f"  at {target_row['offered_instance_rps']:.0f} offered: {target_row['verdict']}"
+              f" (ingested {target_row['achieved_instance_rps']:.0f}/s, browser p95 {fmt(target_row['browser_p95_ms'], '.0f')} ms)")
+    print("  (stand-in agents; the browser, PostgreSQL, Redis and the generator share the same cores as the server;"
+          " 'other' is CPU of processes outside the bench, which the numbers above had to share)")
+
+
+def plot(rows: list[dict[str, Any]], path: Path, args) -> str:
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    offered = [r["offered_instance_rps"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(offered, offered, color="0.6", ls=":", lw=1, label="offered")
+    left.plot(offered, [r["achieved_instance_rps"] for r in rows], "o-", label="ingested (201)")
+    left.plot(offered, [r["db_instance_rps"] for r in rows], "x", color="C2", label="rows in PostgreSQL")
+    left.axhline(TARGET_RATE, color="k", ls="--", lw=0.8, label=f"target {TARGET_RATE:.0f}/s")
+    left.set_xlabel("offered instance reports/s")
+    left.set_ylabel("instance reports/s")
+    left.legend(fontsize=7)
+    left.grid(alpha=0.3)
+    for key, label, style in (("browser_p50_ms", "browser p50", "o-"), ("browser_p95_ms", "browser p95", "s-"),
+                              ("http_p95_ms", "HTTP p95", "^:")):
+        right.plot(offered, [r[key] if r[key] is not None else float("nan") for r in rows], style, label=label)
+    right.axhline(TARGET_P95_S * 1000, color="k", ls="--", lw=0.8, label="target p95 500 ms")
+    right.set_yscale("log")
+    right.set_xlabel("offered instance reports/s")
+    right.set_ylabel("ms (log)")
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3, which="both")
+    fig.suptitle(f"Tessera telemetry ingest: {rows[0]['servers']} Daphne process(es), PostgreSQL, Redis, Chromium, stand-in agents"
+                 f" ({args.instances} instances each), {os.cpu_count()} cores", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
