@@ -6,7 +6,7 @@
   TesseraLive.on("metrics", function (m) {
     Object.keys(m.reports).forEach(function (host) {
       var seen = document.querySelector('[data-host="' + CSS.escape(host) + '"] .last-seen');
-      if (seen) seen.textContent = "last report: " + new Date(m.reports[host] * 1000).toLocaleTimeString([], { hour12: false });
+      if (seen) seen.textContent = "last report: " + new Date(m.reports[host] * 1000).toISOString().slice(11, 19) + " UTC";
     });
     document.querySelectorAll("[data-util-bar]").forEach(function (bar) {
       var entry = m.instances[bar.dataset.instance];

@@ -1,6 +1,8 @@
 /* Jobs list and job page, live: status badges, progress bars and the log follow the job's events. */
 (function () {
   "use strict";
+  // As the server renders times (Y-m-d H:i:s in the server's time zone, UTC): the ISO strings it sends.
+  function stamp(iso) { return iso ? new Date(iso).toISOString().slice(0, 19).replace("T", " ") : "—"; }
   var detail = document.querySelector("[data-job-detail]");
   TesseraLive.on("job", function (job) {
     if (detail) {
@@ -11,8 +13,8 @@
       log.textContent = job.log || "(empty)";
       log.scrollTop = log.scrollHeight;
       detail.querySelector("[data-job-attempts]").textContent = job.attempts;
-      detail.querySelector("[data-job-started]").textContent = job.started ? new Date(job.started).toLocaleString() : "—";
-      detail.querySelector("[data-job-finished]").textContent = job.finished ? new Date(job.finished).toLocaleString() : "—";
+      detail.querySelector("[data-job-started]").textContent = stamp(job.started);
+      detail.querySelector("[data-job-finished]").textContent = stamp(job.finished);
       detail.querySelector("[data-job-state-note]").textContent = job.active ? "Live: this page follows the job as it runs." : "Finished.";
       var error = detail.querySelector("[data-job-error]");
       error.textContent = job.error || "";
@@ -28,6 +30,6 @@
     }
     TesseraJobs.badgeUpdate(row.querySelector(".badge"), job);
     TesseraJobs.progressUpdate(row.querySelector(".progress"), job);
-    if (job.finished) row.querySelector("[data-job-finished]").textContent = new Date(job.finished).toLocaleString();
+    if (job.finished) row.querySelector("[data-job-finished]").textContent = stamp(job.finished);
   });
 })();

@@ -122,7 +122,7 @@
     var li = document.createElement("li");
     var time = document.createElement("time");
     time.className = "muted";
-    time.textContent = new Date(c.time).toLocaleTimeString([], { hour12: false });
+    time.textContent = new Date(c.time).toISOString().slice(11, 19);  // UTC, as the server renders
     var op = document.createElement("span");
     op.className = "op " + (c.action === "create" ? "create" : c.action === "delete" ? "destroy" : "change");
     op.textContent = c.action;
