@@ -54,3 +54,12 @@ def test_operator_approves_and_applies_a_plan(asgi_live_server, validated_plan, 
     page.wait_for_selector('[data-plan-status="active"]')
     for name in ("approve", "apply", "rollback"):
         assert page.locator(f"button[name={name}]").count() == 0
+
+    # The lists, as the viewer sees them (kept as artefacts with the other pages' screenshots).
+    page.goto(f"{url}/plans/")
+    page.wait_for_selector(f'tr[data-plan="{pk}"]')
+    page.screenshot(path=str(SCREENSHOTS / "plans.png"), full_page=True)
+    page.goto(f"{url}/jobs/")
+    page.wait_for_selector("tr[data-job]")
+    assert page.locator("tr[data-job] .badge").first.text_content() == "Succeeded"
+    page.screenshot(path=str(SCREENSHOTS / "jobs.png"), full_page=True)
