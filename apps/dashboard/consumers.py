@@ -51,6 +51,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
+            # Accept, then close with 4401: a refused handshake reaches the browser only as 1006, and the
+            # page could not tell "log in again" from "the server is away".
+            await self.accept()
             await self.close(code=UNAUTHENTICATED)
             return
         self.user = user
@@ -75,6 +78,17 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     def _may(self, perm: str) -> bool:
         return self.user.is_superuser or perm in self.permissions
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        """A frame that is not JSON text gets an error, as a malformed request would; the socket stays open."""
+        try:
+            content = await self.decode_json(text_data) if text_data is not None else None
+        except ValueError:
+            content = None
+        if content is None:
+            await self.send_json({"type": "error", "error": "Send JSON text frames."})
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content, **kwargs) -> None:
         if not isinstance(content, dict) or not ({"subscribe", "unsubscribe"} & content.keys()):

@@ -49,12 +49,14 @@ async def _drain(communicator, seconds):
     return out
 
 
-def test_anonymous_is_refused():
+def test_anonymous_is_told_to_log_in():
     async def scenario():
-        _, connected, code = await _open(AnonymousUser())
-        return connected, code
+        communicator, connected, _ = await _open(AnonymousUser())
+        return connected, await communicator.receive_output(timeout=2)
 
-    assert asyncio.run(scenario()) == (False, UNAUTHENTICATED)
+    connected, closed = asyncio.run(scenario())
+    # Accepted, then closed with 4401: the page tells "log in again" from "the server is away" (1006).
+    assert connected and closed == {"type": "websocket.close", "code": UNAUTHENTICATED}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -69,6 +71,10 @@ def test_each_subscription_is_checked(users):
         replies = [await limited.receive_json_from(timeout=2) for _ in range(3)]
         await limited.send_json_to({"hello": 1})
         replies.append(await limited.receive_json_from(timeout=2))
+        await limited.send_to(text_data="{not json")
+        replies.append(await limited.receive_json_from(timeout=2))
+        await limited.send_json_to({"subscribe": "changes"})  # still open after the malformed frame
+        replies.append(await _until(limited, "subscribed"))
         viewer, _, _ = await _open(users["viewer"])
         await viewer.send_json_to({"subscribe": ["metrics", "jobs"]})
         granted = [await _until(viewer, "subscribed"), await _until(viewer, "subscribed")]
@@ -77,8 +83,9 @@ def test_each_subscription_is_checked(users):
         return replies, granted
 
     replies, granted = asyncio.run(scenario())
-    assert [(r["type"], r.get("topic")) for r in replies] == [("error", "metrics"), ("error", "jobs"), ("error", "nonsense"), ("error", None)]
+    assert [(r["type"], r.get("topic")) for r in replies] == [("error", "metrics"), ("error", "jobs"), ("error", "nonsense"), ("error", None), ("error", None), ("subscribed", "changes")]
     assert "telemetry.view_applicationsample" in replies[0]["error"] and "Unknown topic" in replies[2]["error"]
+    assert replies[4]["error"] == "Send JSON text frames." and replies[5]["topic"] == "changes"
     assert sorted(g["topic"] for g in granted) == ["jobs", "metrics"]
 
 

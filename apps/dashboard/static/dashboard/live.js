@@ -11,7 +11,7 @@
   var handlers = {};
   var topics = (document.body.dataset.liveTopics || "").split(/\s+/).filter(Boolean);
   var banner = document.getElementById("live-banner");
-  var socket = null, backoff = BACKOFF_MIN_MS, lastMessage = 0, reconnectTimer = null, telemetryAge = null;
+  var socket = null, backoff = BACKOFF_MIN_MS, lastMessage = 0, reconnectTimer = null, telemetryAge = null, sessionEnded = false;
   var state = { connected: false, messages: 0 };
 
   function setBanner(text) {
@@ -21,7 +21,9 @@
   }
 
   function judge() {
-    if (!state.connected) {
+    if (sessionEnded) {
+      setBanner("Your session has ended: log in again for live updates.");
+    } else if (!state.connected) {
       setBanner("Live updates are away: reconnecting to the control plane… What you see may be stale.");
     } else if (Date.now() - lastMessage > STALE_MS) {
       setBanner("No live updates for " + Math.round((Date.now() - lastMessage) / 1000) + " s. What you see may be stale.");
@@ -65,7 +67,7 @@
       state.connected = false;
       socket = null;
       judge();
-      if (event.code === 4401) { setBanner("Your session has ended: log in again for live updates."); return; }
+      if (event.code === 4401) { sessionEnded = true; judge(); return; }  // no reconnecting: it would be refused again
       var delay = Math.min(BACKOFF_MAX_MS, backoff) * (0.75 + Math.random() * 0.5);
       backoff = Math.min(BACKOFF_MAX_MS, backoff * 2);
       reconnectTimer = setTimeout(connect, delay);
