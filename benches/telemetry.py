@@ -4,7 +4,7 @@
     .venv/bin/python benches/telemetry.py                       # full run, about 3 min on two cores
     .venv/bin/python benches/telemetry.py --quick               # smoke run, about 1 min
     options: --loads 250,500,1000,1500,2000 (offered instance reports/s), --instances 7, --duration 20,
-             --warmup 5, --servers 1, --no-browser, --postgres URL, --database tessera_bench,
+             --warmup 5, --servers 1, --processes 1, --no-browser, --postgres URL, --database tessera_bench,
              --redis redis://127.0.0.1:6379/7, --out bench-results, --png docs/img/telemetry.png
 
 What runs (all on this machine, sharing its cores; printed with the results):
@@ -81,7 +81,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 MIG_PER_GPU = 7  # 1g.5gb instances on an A100-SXM4-40GB
 REQUEST_TIMEOUT_S = 5.0  # the agent's client (workers/client.py)
 CSV_FIELDS = (
-    "offered_instance_rps", "agents", "instances_per_agent", "servers", "duration_s",
+    "offered_instance_rps", "agents", "instances_per_agent", "servers", "processes", "duration_s",
     "achieved_instance_rps", "db_instance_rps", "achieved_http_rps", "offered_http_rps", "sent", "ok", "errors", "timeouts",
     "http_p50_ms", "http_p95_ms", "http_p99_ms", "browser_p50_ms", "browser_p95_ms", "browser_p99_ms", "browser_max_ms",
     "browser_seen", "browser_pushes", "push_kb_mean",
@@ -173,10 +173,11 @@ def fleet_seed(hosts: int, instances: int) -> dict[str, Any]:
     return {"viewer_password": seeded.logins["viewer"], "hosts": out, "variants": variants}
 
 
-def server_start(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
-    """`tessera serve` (Daphne) on 127.0.0.1:port."""
+def server_start(env: dict[str, str], port: int, log: Path, processes: int = 1) -> subprocess.Popen:
+    """`tessera serve` (Daphne) on 127.0.0.1:port, with `processes` Daphne processes on that one socket."""
     fh = log.open("w")
-    return subprocess.Popen([str(REPO / ".venv" / "bin" / "tessera"), "serve", "--bind", "127.0.0.1", "--port", str(port)],
+    return subprocess.Popen([str(REPO / ".venv" / "bin" / "tessera"), "serve", "--bind", "127.0.0.1", "--port", str(port),
+                             "--processes", str(processes)],
                             env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -504,7 +505,7 @@ async def load_run(args, load: float, seeded: dict, ports: list[int], page, fram
     keeps_up = len(ok) >= KEEP_UP * agents_n * args.duration and not errors and not timeouts
     p95 = percentile(delays, 0.95)
     row = {
-        "offered_instance_rps": offered, "agents": agents_n, "instances_per_agent": args.instances, "servers": len(ports),
+        "offered_instance_rps": offered, "agents": agents_n, "instances_per_agent": args.instances, "servers": len(ports), "processes": args.processes,
         "duration_s": args.duration, "achieved_instance_rps": achieved, "db_instance_rps": rows_in_db / args.duration,
         "achieved_http_rps": len(ok) / args.duration, "offered_http_rps": float(agents_n), "sent": len(sent), "ok": len(ok),
         "errors": len(errors), "timeouts": len(timeouts),
@@ -568,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instances", type=int, default=7, help="runtime records per report (MIG instances per host)")
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per load")
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before each load's window")
-    parser.add_argument("--servers", type=int, default=1, help="Daphne processes (agents spread over them)")
+    parser.add_argument("--servers", type=int, default=1, help="`tessera serve` instances on separate ports (agents spread over them)")
+    parser.add_argument("--processes", type=int, default=1, help="Daphne processes per `tessera serve` (--processes: one socket)")
     parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no delay to the browser)")
     parser.add_argument("--browser-server-alone", action="store_true",
                         help="with --servers K > 1: the browser's server (the first) takes no agent reports")
@@ -605,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         hosts_needed = max(max(1, round(load / args.instances)) for load in args.loads)
         seeded = fleet_seed(hosts_needed, args.instances)
         print(f"Telemetry ingest (benches/telemetry.py): PostgreSQL {args.database} (fresh), Redis {args.redis} channel layer,"
-              f" {args.servers} x `tessera serve` (Daphne, DEBUG off); {os.cpu_count()} cores shared by everything.\n"
+              f" {args.servers} x `tessera serve --processes {args.processes}` (Daphne, DEBUG off); {os.cpu_count()} cores shared by everything.\n"
               f"  Agents are STAND-INS: one asyncio process, one keep-alive connection and one report per second each;"
               f" a report = {math.ceil(args.instances / MIG_PER_GPU)} A100 GPU(s), {args.instances} MIG instances, {args.instances} runtimes (no runtime runs).\n"
               f"  Browser: {'none' if args.no_browser else 'Chromium (headless, same machine) as viewer on /overview/'};"
@@ -615,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         ports = [base + k for k in range(args.servers)]
         try:
             for k, port in enumerate(ports):
-                servers.append(server_start(env, port, var_dir / f"server-{k}.log"))
+                servers.append(server_start(env, port, var_dir / f"server-{k}.log", args.processes))
             for k, port in enumerate(ports):
                 server_wait(port, servers[k], var_dir / f"server-{k}.log")
             rows = asyncio.run(trials(args, seeded, ports, {p.pid for p in servers}))

@@ -87,12 +87,59 @@ def demo(
 def serve(
     bind: str = typer.Option("0.0.0.0", help="Address to bind"),
     port: int = typer.Option(8000),
+    processes: int = typer.Option(1, min=1, max=64, help="Daphne processes sharing one listening socket (needs Redis)"),
 ) -> None:
-    """Run the control plane with Daphne (HTTP and WebSocket) under the current settings."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.production")
-    from daphne.cli import CommandLineInterface
+    """Run the control plane with Daphne (HTTP and WebSocket) under the current settings.
 
-    CommandLineInterface().run(["-b", bind, "-p", str(port), "--proxy-headers", "controlplane.asgi:application"])
+    One Python process uses one core: with --processes N, N Daphne processes accept from one socket (the
+    kernel spreads connections), and the Redis channel layer carries live events between them."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.production")
+    if processes == 1:
+        from daphne.cli import CommandLineInterface
+
+        CommandLineInterface().run(["-b", bind, "-p", str(port), "--proxy-headers", "controlplane.asgi:application"])
+        return
+    raise typer.Exit(_serve_processes(bind=bind, port=port, processes=processes))
+
+
+def _serve_processes(*, bind: str, port: int, processes: int) -> int:
+    """Bind once, start `processes` Daphne children on the inherited socket, relay SIGTERM/SIGINT to them
+    and return the first failed child's exit status (0 when all stopped cleanly)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    _django_setup(os.environ["DJANGO_SETTINGS_MODULE"])
+    from django.conf import settings
+
+    if settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels.layers.InMemoryChannelLayer":
+        typer.echo("error: --processes needs REDIS_URL: the in-memory channel layer does not reach other processes, so "
+                   "a browser on one would miss what the others ingest", err=True)
+        return EXIT_MALFORMED
+    listener = socket.create_server((bind, port), backlog=2048)
+    listener.set_inheritable(True)
+    command = [sys.executable, "-m", "daphne", "--fd", str(listener.fileno()), "--proxy-headers", "controlplane.asgi:application"]
+    children = [subprocess.Popen(command, pass_fds=(listener.fileno(),)) for _ in range(processes)]
+    listener.close()  # the children hold it
+    typer.echo(f"Serving on {bind}:{port} with {processes} Daphne processes: {' '.join(str(c.pid) for c in children)}")
+
+    def relay(signum, frame):
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, relay)
+    signal.signal(signal.SIGINT, relay)
+    # Fail together: when one child stops (or a signal came), stop the others, so a supervisor restarts
+    # the whole service rather than leaving it at part capacity.
+    while all(child.poll() is None for child in children):
+        time.sleep(0.5)
+    relay(None, None)
+    statuses = [child.wait() for child in children]
+    failed = next((s for s in statuses if s not in (0, -signal.SIGTERM)), 0)
+    return 128 - failed if failed < 0 else failed  # killed by signal N: 128 + N, as a shell reports it
 
 
 @app.command()
