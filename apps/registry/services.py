@@ -175,6 +175,20 @@ def _profiling_request_progress_apply(
     return pr
 
 
+def _profile_upsert(profile: Profile) -> bool:
+    """Save `profile`, replacing the stored point with the same key (variant, device type, slice, CPU cores,
+    batch size) if there is one; True when it replaced one."""
+    existing = Profile.objects.filter(
+        variant=profile.variant, device_type=profile.device_type, slice=profile.slice,
+        cpu_cores=profile.cpu_cores, batch_size=profile.batch_size,
+    ).first()
+    if existing is not None:
+        profile.pk, profile.created = existing.pk, existing.created
+        profile._state.adding = False
+    profile.save()
+    return existing is not None
+
+
 @transaction.atomic
 def profiling_results_record(*, profiling_request: ProfilingRequest, points: list[dict[str, Any]], log_line: str = "") -> list[Profile]:
     """Store a profiling request's measurements as `measured` Profile rows (a point already profiled is
@@ -224,14 +238,7 @@ def profiling_results_record(*, profiling_request: ProfilingRequest, points: lis
         raise ValidationError({"points": errors})
     stored = []
     for profile in profiles:
-        existing = Profile.objects.filter(
-            variant=pr.variant, device_type=profile.device_type, slice=profile.slice,
-            cpu_cores=profile.cpu_cores, batch_size=profile.batch_size,
-        ).first()
-        if existing is not None:
-            profile.pk, profile.created = existing.pk, existing.created
-            profile._state.adding = False
-        profile.save()
+        _profile_upsert(profile)
         stored.append(profile)
     pr.status = ProfilingStatusChoices.SUCCEEDED
     pr.progress = 100
@@ -928,17 +935,5 @@ def profiles_import(*, rows: Sequence[tuple[str, dict[str, Any]]], source_detail
         profiles.append(profile)
     if errors:
         raise ValidationError(errors)
-    created = updated = 0
-    for profile in profiles:
-        existing = Profile.objects.filter(
-            variant=profile.variant, device_type=profile.device_type, slice=profile.slice,
-            cpu_cores=profile.cpu_cores, batch_size=profile.batch_size,
-        ).first()
-        if existing is not None:
-            profile.pk, profile.created = existing.pk, existing.created
-            profile._state.adding = False
-            updated += 1
-        else:
-            created += 1
-        profile.save()
-    return ProfileImportResult(created=created, updated=updated)
+    replaced = sum(_profile_upsert(profile) for profile in profiles)
+    return ProfileImportResult(created=len(profiles) - replaced, updated=replaced)

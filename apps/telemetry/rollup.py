@@ -154,6 +154,21 @@ class LiveWindow:
             for key in [k for k, v in table.items() if v.at < cutoff]:
                 del table[key]
 
+    def _per_instance(self) -> dict[str, dict[str, Any]]:
+        """Every GPU slice's utilisation and memory, and every runtime's load, keyed by instance id."""
+        out = {
+            instance_id: {"utilization_pct": latest.data.get("utilization_pct"), "memory_used_mb": latest.data.get("memory_used_mb")}
+            for instance_id, latest in self.instances.items()
+        }
+        for runtime_id, latest in self.runtimes.items():
+            r = latest.data
+            out.setdefault(runtime_id, {"utilization_pct": None, "memory_used_mb": None}).update({
+                "application": r.get("application", ""), "variant": r.get("variant", ""),
+                "load_rps": round(r.get("arrivals", 0) / r["interval_s"], 2), "queue": r.get("queue_length", 0),
+                "p99_ms": r.get("latency_p99_ms"),
+            })
+        return out
+
     def snapshot(self, *, now: float, catalogue: Mapping[str, ApplicationCatalogue], instances: bool = True) -> dict[str, Any]:
         """The JSON the dashboard draws from: per application roll-ups, fleet totals, which hosts reported
         since the previous snapshot (with their reports' times) and, with `instances`, every instance's load
@@ -170,28 +185,16 @@ class LiveWindow:
             for (router, application), latest in self.routers.items()
         ]
         served: dict[tuple[str, str], int] = {}
-        load: dict[str, dict[str, Any]] = {}
-        for runtime_id, latest in self.runtimes.items():
-            r = latest.data
-            key = (r.get("application", ""), r.get("variant", ""))
-            served[key] = served.get(key, 0) + int(r.get("served", 0))
-            load[runtime_id] = {
-                "application": r.get("application", ""), "variant": r.get("variant", ""),
-                "load_rps": round(r.get("arrivals", 0) / r["interval_s"], 2), "queue": r.get("queue_length", 0),
-                "p99_ms": r.get("latency_p99_ms"),
-            }
+        for latest in self.runtimes.values():
+            key = (latest.data.get("application", ""), latest.data.get("variant", ""))
+            served[key] = served.get(key, 0) + int(latest.data.get("served", 0))
         applications = application_rollup(
             routers=routers,
             variants=[VariantServed(application=a, variant=v, served=n) for (a, v), n in served.items()],
             catalogue=catalogue,
         )
-        per_instance: dict[str, dict[str, Any]] = {}
         utilisations = [u for u in (latest.data.get("utilization_pct") for latest in self.instances.values()) if u is not None]
-        if instances:
-            for instance_id, latest in self.instances.items():
-                per_instance[instance_id] = {"utilization_pct": latest.data.get("utilization_pct"), "memory_used_mb": latest.data.get("memory_used_mb")}
-            for runtime_id, entry in load.items():
-                per_instance.setdefault(runtime_id, {"utilization_pct": None, "memory_used_mb": None}).update(entry)
+        per_instance = self._per_instance() if instances else {}
         fresh, self.fresh_hosts = self.fresh_hosts, {}
         return {
             "at": now,

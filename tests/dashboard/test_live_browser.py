@@ -4,16 +4,13 @@ without reloading; the stale banner shows when the control plane goes away. As i
 the database is seeded before the browser starts (Django refuses ORM calls in Playwright's thread); the
 stand-in agents below use the ORM from a thread of their own."""
 import re
-import threading
 import time
 from datetime import datetime, timezone
 
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
-from apps.deployments.models import HostDesiredState
 from apps.inventory.models import Host
 from apps.planning.models import Plan
 from apps.inventory.services import host_agent_token_rotate
@@ -21,7 +18,7 @@ from apps.users.services import token_create
 from controlplane.demo import demo_seed
 from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa: F401 (fixture)
 from tests.dashboard.test_plans_browser import _login
-from tests.planning.test_rollout import cpu_plan
+from tests.planning.test_rollout import StandInAgents, cpu_plan
 
 DEMAND_CELL = 'tr[data-application="tabular-cpu"] [data-metric="demand_rps"]'
 
@@ -34,6 +31,7 @@ def seeded(transactional_db):
     gpu_host = Host.objects.get(name="sim-a100-01")
     operator = get_user_model().objects.get(username="operator")
     return {"logins": seeded.logins, "agent_token": host_agent_token_rotate(host=host),
+            "hosts": list(Host.objects.values_list("name", flat=True)),
             "operator_token": token_create(user=operator, description="browser test")[1],
             "gpu_host": gpu_host.pk, "gpu_host_token": host_agent_token_rotate(host=gpu_host)}
 
@@ -101,34 +99,6 @@ def test_the_fleet_page_shows_live_load_and_utilisation(seeded, asgi_live_server
     page.screenshot(path=str(SCREENSHOTS / "fleet-live.png"), full_page=True)
 
 
-class SlowStandInAgents:
-    """Report each host converged to its latest desired state `delay_s` after it was written, as an agent
-    would after reconciling, so the rollout takes a few seconds."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(0.1):
-                for host in Host.objects.all():
-                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").first()
-                    if latest and host.converged_version != latest.version and time.time() - latest.created.timestamp() >= self.delay_s:
-                        Host.objects.filter(pk=host.pk).update(converged_version=latest.version)
-        finally:
-            connection.close()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
 @pytest.fixture
 def approved_plan(seeded, settings):
     settings.TESSERA_JOBS_IN_THREAD = True  # the server runs the rollout in a thread, as the demo does
@@ -141,7 +111,8 @@ def approved_plan(seeded, settings):
 def test_operator_follows_the_rollout_live(seeded, approved_plan, asgi_live_server, browser_page):
     page, url = browser_page, asgi_live_server.url
     _open_live(page, url, seeded, "operator", f"/plans/{approved_plan}/")
-    with SlowStandInAgents(delay_s=1.5):
+    # Agents that converge 1.5 s after each write, so the rollout takes a few seconds.
+    with StandInAgents(set(seeded["hosts"]), delay_s=1.5):
         page.click("button[name=apply]")
         page.wait_for_url(re.compile(rf"{re.escape(url)}/jobs/\d+/$"))
         # Record every progress value the bar shows, and mark the document: a reload would lose the mark.

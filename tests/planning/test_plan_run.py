@@ -240,11 +240,10 @@ def test_a_second_plan_run_while_one_is_active_conflicts(small_fleet):
     assert Job.objects.filter(kind="planning").count() == 1
 
 
-def test_a_retried_job_does_not_solve_twice(small_fleet, monkeypatch):
-    job = plan_run_start(trigger="manual", options={"demand": {"classify": 100, "tabular": 10}, "time_limit_s": 10})
-    real_translate = services._translate
+def _solve_counted_translate_flaky_once(monkeypatch, error: str) -> dict[str, int]:
+    """Count the plan runs' solves and translations; the first translation fails with a transient error."""
     calls = {"solve": 0, "translate": 0}
-    real_solve = services.plan_solve
+    real_solve, real_translate = services.plan_solve, services._translate
 
     def counting_solve(*args, **kwargs):
         calls["solve"] += 1
@@ -253,11 +252,17 @@ def test_a_retried_job_does_not_solve_twice(small_fleet, monkeypatch):
     def flaky_translate(*args, **kwargs):
         calls["translate"] += 1
         if calls["translate"] == 1:
-            raise OperationalError("database went away")
+            raise OperationalError(error)
         return real_translate(*args, **kwargs)
 
     monkeypatch.setattr(services, "plan_solve", counting_solve)
     monkeypatch.setattr(services, "_translate", flaky_translate)
+    return calls
+
+
+def test_a_retried_job_does_not_solve_twice(small_fleet, monkeypatch):
+    job = plan_run_start(trigger="manual", options={"demand": {"classify": 100, "tabular": 10}, "time_limit_s": 10})
+    calls = _solve_counted_translate_flaky_once(monkeypatch, "database went away")
     with pytest.raises(OperationalError):
         plan_run_execute(job=Job.objects.get(pk=job.pk))
     draft = Plan.objects.get(job=job)
@@ -360,21 +365,7 @@ def test_the_task_retries_a_transient_failure_without_solving_again(small_fleet,
 
     job = job_create(kind=JobKindChoices.PLANNING, key=PLAN_RUN_JOB_KEY,
                      params={"trigger": "manual", "options": {"demand": {"classify": 100}, "time_limit_s": 5}})
-    calls = {"solve": 0, "translate": 0}
-    real_solve, real_translate = services.plan_solve, services._translate
-
-    def counting_solve(*args, **kwargs):
-        calls["solve"] += 1
-        return real_solve(*args, **kwargs)
-
-    def flaky_translate(*args, **kwargs):
-        calls["translate"] += 1
-        if calls["translate"] == 1:
-            raise OperationalError("database is locked")
-        return real_translate(*args, **kwargs)
-
-    monkeypatch.setattr(services, "plan_solve", counting_solve)
-    monkeypatch.setattr(services, "_translate", flaky_translate)
+    calls = _solve_counted_translate_flaky_once(monkeypatch, "database is locked")
     # In-process (eager) application of the task: Celery runs the retry at once (throw=False: a Retry is not
     # an error to hand back to the caller here, as it is not for a worker).
     plan_run_task.apply(args=[job.pk], throw=False)

@@ -26,10 +26,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class StandInAgents:
-    """Reports every host in `alive` converged to its latest desired-state version, every 50 ms."""
+    """Reports every host in `alive` converged to its latest desired-state version `delay_s` after that
+    version was written (as an agent would after reconciling), checking every 50 ms."""
 
-    def __init__(self, alive: set[str]) -> None:
+    def __init__(self, alive: set[str], delay_s: float = 0.0) -> None:
         self.alive = alive
+        self.delay_s = delay_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -37,9 +39,9 @@ class StandInAgents:
         try:
             while not self._stop.wait(0.05):
                 for host in Host.objects.filter(name__in=self.alive):
-                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").values_list("version", flat=True).first()
-                    if latest and host.converged_version != latest:
-                        Host.objects.filter(pk=host.pk).update(converged_version=latest)
+                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").values_list("version", "created").first()
+                    if latest and host.converged_version != latest[0] and time.time() - latest[1].timestamp() >= self.delay_s:
+                        Host.objects.filter(pk=host.pk).update(converged_version=latest[0])
         finally:
             connection.close()
 
