@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from apps.planning.engine.problem import Problem
+from engine.plans.problem import Problem
 
 PNG_SKIPPED = "PNG skipped: matplotlib is not installed (the `bench` extra); {name} not written, the CSV has every number."
 

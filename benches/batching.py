@@ -18,7 +18,7 @@ Setup (all of it printed with the results):
 - Fleet: `generate.proteus_sized_problem` at Proteus's own size (40 devices of 4 types: RTX 2080 Ti,
   A100-SXM4-40GB, H100-SXM5-80GB, 16-core CPUs; 46 variants; 9 applications; load 0.7; seed 0). Profiles
   come from the gpulets measurements in shared/data/gpulet (derived for the other GPUs, see
-  reference_data.py). --quick: 8 devices, 20 variants, 4 applications.
+  engine/reference/profiles.py). --quick: 8 devices, 20 variants, 4 applications.
 - One static plan: the `proteus` planner on the problem's demand, applied at time 0; re-planning and the
   burst trigger are off, so every batching policy serves on exactly the same instances with the same
   routing weights. Figure 6 isolates batching; a closed loop would add re-planning noise to the comparison.
@@ -50,12 +50,13 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
 from _common import PNG_SKIPPED, csv_rows_write, fmt, monotone_profiles, parallel_map, pyplot_load, ratio  # noqa: E402
-from apps.planning.engine.generate import proteus_sized_problem  # noqa: E402
-from apps.planning.engine.problem import Plan, Problem  # noqa: E402
-from apps.planning.engine.reference_data import shared_data_dir  # noqa: E402
-from apps.planning.engine.simulator import SimulationConfig, simulate  # noqa: E402
-from apps.planning.engine.solve import plan_solve  # noqa: E402
-from apps.planning.engine.workload import Trace, arrivals_gamma, arrivals_poisson, arrivals_uniform  # noqa: E402
+
+from engine.plans.problem import Plan, Problem  # noqa: E402
+from engine.reference.generate import proteus_sized_problem  # noqa: E402
+from engine.reference.profiles import shared_data_dir  # noqa: E402
+from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
+from engine.simulation.workload import Trace, arrivals_gamma, arrivals_poisson, arrivals_uniform  # noqa: E402
+from engine.solvers.solve import plan_solve  # noqa: E402
 
 FULL_FLEET = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}
 QUICK_FLEET = {"n_devices": 8, "n_device_types": 4, "n_variants": 20, "n_applications": 4}
@@ -247,7 +248,7 @@ def header(args: argparse.Namespace, problem: Problem, plan: Plan, fleet: dict[s
     return [
         "Proteus Figure 6 reproduction (benches/batching.py)" + (" --quick smoke run" if args.quick else ""),
         f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
-        "  other GPUs' profiles are DERIVED from it (reference_data.gpulet_profiles_derive), CPU profiles are a stated synthetic model.",
+        "  other GPUs' profiles are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive), CPU profiles are a stated synthetic model.",
         f"Fleet: proteus_sized_problem({', '.join(f'{k}={v}' for k, v in fleet.items())}, seed=0, load=0.7): "
         f"{problem.total_demand_rps:,.0f} q/s planned demand; {bad} of {total} latency curves decrease somewhere as the batch grows (raw).",
         f"Plan: ONE static proteus plan on that demand ({plan.status}, {len(plan.instances)} instances, effective accuracy "

@@ -74,15 +74,17 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
 from _common import PNG_SKIPPED, csv_rows_write, fmt, monotone_profiles, parallel_map, pyplot_load  # noqa: E402
-from apps.planning.engine.capacity import capacity_for, cpu_slice  # noqa: E402
-from apps.planning.engine.generate import proteus_sized_problem  # noqa: E402
-from apps.planning.engine.mig import layout_parse, mig_catalogue_load  # noqa: E402
-from apps.planning.engine.problem import FULL_SLICE, Plan, Problem, ProfilePoint, RouteEntry  # noqa: E402
-from apps.planning.engine.reference_data import gpulet_inference_read, gpulet_profiles_derived, shared_data_dir  # noqa: E402
-from apps.planning.engine.simulator import SimulationConfig, simulate  # noqa: E402
-from apps.planning.engine.solve import plan_solve  # noqa: E402
-from apps.planning.engine.solvers.baselines import clipper_ha_solve, proteus_ablation_solve, sommelier_solve  # noqa: E402
-from apps.planning.engine.workload import Spike, Trace, trace_for_applications, zipf_shares  # noqa: E402
+
+from engine.geometry.catalogue import mig_catalogue_load  # noqa: E402
+from engine.geometry.layout import layout_parse  # noqa: E402
+from engine.plans.capacity import capacity_for, cpu_slice  # noqa: E402
+from engine.plans.problem import FULL_SLICE, Plan, Problem, ProfilePoint, RouteEntry  # noqa: E402
+from engine.reference.generate import proteus_sized_problem  # noqa: E402
+from engine.reference.profiles import gpulet_inference_read, gpulet_profiles_derived, shared_data_dir  # noqa: E402
+from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
+from engine.simulation.workload import Spike, Trace, trace_for_applications, zipf_shares  # noqa: E402
+from engine.solvers.baselines import clipper_ha_solve, proteus_ablation_solve, sommelier_solve  # noqa: E402
+from engine.solvers.solve import plan_solve  # noqa: E402
 
 FULL_FLEET = {"n_devices": 16, "n_device_types": 4, "n_variants": 32, "n_applications": 6}
 QUICK_FLEET = {"n_devices": 8, "n_device_types": 4, "n_variants": 20, "n_applications": 4}
@@ -114,7 +116,7 @@ def _full_mig_profile(gpu_type: str) -> str:
 
 def mig_enabled(problem: Problem) -> Problem:
     """A100s and H100s become MIG GPUs running one full-size (7g) instance, not fixed; every variant gets
-    profiles on every MIG profile of them, derived from the gpulets measurements (reference_data) times the
+    profiles on every MIG profile of them, derived from the gpulets measurements (engine.reference.profiles) times the
     variant's speed factor (its latency over its base model's, as generate.py makes variants)."""
     types = sorted({d.type for d in problem.devices if d.type in MIG_TYPES})
     if not types:
@@ -475,7 +477,7 @@ def header(args: argparse.Namespace, problem: Problem, trace: Trace, capacity: f
     return [
         "Proteus Figures 4/7 reproduction (benches/end_to_end.py)" + (" --quick smoke run" if args.quick else ""),
         f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
-        "  other GPUs' and MIG slices' profiles are DERIVED from it (reference_data.gpulet_profiles_derive), CPU profiles a stated synthetic model.",
+        "  other GPUs' and MIG slices' profiles are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive), CPU profiles a stated synthetic model.",
         f"Fleet: proteus_sized_problem({', '.join(f'{k}={v}' for k, v in fleet.items())}, seed=0) with {len(mig)} MIG GPUs "
         f"({', '.join(sorted({d.type for d in problem.devices if d.mig}))}) each running one 7g instance (not fixed).",
         f"Trace: diurnal day of {args.day:g} s, Zipf 1.001 over {len(problem.applications)} applications, {len(trace):,} queries; mean "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Demand forecasting for re-planning: how well the Holt forecast (apps/planning/engine/forecast.py), and
+"""Demand forecasting for re-planning: how well the Holt forecast (engine/forecasting/holt.py), and
 what the planner is sized on, max(peak of the last W s, forecast), predict the per-second demand 10, 30
 and 60 s ahead, against two naive predictors. A script, not a test (its smoke run is
 tests/planning/test_forecast.py).
@@ -53,8 +53,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
 
 from _common import PNG_SKIPPED, csv_rows_write, pyplot_load  # noqa: E402
 
-from apps.planning.engine.forecast import HoltParams, holt_fit  # noqa: E402
-from apps.planning.engine.workload import arrivals_from_rate_curve, rate_curve_diurnal  # noqa: E402
+from engine.forecasting.holt import HoltParams, holt_fit  # noqa: E402
+from engine.simulation.workload import arrivals_from_rate_curve, rate_curve_diurnal  # noqa: E402
 
 DAY_S = 1440.0
 RAMP_S = (900, 300, (60, 180, 300), 3.0)  # duration, start of the rise, rise durations by seed, factor

@@ -21,7 +21,7 @@ Setup (all of it printed with the results):
 - Fleet: `generate.mig_fleet_problem(8, "A100-SXM4-40GB", n_applications=6, seed=0, load=L)` for each load
   L (same variants, SLOs and application mix; only the demand scales; L is the demand over the fleet's
   max-throughput capacity in its best homogeneous geometry, generate.py's definition). Slice profiles are
-  derived from shared/data/gpulet (reference_data.gpulet_profiles_derive). --quick: 2 GPUs, 3 applications.
+  derived from shared/data/gpulet (engine.reference.profiles.gpulet_profiles_derive). --quick: 2 GPUs, 3 applications.
 - Allocations, each a single static plan on `headroom` x the demand (default 1.25; the planners fill
   instances to ~100 % of their capacity-model throughput, and a plan at 100 % makes queues unstable under
   service-time noise, which would measure noise rather than allocation):
@@ -48,13 +48,14 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
 from _common import PNG_SKIPPED, csv_rows_write, fmt, parallel_map, pyplot_load  # noqa: E402
-from apps.planning.engine.generate import mig_fleet_problem  # noqa: E402
-from apps.planning.engine.mig import layout_parse  # noqa: E402
-from apps.planning.engine.problem import Problem  # noqa: E402
-from apps.planning.engine.reference_data import shared_data_dir  # noqa: E402
-from apps.planning.engine.simulator import SimulationConfig, simulate  # noqa: E402
-from apps.planning.engine.solve import plan_solve  # noqa: E402
-from apps.planning.engine.workload import Trace, arrivals_poisson  # noqa: E402
+
+from engine.geometry.layout import layout_parse  # noqa: E402
+from engine.plans.problem import Problem  # noqa: E402
+from engine.reference.generate import mig_fleet_problem  # noqa: E402
+from engine.reference.profiles import shared_data_dir  # noqa: E402
+from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
+from engine.simulation.workload import Trace, arrivals_poisson  # noqa: E402
+from engine.solvers.solve import plan_solve  # noqa: E402
 
 GPU = "A100-SXM4-40GB"
 FULL = {"n_gpus": 8, "n_applications": 6}
@@ -254,7 +255,7 @@ def header(args: argparse.Namespace, problems: dict[float, Problem], traces: dic
     return [
         "Garrison Figure 9a reproduction (benches/mig_granularity.py)" + (" --quick smoke run" if args.quick else ""),
         f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
-        f"  {GPU} slice profiles are DERIVED from it (reference_data.gpulet_profiles_derive: covering MPS partition, scaled; illustrative speed-up).",
+        f"  {GPU} slice profiles are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive: covering MPS partition, scaled; illustrative speed-up).",
         f"Fleet: mig_fleet_problem({sizes['n_gpus']}, {GPU!r}, n_applications={sizes['n_applications']}, seed=0, load=L): "
         f"{len(first.variants)} variants, SLOs {', '.join(f'{a.slo_ms:g}' for a in first.applications)} ms.",
         f"Loads {', '.join(f'{l:g}' for l in problems)}: demand {', '.join(f'{p.total_demand_rps:,.0f}' for p in problems.values())} q/s; "

@@ -42,10 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
-from apps.planning.engine.generate import mig_fleet_problem, proteus_sized_problem  # noqa: E402
-from apps.planning.engine.mig import layout_parse  # noqa: E402
-from apps.planning.engine.problem import Plan, Problem, SolveOptions  # noqa: E402
-from apps.planning.engine.reference_data import GPULET_DERIVED_SPEEDUP, shared_data_dir  # noqa: E402
+from engine.geometry.layout import layout_parse  # noqa: E402
+from engine.plans.problem import Plan, Problem, SolveOptions  # noqa: E402
+from engine.reference.generate import mig_fleet_problem, proteus_sized_problem  # noqa: E402
+from engine.reference.profiles import GPULET_DERIVED_SPEEDUP, shared_data_dir  # noqa: E402
 
 PROTEUS_SIZE = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}
 FIGURE10_AXES = {"n_devices": (10, 20, 40, 80, 160), "n_variants": (46, 100, 200, 450), "n_applications": (3, 9, 17)}
@@ -110,7 +110,7 @@ CLOCK = HighsClock()
 
 
 def _plan_solve() -> Callable[..., Plan]:
-    from apps.planning.engine.solve import plan_solve  # the solvers live apart; import late for a clear error
+    from engine.solvers.solve import plan_solve  # the solvers live apart; import late for a clear error
 
     return plan_solve
 
@@ -397,9 +397,9 @@ def header(args: argparse.Namespace) -> list[str]:
     return [
         "Tessera planning benchmark" + (" (--quick smoke run)" if args.quick else ""),
         f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact).",
-        f"Profiles on other GPUs and MIG slices are DERIVED from it (reference_data.gpulet_profiles_derive; speed-ups {speedups}),",
+        f"Profiles on other GPUs and MIG slices are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive; speed-ups {speedups}),",
         "CPU profiles come from a stated synthetic cost model, variants beyond the 10 measured models are generated perturbations",
-        "(apps/planning/engine/generate.py). The gains below illustrate the method on these numbers; they predict no real fleet.",
+        "(engine/reference/generate.py). The gains below illustrate the method on these numbers; they predict no real fleet.",
         f"Machine: {cpu}; pinned to cores {cores}; HiGHS threads {args.threads}; highspy {version('highspy')}, PuLP {version('pulp')}; "
         f"Python {platform.python_version()}; load average at start {_loadavg()} (other work on these cores inflates the times)",
     ]

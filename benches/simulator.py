@@ -35,11 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
-from apps.planning.engine.generate import proteus_sized_problem  # noqa: E402
-from apps.planning.engine.problem import Problem  # noqa: E402
-from apps.planning.engine.simulator import SimulationConfig, simulate  # noqa: E402
-from apps.planning.engine.solve import plan_solve  # noqa: E402
-from apps.planning.engine.workload import Trace, arrivals_poisson  # noqa: E402
+from engine.plans.problem import Problem  # noqa: E402
+from engine.reference.generate import proteus_sized_problem  # noqa: E402
+from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
+from engine.simulation.workload import Trace, arrivals_poisson  # noqa: E402
+from engine.solvers.solve import plan_solve  # noqa: E402
 
 TARGET_QPS = 200_000
 PROTEUS_SIZE = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}

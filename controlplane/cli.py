@@ -278,7 +278,7 @@ def _fail(message: str, code: int = EXIT_MALFORMED) -> typer.Exit:
 
 
 def _gpu_model(name: str):
-    from apps.planning.engine.mig import mig_catalogue_load
+    from engine.geometry.catalogue import mig_catalogue_load
 
     catalogue = mig_catalogue_load()
     model = catalogue.gpu_model_find(name)
@@ -288,7 +288,7 @@ def _gpu_model(name: str):
 
 
 def _layout(placements: list[str]):
-    from apps.planning.engine.mig import layout_parse
+    from engine.geometry.layout import layout_parse
 
     try:
         return layout_parse(placements)
@@ -302,7 +302,7 @@ def mig_validate_cmd(
     gpu: str = typer.Option(..., "--gpu", help="GPU model, e.g. A100-SXM4-40GB (NVML names work too)"),
 ) -> None:
     """Check a MIG layout: exit 0 when valid, 1 with the reason when not, 2 for an unknown GPU or a malformed placement."""
-    from apps.planning.engine.mig import mig_layout_validate
+    from engine.geometry.layout import mig_layout_validate
 
     model = _gpu_model(gpu)
     layout = _layout(placements or [])
@@ -323,7 +323,7 @@ def mig_layouts_cmd(
     """Every valid MIG layout of a GPU model, one per line (the empty layout prints as '-')."""
     import json
 
-    from apps.planning.engine.mig import mig_layouts_enumerate
+    from engine.geometry.layout import mig_layouts_enumerate
 
     layouts = mig_layouts_enumerate(_gpu_model(gpu), maximal=maximal)
     if as_json:
@@ -343,7 +343,8 @@ def mig_export_cmd(
     out: Path = typer.Option(None, "--out", help="Write the config.yaml here instead of printing it"),
 ) -> None:
     """Write a layout as a mig-parted config.yaml (version v1); the exact placements ride along as a comment."""
-    from apps.planning.engine.mig import InvalidLayout, mig_parted_export
+    from engine.geometry.layout import InvalidLayout
+    from engine.geometry.migparted import mig_parted_export
 
     model = _gpu_model(gpu)
     layout = None if mig_off else _layout(placements or [])
@@ -369,7 +370,9 @@ def mig_import_cmd(
 ) -> None:
     """Read a mig-parted config.yaml: per config and entry, the devices and instance counts (and, with
     --gpu, a concrete layout for those counts)."""
-    from apps.planning.engine.mig import MigPartedError, UnknownMigProfile, mig_counts_to_layout, mig_parted_import
+    from engine.geometry.catalogue import UnknownMigProfile
+    from engine.geometry.layout import mig_counts_to_layout
+    from engine.geometry.migparted import MigPartedError, mig_parted_import
 
     try:
         configs = mig_parted_import(config.read_text())
@@ -413,8 +416,8 @@ def _json_read(path: Path, what: str):
 
 
 def _problem_read(path: Path):
-    from apps.planning.engine.problem import ProblemError, problem_from_dict
-    from apps.planning.engine.schemas import json_validate, problem_schema
+    from engine.plans.problem import ProblemError, problem_from_dict
+    from engine.plans.schema import json_validate, problem_schema
 
     raw = _json_read(path, "problem")
     try:
@@ -425,8 +428,8 @@ def _problem_read(path: Path):
 
 
 def _plan_read(path: Path):
-    from apps.planning.engine.problem import ProblemError, plan_from_dict
-    from apps.planning.engine.schemas import json_validate, plan_schema
+    from engine.plans.problem import ProblemError, plan_from_dict
+    from engine.plans.schema import json_validate, plan_schema
 
     raw = _json_read(path, "plan")
     try:
@@ -477,7 +480,7 @@ def plan_solve_cmd(
     Exit 0 when the plan is valid, 1 when it fails validation, 2 for malformed input."""
     import json
 
-    from apps.planning.engine.problem import OBJECTIVES, SOLVERS
+    from engine.plans.problem import OBJECTIVES, SOLVERS
 
     if solver not in PLANNERS:
         raise _fail(f"--solver must be one of {', '.join(PLANNERS)}, got {solver!r}")
@@ -497,12 +500,12 @@ def plan_solve_cmd(
 
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, threads=threads))
 
-    from apps.planning.engine.solve import SolverUnavailable, plan_solve
-    from apps.planning.engine.validate import plan_validate
+    from engine.plans.validate import plan_validate
+    from engine.solvers.solve import plan_solve
 
     try:
         plan = plan_solve(problem, solver, objective=objective, time_limit_s=time_limit, mip_gap=gap, backend=backend)
-    except (ValueError, SolverUnavailable) as exc:  # ProblemError is a ValueError
+    except ValueError as exc:  # ProblemError is a ValueError
         raise _fail(str(exc)) from exc
     _plan_summary_echo(problem, plan)
     if out is not None:
@@ -520,7 +523,7 @@ def plan_validate_cmd(
     plan_path: Path = typer.Option(..., "--plan", help="Plan JSON, as `tessera plan solve --out` writes it"),
 ) -> None:
     """Check a plan against its problem without trusting any solver: exit 0 valid, 1 invalid (errors listed), 2 malformed input."""
-    from apps.planning.engine.validate import plan_validate
+    from engine.plans.validate import plan_validate
 
     problem = _problem_read(problem_path)
     plan = _plan_read(plan_path)
@@ -575,10 +578,9 @@ def simulate(
         raise _fail(f"--planner must be one of {', '.join(SIMULATE_PLANNERS)}, got {planner!r}")
     if batching not in SIMULATE_BATCHING:
         raise _fail(f"--batching must be one of {', '.join(SIMULATE_BATCHING)}, got {batching!r}")
-    from apps.planning.engine.simulator import SimulationConfig
-    from apps.planning.engine.simulator import simulate as simulate_run
-    from apps.planning.engine.solve import SolverUnavailable
-    from apps.planning.engine.workload import trace_read
+    from engine.simulation.simulator import SimulationConfig
+    from engine.simulation.simulator import simulate as simulate_run
+    from engine.simulation.workload import trace_read
 
     try:
         config = SimulationConfig(
@@ -597,7 +599,7 @@ def simulate(
         raise _fail(str(exc)) from exc
     try:
         result = simulate_run(problem, trace, planner=planner, config=config)
-    except (ValueError, SolverUnavailable) as exc:
+    except ValueError as exc:
         raise _fail(str(exc)) from exc
     except RuntimeError as exc:
         raise _fail(str(exc), EXIT_INVALID) from exc
@@ -635,7 +637,7 @@ TRACE_KINDS = ("uniform", "poisson", "gamma", "macro-bursts", "diurnal")  # = wo
 
 
 def _trace_summary_echo(trace, path: Path, verb: str) -> None:
-    from apps.planning.engine.workload import trace_summary
+    from engine.simulation.workload import trace_summary
 
     s = trace_summary(trace)
     typer.echo(f"trace        {path} ({verb})")
@@ -674,7 +676,7 @@ def trace_generate_cmd(
     day: float = typer.Option(None, "--day", help="diurnal: seconds of trace per compressed day (default 1440)"),
 ) -> None:
     """Generate a seeded synthetic trace, write it as CSV and print a summary. Exit 2 for bad input."""
-    from apps.planning.engine.workload import trace_for_applications, trace_write
+    from engine.simulation.workload import trace_for_applications, trace_write
 
     if kind not in TRACE_KINDS:
         raise _fail(f"--kind must be one of {', '.join(TRACE_KINDS)}, got {kind!r}")
@@ -716,7 +718,7 @@ def trace_generate_cmd(
 @trace_app.command("show")
 def trace_show_cmd(path: Path = typer.Argument(..., help="Trace CSV: time_s,application[,deadline_ms]")) -> None:
     """Summarise a trace file: queries, mean and peak 1 s rate, per-application shares. Exit 2 when the file is missing or malformed (the message names the line)."""
-    from apps.planning.engine.workload import trace_read
+    from engine.simulation.workload import trace_read
 
     try:
         trace = trace_read(path)

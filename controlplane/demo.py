@@ -2,7 +2,7 @@
 what it is:
 - hosts use the `simulated` backend (their GPUs are declared, not discovered);
 - GPU profiles are *derived* from the gpulets measurements in shared/data (RTX 2080 Ti under MPS), scaled
-  to each MIG slice and GPU model by the stated rule and factors of `reference_data.gpulet_profiles_derive`;
+  to each MIG slice and GPU model by the stated rule and factors of `engine.reference.profiles.gpulet_profiles_derive`;
   each row says so in `source_detail`;
 - the CPU application's two variants are real ONNX models trained at seed time, uploaded through the
   same validation as any artifact, and profiled for real on this machine's CPU with onnxruntime."""
@@ -22,14 +22,6 @@ from django.utils import timezone
 from apps.core.context import change_context
 from apps.inventory.choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host
-from apps.planning.engine.mig import mig_catalogue_load
-from apps.planning.engine.reference_data import (
-    GPULET_DERIVED_SPEEDUP,
-    GPULET_TOP1_ACCURACY,
-    GPULET_VARIANT_MEMORY_MB,
-    gpulet_inference_read,
-    gpulet_profiles_derive,
-)
 from apps.policies.choices import DropRuleChoices
 from apps.policies.models import ReplanPolicy, SloPolicy
 from apps.registry.choices import CPU_DEVICE_TYPE, ProfileSourceChoices, TaskChoices
@@ -37,11 +29,19 @@ from apps.registry.models import Application, ModelVariant, Profile
 from apps.registry.services import artifact_create
 from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.reference.profiles import (
+    GPULET_DERIVED_SPEEDUP,
+    GPULET_TOP1_ACCURACY,
+    GPULET_VARIANT_MEMORY_MB,
+    gpulet_inference_read,
+    gpulet_profiles_derive,
+)
 
 from .demo_models import demo_models_build
 
 # The demo's GPU models and their illustrative speed-ups over the RTX 2080 Ti that gpulets measured (not
-# measurements: see reference_data.GPULET_DERIVED_SPEEDUP, where the table and the partition rule live).
+# measurements: see engine.reference.profiles.GPULET_DERIVED_SPEEDUP, where the table and the partition rule live).
 DEMO_GPU_MODELS = ("A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB")
 DEMO_GPU_SPEEDUP = {name: GPULET_DERIVED_SPEEDUP[name] for name in DEMO_GPU_MODELS}
 
@@ -80,7 +80,7 @@ class DemoSeedResult:
 
 
 def _gpu_profiles_derived(variant: ModelVariant, family: str, points, gpu_key: str) -> list[Profile]:
-    # One derivation for the demo, the generators and the benchmarks: reference_data.gpulet_profiles_derive.
+    # One derivation for the demo, the generators and the benchmarks: engine.reference.profiles.gpulet_profiles_derive.
     rows = []
     for derived in gpulet_profiles_derive(points, gpu_key, DEMO_GPU_SPEEDUP[gpu_key], models=[family]):
         p = derived.point

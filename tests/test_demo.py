@@ -3,10 +3,11 @@ from django.contrib.auth import authenticate
 
 from apps.core.context import change_context
 from apps.inventory.models import Accelerator, GpuInstance, Host
-from apps.planning.engine.mig import layout_parse, mig_catalogue_load, mig_layout_validate
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, Artifact, ModelVariant, Profile
 from controlplane.demo import DEMO_FLEET, demo_seed
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import layout_parse, mig_layout_validate
 
 pytestmark = pytest.mark.django_db
 

@@ -161,7 +161,8 @@ def profile_sweep_subprocess(
 
 def profiling_request_run(request: dict, *, client: Any, backend: Any, cache_dir: Path) -> list[dict]:
     """Carry out one profiling request (docs/dataplane.md): progress while it runs, then the results."""
-    from apps.planning.engine.mig import mig_catalogue_load, placement_parse
+    from engine.geometry.catalogue import mig_catalogue_load
+    from engine.geometry.layout import placement_parse
 
     rid = request["id"]
     device = str(request.get("device", "cpu0"))

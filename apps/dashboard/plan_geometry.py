@@ -19,9 +19,10 @@ from typing import Any, Mapping
 
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator
-from apps.planning.engine.mig import mig_catalogue_load, placement_parse
-from apps.planning.engine.names import runtime_key_parse
 from apps.registry.models import ModelVariant
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import placement_parse
+from engine.geometry.names import runtime_key_parse
 
 from .selectors import AcceleratorView, RuntimeView, application_colour, block_view, gpu_memory_slices
 

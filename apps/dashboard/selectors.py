@@ -10,9 +10,9 @@ from django.db.models import Count
 from apps.deployments.models import Runtime
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host
-from apps.planning.engine.mig import mig_catalogue_load
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
+from engine.geometry.catalogue import mig_catalogue_load
 
 from .profile_charts import variant_profile_series
 

@@ -11,9 +11,9 @@ from apps.core.models import ChangeLoggedModel
 from apps.core.querysets import RestrictedQuerySet
 from apps.inventory.models import Host
 from apps.registry.models import Application, ModelVariant
+from engine.geometry.names import RUNTIME_KEY_MAX_LENGTH
 
 from .choices import OperationOutcomeChoices, RuntimeStateChoices
-from apps.planning.engine.names import RUNTIME_KEY_MAX_LENGTH
 
 
 class HostDesiredState(ChangeLoggedModel):

@@ -19,16 +19,17 @@ from django.utils import timezone
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, Host
 from apps.inventory.services import host_actual_state_apply
-from apps.planning.engine.batching import BATCHING_POLICIES, DROP_RULES, QUEUE_ORDERS, batching_policy_make
-from apps.planning.engine.mig import GpuModelSpec, Placement, layout_parse, mig_layout_validate, placement_parse
-from apps.planning.engine.routing import RoutingError
-from apps.planning.engine.routing import RoutingTable as EngineRoutingTable
 from apps.policies.choices import DropRuleChoices
 from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE
 from apps.registry.models import Application, ModelVariant, Profile
+from engine.dataplane.batching import BATCHING_POLICIES, DROP_RULES, QUEUE_ORDERS, batching_policy_make
+from engine.dataplane.routing import RoutingError
+from engine.dataplane.routing import RoutingTable as EngineRoutingTable
+from engine.geometry.catalogue import GpuModelSpec
+from engine.geometry.layout import Placement, layout_parse, mig_layout_validate, placement_parse
+from engine.geometry.names import RuntimeKey, instance_id_parse, runtime_key_parse
 
 from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
-from apps.planning.engine.names import RuntimeKey, instance_id_parse, runtime_key_parse
 
 ARTIFACT_DOWNLOAD_PATH = "/api/v1/artifacts/{id}/download/"
 DEFAULT_QUEUE_ORDER = "fifo"

@@ -7,7 +7,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
 from apps.core.models import ChangeLoggedModel
-from apps.planning.engine.mig import mig_catalogue_load
+from engine.geometry.catalogue import mig_catalogue_load
 
 from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices, HostStatusChoices
 

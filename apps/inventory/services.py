@@ -8,8 +8,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.planning.engine.mig import Placement, mig_layout_validate
 from apps.users.tokens import AGENT_TOKEN_PREFIX, token_display, token_generate, token_hash
+from engine.geometry.layout import Placement, mig_layout_validate
 
 from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatusChoices
 from .models import Accelerator, GpuInstance, Host

@@ -3,7 +3,7 @@ planned, from what the routers report (ApplicationSample), and the re-planning p
 automatic triggers.
 
 `demand_for_planning` sizes each application for max(peak of the last W seconds, Holt forecast H seconds
-ahead) of its per-second arrival rate (apps/planning/engine/forecast.py explains the forecast and why the
+ahead) of its per-second arrival rate (engine/forecasting/holt.py explains the forecast and why the
 maximum; benches/forecast.py measures it). W and H default to the governing ReplanPolicy's
 `demand_window_seconds` and `forecast_horizon_seconds`.
 
@@ -35,9 +35,9 @@ from django.utils import timezone
 
 from apps.policies.models import ReplanPolicy, SloPolicy
 from apps.telemetry.models import ApplicationSample
+from engine.forecasting.holt import forecast_fit_predict
 
 from .choices import PlanStatusChoices
-from .engine.forecast import forecast_fit_predict
 from .models import Plan
 
 __all__ = [

@@ -29,13 +29,19 @@ from django.utils import timezone
 
 from apps.core.context import change_context
 from apps.deployments.models import RoutingTable
-from apps.deployments.services import host_desired_state_latest, host_desired_state_set, host_desired_state_validate, routing_tables_publish
+from apps.deployments.services import (
+    host_desired_state_latest,
+    host_desired_state_set,
+    host_desired_state_validate,
+    routing_tables_publish,
+)
 from apps.inventory.models import Host
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import job_checkpoint_set, job_create, job_enqueue, job_progress
-from apps.planning.engine.mig import mig_catalogue_load, mig_layout_validate
 from apps.registry.models import Application
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import mig_layout_validate
 
 from .choices import PLAN_TRANSITIONS, PlanStatusChoices
 from .models import Plan

@@ -42,23 +42,26 @@ from apps.inventory.models import Accelerator, Host
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_checkpoint_set, job_create, job_enqueue, job_progress
-from apps.planning.engine.mig import mig_catalogue_load, mig_layout_diff
-from apps.planning.engine.names import instance_id
-from apps.planning.engine.problem import (
+from apps.policies.models import ReplanPolicy, SloPolicy
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import mig_layout_diff
+from engine.geometry.names import instance_id
+from engine.plans.problem import (
     FULL_SLICE,
     OBJECTIVES,
-    Plan as EnginePlan,
     Problem,
     SolveOptions,
     plan_from_dict,
     problem_from_dict,
     problem_to_dict,
 )
-from apps.planning.engine.simulator import SimulationConfig, simulate
-from apps.planning.engine.solve import PLANNERS, plan_solve
-from apps.planning.engine.validate import plan_validate
-from apps.planning.engine.workload import arrivals_poisson
-from apps.policies.models import ReplanPolicy, SloPolicy
+from engine.plans.problem import (
+    Plan as EnginePlan,
+)
+from engine.plans.validate import plan_validate
+from engine.simulation.simulator import SimulationConfig, simulate
+from engine.simulation.workload import arrivals_poisson
+from engine.solvers.solve import PLANNERS, plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
 from .models import Plan

@@ -32,11 +32,11 @@ from typing import Any
 from apps.deployments.models import HostDesiredState
 from apps.inventory.choices import AcceleratorKindChoices, HostStatusChoices
 from apps.inventory.models import Accelerator, Host
-from apps.planning.engine.mig import mig_catalogue_load
-from apps.planning.engine.names import runtime_key_parse
-from apps.planning.engine.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, problem_from_dict
 from apps.policies.models import SloPolicy
 from apps.registry.models import ModelVariant, Profile
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.names import runtime_key_parse
+from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, problem_from_dict
 
 __all__ = ["FleetSnapshot", "PLANNED_HOST_STATUSES", "fleet_problem_build", "gpu_device_type", "variant_engine_name"]
 

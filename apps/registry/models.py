@@ -11,8 +11,9 @@ from django.db import models
 from apps.core.models import ChangeLoggedModel
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, Host, name_validator
-from apps.planning.engine.names import device_parse
-from apps.planning.engine.mig import mig_catalogue_load, mig_layout_validate, placement_parse
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import mig_layout_validate, placement_parse
+from engine.geometry.names import device_parse
 
 from .choices import (
     CPU_DEVICE_TYPE,

@@ -27,7 +27,7 @@ from apps.inventory.models import Accelerator, Host
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import TransientJobError, job_checkpoint_set, job_create, job_enqueue, job_progress, job_targets
-from apps.planning.engine.mig import mig_catalogue_load
+from engine.geometry.catalogue import mig_catalogue_load
 
 from .choices import (
     CPU_DEVICE_TYPE,

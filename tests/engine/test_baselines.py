@@ -11,16 +11,11 @@ from typing import Any
 
 import pytest
 
-from apps.planning.engine.generate import mig_fleet_problem, proteus_sized_problem
-from apps.planning.engine.problem import Plan, Problem, problem_from_dict
-from apps.planning.engine.solve import BASELINES, plan_solve
-from apps.planning.engine.solvers.baselines import (
-    fixed_slots,
-    infaas_solve,
-    proteus_ablation_solve,
-    sommelier_solve,
-)
-from apps.planning.engine.validate import plan_validate
+from engine.plans.problem import Plan, Problem, problem_from_dict
+from engine.plans.validate import plan_validate
+from engine.reference.generate import mig_fleet_problem, proteus_sized_problem
+from engine.solvers.baselines import fixed_slots, infaas_solve, proteus_ablation_solve, sommelier_solve
+from engine.solvers.solve import BASELINES, plan_solve
 
 from .test_problem_format import small_problem_dict
 
@@ -289,7 +284,6 @@ def test_sommelier_keeps_the_current_placement_and_swaps_in_place() -> None:
 
 def test_sommelier_without_a_plan_starts_from_clipper_ha() -> None:
     name = "mig@2.5"
-    prob = problem(name)
     ha, som = solved(name, "clipper-ha"), solved(name, "sommelier")
     assert {i.id for i in som.instances} == {i.id for i in ha.instances}
     assert som.total_served_rps > ha.total_served_rps  # it swapped to faster variants to meet demand

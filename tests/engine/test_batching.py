@@ -1,4 +1,4 @@
-"""Tests for the batching policies and the query queue (apps/planning/engine/batching.py).
+"""Tests for the batching policies and the query queue (engine/dataplane/batching.py).
 
 Each policy is run through a tiny deterministic single-instance driver (arrivals, drop rule, decide, run,
 completion) with latency(b) = 5 + 2*b ms, and the batch sizes and completion times are checked against
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apps.planning.engine.batching import (
+from engine.dataplane.batching import (
     BATCHING_POLICIES,
     DROP_RULES,
     AimdBatching,

@@ -12,10 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apps.planning.engine.capacity import capacity_for
-from apps.planning.engine.mig import layout_parse, mig_catalogue_load, mig_layout_validate
-from apps.planning.engine.problem import Plan, Problem, problem_from_dict
-from apps.planning.engine.solvers.garrison import garrison_solve, garrison_sweet_intervals
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import layout_parse, mig_layout_validate
+from engine.plans.capacity import capacity_for
+from engine.plans.problem import Plan, Problem, problem_from_dict
+from engine.plans.validate import plan_validate
+from engine.solvers.garrison import garrison_solve, garrison_sweet_intervals
 
 A100 = "A100-SXM4-40GB"
 H100 = "H100-SXM5-80GB"
@@ -239,13 +241,12 @@ def test_mixed_fleet_is_sound() -> None:
 
 
 def test_plan_passes_the_independent_validator() -> None:
-    validate = pytest.importorskip("apps.planning.engine.validate")
     for problem in (
         problem_build(a100=2),
         problem_build(a100=1, h100=1, whole_gpus=1, cpus=1, demand={"classify": 1e6, "detect": 1e4}),
         problem_build(a100=1, fixed={"fixed-0": ["3g.20gb@0", "3g.20gb@4"]}, demand={"classify": 9000.0, "detect": 2000.0}),
     ):
-        verdict = validate.plan_validate(problem, garrison_solve(problem))
+        verdict = plan_validate(problem, garrison_solve(problem))
         assert verdict.valid, str(verdict)
 
 
@@ -358,8 +359,8 @@ def test_random_problems_give_sound_plans(a100, h100, whole_gpus, cpus, classify
 def test_short_fleet_serves_every_application() -> None:
     """When Algorithm 1 asks for more than the fleet has, each variant keeps one instance (not each
     variant on each slice size), so packing cannot fill the GPUs with a few applications' variants."""
-    from apps.planning.engine.generate import mig_fleet_problem
-    from apps.planning.engine.solve import plan_solve
+    from engine.reference.generate import mig_fleet_problem
+    from engine.solvers.solve import plan_solve
 
     problem = mig_fleet_problem(8, "A100-SXM4-40GB", n_applications=6, seed=0, load=0.5)
     plan = plan_solve(problem, "garrison")

@@ -1,13 +1,13 @@
-"""Tests for apps.planning.engine.generate and the gpulet derivation in reference_data."""
+"""Tests for engine.reference: problem generation and the gpulet derivation of reference profiles."""
 from __future__ import annotations
 
 import pytest
 
-from apps.planning.engine.capacity import capacity_for, cpu_slice
-from apps.planning.engine.generate import DEVICE_TYPE_ORDER, mig_fleet_problem, proteus_sized_problem
-from apps.planning.engine.mig import mig_catalogue_load
-from apps.planning.engine.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, problem_from_dict, problem_to_dict
-from apps.planning.engine.reference_data import (
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.plans.capacity import capacity_for, cpu_slice
+from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, problem_from_dict, problem_to_dict
+from engine.reference.generate import DEVICE_TYPE_ORDER, mig_fleet_problem, proteus_sized_problem
+from engine.reference.profiles import (
     GPULET_DERIVED_SPEEDUP,
     GPULET_GPU_MODEL,
     gpulet_inference_read,

@@ -1,4 +1,4 @@
-"""Tests for apps.planning.engine.mig against NVIDIA's published MIG geometry.
+"""Tests for engine.geometry (catalogue, layouts, mig-parted YAML) against NVIDIA's published MIG geometry.
 
 The expected tables below are written out by hand from the NVIDIA MIG User Guide
 (Supported MIG Profiles tables; ``nvidia-smi mig -lgip`` / ``-lgipp`` outputs), not
@@ -21,29 +21,30 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from apps.planning.engine import mig
-from apps.planning.engine.mig import (
+from engine.geometry import layout as layout_module
+from engine.geometry.catalogue import (
+    DEFAULT_CATALOGUE_PATH,
     CatalogueError,
     GpuModelSpec,
-    InvalidLayout,
-    LayoutVerdict,
-    MigPartedEntry,
-    MigPartedError,
+    MigCatalogue,
     MigProfileSpec,
-    Placement,
     UnknownGpuModel,
     UnknownMigProfile,
+    mig_catalogue_load,
+)
+from engine.geometry.layout import (
+    InvalidLayout,
+    LayoutVerdict,
+    Placement,
     layout_counts,
     layout_parse,
-    mig_catalogue_load,
     mig_counts_to_layout,
     mig_layout_diff,
     mig_layout_validate,
     mig_layouts_enumerate,
-    mig_parted_export,
-    mig_parted_import,
     placement_parse,
 )
+from engine.geometry.migparted import MigPartedEntry, MigPartedError, mig_parted_export, mig_parted_import
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +101,7 @@ def _rename(model: str, a100_layout: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def catalogue() -> mig.MigCatalogue:
+def catalogue() -> MigCatalogue:
     return mig_catalogue_load()
 
 
@@ -144,7 +145,7 @@ def test_a100_lgip_memory_as_the_guide_prints_it(catalogue):
 
 
 def test_catalogue_file_cites_sources_first():
-    raw_text = mig.DEFAULT_CATALOGUE_PATH.read_text(encoding="utf-8")
+    raw_text = DEFAULT_CATALOGUE_PATH.read_text(encoding="utf-8")
     data = json.loads(raw_text)
     assert next(iter(data)) == "source"
     assert "Multi-Instance GPU User Guide" in data["source"]["primary"]
@@ -155,7 +156,7 @@ def test_catalogue_file_cites_sources_first():
 
 def test_default_catalogue_is_cached_and_explicit_path_is_not(catalogue):
     assert mig_catalogue_load() is catalogue
-    fresh = mig_catalogue_load(mig.DEFAULT_CATALOGUE_PATH)
+    fresh = mig_catalogue_load(DEFAULT_CATALOGUE_PATH)
     assert fresh is not catalogue
     assert fresh.gpu_models == catalogue.gpu_models
 
@@ -196,7 +197,7 @@ def test_unknown_gpu_model(catalogue, name):
 
 
 def _write_catalogue(tmp_path: Path, mutate) -> Path:
-    data = json.loads(mig.DEFAULT_CATALOGUE_PATH.read_text(encoding="utf-8"))
+    data = json.loads(DEFAULT_CATALOGUE_PATH.read_text(encoding="utf-8"))
     mutate(data)
     path = tmp_path / "catalogue.json"
     path.write_text(json.dumps(data), encoding="utf-8")
@@ -231,7 +232,7 @@ def test_unreadable_catalogue(tmp_path):
 
 def test_module_imports_no_django():
     code = (
-        "import sys, apps.planning.engine.mig as m; "
+        "import sys, engine.geometry.catalogue, engine.geometry.layout, engine.geometry.migparted; "
         "bad = sorted(n for n in sys.modules if n.split('.')[0] in {'django', 'rest_framework', 'celery', 'controlplane'}); "
         "assert not bad, bad"
     )
@@ -461,8 +462,8 @@ def test_maximal_layouts_of_the_base_profiles():
 
 
 def test_enumeration_is_fast_enough():
-    mig._layouts_all.cache_clear()
-    mig._layouts_maximal.cache_clear()
+    layout_module._layouts_all.cache_clear()
+    layout_module._layouts_maximal.cache_clear()
     began = time.perf_counter()
     mig_layouts_enumerate(A100)
     mig_layouts_enumerate(A100, maximal=True)

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from apps.planning.engine.mig import mig_catalogue_load, mig_layouts_enumerate
-from apps.planning.engine.problem import OBJECTIVES, Problem, plan_from_dict, problem_from_dict
-from apps.planning.engine.schemas import json_validate, plan_schema, problem_schema
-from apps.planning.engine.validate import plan_validate
-
-solve = pytest.importorskip("apps.planning.engine.solve", reason="the planners (solve.py) are not there yet")
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import mig_layouts_enumerate
+from engine.plans.problem import OBJECTIVES, Problem, plan_from_dict, problem_from_dict
+from engine.plans.schema import json_validate, plan_schema, problem_schema
+from engine.plans.validate import plan_validate
+from engine.solvers.solve import plan_solve
 
 MIG_MODELS = ("A100-SXM4-40GB", "H100-SXM5-80GB")
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -125,7 +125,7 @@ def _check(raw: dict[str, Any], solver: str) -> None:
     problem: Problem = problem_from_dict(raw)
     note(json.dumps(raw))
     for objective in OBJECTIVES:
-        plan = solve.plan_solve(problem, solver, objective=objective, time_limit_s=5)
+        plan = plan_solve(problem, solver, objective=objective, time_limit_s=5)
         data = json.loads(json.dumps(plan.to_dict()))
         note(f"{solver} {objective}: {json.dumps(data)}")
         verdict = plan_validate(problem, plan)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from apps.planning.engine.problem import (
+from engine.plans.problem import (
     PLAN_FORMAT_VERSION,
     Plan,
     ProblemError,
@@ -18,7 +18,7 @@ from apps.planning.engine.problem import (
     problem_load,
     problem_to_dict,
 )
-from apps.planning.engine.schemas import SchemaError, json_validate, plan_schema, problem_schema
+from engine.plans.schema import SchemaError, json_validate, plan_schema, problem_schema
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 # name: (application, accuracy, memory_mb at batch 1, base ms, ms per item, MB per item)

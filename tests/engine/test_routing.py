@@ -10,8 +10,7 @@ from collections import Counter
 
 import pytest
 
-from apps.planning.engine.problem import Plan, RouteEntry
-from apps.planning.engine.routing import (
+from engine.dataplane.routing import (
     NoRouteAvailable,
     RoutingError,
     RoutingTable,
@@ -19,6 +18,7 @@ from apps.planning.engine.routing import (
     queries_match_instances,
     routing_tables_from_plan,
 )
+from engine.plans.problem import Plan, RouteEntry
 
 PICKS = 100_000
 
@@ -99,9 +99,8 @@ def test_tables_from_a_plan() -> None:
 
 
 def test_tables_from_a_garrison_plan() -> None:
+    from engine.solvers.garrison import garrison_solve
     from tests.engine.test_garrison import problem_build
-
-    from apps.planning.engine.solvers.garrison import garrison_solve
 
     plan = garrison_solve(problem_build(a100=2, demand={"classify": 5000.0, "detect": 0.0}))
     tables = routing_tables_from_plan(plan, version=2)

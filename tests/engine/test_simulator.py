@@ -1,4 +1,4 @@
-"""The discrete-event simulator (apps/planning/engine/simulator.py): exact timing on a hand-computed case,
+"""The discrete-event simulator (engine/simulation/simulator.py): exact timing on a hand-computed case,
 conservation of queries, no-capacity drops, the closed re-planning loop (interval, burst, reconfiguration
 delay with unchanged instances serving on), routing identical to the data plane's, determinism, queueing
 against M/D/1 theory, and the `tessera simulate` command end to end."""
@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from apps.planning.engine.assemble import Assignment, plan_assemble
-from apps.planning.engine.problem import Plan, Problem, problem_from_dict
-from apps.planning.engine.routing import RoutingTable, WeightedRouter
-from apps.planning.engine.simulator import (
+from engine.dataplane.routing import RoutingTable, WeightedRouter
+from engine.plans.problem import Plan, Problem, problem_from_dict
+from engine.simulation.simulator import (
     DROPPED_EXPIRED,
     DROPPED_NO_CAPACITY,
     LATE,
@@ -27,7 +26,8 @@ from apps.planning.engine.simulator import (
     SimulationConfig,
     simulate,
 )
-from apps.planning.engine.workload import Trace, arrivals_poisson, trace_write
+from engine.simulation.workload import Trace, arrivals_poisson, trace_write
+from engine.solvers.assemble import Assignment, plan_assemble
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -494,9 +494,9 @@ def test_proteus_batching_survives_latency_profiles_that_dip_with_batch_size() -
     """Measured profiles are often flat or dip at small batches (the gpulets data does). The latency the
     policies see is made non-decreasing, so Proteus never waits past the point where the head could still
     be served alone (the deadline drop rule then dropped 87% of queries)."""
-    from apps.planning.engine.problem import problem_from_dict
-    from apps.planning.engine.simulator import SimulationConfig, simulate
-    from apps.planning.engine.workload import arrivals_poisson
+    from engine.plans.problem import problem_from_dict
+    from engine.simulation.simulator import SimulationConfig, simulate
+    from engine.simulation.workload import arrivals_poisson
 
     latency = {1: 2.40, 2: 2.31, 4: 2.38, 8: 2.42}
     problem = problem_from_dict({
@@ -516,15 +516,15 @@ def test_mig_gpus_run_whole_stay_in_the_fleet_across_replans() -> None:
     with zero instances it vanished (instances 6 -> 2 and a third of the queries dropped)."""
     import dataclasses
 
-    from apps.planning.engine.generate import proteus_sized_problem
-    from apps.planning.engine.simulator import SimulationConfig, simulate
-    from apps.planning.engine.workload import trace_for_applications
+    from engine.reference.generate import proteus_sized_problem
+    from engine.simulation.simulator import SimulationConfig, simulate
+    from engine.simulation.workload import trace_for_applications
 
     base = proteus_sized_problem(6, 3, 12, 2, seed=0, load=0.5)
     devices = tuple(dataclasses.replace(d, mig=True) if d.type in ("A100-SXM4-40GB", "H100-SXM5-80GB") else d for d in base.devices)
     problem = dataclasses.replace(base, devices=devices)
     trace = trace_for_applications("poisson", tuple(a.name for a in problem.applications), problem.total_demand_rps, 30.0, seed=1)
-    from apps.planning.engine.solve import plan_solve
+    from engine.solvers.solve import plan_solve
 
     seen = []
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from apps.planning.engine.assemble import Assignment, plan_assemble
-from apps.planning.engine.problem import Plan, PlanInstance, Problem, RouteEntry, plan_from_dict, problem_from_dict
-from apps.planning.engine.validate import PlanVerdict, plan_validate
+from engine.plans.problem import Plan, PlanInstance, Problem, RouteEntry, plan_from_dict, problem_from_dict
+from engine.plans.validate import PlanVerdict, plan_validate
+from engine.solvers.assemble import Assignment, plan_assemble
 
 from .test_problem_format import small_problem_dict
 

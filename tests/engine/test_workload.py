@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from apps.planning.engine import workload
-from apps.planning.engine.workload import (
+from controlplane.cli import app
+from engine.simulation import workload
+from engine.simulation.workload import (
     DiurnalCurve,
     Spike,
     StepCurve,
@@ -33,7 +34,6 @@ from apps.planning.engine.workload import (
     trace_write,
     zipf_shares,
 )
-from controlplane.cli import app
 
 APPS = ("resnet", "bert", "yolo")
 

@@ -1,4 +1,4 @@
-"""The short-term demand forecast (apps/planning/engine/forecast.py): Holt's level + trend on known series
+"""The short-term demand forecast (engine/forecasting/holt.py): Holt's level + trend on known series
 (constant, linear ramp, step), gaps, zeros and short series, parameter checks, and a smoke run of
 benches/forecast.py."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.planning.engine.forecast import HoltParams, forecast_fit_predict, holt_fit
+from engine.forecasting.holt import HoltParams, forecast_fit_predict, holt_fit
 
 REPO = Path(__file__).resolve().parents[2]
 

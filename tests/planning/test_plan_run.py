@@ -13,12 +13,12 @@ from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_create, job_execute
 from apps.planning import services
-from apps.planning.engine.problem import problem_from_dict, problem_to_dict
-from apps.planning.engine.schemas import json_validate, problem_schema
 from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
 from apps.policies.models import ReplanPolicy
+from engine.plans.problem import problem_from_dict, problem_to_dict
+from engine.plans.schema import json_validate, problem_schema
 
 from .conftest import DEMO_DEMAND
 

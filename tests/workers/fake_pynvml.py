@@ -37,7 +37,8 @@ from typing import Any
 
 import pynvml as _pynvml
 
-from apps.planning.engine.mig import MigProfileSpec, mig_catalogue_load, placement_parse
+from engine.geometry.catalogue import MigProfileSpec, mig_catalogue_load
+from engine.geometry.layout import placement_parse
 
 __all__ = ["FakeGpu", "FakeNvml"]
 

@@ -8,11 +8,11 @@ import json
 import httpx
 import pytest
 
-from apps.planning.engine.mig import Placement
+from engine.geometry.layout import Placement
 from workers.agent.backends import GpuTelemetry, MigInstanceTelemetry
 from workers.agent.exporter import AgentExporter
-from workers.metrics import RuntimeStats
 from workers.client import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
+from workers.metrics import RuntimeStats
 
 
 def runtime_text(key: str, served: int) -> bytes:

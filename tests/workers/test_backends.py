@@ -19,7 +19,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from apps.planning.engine.mig import Placement, mig_catalogue_load, mig_layout_diff, placement_parse
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import Placement, mig_layout_diff, placement_parse
 from tests.workers.fake_pynvml import FakeGpu, FakeNvml
 from workers.agent.backends import (
     BackendError,

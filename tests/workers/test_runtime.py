@@ -11,12 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from apps.planning.engine.assemble import Assignment, plan_assemble
-from apps.planning.engine.batching import batching_policy_make
-from apps.planning.engine.problem import Plan, Problem, ProfilePoint, problem_from_dict
-from apps.planning.engine.batching import policy_latency_function
-from apps.planning.engine.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, simulate
-from apps.planning.engine.workload import Trace
+from engine.dataplane.batching import batching_policy_make, policy_latency_function
+from engine.plans.problem import Plan, Problem, ProfilePoint, problem_from_dict
+from engine.simulation.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, simulate
+from engine.simulation.workload import Trace
+from engine.solvers.assemble import Assignment, plan_assemble
 from tests.onnx_builders import onnx_mlp_bytes
 from workers.runtime.batcher import DeadlineExceeded, InstanceBatcher, VirtualClock
 from workers.runtime.session import ArtifactChecksumError, OnnxSession

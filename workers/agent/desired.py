@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.planning.engine import names
-from apps.planning.engine.mig import Placement, placement_parse
+from engine.geometry import names
+from engine.geometry.layout import Placement, placement_parse
 
 __all__ = [
     "DesiredGpu",
@@ -75,7 +75,7 @@ class DesiredState:
 
 def runtime_key_parse(key: str) -> tuple[str, int, Placement | None, int | None]:
     """`gpu0/3g.20gb@4` -> ("gpu", 0, Placement, None); `gpu1` -> ("gpu", 1, None, None);
-    `cpu0/2` -> ("cpu", 0, None, 2). The names are the engine's (`apps.planning.engine.names`), shared with
+    `cpu0/2` -> ("cpu", 0, None, 2). The names are the engine's (`engine.geometry.names`), shared with
     the control plane."""
     try:
         parsed = names.runtime_key_parse(key)

@@ -27,7 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from apps.planning.engine.mig import Placement, mig_catalogue_load, mig_layout_diff, mig_layout_validate
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import Placement, mig_layout_diff, mig_layout_validate
 
 from .backends import BackendError, DeviceBackend, GpuInfo
 from .desired import DesiredRuntime, DesiredState, runtime_key_parse

@@ -35,8 +35,8 @@ HTTP:
 from __future__ import annotations
 
 import asyncio
-import json
 import gc
+import json
 import logging
 import socket
 import sys
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
-from apps.planning.engine.routing import NoRouteAvailable, RoutingTable, WeightedRouter
+from engine.dataplane.routing import NoRouteAvailable, RoutingTable, WeightedRouter
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RouterStats, utc_now_iso
 from workers.wire import FrameParser, error_body, frame_pack
 

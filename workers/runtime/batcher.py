@@ -1,8 +1,8 @@
 """One serving instance's batcher: a `QueryQueue` and a batching policy from the planning engine, driven
-exactly as the discrete-event simulator drives them (apps/planning/engine/simulator.py, `kick`/`event`),
+exactly as the discrete-event simulator drives them (engine/simulation/simulator.py, `kick`/`event`),
 so the live fleet makes the decisions the simulator predicted.
 
-The contract (apps/planning/engine/batching.py): whenever the instance is idle and (a) a query arrives,
+The contract (engine/dataplane/batching.py): whenever the instance is idle and (a) a query arrives,
 (b) the time the policy last asked for is reached, or (c) a batch completes, first `drop_expired` under
 the drop rule, then `decide`, then collect the policy's early drops (Nexus) with
 `drop_expired(now, "never", ...)`. `Dispatch(b, at)`: at <= now + 1e-9 ms pops min(b, queued, max_batch)
@@ -41,7 +41,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
 
-from apps.planning.engine.batching import DEADLINE_TOLERANCE_MS, DROP_RULES, BatchingPolicy, QueryQueue
+from engine.dataplane.batching import DEADLINE_TOLERANCE_MS, DROP_RULES, BatchingPolicy, QueryQueue
 
 __all__ = ["AT_EPSILON_MS", "BatcherClosed", "DeadlineExceeded", "InstanceBatcher", "VirtualClock"]
 

@@ -62,7 +62,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from apps.planning.engine.batching import batching_policy_make, policy_latency_function
+from engine.dataplane.batching import batching_policy_make, policy_latency_function
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats
 from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
 from workers.runtime.simulated import SimulatedSession, profile_points

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from apps.planning.engine.batching import policy_latency_function
+from engine.dataplane.batching import policy_latency_function
 
 __all__ = ["ProfilePoint", "SimulatedSession", "profile_points"]
 

@@ -5,10 +5,10 @@ from rest_framework import serializers
 from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 from apps.policies.choices import DropRuleChoices
 from apps.registry.models import Application
+from engine.geometry.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
 
 from ..choices import ROUTE_STATE_UNKNOWN, OperationOutcomeChoices, RuntimeStateChoices
 from ..models import HostDesiredState, HostOperation, RoutingTable, Runtime
-from apps.planning.engine.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
 from ..services import DEFAULT_DROP_RULE
 
 # --------------------------------------------------------------------------- the desired-state document

@@ -6,8 +6,8 @@ from rest_framework.response import Response
 from apps.core.api.viewsets import TesseraModelViewSet
 from apps.core.principals import principal_is_agent
 from apps.deployments.services import host_report_apply
-from apps.planning.engine.mig import mig_catalogue_load
 from apps.users.roles import RoleChoices, user_role
+from engine.geometry.catalogue import mig_catalogue_load
 
 from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet
 from ..models import Accelerator, GpuInstance, Host

@@ -2,8 +2,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.api.serializers import ChoiceTextField
-from apps.planning.engine.problem import OBJECTIVES
-from apps.planning.engine.solve import PLANNERS
+from engine.plans.problem import OBJECTIVES
+from engine.solvers.solve import PLANNERS
 
 from ..choices import PlanStatusChoices, PlanTriggerChoices
 from ..models import Plan

@@ -22,7 +22,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from apps.planning.engine.mig import MigCatalogue, Placement, mig_catalogue_load, placement_parse
+from engine.geometry.catalogue import MigCatalogue, mig_catalogue_load
+from engine.geometry.layout import Placement, placement_parse
 
 __all__ = [
     "BACKEND_NAMES",

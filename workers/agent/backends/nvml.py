@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from apps.planning.engine.mig import MigCatalogue, Placement, mig_catalogue_load, mig_layout_validate
+from engine.geometry.catalogue import MigCatalogue, mig_catalogue_load
+from engine.geometry.layout import Placement, mig_layout_validate
 
 from . import (
     BackendError,

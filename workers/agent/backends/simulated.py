@@ -27,14 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apps.planning.engine.mig import (
-    GpuModelSpec,
-    MigCatalogue,
-    Placement,
-    mig_catalogue_load,
-    mig_layout_validate,
-    placement_parse,
-)
+from engine.geometry.catalogue import GpuModelSpec, MigCatalogue, mig_catalogue_load
+from engine.geometry.layout import Placement, mig_layout_validate, placement_parse
 
 from . import (
     BackendError,

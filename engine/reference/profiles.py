@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .mig import mig_catalogue_load
-from .problem import FULL_SLICE, ProfilePoint
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.plans.problem import FULL_SLICE, ProfilePoint
 
 # gpulets models -> the variant families used by the demo and the benchmarks, with the ImageNet top-1
 # accuracy of the torchvision reference weights (torchvision model documentation), normalised to 0..1.
@@ -82,7 +82,7 @@ def shared_data_dir() -> Path:
     configured = os.environ.get("TESSERA_SHARED_DATA")
     if configured:
         return Path(configured)
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[2]
     for candidate in (repo.parent / "shared" / "data", repo / "shared" / "data"):
         if candidate.is_dir():
             return candidate

@@ -47,10 +47,17 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .batching import DEADLINE_TOLERANCE_MS, DROP_RULES, QUEUE_ORDERS, QueryQueue, batching_policy_make, policy_latency_function
-from .mig import layout_parse, mig_layout_diff
-from .problem import Plan, PlanInstance, Problem, device_slot_id
-from .routing import alias_table_build, queries_match_instances, routing_tables_from_plan
+from engine.dataplane.batching import (
+    DEADLINE_TOLERANCE_MS,
+    DROP_RULES,
+    QUEUE_ORDERS,
+    QueryQueue,
+    batching_policy_make,
+    policy_latency_function,
+)
+from engine.dataplane.routing import alias_table_build, queries_match_instances, routing_tables_from_plan
+from engine.geometry.layout import layout_parse, mig_layout_diff
+from engine.plans.problem import Plan, PlanInstance, Problem, device_slot_id
 
 __all__ = [
     "DROP_RULES",
@@ -392,7 +399,7 @@ class _Simulation:
         self.problem = problem
         self.config = config
         if isinstance(planner, str):
-            from .solve import plan_solve
+            from engine.solvers.solve import plan_solve
 
             name = planner
             self.planner: Callable[[Problem], Plan] = lambda p: plan_solve(p, name)

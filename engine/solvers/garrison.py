@@ -89,10 +89,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from ..assemble import RPS_EPSILON, Assignment, plan_assemble
-from ..capacity import InstanceCapacity, profile_interpolate, capacity_for, cpu_slice, slice_memory_mb
-from ..mig import GpuModelSpec, Placement, mig_catalogue_load, mig_counts_to_layout
-from ..problem import FULL_SLICE, DeviceSpec, Plan, Problem, VariantSpec
+from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
+from engine.geometry.layout import Placement, mig_counts_to_layout
+from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice, profile_interpolate, slice_memory_mb
+from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, VariantSpec
+from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
 
 __all__ = ["SOLVER_NAME", "SlotKind", "SweetInterval", "garrison_solve", "garrison_sweet_intervals"]
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from .problem import ProblemError
+from engine.plans.problem import ProblemError
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 # Enough faults to fix several at once, few enough to read.

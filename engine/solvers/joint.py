@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 
-from ..mig import GpuModelSpec, Layout, layout_counts, mig_catalogue_load, mig_counts_to_layout, mig_layout_diff, mig_layouts_enumerate
-from ..problem import DeviceSpec, Plan, Problem
-from .model import (
+from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
+from engine.geometry.layout import Layout, layout_counts, mig_counts_to_layout, mig_layout_diff, mig_layouts_enumerate
+from engine.plans.problem import DeviceSpec, Plan, Problem
+from engine.solvers.model import (
     DeviceClass,
     DeviceConfig,
     Fleet,

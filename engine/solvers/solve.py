@@ -4,37 +4,29 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .problem import OBJECTIVES, SOLVERS, Plan, Problem
+from engine.plans.problem import OBJECTIVES, SOLVERS, Plan, Problem
 
 PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
 # The allocation baselines the simulator compares the planners against (solvers/baselines.py).
 BASELINES: tuple[str, ...] = ("clipper-ha", "clipper-ht", "sommelier", "infaas")
 
 
-class SolverUnavailable(RuntimeError):
-    """The planner asked for is known but its code is not installed."""
-
-
 def _planner_get(solver: str) -> Callable[[Problem], Plan]:
     # Imported lazily: a planner's module (and its solver libraries) loads only when it is used.
     if solver == "proteus":
-        from .solvers.proteus import proteus_solve
+        from engine.solvers.proteus import proteus_solve
 
         return proteus_solve
     if solver == "joint":
-        from .solvers.joint import joint_solve
+        from engine.solvers.joint import joint_solve
 
         return joint_solve
     if solver == "garrison":
-        try:
-            from .solvers.garrison import garrison_solve
-        except ModuleNotFoundError as exc:
-            if exc.name not in (f"{__package__}.solvers.garrison",):
-                raise  # a missing dependency of garrison itself, not garrison: let it show
-            raise SolverUnavailable("the 'garrison' planner is not installed (apps/planning/engine/solvers/garrison.py is missing)") from exc
+        from engine.solvers.garrison import garrison_solve
+
         return garrison_solve
     if solver in BASELINES:
-        from .solvers.baselines import BASELINE_SOLVERS
+        from engine.solvers.baselines import BASELINE_SOLVERS
 
         return BASELINE_SOLVERS[solver]
     raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES)}")

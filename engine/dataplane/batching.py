@@ -38,7 +38,7 @@ from collections import deque
 from heapq import heapify, heappop, heappush
 from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
 
-from .capacity import profile_interpolate
+from engine.plans.capacity import profile_interpolate
 
 __all__ = [
     "BATCHING_POLICIES",

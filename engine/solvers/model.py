@@ -26,11 +26,11 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import pulp
 
-from ..assemble import RPS_EPSILON, Assignment, plan_assemble
-from ..capacity import InstanceCapacity, capacity_for, cpu_slice
-from ..mig import Layout
-from ..problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
-from .milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
+from engine.geometry.layout import Layout
+from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
+from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
+from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
+from engine.solvers.milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
 
 # (device type, device memory, slice); CPUs use ("cpu", memory, "<cores>c") and pick the slice per variant.
 SlotKey = tuple[str, "float | None", str]

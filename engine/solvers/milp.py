@@ -17,7 +17,7 @@ from typing import Literal, Mapping
 
 import pulp
 
-from ..problem import PlanStatus, SolveOptions
+from engine.plans.problem import PlanStatus, SolveOptions
 
 # What a single solve says about itself: `no-solution` means the solver stopped (time limit, error)
 # without an incumbent, which is not a proof of infeasibility.

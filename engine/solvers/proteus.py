@@ -13,8 +13,8 @@ MIG GPU without a layout runs whole as `full`), and CPU hosts (one instance on t
 picks). Identical devices are grouped and counted (see `model.py`)."""
 from __future__ import annotations
 
-from ..problem import Plan, Problem
-from .model import (
+from engine.plans.problem import Plan, Problem
+from engine.solvers.model import (
     DeviceClass,
     Fleet,
     SlotClass,

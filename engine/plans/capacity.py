@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .mig import mig_catalogue_load
-from .problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Problem, ProfilePoint
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Problem, ProfilePoint
 
 MIB_PER_DECIMAL_GB = 1e9 / 2**20
 

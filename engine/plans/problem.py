@@ -13,7 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
-from .mig import Placement, layout_parse, mig_catalogue_load
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import Placement, layout_parse
 
 PROBLEM_FORMAT_VERSION = 1
 PLAN_FORMAT_VERSION = 1
@@ -339,7 +340,7 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
                 layout = layout_parse(d["layout"])
             except ValueError as exc:
                 raise ProblemError(f"{where}.layout: {exc}") from exc
-            from .mig import mig_layout_validate
+            from engine.geometry.layout import mig_layout_validate
 
             verdict = mig_layout_validate(spec, layout)
             if not verdict.valid:

@@ -2,7 +2,7 @@
 
 Everything is drawn from one `numpy.random.default_rng(seed)`, so a seed gives the same problem on every
 machine (the draws are listed below in the order they are made). Profiles come from the measured gpulets
-data (`shared/data/gpulet`, an RTX 2080 Ti under MPS) through `reference_data.gpulet_profiles_derive`:
+data (`shared/data/gpulet`, an RTX 2080 Ti under MPS) through `engine.reference.profiles.gpulet_profiles_derive`:
 on the 2080 Ti itself they are the measurements; on catalogue GPUs and their MIG slices they are the
 labelled derivation (partition rule + illustrative speed-ups) documented there; on CPUs they come from the
 stated synthetic cost model below. None of it is a measurement of an A100, H100, H200 or CPU.
@@ -31,7 +31,7 @@ How the numbers are made (both generators)
 
 CPU cost model (synthetic, stated): a CPU device has 16 cores; a variant's batch latency there is
 `f * (1.0 ms + batch * GFLOPs * 1.5 ms)` for batches 1..16 (GFLOPs per image from the torchvision
-documentation, `reference_data.GPULET_GFLOPS`), i.e. ~0.67 GFLOP/ms effective on 16 cores and no batching
+documentation, `engine.reference.profiles.GPULET_GFLOPS`), i.e. ~0.67 GFLOP/ms effective on 16 cores and no batching
 gain beyond the fixed overhead.
 """
 from __future__ import annotations
@@ -41,9 +41,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .capacity import capacity_for, cpu_slice
-from .mig import layout_parse, mig_catalogue_load, mig_layout_validate
-from .problem import (
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import layout_parse, mig_layout_validate
+from engine.plans.capacity import capacity_for, cpu_slice
+from engine.plans.problem import (
     CPU_DEVICE_TYPE,
     FULL_SLICE,
     ApplicationSpec,
@@ -53,7 +54,7 @@ from .problem import (
     SolveOptions,
     VariantSpec,
 )
-from .reference_data import (
+from engine.reference.profiles import (
     GPULET_GFLOPS,
     GPULET_GPU_MEMORY_MB,
     GPULET_GPU_MODEL,
@@ -302,7 +303,7 @@ def mig_fleet_problem(
     `["3g.20gb@0", "3g.20gb@4"]`) given to every GPU, or one layout per GPU; None leaves the GPUs without
     a current layout. Layouts are never fixed (`fixed_layout: false`): the planner may change them.
     `n_applications * variants_per_application` variants; profiles on `full` and every MIG profile
-    without media extensions (derived, see `reference_data.gpulet_profiles_derive`). Variants, SLOs and
+    without media extensions (derived, see `engine.reference.profiles.gpulet_profiles_derive`). Variants, SLOs and
     demand as in the module docstring; the max-throughput capacity of a GPU is its best homogeneous
     geometry. Draw order: variants, SLOs, demand weights."""
     if n_gpus < 1:

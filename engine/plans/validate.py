@@ -2,7 +2,7 @@
 
 Nothing here calls solver code, and the capacity model is re-derived from the problem's profiles rather
 than read from `capacity.py`: a bug shared by a solver and the code that checks it would otherwise go
-unnoticed. Only the MIG geometry rules come from `mig.py` (they are data from NVIDIA's tables, tested on
+unnoticed. Only the MIG geometry rules come from `engine.geometry` (they are data from NVIDIA's tables, tested on
 their own against the MIG user guide).
 
 The verdict lists every problem found, not just the first, each naming the instance, application or device
@@ -15,8 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
-from .mig import GpuModelSpec, Placement, layout_parse, mig_catalogue_load, mig_layout_validate
-from .problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Plan, PlanInstance, Problem, ProfilePoint
+from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
+from engine.geometry.layout import Placement, layout_parse, mig_layout_validate
+from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Plan, PlanInstance, Problem, ProfilePoint
 
 __all__ = ["PlanVerdict", "plan_validate", "REL_TOL"]
 

@@ -47,10 +47,20 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from ..assemble import RPS_EPSILON, Assignment, plan_assemble
-from ..capacity import InstanceCapacity, capacity_for, cpu_slice
-from ..problem import FULL_SLICE, ApplicationSpec, DeviceSpec, Plan, PlanInstance, Problem, VariantSpec
-from .model import DeviceClass, DeviceConfig, DeviceSlot, Fleet, SlotClass, SlotKey, fleet_solve, unused_config
+from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
+from engine.plans.problem import FULL_SLICE, ApplicationSpec, DeviceSpec, Plan, PlanInstance, Problem, VariantSpec
+from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
+from engine.solvers.model import (
+    DeviceClass,
+    DeviceConfig,
+    DeviceSlot,
+    Fleet,
+    SlotClass,
+    SlotKey,
+    fleet_solve,
+    unused_config,
+)
+from engine.solvers.proteus import proteus_solve
 
 __all__ = [
     "BASELINE_SOLVERS",
@@ -530,7 +540,7 @@ def proteus_ablation_solve(
     """Proteus with a component switched off (Proteus section 6.5), solved by the Proteus MILP itself.
 
     no_model_selection ("Proteus w/o MS"): each application keeps only its most accurate variant that fits
-    a slot; the MILP (`plan_solve(..., "proteus")` on that restricted copy of the problem) still places
+    a slot; the MILP (`proteus_solve` on that restricted copy of the problem) still places
     instances and splits traffic, so nothing scales accuracy and demand beyond it is shortfall.
     no_placement ("Proteus w/o MP"): which application each slot serves is fixed: from `current` (an
     existing plan's instances; other slots stay idle) or else dealt round-robin (`_round_robin`). The MILP
@@ -538,19 +548,18 @@ def proteus_ablation_solve(
     application's variants; its most accurate one alone when no_model_selection is set too) and the traffic
     split, lexicographically as Proteus does (all demand at the best accuracy, else most served first).
     Instances the MILP sends no traffic are left out of the plan, as in every MILP plan. Both off: proteus."""
-    from ..solve import plan_solve  # solve.py dispatches to this module: import it when needed
 
     slots = fixed_slots(problem)
     if not no_placement:
         if not no_model_selection:
-            return plan_solve(problem, "proteus")
+            return proteus_solve(problem)
         keep = {_most_accurate(problem, slots, app) for app in problem.applications}
         restricted = dataclasses.replace(
             problem,
             variants=tuple(v for v in problem.variants if v.name in keep),
             profiles=tuple(p for p in problem.profiles if p.variant in keep),
         )
-        plan = plan_solve(restricted, "proteus")
+        plan = proteus_solve(restricted)
         plan.solver = "proteus-no-ms"
         plan.notes.insert(0, f"proteus-no-ms: each application restricted to its most accurate variant ({', '.join(sorted(keep))})")
         return plan

@@ -6,8 +6,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .capacity import capacity_for
-from .problem import Plan, PlanInstance, PlanStatus, Problem, RouteEntry
+from engine.plans.capacity import capacity_for
+from engine.plans.problem import Plan, PlanInstance, PlanStatus, Problem, RouteEntry
 
 # Traffic below this (queries per second) is solver noise, not an assignment.
 RPS_EPSILON = 1e-6

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from .problem import Plan
+from engine.plans.problem import Plan
 
 __all__ = [
     "NoRouteAvailable",

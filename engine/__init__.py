@@ -1,0 +1,13 @@
+"""Tessera's planning engine: pure Python (typed values in, result objects out) that imports no Django,
+Celery, Channels, `apps`, `controlplane` or `workers`; the control plane, the data plane and the
+benchmarks all use this one implementation of each algorithm.
+
+Sub-packages, by concern:
+    geometry     MIG catalogue, layouts and their validator, mig-parted YAML, data-plane names
+    plans        problem and plan values, their JSON schema, the capacity model, the independent validator
+    solvers      plan_solve and the planners (proteus, joint, garrison, baselines) with their MILP plumbing
+    dataplane    the policies the data plane runs: adaptive batching, routing tables and query matching
+    simulation   discrete-event simulator and workload (trace) generators
+    forecasting  short-term demand forecast for re-planning
+    reference    reference profiles derived from shared/data and synthetic problem generators
+"""

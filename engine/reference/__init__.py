@@ -1,0 +1,2 @@
+"""Reference data and synthetic problems: profiles derived from `shared/data`, problem generators for the
+demo, tests and benchmarks. Rule: every derived number is labelled as derived, never as measured."""
