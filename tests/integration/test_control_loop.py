@@ -35,7 +35,7 @@ from controlplane.demo import demo_seed
 from workers.agent.agent import Agent
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.client import ControlPlaneClient
-from workers.router.app import router_start_in_thread
+from workers.router.server import router_start_in_thread
 from workers.router.main import router_build
 
 

@@ -1,4 +1,4 @@
-"""The router (workers/router/app.py) in a thread, on tables that point to real runtime processes: the
+"""The router (workers/router/) in a thread, on tables that point to real runtime processes: the
 weighted split, draining and unreachable instances, the control plane going away, the error shapes,
 binary pass-through, /metrics and the per-second reports."""
 from __future__ import annotations

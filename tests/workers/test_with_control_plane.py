@@ -23,7 +23,7 @@ from workers.agent.agent import Agent
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.client import ControlPlaneClient
 from workers.profiler import profiling_request_run
-from workers.router.app import router_start_in_thread
+from workers.router.server import router_start_in_thread
 from workers.router.main import router_build
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from workers.client import ControlPlaneClient, ControlPlaneError
 
-from .app import Router, router_serve
+from .app import Router
+from .server import router_serve
 
 __all__ = ["router_build", "router_main"]
 

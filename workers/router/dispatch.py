@@ -1,0 +1,148 @@
+"""Sending one query to an instance of its application: the weighted choice over the instances that can take
+it, retries on a refused, lost or draining instance, the deadline, and the outcome's metrics (`Dispatcher`)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine.dataplane.routing import NoRouteAvailable
+from workers.metrics import ApplicationStats
+from workers.router.table import Application, Route
+from workers.router.upstream import Upstream, UpstreamError
+
+__all__ = ["DispatchError", "Dispatcher"]
+
+_MAX_ATTEMPTS = 3
+
+
+class DispatchError(Exception):
+    """The router answers the query itself with this error (`status`, `code`, `message`); already counted."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class Dispatcher:
+    """The connections to runtimes (one `Upstream` per endpoint, opened on first use) and the endpoints left
+    out for `unavailable_s` after they refused a connection, lost it, or answered `draining`.
+
+    `dispatch` draws the instance with `WeightedRouter.choose_excluding` over the routes that are not `ready`
+    (or have no endpoint) and those left out; a connection failure or a draining answer is retried on another
+    instance (`_MAX_ATTEMPTS` in all) while the deadline allows. The runtime gets the remaining milliseconds;
+    no answer by the deadline + `upstream_grace_s` is a drop (504 `deadline_exceeded`)."""
+
+    def __init__(self, *, upstream_grace_s: float = 2.0, connect_timeout_s: float = 1.0, unavailable_s: float = 1.0) -> None:
+        self.upstream_grace_s = upstream_grace_s
+        self.connect_timeout_s = connect_timeout_s
+        self.unavailable_s = unavailable_s
+        self.upstreams: dict[str, Upstream] = {}
+        self.unavailable: dict[str, float] = {}  # endpoint -> until (time.monotonic): refused, lost or draining
+
+    def upstreams_prune(self, apps: dict[str, Application]) -> None:
+        """Close the connections to endpoints that no table in `apps` routes to."""
+        for endpoint in list(self.upstreams):
+            if not any(r.endpoint == endpoint for app in apps.values() for r in app.routes.values()):
+                self.upstreams.pop(endpoint).close()
+
+    def close(self) -> None:
+        for up in self.upstreams.values():
+            up.close()
+        self.upstreams.clear()
+
+    def excluded(self, app: Application, now: float) -> frozenset[str] | set[str]:
+        """The instances of `app` not to draw now: the table's own exclusions and the endpoints left out."""
+        unavailable = self.unavailable
+        if not unavailable:
+            return app.excluded
+        bad = set(app.excluded)
+        for endpoint, until in list(unavailable.items()):
+            if until <= now:
+                del unavailable[endpoint]
+                continue
+            for r in app.routes.values():
+                if r.endpoint == endpoint:
+                    bad.add(r.instance)
+        return bad
+
+    async def dispatch(self, app: Application, stats: ApplicationStats, body: bytes, content_type: str | None,
+                       header_length: int | None, t0: float, budget_ms: float) -> tuple[int, dict, bytes, str]:
+        """Send the query (received at `t0`, `time.monotonic`, with `budget_ms` to its deadline) to an instance;
+        (status, the runtime's answer header, its body, the variant that answered), its outcome counted in
+        `stats`. Raises `DispatchError` when the router answers itself (no route, deadline, upstream error)."""
+        loop = asyncio.get_running_loop()
+        clock = time.monotonic  # not loop.time(): uvloop's clock ticks in milliseconds
+        application = app.name
+        deadline = t0 + budget_ms / 1000.0
+        frame = {"op": "infer", "id": 0, "deadline_ms": 0.0, "content_type": content_type, "header_length": header_length,
+                 "instance": "", "routing_version": app.version}
+        attempts = 0
+        route: Route | None = None
+        while True:
+            attempts += 1
+            now = clock()
+            try:
+                if app.picker is None:
+                    raise NoRouteAvailable(f"{application}: the routing table is empty")
+                excluded = self.excluded(app, now)
+                instance = app.picker.choose_excluding(excluded) if excluded else app.picker.choose()
+            except NoRouteAvailable as exc:
+                stats.no_route()
+                raise DispatchError(503, "no_route", str(exc)) from None
+            route = app.routes[instance]
+            remaining = deadline - now
+            if remaining <= 0:
+                stats.dropped((now - t0) * 1000.0)
+                raise DispatchError(504, "deadline_exceeded", f"the deadline ({budget_ms:g} ms) passed before an instance took the query")
+            endpoint = route.endpoint
+            upstream = self.upstreams.get(endpoint)  # type: ignore[arg-type]
+            if upstream is None:
+                upstream = self.upstreams[endpoint] = Upstream(endpoint, loop)  # type: ignore[index]
+            try:
+                if upstream.transport is None:
+                    await upstream.connect(min(self.connect_timeout_s, remaining + self.upstream_grace_s))
+                remaining = deadline - clock()
+                frame["deadline_ms"] = remaining * 1000.0
+                frame["instance"] = instance
+                fut = upstream.request(frame, body)
+                timer = loop.call_later(remaining + self.upstream_grace_s, _expire, fut)
+                try:
+                    reply, reply_body = await fut
+                finally:
+                    timer.cancel()
+            except asyncio.TimeoutError:
+                upstream.forget(fut)
+                stats.dropped((clock() - t0) * 1000.0, variant=route.variant, instance=instance)
+                raise DispatchError(504, "deadline_exceeded", f"no answer from instance {instance} by the deadline") from None
+            except UpstreamError as exc:
+                self.unavailable[endpoint] = clock() + self.unavailable_s  # type: ignore[index]
+                if attempts < _MAX_ATTEMPTS:
+                    continue
+                stats.failed((clock() - t0) * 1000.0, variant=route.variant, instance=instance)
+                raise DispatchError(502, "upstream_error", str(exc)) from None
+            status = reply.get("status", 500)
+            if status == 503 and reply.get("code") == "draining":
+                self.unavailable[endpoint] = clock() + self.unavailable_s  # type: ignore[index]
+                if attempts < _MAX_ATTEMPTS:
+                    continue
+                stats.no_route()
+                raise DispatchError(503, "no_route", f"{application}: the instances tried are draining")
+            break
+        end = clock()
+        latency_ms = (end - t0) * 1000.0
+        variant = reply.get("variant") or route.variant
+        simulated = bool(reply.get("simulated"))
+        if status == 200:
+            stats.served(latency_ms, end > deadline, variant=variant, instance=instance, simulated=simulated)
+        elif status == 504:
+            stats.dropped(latency_ms, variant=variant, instance=instance, simulated=simulated)
+        else:
+            stats.failed(latency_ms, variant=variant, instance=instance, simulated=simulated)
+        return status, reply, reply_body, variant
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())
