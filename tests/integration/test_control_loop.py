@@ -32,26 +32,16 @@ from apps.policies.models import ReplanPolicy
 from apps.registry.models import Application
 from apps.telemetry.models import ApplicationSample
 from controlplane.demo import demo_seed
+from tests.waiting import wait_for
 from workers.agent.agent import Agent
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.client import ControlPlaneClient
-from workers.router.server import router_start_in_thread
 from workers.router.main import router_build
-
+from workers.router.server import router_start_in_thread
 
 from .conftest import REPO, _database_url_of_test_db
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(600)]
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.onnx_builders import onnx_mlp_bytes
+from tests.waiting import wait_for
 from tests.workers.dataplane_helpers import frame_call, runtime_spec, runtime_start
 from workers.router import Router, router_start_in_thread
 from workers.runtime.session import OnnxSession
@@ -91,14 +91,6 @@ def serve():
 def query(x: np.ndarray | None = None) -> bytes:
     x = np.zeros((1, 4), np.float32) if x is None else x
     return request_encode({"x": x}, request_id="q")[0]
-
-
-def wait_for(predicate, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 def test_weighted_split_follows_the_weights(runtimes, serve, model_bytes) -> None:

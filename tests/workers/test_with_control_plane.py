@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
 import httpx
 import numpy as np
@@ -15,28 +14,19 @@ import pytest
 
 from apps.deployments.models import Runtime
 from apps.inventory.models import GpuInstance, Host
+from apps.inventory.services import host_agent_token_rotate
 from apps.registry.models import ModelVariant, Profile, ProfilingRequest
 from apps.telemetry.models import ApplicationSample, GpuSample, RuntimeSample
-from apps.inventory.services import host_agent_token_rotate
 from controlplane.demo import demo_seed
+from tests.waiting import wait_for
 from workers.agent.agent import Agent
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.client import ControlPlaneClient
 from workers.profiler import profiling_request_run
-from workers.router.server import router_start_in_thread
 from workers.router.main import router_build
+from workers.router.server import router_start_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
