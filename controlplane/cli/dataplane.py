@@ -1,0 +1,74 @@
+"""The data plane's processes, run on the serving hosts: `agent` and `router` (no Django: they use the REST API)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._common import fail
+
+
+def _logging_setup(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def agent(
+    control_plane: str = typer.Option(None, envvar="TESSERA_CONTROL_PLANE", help="Control plane URL, e.g. http://cp:8000"),
+    token: str = typer.Option(None, envvar="TESSERA_AGENT_TOKEN", help="The host's agent token (tsa_...)"),
+    backend: str = typer.Option("nvml", help="Device backend: nvml (real GPUs) or simulated"),
+    simulate: str = typer.Option("", help='Simulated GPUs, e.g. "2xA100-SXM4-40GB,1xH100-SXM5-80GB" (with --backend simulated; none: a CPU-only host)'),
+    state_dir: Path = typer.Option(Path("var/agent"), help="Where runtime records, cached artifacts and logs live"),
+    desired_file: Path = typer.Option(None, help="Follow this desired-state file instead of the control plane"),
+    bind: str = typer.Option("127.0.0.1", help="Address the runtimes listen on"),
+    advertise: str = typer.Option(None, help="Address routers reach the runtimes at (default: the bind address)"),
+    metrics_port: int = typer.Option(0, help="Serve Prometheus /metrics on this port (0: off)"),
+    once: bool = typer.Option(False, help="One pass (register, reconcile, report), then exit; runtimes keep running"),
+    stop_runtimes_on_exit: bool = typer.Option(False, help="Drain and stop the runtimes when the agent exits"),
+    loglevel: str = typer.Option("INFO"),
+) -> None:
+    """Run the worker agent: register the host, apply its desired state (MIG and runtimes), report, heartbeat."""
+    import signal
+
+    from workers.agent.main import agent_build, crash_failpoint_from_env
+
+    _logging_setup(loglevel)
+    if desired_file is None and not (control_plane and token):
+        raise fail("give --control-plane and --token (or --desired-file to run without a control plane)")
+    try:
+        the_agent = agent_build(
+            control_plane=control_plane, token=token, backend=backend, simulate=simulate, state_dir=state_dir,
+            desired_file=desired_file, bind=bind, advertise=advertise, metrics_port=metrics_port,
+            on_operation=crash_failpoint_from_env(),
+        )
+    except ValueError as exc:
+        raise fail(str(exc))
+
+    def shutdown(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, shutdown)
+    try:
+        the_agent.run(once=once)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        the_agent.stop(stop_runtimes=stop_runtimes_on_exit)
+
+
+def router(
+    control_plane: str = typer.Option(..., envvar="TESSERA_CONTROL_PLANE", help="Control plane URL"),
+    token: str = typer.Option(..., envvar="TESSERA_AGENT_TOKEN", help="Agent token of the host the router runs on"),
+    listen: str = typer.Option("127.0.0.1:8100", help="host:port to serve POST /v1/infer/{application} on"),
+    name: str = typer.Option(None, help="Name in router reports (default: the host's name)"),
+    loglevel: str = typer.Option("INFO"),
+) -> None:
+    """Run the router: the inference endpoint, following the control plane's routing tables."""
+    from workers.router.main import router_main
+
+    _logging_setup(loglevel)
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise fail(f"--listen must be host:port, not {listen!r}")
+    router_main(control_plane=control_plane, token=token, host=host, port=int(port), name=name)

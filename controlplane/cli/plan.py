@@ -1,0 +1,100 @@
+"""`tessera plan`: solve a planning problem, validate a plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._common import EXIT_INVALID, PLANNERS, fail, number, plan_read, problem_read
+
+plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan.", no_args_is_help=True)
+
+
+def _verdict_echo(verdict) -> None:
+    typer.echo(f"verdict      {'valid' if verdict.valid else 'INVALID'}" + (f" ({len(verdict.warnings)} warning(s))" if verdict.warnings else ""))
+    for error in verdict.errors:
+        typer.echo(f"  error: {error}")
+    for warning in verdict.warnings:
+        typer.echo(f"  warning: {warning}")
+
+
+def _plan_summary_echo(problem, plan) -> None:
+    demand = problem.total_demand_rps
+    shortfall = sum(plan.shortfall_rps.values())
+    gap = "-" if plan.gap is None else f"{plan.gap:.2%}"
+    typer.echo(f"status       {plan.status} ({plan.solver}, {plan.objective_kind})")
+    typer.echo(f"objective    {number(plan.objective)}   bound {number(plan.bound)}   gap {gap}")
+    typer.echo(f"solve time   {plan.solve_seconds:.2f} s")
+    typer.echo(f"accuracy     {number(plan.effective_accuracy, '.4f')} effective")
+    typer.echo(f"served       {plan.total_served_rps:.6g} / {demand:.6g} rps" + (f"   shortfall {shortfall:.6g} rps" if shortfall else ""))
+    typer.echo(f"GPUs used    {plan.gpus_used} of {sum(1 for d in problem.devices if not d.is_cpu)}   instances {len(plan.instances)}")
+    for note in plan.notes:
+        typer.echo(f"  note: {note}")
+
+
+@plan_app.command("solve")
+def plan_solve_cmd(
+    problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
+    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas"),
+    objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
+    time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
+    gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
+    backend: str = typer.Option(None, "--backend", help="MIP backend: highs | cbc"),
+    threads: int = typer.Option(None, "--threads", help="Solver threads (CBC searches in parallel; HiGHS's MIP search is serial)"),
+    out: Path = typer.Option(None, "--out", help="Write the plan JSON here"),
+) -> None:
+    """Solve a planning problem, print a summary, write the plan and check it with the independent validator.
+    Exit 0 when the plan is valid, 1 when it fails validation, 2 for malformed input."""
+    import json
+
+    from engine.plans.problem import OBJECTIVES, SOLVERS
+
+    if solver not in PLANNERS:
+        raise fail(f"--solver must be one of {', '.join(PLANNERS)}, got {solver!r}")
+    if objective is not None and objective not in OBJECTIVES:
+        raise fail(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if backend is not None and backend not in SOLVERS:
+        raise fail(f"--backend must be one of {', '.join(SOLVERS)}, got {backend!r}")
+    if time_limit is not None and not time_limit > 0:
+        raise fail(f"--time-limit must be positive, got {time_limit:g}")
+    if gap is not None and not 0 <= gap <= 1:
+        raise fail(f"--gap must be between 0 and 1, got {gap:g}")
+    if threads is not None and threads < 1:
+        raise fail(f"--threads must be at least 1, got {threads}")
+    problem = problem_read(problem_path)
+    if threads is not None:
+        import dataclasses
+
+        problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, threads=threads))
+
+    from engine.plans.validate import plan_validate
+    from engine.solvers.solve import plan_solve
+
+    try:
+        plan = plan_solve(problem, solver, objective=objective, time_limit_s=time_limit, mip_gap=gap, backend=backend)
+    except ValueError as exc:  # ProblemError is a ValueError
+        raise fail(str(exc)) from exc
+    _plan_summary_echo(problem, plan)
+    if out is not None:
+        out.write_text(json.dumps(plan.to_dict(), indent=1) + "\n")
+        typer.echo(f"plan         written to {out}")
+    verdict = plan_validate(problem, plan)
+    _verdict_echo(verdict)
+    if not verdict.valid:
+        raise typer.Exit(EXIT_INVALID)
+
+
+@plan_app.command("validate")
+def plan_validate_cmd(
+    problem_path: Path = typer.Option(..., "--problem", help="Problem JSON"),
+    plan_path: Path = typer.Option(..., "--plan", help="Plan JSON, as `tessera plan solve --out` writes it"),
+) -> None:
+    """Check a plan against its problem without trusting any solver: exit 0 valid, 1 invalid (errors listed), 2 malformed input."""
+    from engine.plans.validate import plan_validate
+
+    problem = problem_read(problem_path)
+    plan = plan_read(plan_path)
+    verdict = plan_validate(problem, plan)
+    _verdict_echo(verdict)
+    if not verdict.valid:
+        raise typer.Exit(EXIT_INVALID)
