@@ -1,19 +1,10 @@
 from django.contrib import admin
 
+from apps.core.admin import ReadOnlyAdmin
+
 from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
 
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Written by services (validated documents) and by agents' reports only; the admin shows them."""
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
+# Written by services (validated documents) and by agents' reports only; the admin shows them.
 
 
 @admin.register(HostDesiredState)

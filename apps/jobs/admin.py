@@ -1,13 +1,13 @@
 from django.contrib import admin
 
+from apps.core.admin import ReadOnlyAdmin
+
 from .models import Job
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ReadOnlyAdmin):
+    """Jobs are created and run by services and their tasks; the admin shows them."""
+
     list_display = ("id", "kind", "status", "progress", "actor_name", "created", "finished")
     list_filter = ("kind", "status")
-    readonly_fields = [f.name for f in Job._meta.fields]
-
-    def has_add_permission(self, request):
-        return False

@@ -1,5 +1,7 @@
 from django.contrib import admin
 
+from apps.core.admin import ReadOnlyAdmin
+
 from .models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
@@ -17,13 +19,11 @@ class ApplicationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(admin.ModelAdmin):
+class ArtifactAdmin(ReadOnlyAdmin):
+    """Uploads go through the API so they are validated (ONNX checker, onnxruntime); the admin shows them."""
+
     list_display = ["original_name", "sha256", "size_bytes", "opset", "created", "last_verified", "verify_error"]
     search_fields = ["original_name", "sha256"]
-    readonly_fields = [f.name for f in Artifact._meta.fields]
-
-    def has_add_permission(self, request):
-        return False  # uploads go through the API so they are validated (ONNX checker, onnxruntime)
 
 
 class ProfileInline(admin.TabularInline):

@@ -1,22 +1,15 @@
 from django.contrib import admin
 
+from apps.core.admin import ReadOnlyAdmin
+
 from .models import ApplicationSample, GpuSample, RuntimeSample
 
 
-class SampleAdmin(admin.ModelAdmin):
+class SampleAdmin(ReadOnlyAdmin):
     """Samples are measurements: shown, never edited or added by hand."""
 
     date_hierarchy = "at"
     list_per_page = 100
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(RuntimeSample)
