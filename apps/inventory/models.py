@@ -8,6 +8,7 @@ from django.db import models
 
 from apps.core.models import ChangeLoggedModel
 from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import Placement, mig_layout_validate
 
 from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices, HostStatusChoices
 
@@ -135,11 +136,24 @@ class GpuInstance(ChangeLoggedModel):
         return f"{self.profile}@{self.placement_start}"
 
     def clean(self) -> None:
-        from .services import gpu_instance_layout_check
-
+        """Refuse an instance that would make its GPU's MIG layout invalid, with NVIDIA's reason."""
         if not self.accelerator_id:
             return
-        gpu_instance_layout_check(instance=self)
+        accelerator = self.accelerator
+        if accelerator.kind != AcceleratorKindChoices.GPU:
+            raise ValidationError({"accelerator": "GPU instances live on GPUs, not CPUs."})
+        if not accelerator.mig_enabled:
+            raise ValidationError({"accelerator": f"MIG is not enabled on {accelerator}."})
+        spec = accelerator.gpu_model
+        if spec.profile_find(self.profile) is None:
+            known = ", ".join(spec.profile_names)
+            raise ValidationError({"profile": f"{self.profile!r} is not a MIG profile of {spec.name} (known: {known})."})
+        others = accelerator.gpu_instances.exclude(pk=self.pk) if self.pk else accelerator.gpu_instances.all()
+        layout = [Placement(o.profile, o.placement_start) for o in others]
+        layout.append(Placement(self.profile, self.placement_start))
+        verdict = mig_layout_validate(spec, layout)
+        if not verdict.valid:
+            raise ValidationError({"placement_start": verdict.reason})
 
     def save(self, *args, **kwargs):
         spec = self.accelerator.gpu_model

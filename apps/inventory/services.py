@@ -1,5 +1,5 @@
-"""Inventory services: the MIG layout check every GPU instance passes, agent tokens, and applying a
-host's actual-state report."""
+"""Inventory services: agent tokens, and applying a host's actual-state report. (The MIG layout check
+every GPU instance passes is the model's own: GpuInstance.clean.)"""
 from __future__ import annotations
 
 from typing import Any
@@ -15,25 +15,6 @@ from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatus
 from .models import Accelerator, GpuInstance, Host
 
 ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores")
-
-
-def gpu_instance_layout_check(*, instance: GpuInstance) -> None:
-    """Refuse an instance that would make its GPU's MIG layout invalid, with NVIDIA's reason."""
-    accelerator = instance.accelerator
-    if accelerator.kind != AcceleratorKindChoices.GPU:
-        raise ValidationError({"accelerator": "GPU instances live on GPUs, not CPUs."})
-    if not accelerator.mig_enabled:
-        raise ValidationError({"accelerator": f"MIG is not enabled on {accelerator}."})
-    spec = accelerator.gpu_model
-    if spec.profile_find(instance.profile) is None:
-        known = ", ".join(spec.profile_names)
-        raise ValidationError({"profile": f"{instance.profile!r} is not a MIG profile of {spec.name} (known: {known})."})
-    others = accelerator.gpu_instances.exclude(pk=instance.pk) if instance.pk else accelerator.gpu_instances.all()
-    layout = [Placement(o.profile, o.placement_start) for o in others]
-    layout.append(Placement(instance.profile, instance.placement_start))
-    verdict = mig_layout_validate(spec, layout)
-    if not verdict.valid:
-        raise ValidationError({"placement_start": verdict.reason})
 
 
 @transaction.atomic
