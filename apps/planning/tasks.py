@@ -1,8 +1,5 @@
 """Celery adapters over planning services (thin: the work and its idempotence live in the services)."""
-from celery import shared_task
-from django.db import InterfaceError, OperationalError
-
-from apps.jobs.services import TransientJobError, job_execute
+from apps.jobs.tasks import job_task
 
 from .services import plan_run_execute
 
@@ -11,19 +8,14 @@ PLAN_RUN_SOFT_TIME_LIMIT_S = 900
 PLAN_RUN_TIME_LIMIT_S = 960
 
 
-@shared_task(
-    name="planning.plan_run", bind=True, acks_late=True, max_retries=3, default_retry_delay=2,
+@job_task(
+    name="planning.plan_run", max_retries=3, retry_backoff=2,  # retried after 2, 4, 8 s
     soft_time_limit=PLAN_RUN_SOFT_TIME_LIMIT_S, time_limit=PLAN_RUN_TIME_LIMIT_S,
 )
 def plan_run_task(self, job_id: int) -> dict | None:
     """Run a planning job (`plan_run_execute`). A transient failure (the database briefly away) is retried
     with backoff; the job's checkpoints keep a retry from solving again once a plan is stored."""
-    try:
-        return job_execute(
-            job_id=job_id, work=lambda job: plan_run_execute(job=job), final_attempt=self.request.retries >= self.max_retries,
-        )
-    except (TransientJobError, OperationalError, InterfaceError) as exc:
-        raise self.retry(exc=exc, countdown=self.default_retry_delay * 2 ** self.request.retries)
+    return self.job_run(job_id, lambda job: plan_run_execute(job=job))
 
 
 # Rollout and rollback tasks live in rollout_tasks.py; imported here so the worker's autodiscovery
