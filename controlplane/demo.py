@@ -26,7 +26,7 @@ from apps.policies.choices import DropRuleChoices
 from apps.policies.models import ReplanPolicy, SloPolicy
 from apps.registry.choices import CPU_DEVICE_TYPE, ProfileSourceChoices, TaskChoices
 from apps.registry.models import Application, ModelVariant, Profile
-from apps.registry.services import artifact_create
+from apps.registry.services.artifacts import artifact_create
 from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
 from engine.geometry.catalogue import mig_catalogue_load

@@ -1,11 +1,12 @@
 """Celery adapters over registry services."""
 from celery import shared_task
 
-from apps.jobs.services import TRANSIENT_ERRORS, job_execute
+from apps.jobs.services import TRANSIENT_ERRORS
+from apps.jobs.tasks import job_task
 
-from .services import (
+from .services.artifacts import artifact_verify
+from .services.profiling import (
     ProfilingJobWaiting,
-    artifact_verify,
     profiling_job_attempt_final,
     profiling_job_attempt_s,
     profiling_job_follow,
@@ -27,8 +28,8 @@ def artifact_verify_task(artifact_id: int) -> dict:
     return {"artifact": artifact.pk, "ok": not artifact.verify_error, "error": artifact.verify_error}
 
 
-@shared_task(
-    name="registry.profiling_job", bind=True, acks_late=True, max_retries=None,
+@job_task(
+    name="registry.profiling_job", max_retries=None, retry_backoff=1, retry_backoff_max=60,  # 1, 2, 4 ... 60 s
     soft_time_limit=PROFILING_JOB_SOFT_TIME_LIMIT, time_limit=PROFILING_JOB_SOFT_TIME_LIMIT + 30,
 )
 def profiling_job_task(self, job_id: int) -> dict | None:
@@ -36,7 +37,9 @@ def profiling_job_task(self, job_id: int) -> dict | None:
     profiling_job_follow). Idempotent: a finished job is left alone; a re-delivered or re-scheduled one
     carries on from its checkpoint. Re-scheduling is bounded by the job's own timeout, which fails it.
     Run eagerly (embedded services): in the in-process thread, it follows until the job's timeout; in
-    its caller, it looks once and returns (the agents' reports move the job on), so nothing waits there."""
+    its caller, it looks once and returns (the agents' reports move the job on), so nothing waits there.
+    A transient failure (the database away) is retried with backoff (JobTask) until the job is well past
+    its timeout (`profiling_job_attempt_final`)."""
     eager = bool(self.request.is_eager)
     poll = profiling_job_poll_s()
     if not eager:
@@ -47,12 +50,12 @@ def profiling_job_task(self, job_id: int) -> dict | None:
         budget = 0.0
     final = not eager and profiling_job_attempt_final(job_id=job_id)
     try:
-        return job_execute(job_id=job_id, work=lambda job: profiling_job_follow(job=job, budget_s=budget, poll_s=poll), final_attempt=final)
+        return self.job_run(job_id, lambda job: profiling_job_follow(job=job, budget_s=budget, poll_s=poll), final_attempt=final)
     except ProfilingJobWaiting:
         if eager:
             return None
-        raise self.retry(countdown=poll)
-    except TRANSIENT_ERRORS as exc:
+        raise self.retry(countdown=poll)  # the next attempt, at the polling pace rather than backing off
+    except TRANSIENT_ERRORS:
         if eager:
             return None  # the next agent report, or the next call, picks it up
-        raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6)))
+        raise  # retried with backoff (JobTask)

@@ -14,7 +14,7 @@ from apps.inventory.models import Host
 from apps.jobs.models import Job
 from apps.policies.models import ProfilingPolicy
 from apps.registry.models import ProfilingRequest
-from apps.registry.services import profiling_request_progress, profiling_results_record
+from apps.registry.services.profiling import profiling_request_progress, profiling_results_record
 from apps.registry.tasks import profiling_job_task
 from tests.factories import (
     ArtifactFactory,
@@ -352,7 +352,7 @@ def test_variant_given_its_artifact_later_is_profiled(clients, fleet, django_cap
 
 def test_policy_skips_quietly_when_no_agent_can_profile(clients, fleet, django_capture_on_commit_callbacks, caplog):
     ProfilingPolicy.objects.create(name="gpus", device_types=["A100-SXM4-40GB"])
-    with caplog.at_level(logging.INFO, logger="apps.registry.services"), django_capture_on_commit_callbacks(execute=True):
+    with caplog.at_level(logging.INFO, logger="apps.registry.services.profiling"), django_capture_on_commit_callbacks(execute=True):
         response = _upload_and_create_variant(clients["operator"])
     assert response.status_code == 201
     assert not Job.objects.exists() and not ProfilingRequest.objects.exists()

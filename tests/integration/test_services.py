@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from apps.core.consumers import ChangeStreamConsumer
 from apps.core.context import change_context
 from apps.registry.models import Artifact
-from apps.registry.services import artifact_create
+from apps.registry.services.artifacts import artifact_create
 from tests.factories import HostFactory, ModelVariantFactory
 from tests.onnx_builders import onnx_mlp_bytes
 

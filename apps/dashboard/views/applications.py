@@ -7,7 +7,7 @@ from django.shortcuts import redirect, render
 
 from apps.core.context import change_context
 from apps.registry.models import ModelVariant
-from apps.registry.services import artifact_create
+from apps.registry.services.artifacts import artifact_create
 
 from ..selectors import application_queryset_for, applications_overview
 from .common import _require

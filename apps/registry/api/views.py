@@ -24,10 +24,9 @@ from ..filtersets import (
     ProfilingRequestFilterSet,
 )
 from ..models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
-from ..services import (
-    artifact_create,
-    profile_rows_from_csv,
-    profiles_import,
+from ..services.artifacts import artifact_create
+from ..services.profiles import profile_rows_from_csv, profiles_import
+from ..services.profiling import (
     profiling_auto_schedule,
     profiling_request_progress,
     profiling_results_record,

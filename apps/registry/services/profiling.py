@@ -1,23 +1,17 @@
-"""Registry services: artifact upload and verification, profiling requests' progress and results,
-profiling jobs (find the agents that can measure a variant, ask them, follow them), automatic profiling
-of new variants under the profiling policies, and the import of profiles measured elsewhere."""
+"""Registry services for profiling: a profiling request's progress and results (the agent's reports),
+profiling jobs (find the agents that can measure a variant, ask them, follow them), and automatic
+profiling of new variants under the profiling policies."""
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
 import logging
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
-from typing import IO, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.files import File
 from django.db import transaction
 from django.utils import timezone
 
@@ -29,7 +23,7 @@ from apps.jobs.models import Job
 from apps.jobs.services import TransientJobError, job_checkpoint_set, job_create, job_enqueue, job_progress, job_targets
 from engine.geometry.catalogue import mig_catalogue_load
 
-from .choices import (
+from ..choices import (
     CPU_DEVICE_TYPE,
     FULL_SLICE,
     PROFILING_BATCH_SIZES_DEFAULT,
@@ -37,90 +31,10 @@ from .choices import (
     ProfileSourceChoices,
     ProfilingStatusChoices,
 )
-from .models import Artifact, ModelVariant, Profile, ProfilingRequest
-from .onnx_inspect import InvalidOnnxModel, onnx_model_inspect
+from ..models import ModelVariant, Profile, ProfilingRequest
+from .profiles import profile_upsert
 
 logger = logging.getLogger(__name__)
-
-
-def _spool(upload: IO[bytes], limit: int) -> Path:
-    """Copy an upload to a temporary file, refusing it as soon as it passes the size limit."""
-    tmp = tempfile.NamedTemporaryFile(prefix="tessera-upload-", suffix=".onnx", delete=False)
-    size = 0
-    with tmp:
-        for chunk in iter(lambda: upload.read(1024 * 1024), b""):
-            size += len(chunk)
-            if size > limit:
-                Path(tmp.name).unlink(missing_ok=True)
-                raise ValidationError({"file": f"File is larger than the limit of {limit} bytes."})
-            tmp.write(chunk)
-    if size == 0:
-        Path(tmp.name).unlink(missing_ok=True)
-        raise ValidationError({"file": "The file is empty."})
-    return Path(tmp.name)
-
-
-def artifact_create(*, upload: IO[bytes], original_name: str, uploaded_by=None) -> Artifact:
-    """Validate an ONNX upload and store it. A rejected upload (too big, not ONNX, failing the checker,
-    not loadable by onnxruntime, already stored) leaves no row and no file behind."""
-    limit = settings.TESSERA_ARTIFACT_MAX_BYTES
-    declared = getattr(upload, "size", None)
-    if declared is not None and declared > limit:
-        raise ValidationError({"file": f"File is larger than the limit of {limit} bytes."})
-    path = _spool(upload, limit)
-    try:
-        try:
-            info = onnx_model_inspect(path)
-        except InvalidOnnxModel as exc:
-            raise ValidationError({"file": str(exc)}) from exc
-        existing = Artifact.objects.filter(sha256=info.sha256).first()
-        if existing is not None:
-            raise ValidationError({"file": f"This file is already stored as artifact {existing.pk} ({existing.original_name})."})
-        artifact = Artifact(
-            original_name=Path(original_name).name[:255] or "model.onnx",
-            sha256=info.sha256,
-            size_bytes=info.size_bytes,
-            ir_version=info.ir_version,
-            opset=info.opset,
-            producer=info.producer[:100],
-            inputs=info.inputs,
-            outputs=info.outputs,
-            uploaded_by=uploaded_by if getattr(uploaded_by, "pk", None) else None,
-        )
-        try:
-            with transaction.atomic():
-                with path.open("rb") as fh:
-                    artifact.file.save("model.onnx", File(fh), save=False)
-                artifact.save()
-        except Exception:
-            if artifact.file.name:
-                artifact.file.storage.delete(artifact.file.name)
-            raise
-        return artifact
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def artifact_verify(*, artifact_id: int) -> Artifact:
-    """Re-read a stored artifact: the bytes must still hash to its sha256 and still load in onnxruntime.
-    Records the outcome on the artifact; safe to run any number of times."""
-    artifact = Artifact.objects.get(pk=artifact_id)
-    error = ""
-    try:
-        with artifact.file.open("rb") as fh:
-            data = fh.read()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != artifact.sha256:
-            error = f"Stored file hashes to {digest}, expected {artifact.sha256}."
-        else:
-            onnx_model_inspect(data)
-    except (OSError, InvalidOnnxModel) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    Artifact.objects.filter(pk=artifact.pk).update(last_verified=timezone.now(), verify_error=error)
-    if error:
-        logger.error("artifact %s failed verification: %s", artifact.pk, error)
-    artifact.refresh_from_db()
-    return artifact
 
 
 PROFILING_LOG_MAX_CHARS = 100_000  # the log keeps its latest lines up to this size
@@ -175,20 +89,6 @@ def _profiling_request_progress_apply(
     return pr
 
 
-def _profile_upsert(profile: Profile) -> bool:
-    """Save `profile`, replacing the stored point with the same key (variant, device type, slice, CPU cores,
-    batch size) if there is one; True when it replaced one."""
-    existing = Profile.objects.filter(
-        variant=profile.variant, device_type=profile.device_type, slice=profile.slice,
-        cpu_cores=profile.cpu_cores, batch_size=profile.batch_size,
-    ).first()
-    if existing is not None:
-        profile.pk, profile.created = existing.pk, existing.created
-        profile._state.adding = False
-    profile.save()
-    return existing is not None
-
-
 @transaction.atomic
 def profiling_results_record(*, profiling_request: ProfilingRequest, points: list[dict[str, Any]], log_line: str = "") -> list[Profile]:
     """Store a profiling request's measurements as `measured` Profile rows (a point already profiled is
@@ -238,7 +138,7 @@ def profiling_results_record(*, profiling_request: ProfilingRequest, points: lis
         raise ValidationError({"points": errors})
     stored = []
     for profile in profiles:
-        _profile_upsert(profile)
+        profile_upsert(profile=profile)
         stored.append(profile)
     pr.status = ProfilingStatusChoices.SUCCEEDED
     pr.progress = 100
@@ -586,7 +486,7 @@ def variant_profile(
         job_progress(job_id=job.pk, log_line=f"{_pr_where(pr)} for {pr.profile_device_type}" + (f"/{pr.profile_slice}" if pr.profile_slice else ""))
     for skip in skipped:
         job_progress(job_id=job.pk, log_line=f"left out {skip}")
-    from .tasks import profiling_job_task  # the task module imports this one
+    from ..tasks import profiling_job_task  # the task module imports this one
 
     job_enqueue(job=job, task=profiling_job_task)
     return ProfilingJobStart(job=job, requests=requests, skipped=skipped)
@@ -727,7 +627,7 @@ def _profiling_job_nudged(job_id: int) -> None:
     try:
         state = profiling_job_observe(job_id=job_id)
         if state is not None and state.active and state.finished:
-            from .tasks import profiling_job_task
+            from ..tasks import profiling_job_task
 
             profiling_job_task.delay(job_id)
     except Exception:  # the agent's report is stored; the job's own task will see it
@@ -771,169 +671,3 @@ def profiling_auto_run(*, variant_id: int, actor: Any = None) -> list[Job]:
     except Exception:
         logger.exception("automatic profiling of variant %s failed", variant_id)
     return jobs
-
-
-# --------------------------------------------------------------------------- profile import
-
-PROFILE_IMPORT_MAX_ROWS = 50_000
-PROFILE_IMPORT_COLUMNS = (
-    "variant", "device_type", "slice", "cpu_cores", "batch_size", "latency_p50_ms", "latency_p99_ms", "throughput_rps",
-    "memory_mb", "source_detail",
-)
-PROFILE_IMPORT_REQUIRED = ("variant", "device_type", "batch_size", "latency_p50_ms", "latency_p99_ms")
-
-
-@dataclass(frozen=True)
-class ProfileImportResult:
-    created: int
-    updated: int
-
-
-def profile_rows_from_csv(*, text: str) -> list[tuple[str, dict[str, Any]]]:
-    """CSV with a header row naming PROFILE_IMPORT_COLUMNS (the optional ones may be left out) -> rows
-    labelled "line N" (N counting the header as line 1)."""
-    reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
-    header: list[str] | None = None
-    rows: list[tuple[str, dict[str, Any]]] = []
-    line = 1
-    for record in reader:
-        if not record or all(not cell.strip() for cell in record):
-            line = reader.line_num + 1
-            continue
-        if header is None:
-            header = [cell.strip().lower() for cell in record]
-            unknown = [c for c in header if c not in PROFILE_IMPORT_COLUMNS]
-            missing = [c for c in PROFILE_IMPORT_REQUIRED if c not in header]
-            problems = []
-            if unknown:
-                problems.append(f"unknown column(s) {', '.join(unknown)}")
-            if missing:
-                problems.append(f"missing column(s) {', '.join(missing)}")
-            if len(set(header)) != len(header):
-                problems.append("a column is named twice")
-            if problems:
-                raise ValidationError({f"line {line}": f"{'; '.join(problems)} (columns: {', '.join(PROFILE_IMPORT_COLUMNS)})"})
-        else:
-            if len(record) != len(header):
-                rows.append((f"line {line}", {"__error__": f"{len(record)} values for {len(header)} columns"}))
-            else:
-                rows.append((f"line {line}", dict(zip(header, record))))
-        line = reader.line_num + 1
-    if header is None:
-        raise ValidationError({"file": "The CSV is empty: give a header row and at least one profile."})
-    return rows
-
-
-def _blank(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip())
-
-
-def _number(row: dict[str, Any], name: str, kind: type, errors: list[str], *, required: bool, minimum: float) -> Any:
-    value = row.get(name)
-    if _blank(value):
-        if required:
-            errors.append(f"{name}: required")
-        return None
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        if kind is int:
-            number = float(value) if isinstance(value, str) else value
-            if isinstance(number, float) and not number.is_integer():
-                raise ValueError
-            number = int(number)
-        else:
-            number = float(value)
-    except (TypeError, ValueError):
-        errors.append(f"{name}: {value!r} is not a {'whole number' if kind is int else 'number'}")
-        return None
-    if number < minimum:
-        errors.append(f"{name}: must be at least {minimum:g}")
-        return None
-    return number
-
-
-def _variant_resolve(value: Any, cache: dict[str, ModelVariant | None]) -> ModelVariant | None:
-    key = str(value).strip()
-    if key not in cache:
-        if key.isdigit():
-            cache[key] = ModelVariant.objects.select_related("application").filter(pk=int(key)).first()
-        elif key.count("/") == 1:
-            application, name = (part.strip() for part in key.split("/"))
-            cache[key] = ModelVariant.objects.select_related("application").filter(application__name=application, name=name).first()
-        else:
-            cache[key] = None
-    return cache[key]
-
-
-@transaction.atomic
-def profiles_import(*, rows: Sequence[tuple[str, dict[str, Any]]], source_detail: str = "") -> ProfileImportResult:
-    """Upsert profiles measured elsewhere as `imported` Profile rows. Each row (labelled, e.g. "line 3")
-    names its variant by id or "application/variant", its device_type, slice ("full" or a MIG profile on
-    GPUs; empty on CPUs), cpu_cores (CPUs), batch_size, latency_p50_ms, latency_p99_ms, and optionally
-    throughput_rps (batch / p50 when empty), memory_mb and source_detail (`source_detail` otherwise). A
-    point already stored (measured or imported) is updated in place. All or nothing: every bad row is
-    reported under its label."""
-    if not rows:
-        raise ValidationError({"rows": "Nothing to import: give at least one profile."})
-    if len(rows) > PROFILE_IMPORT_MAX_ROWS:
-        raise ValidationError({"rows": f"{len(rows)} rows is more than the limit of {PROFILE_IMPORT_MAX_ROWS}: import in parts."})
-    variants: dict[str, ModelVariant | None] = {}
-    errors: dict[str, list[str]] = {}
-    profiles: list[Profile] = []
-    keys: dict[tuple, str] = {}
-    for label, row in rows:
-        problems: list[str] = []
-        if not isinstance(row, dict):
-            errors[label] = ["expected an object of column values"]
-            continue
-        if "__error__" in row:
-            errors[label] = [row["__error__"]]
-            continue
-        unknown = sorted(k for k in row if k not in PROFILE_IMPORT_COLUMNS)
-        if unknown:
-            problems.append(f"unknown field(s) {', '.join(unknown)}")
-        variant = None
-        if _blank(row.get("variant")):
-            problems.append("variant: required")
-        else:
-            variant = _variant_resolve(row["variant"], variants)
-            if variant is None:
-                problems.append(f"variant: no variant {str(row['variant']).strip()!r} (give its id or application/variant)")
-        device_type = "" if _blank(row.get("device_type")) else str(row["device_type"]).strip()
-        if not device_type:
-            problems.append("device_type: required")
-        values = {
-            "cpu_cores": _number(row, "cpu_cores", int, problems, required=False, minimum=1),
-            "batch_size": _number(row, "batch_size", int, problems, required=True, minimum=1),
-            "latency_p50_ms": _number(row, "latency_p50_ms", float, problems, required=True, minimum=0.0001),
-            "latency_p99_ms": _number(row, "latency_p99_ms", float, problems, required=True, minimum=0.0001),
-            "throughput_rps": _number(row, "throughput_rps", float, problems, required=False, minimum=0.0),
-            "memory_mb": _number(row, "memory_mb", int, problems, required=False, minimum=0),
-        }
-        detail = "" if _blank(row.get("source_detail")) else str(row["source_detail"]).strip()
-        if len(detail) > 200:
-            problems.append("source_detail: at most 200 characters")
-        if problems:
-            errors[label] = problems
-            continue
-        slice_name = "" if _blank(row.get("slice")) else str(row["slice"]).strip()
-        profile = Profile(
-            variant=variant, device_type=CPU_DEVICE_TYPE if device_type.lower() == CPU_DEVICE_TYPE else device_type, slice=slice_name,
-            source=ProfileSourceChoices.IMPORTED, source_detail=(detail or source_detail)[:200], measured_at=None, **values,
-        )
-        try:
-            profile.full_clean(validate_unique=False, validate_constraints=False)  # normalises GPU and slice names
-        except ValidationError as exc:
-            errors[label] = [f"{k}: {m}" if k != "__all__" else m for k, ms in exc.message_dict.items() for m in ms]
-            continue
-        key = (profile.variant_id, profile.device_type, profile.slice, profile.cpu_cores, profile.batch_size)
-        if key in keys:
-            errors[label] = [f"the same point as {keys[key]}"]
-            continue
-        keys[key] = label
-        profiles.append(profile)
-    if errors:
-        raise ValidationError(errors)
-    replaced = sum(_profile_upsert(profile) for profile in profiles)
-    return ProfileImportResult(created=len(profiles) - replaced, updated=replaced)
