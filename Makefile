@@ -24,7 +24,7 @@ test: $(STAMP)
 lock:
 	uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 --generate-hashes --universal -o requirements/lock.txt
 
-## Re-vendor the dashboard's front-end libraries from the npm registry (checked in; only to change a version).
+## Re-vendor the front-end libraries into static/vendor/ from the npm registry (checked in; only to change a version).
 vendor:
 	bash scripts/vendor_static.sh
 

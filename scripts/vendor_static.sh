@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Vendors the dashboard's front-end libraries into apps/dashboard/static/dashboard/vendor/ from the npm
+# Vendors the project's front-end libraries into static/vendor/<name>-<version>/ (with their licence) from the npm
 # registry, at pinned versions checked against the registry's published integrity hash. The result is
 # checked in, so neither CI nor a fresh machine needs npm or a network; run this (make vendor) only to
 # change a version. The machines that serve the dashboard are offline: no CDN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEST=apps/dashboard/static/dashboard/vendor
+DEST=static/vendor
 
 # name version integrity files-to-keep (paths inside the package)
 vendor() {

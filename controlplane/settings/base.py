@@ -56,6 +56,7 @@ WSGI_APPLICATION = None
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Project-wide templates (base layout, registration/login.html, error pages); apps keep their own.
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
@@ -81,8 +82,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-# Project-wide assets (the dashboard's vendored libraries) live in static/ once there are any.
-STATICFILES_DIRS = [path for path in [BASE_DIR / "static"] if path.is_dir()]
+# Project-wide assets (vendored front-end libraries with their licences, logo, favicon, the page shell's CSS);
+# each app's own assets stay in its static/ folder. Served by WhiteNoise from STATIC_ROOT after collectstatic.
+STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env.str("TESSERA_STATIC_ROOT", default=str(VAR_DIR / "staticfiles")))
 MEDIA_ROOT = Path(env.str("TESSERA_MEDIA_ROOT", default=str(VAR_DIR / "media")))
 MEDIA_URL = "/media/"
