@@ -1,6 +1,6 @@
 """Plan runs: from observed demand and the fleet as it is to a validated plan, with the simulator's
-prediction, what applying it would write (each host's desired state, each application's routing table) and
-the diff against what runs now.
+prediction, what applying it would write (each host's desired state, each application's routing table:
+`translate.plan_translate`) and the diff against what runs now (`diff.plan_diff`).
 
 `plan_run_start` creates the planning job (one at a time in the fleet) and queues `planning.plan_run`;
 `plan_run_execute` is that job's work, step by step (each with progress and a log line on the job):
@@ -11,9 +11,11 @@ c. solve with the configured planner; the plan is stored at once as a DRAFT, so 
    (by its job) and never solves twice;
 d. `plan_validate`, the engine's independent validator;
 e. prediction: the engine's simulator replays a Poisson trace at the observed demand against the plan;
-f. translation into each planned host's desired state and each application's routes, every desired state
-   checked by the deployments service (dry run) so a plan that applying would refuse fails now;
-g. diff against the active plan (per host, else the host's latest desired state) and the routing tables;
+f. translation (`plan_translate`) into each planned host's desired state and each application's routes,
+   every desired state checked by the deployments service (dry run) so a plan that applying would refuse
+   fails now; the routes are the engine's `routing_tables_from_plan`, the tables the prediction simulated;
+g. diff (`plan_diff`) against the active plan (per host, else the host's latest desired state) and the
+   routing tables;
 h. VALIDATED (or FAILED with the problems), with the shortfall and notes; auto-apply when the re-planning
    policy says so.
 
@@ -27,7 +29,6 @@ import json
 import logging
 import math
 import time
-from collections import defaultdict
 from typing import Any, Mapping
 
 import numpy as np
@@ -35,19 +36,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.core.context import change_context
-from apps.deployments.models import HostDesiredState, RoutingTable
-from apps.deployments.services import host_desired_state_validate
-from apps.inventory.choices import AcceleratorKindChoices
-from apps.inventory.models import Accelerator, Host
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_checkpoint_set, job_create, job_enqueue, job_progress
 from apps.policies.models import ReplanPolicy, SloPolicy
-from engine.geometry.catalogue import mig_catalogue_load
-from engine.geometry.layout import mig_layout_diff
-from engine.geometry.names import instance_id
 from engine.plans.problem import (
-    FULL_SLICE,
     OBJECTIVES,
     Problem,
     SolveOptions,
@@ -64,8 +57,11 @@ from engine.simulation.workload import arrivals_poisson
 from engine.solvers.solve import PLANNERS, plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
+from .diff import plan_diff, plan_diff_summary_text
 from .models import Plan
+from .selectors import plan_active_get
 from .snapshot import fleet_problem_build
+from .translate import plan_translate
 
 __all__ = [
     "PLAN_RUN_DEFAULTS",
@@ -98,8 +94,6 @@ HEADROOM_MAX = 10.0
 PREDICTION_MAX_S = 120.0
 # The prediction is kept short: at most this many simulated queries (the trace is shortened to fit).
 PREDICTION_MAX_QUERIES = 100_000
-# Weight changes below this (share of an application's traffic) are not listed in the diff.
-WEIGHT_EPSILON = 1e-4
 
 
 # --------------------------------------------------------------------------- starting a run
@@ -206,13 +200,6 @@ def _actor(job: Job):
     return job.actor if job.actor_id else None
 
 
-def _active_plan(exclude: Plan | None = None) -> Plan | None:
-    qs = Plan.objects.filter(status=PlanStatusChoices.ACTIVE)
-    if exclude is not None:
-        qs = qs.exclude(pk=exclude.pk)
-    return qs.first()
-
-
 def _fmt_rps(value: float) -> str:
     return f"{value:.4g}"
 
@@ -274,7 +261,7 @@ def _plan_solve_and_store(*, job: Job, options: dict[str, Any], timings: dict[st
     }
     common = dict(
         trigger=trigger, trigger_detail=trigger_detail[:500], job=job, created_by=_actor(job), demand=demand_record,
-        devices=snapshot.devices, previous=_active_plan(), solver=options["solver"], objective_kind=options["objective"],
+        devices=snapshot.devices, previous=plan_active_get(), solver=options["solver"], objective_kind=options["objective"],
     )
     nothing = None
     if snapshot.problem is None:
@@ -354,16 +341,17 @@ def _plan_complete(*, job: Job, plan: Plan, options: dict[str, Any], timings: di
                       f"{prediction['slo_violation_ratio']:.2%}, effective accuracy {_pct(prediction['effective_accuracy'])}")
 
     started = time.perf_counter()
-    desired_states, routing, translate_problems = _translate(problem, engine_plan, plan.devices, variant_ids)
-    problems += translate_problems
+    translation = plan_translate(problem=problem, engine_plan=engine_plan, devices=plan.devices, variant_ids=variant_ids)
+    desired_states, routing = translation.desired_states, translation.routing
+    problems += translation.problems
     timings["translate"] = time.perf_counter() - started
     _log(job, 85, f"translated: desired states for {len(desired_states)} hosts, routing for {len(routing)} applications"
-                  + (f"; {len(translate_problems)} refused by the desired-state check" if translate_problems else ""))
+                  + (f"; {len(translation.problems)} refused by the desired-state check" if translation.problems else ""))
 
     started = time.perf_counter()
-    diff = _diff(plan=plan, desired_states=desired_states, routing=routing)
+    diff = plan_diff(plan=plan, desired_states=desired_states, routing=routing)
     timings["diff"] = time.perf_counter() - started
-    _log(job, 92, "diff against " + diff["against"]["description"] + ": " + _summary_text(diff["summary"]))
+    _log(job, 92, "diff against " + diff["against"]["description"] + ": " + plan_diff_summary_text(summary=diff["summary"]))
 
     shortfall = {name: rps for name, rps in engine_plan.shortfall_rps.items() if rps > 0}
     for name, missing in sorted(shortfall.items()):
@@ -429,7 +417,8 @@ def _variant_ids(job: Job, problem: Problem) -> dict[str, int]:
 def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, float], *, seconds: float, seed: int) -> dict[str, Any]:
     """Replay a Poisson trace at the observed demand (not the headroom) against the plan, with the SLO
     policies' drop rules and the proteus batching policy the desired states use; the plan is fixed (no
-    re-planning)."""
+    re-planning). The simulator routes with `routing_tables_from_plan`, as the translation does: the
+    prediction is for the routing tables that applying the plan publishes."""
     rates = {name: rps for name, rps in observed.items() if rps > 0}
     if not rates:
         return {"skipped": "no observed demand to replay", "demand_rps": observed}
@@ -463,245 +452,6 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
         },
         "wall_s": summary["wall_s"],
     }
-
-
-# --------------------------------------------------------------------------- translation
-
-
-def _runtime_key(device: Mapping[str, Any], slice_name: str, start: int | None) -> str:
-    if device["kind"] == AcceleratorKindChoices.CPU:
-        return f"cpu{device['index']}/0"  # the engine runs one instance per CPU
-    if start is not None:
-        return f"gpu{device['index']}/{slice_name}@{start}"
-    return f"gpu{device['index']}"
-
-
-def _current_gpu(accelerator: Accelerator) -> dict[str, Any]:
-    layout = [gi.placement for gi in sorted(accelerator.gpu_instances.all(), key=lambda g: g.placement_start)] if accelerator.mig_enabled else []
-    return {"index": accelerator.index, "mig_enabled": bool(accelerator.mig_enabled), "layout": layout}
-
-
-def _translate(problem: Problem, engine_plan: EnginePlan, devices: Mapping[str, Mapping[str, Any]],
-               variant_ids: Mapping[str, int]) -> tuple[dict[str, dict], dict[str, list], list[str]]:
-    """({host name: desired-state spec (POST form)}, {application: routes}, problems). Every planned host
-    gets a spec, an empty runtime list where the plan runs nothing on it."""
-    problems: list[str] = []
-    host_ids = sorted({d["host"] for d in devices.values()})
-    hosts = {h.pk: h for h in Host.objects.filter(pk__in=host_ids)}
-    accelerators = {
-        (a.host_id, a.kind, a.index): a
-        for a in Accelerator.objects.filter(host_id__in=host_ids).prefetch_related("gpu_instances")
-    }
-    specs: dict[str, dict[str, Any]] = {}
-    for name, info in sorted(devices.items()):
-        host = hosts.get(info["host"])
-        if host is None:
-            problems.append(f"{name}: its host no longer exists")
-            continue
-        specs.setdefault(host.name, {"gpus": [], "runtimes": []})
-    instances_by_device: dict[str, list] = defaultdict(list)
-    for inst in engine_plan.instances:
-        instances_by_device[inst.device].append(inst)
-    engine_instances: dict[str, tuple[str, str, int, float]] = {}  # engine id -> (host, key, variant id, rps)
-    for name, info in sorted(devices.items(), key=lambda kv: (kv[1]["host_name"], kv[1]["kind"], kv[1]["index"])):
-        host = hosts.get(info["host"])
-        if host is None:
-            continue
-        spec = specs[host.name]
-        device = problem.device(name) if name in {d.name for d in problem.devices} else None
-        if info["kind"] == AcceleratorKindChoices.GPU:
-            accelerator = accelerators.get((host.pk, "gpu", info["index"]))
-            if accelerator is None:
-                problems.append(f"{name}: the GPU is no longer in the inventory")
-                continue
-            if device is not None and device.mig:
-                if name in engine_plan.layouts:
-                    layout = list(engine_plan.layouts[name])
-                    whole = any(i.slice == FULL_SLICE for i in instances_by_device.get(name, []))
-                    gpu = {"index": info["index"], "mig_enabled": (not whole) and (bool(layout) or accelerator.mig_enabled),
-                           "layout": [] if whole else layout}
-                else:
-                    gpu = _current_gpu(accelerator)  # idle and left as it is
-            else:
-                gpu = {"index": info["index"], "mig_enabled": False, "layout": []}
-            spec["gpus"].append(gpu)
-        for inst in sorted(instances_by_device.get(name, []), key=lambda i: (i.start if i.start is not None else -1, i.slice)):
-            variant_id = variant_ids.get(inst.variant)
-            if variant_id is None:
-                problems.append(f"{inst.id}: variant {inst.variant} is no longer in the registry")
-                continue
-            key = _runtime_key(info, inst.slice, inst.start)
-            cpu = info["kind"] == AcceleratorKindChoices.CPU
-            spec["runtimes"].append({
-                "key": key, "device": f"{info['kind']}{info['index']}",
-                "placement": f"{inst.slice}@{inst.start}" if inst.start is not None else None,
-                "cpu_threads": int(inst.slice) if cpu else None,
-                "application": problem.variant(inst.variant).application, "variant": variant_id, "max_batch": int(inst.batch),
-                "batching": {"policy": "proteus"},
-            })
-            engine_instances[inst.id] = (host.name, key, variant_id, float(inst.assigned_rps))
-    for host_name, spec in specs.items():
-        spec["gpus"].sort(key=lambda g: g["index"])
-        spec["runtimes"].sort(key=lambda r: r["key"])
-    routing: dict[str, list[dict[str, Any]]] = {}
-    for application in problem.applications:
-        routes = []
-        for entry in engine_plan.routing.get(application.name, []):
-            target = engine_instances.get(entry.instance)
-            if target is None or target[3] <= 0:
-                continue
-            host_name, key, variant_id, rps = target
-            routes.append({"instance": instance_id(host_name, key), "variant": variant_id, "weight": rps})
-        routing[application.name] = routes
-    # What applying would write must pass the same checks applying makes (dry run, nothing stored).
-    by_name = {h.name: h for h in hosts.values()}
-    for host_name, spec in sorted(specs.items()):
-        try:
-            host_desired_state_validate(host=by_name[host_name], spec=spec)
-        except ValidationError as exc:
-            problems += [f"desired state of {host_name}: {message}" for message in exc.messages]
-    return specs, routing, problems
-
-
-# --------------------------------------------------------------------------- diff
-
-
-def _variant_of(runtime: Mapping[str, Any]) -> int | None:
-    variant = runtime.get("variant")
-    if isinstance(variant, Mapping):
-        variant = variant.get("id")
-    return variant if isinstance(variant, int) and not isinstance(variant, bool) else None
-
-
-def _runtime_summary(runtime: Mapping[str, Any]) -> dict[str, Any]:
-    return {"key": runtime.get("key"), "application": runtime.get("application"), "variant": _variant_of(runtime),
-            "max_batch": runtime.get("max_batch")}
-
-
-def _layout_diff(model_name: str, before: dict, after: dict) -> dict[str, Any]:
-    spec = mig_catalogue_load().gpu_model_find(model_name)
-    out: dict[str, Any] = {"mig_enabled": {"before": before["mig_enabled"], "after": after["mig_enabled"]},
-                           "keep": [], "destroy": [], "create": []}
-    old = list(before["layout"]) if before["mig_enabled"] else []
-    new = list(after["layout"]) if after["mig_enabled"] else []
-    if spec is None:
-        return out
-    try:
-        diff = mig_layout_diff(spec, old, new)
-    except ValueError as exc:  # a stored layout the catalogue refuses: say so rather than fail the diff
-        out["error"] = str(exc)
-        return out
-    out.update(keep=[str(p) for p in diff.keep], destroy=[str(p) for p in diff.destroy], create=[str(p) for p in diff.create])
-    return out
-
-
-def _routes_by_instance(routes: list[Mapping[str, Any]]) -> dict[str, tuple[int | None, float]]:
-    total = sum(max(0.0, float(r.get("weight") or 0.0)) for r in routes)
-    return {
-        str(r["instance"]): (r.get("variant"), (max(0.0, float(r.get("weight") or 0.0)) / total) if total > 0 else 0.0)
-        for r in routes if r.get("instance")
-    }
-
-
-def _diff(*, plan: Plan, desired_states: dict[str, dict], routing: dict[str, list]) -> dict[str, Any]:
-    """What applying the plan changes, against the active plan where it covers a host or an application,
-    else against the host's latest desired state and the active routing tables."""
-    active = _active_plan(exclude=plan)
-    hosts = {h.name: h for h in Host.objects.filter(name__in=desired_states)}
-    latest: dict[int, dict] = {}
-    for state in HostDesiredState.objects.filter(host__in=hosts.values()).order_by("host_id", "-version"):
-        latest.setdefault(state.host_id, state.spec)
-    accelerators = {(a.host_id, a.index): a for a in Accelerator.objects.filter(host__in=hosts.values(), kind="gpu").prefetch_related("gpu_instances")}
-    summary = defaultdict(int)
-    host_diffs: dict[str, Any] = {}
-    for host_name, after_spec in sorted(desired_states.items()):
-        host = hosts.get(host_name)
-        if host is None:
-            continue
-        if active is not None and host_name in active.desired_states:
-            before_spec, baseline = active.desired_states[host_name], f"plan {active.pk}"
-        elif host.pk in latest:
-            before_spec, baseline = latest[host.pk], f"desired state v{latest[host.pk].get('version')}"
-        else:
-            before_spec, baseline = {"gpus": [], "runtimes": []}, "nothing (no desired state yet)"
-        before_gpus = {g["index"]: g for g in before_spec.get("gpus", [])}
-        gpus: dict[str, Any] = {}
-        for gpu in after_spec.get("gpus", []):
-            accelerator = accelerators.get((host.pk, gpu["index"]))
-            if accelerator is None:
-                continue
-            before = before_gpus.get(gpu["index"]) or _current_gpu(accelerator)
-            change = _layout_diff(accelerator.model_name, before, gpu)
-            summary["mig_created"] += len(change["create"])
-            summary["mig_destroyed"] += len(change["destroy"])
-            summary["mig_mode_changes"] += int(change["mig_enabled"]["before"] != change["mig_enabled"]["after"])
-            if change["create"] or change["destroy"] or change["mig_enabled"]["before"] != change["mig_enabled"]["after"]:
-                gpus[f"gpu{gpu['index']}"] = change
-        old = {r["key"]: _runtime_summary(r) for r in before_spec.get("runtimes", []) if r.get("key")}
-        new = {r["key"]: _runtime_summary(r) for r in after_spec.get("runtimes", [])}
-        added = [new[k] for k in sorted(set(new) - set(old))]
-        removed = [old[k] for k in sorted(set(old) - set(new))]
-        changed = [
-            {"key": k, "before": old[k], "after": new[k]}
-            for k in sorted(set(old) & set(new))
-            if (old[k]["variant"], old[k]["max_batch"], old[k]["application"]) != (new[k]["variant"], new[k]["max_batch"], new[k]["application"])
-        ]
-        kept = len(set(old) & set(new)) - len(changed)
-        summary["runtimes_added"] += len(added)
-        summary["runtimes_removed"] += len(removed)
-        summary["runtimes_changed"] += len(changed)
-        summary["runtimes_kept"] += kept
-        host_changed = bool(gpus or added or removed or changed)
-        summary["hosts_changed"] += int(host_changed)
-        host_diffs[host_name] = {"baseline": baseline, "changed": host_changed, "gpus": gpus,
-                                 "runtimes": {"added": added, "removed": removed, "changed": changed, "kept": kept}}
-
-    if active is not None:
-        routing_before = {name: list(routes) for name, routes in active.routing.items()}
-    else:
-        routing_before = {}
-    tables = {t.application.name: t.routes for t in RoutingTable.objects.filter(active=True).select_related("application")}
-    routing_diffs: dict[str, Any] = {}
-    for application in sorted(set(routing) | set(routing_before) | set(tables)):
-        if application not in routing:
-            continue  # not in this plan: its table is not part of the diff
-        before_routes = routing_before[application] if application in routing_before else tables.get(application, [])
-        old = _routes_by_instance(before_routes)
-        new = _routes_by_instance(routing[application])
-        added = [{"instance": i, "variant": new[i][0], "weight": round(new[i][1], 6)} for i in sorted(set(new) - set(old))]
-        removed = [{"instance": i, "variant": old[i][0], "weight": round(old[i][1], 6)} for i in sorted(set(old) - set(new))]
-        reweighted = []
-        for i in sorted(set(old) & set(new)):
-            delta = new[i][1] - old[i][1]
-            if abs(delta) > WEIGHT_EPSILON or old[i][0] != new[i][0]:
-                reweighted.append({"instance": i, "variant_before": old[i][0], "variant_after": new[i][0],
-                                   "weight_before": round(old[i][1], 6), "weight_after": round(new[i][1], 6), "delta": round(delta, 6)})
-        summary["routes_added"] += len(added)
-        summary["routes_removed"] += len(removed)
-        summary["routes_reweighted"] += len(reweighted)
-        changed = bool(added or removed or reweighted)
-        summary["applications_rerouted"] += int(changed)
-        routing_diffs[application] = {"changed": changed, "added": added, "removed": removed, "reweighted": reweighted}
-    summary = {k: summary.get(k, 0) for k in (
-        "hosts_changed", "mig_created", "mig_destroyed", "mig_mode_changes", "runtimes_added", "runtimes_removed",
-        "runtimes_changed", "runtimes_kept", "applications_rerouted", "routes_added", "routes_removed", "routes_reweighted",
-    )}
-    summary["changes"] = sum(summary[k] for k in ("mig_created", "mig_destroyed", "mig_mode_changes", "runtimes_added", "runtimes_removed",
-                                                   "runtimes_changed", "routes_added", "routes_removed", "routes_reweighted"))
-    against = {"plan": active.pk if active is not None else None,
-               "description": f"active plan {active.pk}" if active is not None else "the hosts' latest desired states and the active routing tables"}
-    return {"against": against, "summary": summary, "hosts": host_diffs, "routing": routing_diffs}
-
-
-def _summary_text(summary: Mapping[str, int]) -> str:
-    if not summary.get("changes"):
-        return "no change"
-    parts = [f"{summary[k]} {label}" for k, label in (
-        ("mig_destroyed", "MIG instances destroyed"), ("mig_created", "MIG instances created"),
-        ("mig_mode_changes", "MIG mode changes"), ("runtimes_added", "runtimes added"), ("runtimes_removed", "runtimes removed"),
-        ("runtimes_changed", "runtimes changed"), ("applications_rerouted", "applications rerouted"),
-    ) if summary.get(k)]
-    return ", ".join(parts)
 
 
 # --------------------------------------------------------------------------- auto-apply

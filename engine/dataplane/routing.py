@@ -2,13 +2,28 @@
 
 Two mechanisms, both pure Python (no Django) so that routers and workers can import them:
 
-- Weighted routing tables. A `RoutingTable` is the plan's split of an application's traffic over its
-  instances, versioned so that a data plane can tell which plan it follows. `WeightedRouter` draws an
-  instance with probability equal to its weight in O(1) per pick (Walker's alias method, in Vose's
-  numerically stable construction), and can leave out instances that are draining.
-- Garrison's instance routing. `queries_match_instances` matches queued queries to instances as a
-  minimum-cost bipartite matching (`scipy.optimize.linear_sum_assignment`), the cost being the predicted
-  completion time, with a penalty that makes missing a deadline dearer than any saving in completion time.
+- Weighted routing tables: the request router of Proteus's per-application load balancer (Proteus §3,
+  "Load Balancer"), dispatching by the query assignment the controller's MILP chose (§4: y_{d,q}, the
+  share of an application's queries sent to each device) from a routing table looked up per query
+  (§6.8). A `RoutingTable` is that split over an application's instances, versioned so that a data plane
+  can tell which plan it follows. `routing_tables_from_plan` is the one derivation of the tables from a
+  plan: the live system (the plan run's translation, whose tables the rollout publishes and the routers
+  read back into `RoutingTable`s), the simulator and the plan run's what-if prediction all route with it.
+  `WeightedRouter` draws an instance with probability equal to its weight in O(1) per pick (Walker's
+  alias method, in Vose's numerically stable construction), and can leave out instances that are
+  draining.
+  Departs from Proteus: a table is per instance (a MIG slice, a whole GPU or a CPU), not per device and
+  variant, and its weights are normalised to sum to 1, so the traffic a plan cannot serve (Proteus's Eq. 2
+  lets the shares sum below 1) still goes to the instances, where the drop rule sheds it: the router
+  never refuses a query an instance might still serve in time.
+- Garrison's instance routing (Garrison §5.3, "Instance Routing for Bounded Latency").
+  `queries_match_instances` matches queued queries to instances as a minimum-cost bipartite matching
+  solved by a Jonker-Volgenant algorithm (`scipy.optimize.linear_sum_assignment`), as §5.3 reduces it.
+  Departs from Garrison: the cost is the predicted completion time (wall clock) instead of the
+  granularity-weighted usage time U = L * D, and the SLO (its Eq. 2, a hard constraint) is a penalty that
+  makes missing a deadline dearer than any saving in completion time, so a matching exists even when some
+  query cannot make its deadline anywhere; the plan has already fixed the instances, so what is left to
+  the router is meeting deadlines, soonest.
 """
 from __future__ import annotations
 
@@ -53,7 +68,8 @@ class NoRouteAvailable(LookupError):
 
 @dataclass(frozen=True)
 class RoutingTable:
-    """An application's traffic split: `entries` are (instance id, weight), weights normalised to sum to 1.
+    """An application's traffic split: `entries` are (instance id, weight), weights normalised to sum to 1
+    (weights that already do, within WEIGHT_SUM_TOLERANCE, are kept as given: normalising is idempotent).
     An empty table is valid and means the application has no capacity."""
 
     application: str
@@ -82,6 +98,11 @@ class RoutingTable:
             object.__setattr__(self, "entries", ())
             return
         largest = max(float(w) for _, w in entries)
+        if largest <= 1.0 and abs(math.fsum(float(w) for _, w in entries) - 1.0) <= WEIGHT_SUM_TOLERANCE:
+            # Already normalised (a table rebuilt from a published one): kept as given, so every copy of a
+            # table, in the control plane, a router or the simulator, holds the same weights bit for bit.
+            object.__setattr__(self, "entries", tuple((instance, float(w)) for instance, w in entries))
+            return
         if largest <= 0:
             raise RoutingError(f"{self.application}: weights sum to 0; an application without capacity has an empty table")
         # Dividing by the largest weight first keeps the sum finite for any finite weights.
@@ -105,8 +126,15 @@ class RoutingTable:
         return not self.entries
 
 
-def routing_tables_from_plan(plan: Plan, version: int) -> dict[str, RoutingTable]:
-    """One table per application of the plan (empty where it serves nothing), all stamped `version`."""
+def routing_tables_from_plan(plan: Plan, version: int = 0) -> dict[str, RoutingTable]:
+    """The plan's routing tables, all stamped `version`: one per application that the plan routes, serves or
+    falls short on (empty where it serves nothing).
+
+    The one derivation of routing tables from a plan. The weights are the plan's route weights (the query
+    assignment, `Plan.routing`), never re-derived from the instances' `assigned_rps`: `plan_assemble` makes
+    them the instances' traffic shares and the validator holds them to that, but a plan's routing is what
+    it routes by (a what-if may change it, as the uniform-routing bench does). Routes with weight 0 are left
+    out, the rest normalised by `RoutingTable`."""
     applications: Iterable[str] = sorted(set(plan.routing) | set(plan.served_rps) | set(plan.shortfall_rps))
     tables: dict[str, RoutingTable] = {}
     for application in applications:

@@ -1,27 +1,37 @@
 """Discrete-event simulator of a planned inference fleet, closing the loop with the planner.
 
+What Proteus evaluates with its simulator (Proteus §6.1.5: an event queue, profiled latencies as
+processing times) with the control loop of its §3 and §4 (periodic re-allocation, bursts reported by the
+load balancers), the adaptive batching of its §5 and, as the alternative router, Garrison's instance
+routing (Garrison §5.3). Departs from Proteus's simulator, which serves a batch in its mean profiled
+latency: here the latency is noisy (below), because Proteus attributes the gap between its simulator and
+its testbed mainly to that variance (§6.1.5, §6.2).
+
 `simulate(problem, trace, planner=..., config=...)` replays a request trace against the instances of a plan:
 
 - Planning. The first plan comes from `planner` on the trace's demand over the first re-planning interval
-  (or on the problem's own demand). Then, every `replan_interval_s` (Proteus re-plans every 30 s) and when
-  the observed demand of an application over the last second exceeds what the current plan assumed by
-  `burst_factor` (debounced), the planner runs again on the demand observed over the last window (the
-  problem with `demand_rps` replaced; MIG GPUs carry the layout the previous plan left them in, so a
-  planner that minimises reconfiguration sees the current state). A new plan applies at once: instances it
-  keeps (same instance id and variant; on MIG GPUs the placement also survives `mig_layout_diff`) keep
-  their queue and keep serving; instances it drops stop (a batch in flight finishes; queued queries are
-  routed again under the new plan); instances it creates serve nothing for `reconfiguration_delay_s`
-  (routing leaves them out, as the data plane leaves out instances that are not ready).
-- Routing. `weights`: each application's plan weights, drawn with the alias tables of `routing.py` (the
-  data plane's `WeightedRouter`, including its renormalisation over the instances that are available); the
-  weights do not depend on the state, so all arrivals between two control events are routed at once,
-  vectorised. `matching`: Garrison's instance routing, `routing.queries_match_instances`, once every
-  `matching_interval_ms` over the queries that arrived since (a query waits at most that long).
-- Serving. Each instance has a `batching.QueryQueue` and a policy from `batching.batching_policy_make`,
-  driven exactly per the batching contract: whenever the instance is idle, on an arrival, at the time the
-  policy asked for and when a batch completes, first `drop_expired` then `decide`. A batch of b takes the
-  profiled latency at b (interpolated, `capacity.profile_interpolate`) times a mean-preserving log-normal
-  noise exp(sigma z - sigma^2 / 2).
+  (or on the problem's own demand). Then, every `replan_interval_s` (Proteus re-plans every 30 s, §6.1.5)
+  and when the observed demand of an application over the last second exceeds what the current plan
+  assumed by `burst_factor` (debounced; Proteus §3: the load balancer calls the controller on a burst),
+  the planner runs again on the demand observed over the last window (the problem with `demand_rps`
+  replaced; MIG GPUs carry the layout the previous plan left them in, so a planner that minimises
+  reconfiguration sees the current state). A new plan applies at once: instances it keeps (same instance
+  id and variant; on MIG GPUs the placement also survives `mig_layout_diff`) keep their queue and keep
+  serving; instances it drops stop (a batch in flight finishes; queued queries are routed again under the
+  new plan); instances it creates serve nothing for `reconfiguration_delay_s` (routing leaves them out, as
+  the data plane leaves out instances that are not ready).
+- Routing. `weights` (Proteus's query assignment, §3-§4): each application's table from
+  `routing.routing_tables_from_plan`, the same derivation the live system publishes to its routers, drawn
+  with the alias tables of `routing.py` (the data plane's `WeightedRouter`, including its renormalisation
+  over the instances that are available); the weights do not depend on the state, so all arrivals between
+  two control events are routed at once, vectorised. `matching`: Garrison's instance routing (§5.3),
+  `routing.queries_match_instances`, once every `matching_interval_ms` over the queries that arrived since
+  (a query waits at most that long; §5.3 matches the queries waiting in a model's queue, not saying when).
+- Serving (Proteus §5 for the `proteus` policy). Each instance has a `batching.QueryQueue` and a policy
+  from `batching.batching_policy_make`, driven exactly per the batching contract: whenever the instance is
+  idle, on an arrival, at the time the policy asked for and when a batch completes, first `drop_expired`
+  then `decide`. A batch of b takes the profiled latency at b (interpolated, `capacity.profile_interpolate`)
+  times a mean-preserving log-normal noise exp(sigma z - sigma^2 / 2).
 - Outcomes. Every query ends exactly once: on time (completed by its deadline), late, or dropped (no
   capacity for its application at arrival, expired under the drop rule, or still queued when the
   simulation ends). The deadline is arrival + the application's SLO, or arrival + the trace's per-request

@@ -18,7 +18,7 @@ from engine.dataplane.routing import (
     queries_match_instances,
     routing_tables_from_plan,
 )
-from engine.plans.problem import Plan, RouteEntry
+from engine.plans.problem import Plan, PlanInstance, RouteEntry
 
 PICKS = 100_000
 
@@ -96,6 +96,37 @@ def test_tables_from_a_plan() -> None:
     assert tables["classify"].version == 7 and tables["detect"].version == 7
     assert tables["classify"].entries == (("gpu0/1g.5gb@0", 0.25), ("gpu0/3g.20gb@4", 0.75))
     assert tables["detect"].is_empty
+
+
+def test_normalising_is_idempotent() -> None:
+    # A table rebuilt from a table's entries (published, then read by a router) holds the same weights, bit
+    # for bit, even where dividing again would round differently.
+    for weights in ({"a": 250.0, "b": 200.0, "c": 450.0}, {"a": 1.0, "b": 3.0, "c": 7.0}, {f"i{k}": k / 7 for k in range(1, 30)}):
+        table = table_of(weights)
+        again = RoutingTable("classify", 2, table.entries)
+        assert again.entries == table.entries
+        assert RoutingTable("classify", 3, again.entries).entries == table.entries
+    # Weights that sum to 1 are taken as they are (not rescaled by their largest first).
+    assert table_of({"a": 0.4999996, "b": 0.5000004}).entries == (("a", 0.4999996), ("b", 0.5000004))
+
+
+def test_tables_take_the_plans_route_weights_not_the_instances_assigned_rps() -> None:
+    """The plan's routing is what the tables route by, even where it is not the instances' traffic shares
+    (a what-if such as uniform routing); routes with weight 0 are left out, whatever their instance serves."""
+    def instance(start: int, rps: float) -> PlanInstance:
+        return PlanInstance(device="gpu0", slice="1g.5gb", start=start, variant="classify/a", batch=4, latency_ms=10.0,
+                            capacity_rps=100.0, assigned_rps=rps)
+
+    plan = Plan(
+        status="feasible", solver="test", objective_kind="max-accuracy", objective=None, bound=None, gap=None,
+        solve_seconds=0.0, effective_accuracy=0.7, served_rps={"classify": 100.0}, shortfall_rps={"classify": 0.0},
+        instances=[instance(0, 60.0), instance(1, 40.0), instance(2, 1e-5)],
+        routing={"classify": [RouteEntry("gpu0/1g.5gb@0", 0.5), RouteEntry("gpu0/1g.5gb@1", 0.5), RouteEntry("gpu0/1g.5gb@2", 0.0)]},
+        layouts={},
+    )
+    tables = routing_tables_from_plan(plan)
+    assert tables["classify"].version == 0
+    assert tables["classify"].entries == (("gpu0/1g.5gb@0", 0.5), ("gpu0/1g.5gb@1", 0.5))
 
 
 def test_tables_from_a_garrison_plan() -> None:

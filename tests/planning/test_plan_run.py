@@ -12,7 +12,7 @@ from apps.inventory.models import Accelerator, Host
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_create, job_execute
-from apps.planning import services
+from apps.planning import services, translate
 from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
@@ -113,12 +113,12 @@ def test_plan_run_on_the_demo_fleet_stores_a_validated_plan(demo_fleet, fake_dem
             assert runtime["batching"] == {"policy": "proteus"} and runtime["max_batch"] >= 1
             if runtime["key"].startswith("cpu"):
                 assert runtime["cpu_threads"] >= 1
-    # Routing: every served application, to instances the desired states run, weights = assigned rps.
+    # Routing: every served application, to instances the desired states run, weights = the plan's shares.
     runtimes = {f"{h}/{r['key']}": r for h, spec in plan.desired_states.items() for r in spec["runtimes"]}
     assert set(plan.routing) == set(DEMO_DEMAND)
     for application, routes in plan.routing.items():
         assert routes, application
-        assert sum(r["weight"] for r in routes) == pytest.approx(DEMO_DEMAND[application] * 1.25)
+        assert sum(r["weight"] for r in routes) == pytest.approx(1.0)
         for route in routes:
             assert runtimes[route["instance"]]["variant"] == route["variant"]
             assert runtimes[route["instance"]]["application"] == application
@@ -223,7 +223,7 @@ def test_a_plan_applying_would_refuse_fails_now(small_fleet, monkeypatch):
     def refuse(*, host, spec):
         raise ValidationError({"runtimes": [f"{host.name}: refused for the test"]})
 
-    monkeypatch.setattr(services, "host_desired_state_validate", refuse)
+    monkeypatch.setattr(translate, "host_desired_state_validate", refuse)
     _job, plan = _run({"demand": {"classify": 100}})
     assert plan.status == "failed" and not plan.validation["valid"]
     assert any("desired state of node-a: node-a: refused for the test" in p for p in plan.validation["problems"])
@@ -243,7 +243,7 @@ def test_a_second_plan_run_while_one_is_active_conflicts(small_fleet):
 def _solve_counted_translate_flaky_once(monkeypatch, error: str) -> dict[str, int]:
     """Count the plan runs' solves and translations; the first translation fails with a transient error."""
     calls = {"solve": 0, "translate": 0}
-    real_solve, real_translate = services.plan_solve, services._translate
+    real_solve, real_translate = services.plan_solve, services.plan_translate
 
     def counting_solve(*args, **kwargs):
         calls["solve"] += 1
@@ -256,7 +256,7 @@ def _solve_counted_translate_flaky_once(monkeypatch, error: str) -> dict[str, in
         return real_translate(*args, **kwargs)
 
     monkeypatch.setattr(services, "plan_solve", counting_solve)
-    monkeypatch.setattr(services, "_translate", flaky_translate)
+    monkeypatch.setattr(services, "plan_translate", flaky_translate)
     return calls
 
 

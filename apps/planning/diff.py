@@ -1,0 +1,167 @@
+"""The diff of a plan against what runs now: what applying it changes, per host (MIG instances kept,
+destroyed and created, MIG mode changes; runtimes added, removed, changed in variant or batch, kept) and
+per application (routes added, removed and re-weighted), with a summary of counts.
+
+The baseline is the active plan where it covers a host or an application, else the host's latest desired
+state (else its GPUs as they are) and the active routing tables. Route weights are compared as shares of
+each application's traffic, whatever scale the tables were written in."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Mapping
+
+from apps.deployments.models import HostDesiredState, RoutingTable
+from apps.inventory.models import Accelerator, Host
+from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.layout import mig_layout_diff
+
+from .models import Plan
+from .selectors import plan_active_get
+from .translate import gpu_spec_current
+
+__all__ = ["WEIGHT_EPSILON", "plan_diff", "plan_diff_summary_text"]
+
+# Weight changes below this (share of an application's traffic) are not listed in the diff.
+WEIGHT_EPSILON = 1e-4
+
+
+def _variant_of(runtime: Mapping[str, Any]) -> int | None:
+    variant = runtime.get("variant")
+    if isinstance(variant, Mapping):
+        variant = variant.get("id")
+    return variant if isinstance(variant, int) and not isinstance(variant, bool) else None
+
+
+def _runtime_summary(runtime: Mapping[str, Any]) -> dict[str, Any]:
+    return {"key": runtime.get("key"), "application": runtime.get("application"), "variant": _variant_of(runtime),
+            "max_batch": runtime.get("max_batch")}
+
+
+def _layout_diff(model_name: str, before: dict, after: dict) -> dict[str, Any]:
+    spec = mig_catalogue_load().gpu_model_find(model_name)
+    out: dict[str, Any] = {"mig_enabled": {"before": before["mig_enabled"], "after": after["mig_enabled"]},
+                           "keep": [], "destroy": [], "create": []}
+    old = list(before["layout"]) if before["mig_enabled"] else []
+    new = list(after["layout"]) if after["mig_enabled"] else []
+    if spec is None:
+        return out
+    try:
+        diff = mig_layout_diff(spec, old, new)
+    except ValueError as exc:  # a stored layout the catalogue refuses: say so rather than fail the diff
+        out["error"] = str(exc)
+        return out
+    out.update(keep=[str(p) for p in diff.keep], destroy=[str(p) for p in diff.destroy], create=[str(p) for p in diff.create])
+    return out
+
+
+def _routes_by_instance(routes: list[Mapping[str, Any]]) -> dict[str, tuple[int | None, float]]:
+    total = sum(max(0.0, float(r.get("weight") or 0.0)) for r in routes)
+    return {
+        str(r["instance"]): (r.get("variant"), (max(0.0, float(r.get("weight") or 0.0)) / total) if total > 0 else 0.0)
+        for r in routes if r.get("instance")
+    }
+
+
+def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mapping[str, list]) -> dict[str, Any]:
+    """What applying `desired_states` and `routing` (the plan's translation) changes, against the active plan
+    where it covers a host or an application, else against the host's latest desired state and the active
+    routing tables: {"against": {plan, description}, "summary": {counts}, "hosts": {...}, "routing": {...}}."""
+    active = plan_active_get()
+    if active is not None and active.pk == plan.pk:
+        active = None
+    hosts = {h.name: h for h in Host.objects.filter(name__in=desired_states)}
+    latest: dict[int, dict] = {}
+    for state in HostDesiredState.objects.filter(host__in=hosts.values()).order_by("host_id", "-version"):
+        latest.setdefault(state.host_id, state.spec)
+    accelerators = {(a.host_id, a.index): a for a in Accelerator.objects.filter(host__in=hosts.values(), kind="gpu").prefetch_related("gpu_instances")}
+    summary = defaultdict(int)
+    host_diffs: dict[str, Any] = {}
+    for host_name, after_spec in sorted(desired_states.items()):
+        host = hosts.get(host_name)
+        if host is None:
+            continue
+        if active is not None and host_name in active.desired_states:
+            before_spec, baseline = active.desired_states[host_name], f"plan {active.pk}"
+        elif host.pk in latest:
+            before_spec, baseline = latest[host.pk], f"desired state v{latest[host.pk].get('version')}"
+        else:
+            before_spec, baseline = {"gpus": [], "runtimes": []}, "nothing (no desired state yet)"
+        before_gpus = {g["index"]: g for g in before_spec.get("gpus", [])}
+        gpus: dict[str, Any] = {}
+        for gpu in after_spec.get("gpus", []):
+            accelerator = accelerators.get((host.pk, gpu["index"]))
+            if accelerator is None:
+                continue
+            before = before_gpus.get(gpu["index"]) or gpu_spec_current(accelerator=accelerator)
+            change = _layout_diff(accelerator.model_name, before, gpu)
+            summary["mig_created"] += len(change["create"])
+            summary["mig_destroyed"] += len(change["destroy"])
+            summary["mig_mode_changes"] += int(change["mig_enabled"]["before"] != change["mig_enabled"]["after"])
+            if change["create"] or change["destroy"] or change["mig_enabled"]["before"] != change["mig_enabled"]["after"]:
+                gpus[f"gpu{gpu['index']}"] = change
+        old = {r["key"]: _runtime_summary(r) for r in before_spec.get("runtimes", []) if r.get("key")}
+        new = {r["key"]: _runtime_summary(r) for r in after_spec.get("runtimes", [])}
+        added = [new[k] for k in sorted(set(new) - set(old))]
+        removed = [old[k] for k in sorted(set(old) - set(new))]
+        changed = [
+            {"key": k, "before": old[k], "after": new[k]}
+            for k in sorted(set(old) & set(new))
+            if (old[k]["variant"], old[k]["max_batch"], old[k]["application"]) != (new[k]["variant"], new[k]["max_batch"], new[k]["application"])
+        ]
+        kept = len(set(old) & set(new)) - len(changed)
+        summary["runtimes_added"] += len(added)
+        summary["runtimes_removed"] += len(removed)
+        summary["runtimes_changed"] += len(changed)
+        summary["runtimes_kept"] += kept
+        host_changed = bool(gpus or added or removed or changed)
+        summary["hosts_changed"] += int(host_changed)
+        host_diffs[host_name] = {"baseline": baseline, "changed": host_changed, "gpus": gpus,
+                                 "runtimes": {"added": added, "removed": removed, "changed": changed, "kept": kept}}
+
+    if active is not None:
+        routing_before = {name: list(routes) for name, routes in active.routing.items()}
+    else:
+        routing_before = {}
+    tables = {t.application.name: t.routes for t in RoutingTable.objects.filter(active=True).select_related("application")}
+    routing_diffs: dict[str, Any] = {}
+    for application in sorted(set(routing) | set(routing_before) | set(tables)):
+        if application not in routing:
+            continue  # not in this plan: its table is not part of the diff
+        before_routes = routing_before[application] if application in routing_before else tables.get(application, [])
+        old = _routes_by_instance(before_routes)
+        new = _routes_by_instance(routing[application])
+        added = [{"instance": i, "variant": new[i][0], "weight": round(new[i][1], 6)} for i in sorted(set(new) - set(old))]
+        removed = [{"instance": i, "variant": old[i][0], "weight": round(old[i][1], 6)} for i in sorted(set(old) - set(new))]
+        reweighted = []
+        for i in sorted(set(old) & set(new)):
+            delta = new[i][1] - old[i][1]
+            if abs(delta) > WEIGHT_EPSILON or old[i][0] != new[i][0]:
+                reweighted.append({"instance": i, "variant_before": old[i][0], "variant_after": new[i][0],
+                                   "weight_before": round(old[i][1], 6), "weight_after": round(new[i][1], 6), "delta": round(delta, 6)})
+        summary["routes_added"] += len(added)
+        summary["routes_removed"] += len(removed)
+        summary["routes_reweighted"] += len(reweighted)
+        changed = bool(added or removed or reweighted)
+        summary["applications_rerouted"] += int(changed)
+        routing_diffs[application] = {"changed": changed, "added": added, "removed": removed, "reweighted": reweighted}
+    summary = {k: summary.get(k, 0) for k in (
+        "hosts_changed", "mig_created", "mig_destroyed", "mig_mode_changes", "runtimes_added", "runtimes_removed",
+        "runtimes_changed", "runtimes_kept", "applications_rerouted", "routes_added", "routes_removed", "routes_reweighted",
+    )}
+    summary["changes"] = sum(summary[k] for k in ("mig_created", "mig_destroyed", "mig_mode_changes", "runtimes_added", "runtimes_removed",
+                                                   "runtimes_changed", "routes_added", "routes_removed", "routes_reweighted"))
+    against = {"plan": active.pk if active is not None else None,
+               "description": f"active plan {active.pk}" if active is not None else "the hosts' latest desired states and the active routing tables"}
+    return {"against": against, "summary": summary, "hosts": host_diffs, "routing": routing_diffs}
+
+
+def plan_diff_summary_text(*, summary: Mapping[str, int]) -> str:
+    """One line for a diff's summary: "no change", or the counts that are not 0."""
+    if not summary.get("changes"):
+        return "no change"
+    parts = [f"{summary[k]} {label}" for k, label in (
+        ("mig_destroyed", "MIG instances destroyed"), ("mig_created", "MIG instances created"),
+        ("mig_mode_changes", "MIG mode changes"), ("runtimes_added", "runtimes added"), ("runtimes_removed", "runtimes removed"),
+        ("runtimes_changed", "runtimes changed"), ("applications_rerouted", "applications rerouted"),
+    ) if summary.get(k)]
+    return ", ".join(parts)

@@ -1,0 +1,154 @@
+"""Translating an engine plan into what the fleet runs: each planned host's desired state (the spec the
+deployments service takes, `host_desired_state_set`) and each application's routing table (the routes
+`routing_tables_publish` takes).
+
+- Desired states: every planned host gets one, with an empty runtime list where the plan runs nothing on
+  it. A MIG GPU the plan uses gets the plan's layout (MIG off where it runs a whole-GPU instance); one it
+  leaves idle keeps the layout it has. Each plan instance becomes a runtime keyed by where it runs
+  (`runtime_key`), with its variant's id, its batch size and the proteus batching policy.
+- Routing tables: `engine.dataplane.routing.routing_tables_from_plan`, the same derivation the simulator
+  and the plan run's prediction route with, each route's engine instance id replaced by the data plane's
+  instance id ("<host>/<runtime key>") and its variant's id. The weights are the engine table's, unchanged:
+  what routers draw from is what the prediction simulated.
+
+The translation only reads; every desired state it produces is put through the deployments service's own
+check (a dry run), so that a plan that applying would refuse fails its plan run instead."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from django.core.exceptions import ValidationError
+
+from apps.deployments.services import host_desired_state_validate
+from apps.inventory.choices import AcceleratorKindChoices
+from apps.inventory.models import Accelerator, Host
+from engine.dataplane.routing import routing_tables_from_plan
+from engine.geometry.names import instance_id
+from engine.plans.problem import FULL_SLICE, Problem
+from engine.plans.problem import Plan as EnginePlan
+
+__all__ = ["PlanTranslation", "gpu_spec_current", "plan_translate", "runtime_key"]
+
+
+@dataclass(frozen=True)
+class PlanTranslation:
+    """What applying a plan would write. `desired_states`: {host name: desired-state spec (POST form)};
+    `routing`: {application: [{"instance": "<host>/<runtime key>", "variant": id, "weight": w}]}, weights
+    summing to 1 (an empty list where the application gets no capacity); `problems`: why applying would
+    fail (an empty list when it would not)."""
+
+    desired_states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    routing: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where an engine instance runs in the fleet."""
+
+    instance: str  # "<host>/<runtime key>"
+    variant: int  # ModelVariant id
+
+
+def runtime_key(*, device: Mapping[str, Any], slice_name: str, start: int | None) -> str:
+    """The runtime key of an instance on `device` (a plan's `devices` entry): "gpu0/3g.20gb@4" on a MIG
+    slice, "gpu0" on a whole GPU, "cpu0/0" on a CPU (the engine runs one instance per CPU)."""
+    if device["kind"] == AcceleratorKindChoices.CPU:
+        return f"cpu{device['index']}/0"
+    if start is not None:
+        return f"gpu{device['index']}/{slice_name}@{start}"
+    return f"gpu{device['index']}"
+
+
+def gpu_spec_current(*, accelerator: Accelerator) -> dict[str, Any]:
+    """The GPU as it is now, in desired-state form: {index, mig_enabled, layout}."""
+    layout = [gi.placement for gi in sorted(accelerator.gpu_instances.all(), key=lambda g: g.placement_start)] if accelerator.mig_enabled else []
+    return {"index": accelerator.index, "mig_enabled": bool(accelerator.mig_enabled), "layout": layout}
+
+
+def plan_translate(
+    *, problem: Problem, engine_plan: EnginePlan, devices: Mapping[str, Mapping[str, Any]], variant_ids: Mapping[str, int],
+) -> PlanTranslation:
+    """Each planned host's desired state and each application's routes for `engine_plan` (see the module
+    docstring). `devices` maps engine device names to {host, host_name, kind, index} (the snapshot's),
+    `variant_ids` engine variant names to ModelVariant ids."""
+    problems: list[str] = []
+    host_ids = sorted({d["host"] for d in devices.values()})
+    hosts = {h.pk: h for h in Host.objects.filter(pk__in=host_ids)}
+    accelerators = {
+        (a.host_id, a.kind, a.index): a
+        for a in Accelerator.objects.filter(host_id__in=host_ids).prefetch_related("gpu_instances")
+    }
+    specs: dict[str, dict[str, Any]] = {}
+    for name, info in sorted(devices.items()):
+        host = hosts.get(info["host"])
+        if host is None:
+            problems.append(f"{name}: its host no longer exists")
+            continue
+        specs.setdefault(host.name, {"gpus": [], "runtimes": []})
+    instances_by_device: dict[str, list] = defaultdict(list)
+    for inst in engine_plan.instances:
+        instances_by_device[inst.device].append(inst)
+    device_names = {d.name for d in problem.devices}
+    targets: dict[str, _Target] = {}  # engine instance id -> where it runs
+    for name, info in sorted(devices.items(), key=lambda kv: (kv[1]["host_name"], kv[1]["kind"], kv[1]["index"])):
+        host = hosts.get(info["host"])
+        if host is None:
+            continue
+        spec = specs[host.name]
+        device = problem.device(name) if name in device_names else None
+        if info["kind"] == AcceleratorKindChoices.GPU:
+            accelerator = accelerators.get((host.pk, "gpu", info["index"]))
+            if accelerator is None:
+                problems.append(f"{name}: the GPU is no longer in the inventory")
+                continue
+            if device is not None and device.mig:
+                if name in engine_plan.layouts:
+                    layout = list(engine_plan.layouts[name])
+                    whole = any(i.slice == FULL_SLICE for i in instances_by_device.get(name, []))
+                    gpu = {"index": info["index"], "mig_enabled": (not whole) and (bool(layout) or accelerator.mig_enabled),
+                           "layout": [] if whole else layout}
+                else:
+                    gpu = gpu_spec_current(accelerator=accelerator)  # idle and left as it is
+            else:
+                gpu = {"index": info["index"], "mig_enabled": False, "layout": []}
+            spec["gpus"].append(gpu)
+        for inst in sorted(instances_by_device.get(name, []), key=lambda i: (i.start if i.start is not None else -1, i.slice)):
+            variant_id = variant_ids.get(inst.variant)
+            if variant_id is None:
+                problems.append(f"{inst.id}: variant {inst.variant} is no longer in the registry")
+                continue
+            key = runtime_key(device=info, slice_name=inst.slice, start=inst.start)
+            cpu = info["kind"] == AcceleratorKindChoices.CPU
+            spec["runtimes"].append({
+                "key": key, "device": f"{info['kind']}{info['index']}",
+                "placement": f"{inst.slice}@{inst.start}" if inst.start is not None else None,
+                "cpu_threads": int(inst.slice) if cpu else None,
+                "application": problem.variant(inst.variant).application, "variant": variant_id, "max_batch": int(inst.batch),
+                "batching": {"policy": "proteus"},
+            })
+            targets[inst.id] = _Target(instance_id(host.name, key), variant_id)
+    for spec in specs.values():
+        spec["gpus"].sort(key=lambda g: g["index"])
+        spec["runtimes"].sort(key=lambda r: r["key"])
+    # One derivation of the routing tables (the simulator's). A route to an instance that has no runtime
+    # above is left out: the plan fails anyway, on a problem recorded above or on the validator's.
+    tables = routing_tables_from_plan(engine_plan)
+    routing: dict[str, list[dict[str, Any]]] = {}
+    for application in problem.applications:
+        table = tables.get(application.name)
+        routing[application.name] = [
+            {"instance": targets[engine_id].instance, "variant": targets[engine_id].variant, "weight": weight}
+            for engine_id, weight in (table.entries if table is not None else ())
+            if engine_id in targets
+        ]
+    # What applying would write must pass the same checks applying makes (dry run, nothing stored).
+    by_name = {h.name: h for h in hosts.values()}
+    for host_name, spec in sorted(specs.items()):
+        try:
+            host_desired_state_validate(host=by_name[host_name], spec=spec)
+        except ValidationError as exc:
+            problems += [f"desired state of {host_name}: {message}" for message in exc.messages]
+    return PlanTranslation(desired_states=specs, routing=routing, problems=problems)
