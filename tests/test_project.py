@@ -72,3 +72,12 @@ def test_production_settings_have_no_default_secrets(missing):
 def test_health_and_root(client, db):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/").headers["Location"] == "/overview/"  # the dashboard opens on the overview
+
+
+def test_collectstatic_under_production_settings_collects_the_project_assets(tmp_path):
+    result = subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput"], cwd=REPO, capture_output=True,
+                            text=True, env=_production_env(TESSERA_STATIC_ROOT=str(tmp_path)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("img/favicon.svg", "img/logo.svg", "css/tessera.css", "dashboard/dashboard.css",
+                 "vendor/uplot-1.6.32/uPlot.iife.min.js", "vendor/uplot-1.6.32/LICENSE"):
+        assert (tmp_path / name).is_file(), name
