@@ -1,5 +1,7 @@
 #!/usr/bin/env python
 """The control loop's reaction time: from a change in demand to every router on the new plan.
+No paper figure: Proteus (ASPLOS'24 §6.3, Figure 5) shows SLO violations around a burst, not the time its
+control path takes; the target is the issue's.
 
     .venv/bin/python benches/control_loop.py [--hosts 8] [--gpus-per-host 8] [--trials 4] [--agent-delay-s 1.0]
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """The data plane's overhead: a query through the router and a runtime process against a bare
-`onnxruntime.InferenceSession.run` of the same model on the same CPU. A script, not a test (its smoke run
-is tests/workers/test_bench_dataplane_smoke.py).
+`onnxruntime.InferenceSession.run` of the same model on the same CPU. No paper figure: Proteus (ASPLOS'24
+§6.8) reports only its request router's table lookup, under 1 ms; the targets are the issue's. A script,
+not a test (its smoke run is tests/workers/test_bench_dataplane_smoke.py).
 
     .venv/bin/python benches/dataplane.py            # full run (about 40 s on two cores)
     .venv/bin/python benches/dataplane.py --quick    # smoke run, about 10 s

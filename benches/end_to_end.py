@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Proteus (ASPLOS'24) Figures 4 and 7, reproduced in spirit: every allocation baseline end to end on a
-diurnal trace (throughput, effective accuracy, max accuracy drop, SLO violation ratio), then the Proteus
-ablations. A script, not a test (its smoke run is tests/engine/test_repro_benches_smoke.py).
+"""Proteus (ASPLOS'24) §6.2 Figure 4 and §6.5 Figure 7, reproduced in spirit: every allocation baseline
+end to end on a diurnal trace (throughput, effective accuracy, max accuracy drop, SLO violation ratio),
+then the Proteus ablations. A script, not a test (its smoke run is tests/engine/test_repro_benches_smoke.py).
 
     .venv/bin/python benches/end_to_end.py            # full run (about three minutes on two cores)
     .venv/bin/python benches/end_to_end.py --quick    # smoke run, seconds
@@ -10,14 +10,22 @@ ablations. A script, not a test (its smoke run is tests/engine/test_repro_benche
 Writes DIR/end_to_end.csv (one row per simulation, its per-10-second series in end_to_end_series.csv) and
 DIR/end_to_end.png (needs matplotlib).
 
-What the paper shows. The paper's text is not in the stored sources (abstract only: Proteus "reduces
-accuracy drop by up to 3x and latency timeouts by 2-10x"). Its artefact (UMass-LIDS/Proteus) gives the
-setting: plotting/endtoend.py plots, per 10-second window, demand and throughput, effective accuracy and
-SLO violations for Clipper-HA, INFaaS-Accuracy, Clipper-HT, Sommelier and Proteus, with bars of average
-throughput, max accuracy drop (100 - the lowest windowed effective accuracy) and SLO violation ratio; its
-configs give each system its own batching (Clipper: AIMD, static allocation; Sommelier and Proteus:
-Proteus's batching, re-solved every 10 s, Proteus planning for 1.05x the demand, Sommelier 1.5x; INFaaS: its
-own).
+What the paper shows (shared/papers/proteus-asplos24.txt). §6.2, Figure 4: on the Twitter trace (Zipf
+1.001 over model families, §6.1.3), time series of demand and throughput, effective accuracy and SLO
+violations, with bars of the averages. Proteus's maximum accuracy drop is 4.85 %, 2.8x lower than INFaaS
+(13.7 %) and 3.2x lower than Sommelier (16 %); Clipper-HT's is the largest (20 %); Proteus has 2.8x fewer
+SLO violations than Sommelier, 4.3x fewer than INFaaS and over 10x fewer than Clipper, and 60 % more
+throughput than the baselines that do not scale accuracy; Clipper-HA keeps the best accuracy but serves
+about half the demand at the first peak. §6.5, Figure 7 (ablations): without model selection the SLO
+violation ratio is the largest (0.18), without query assignment 0.1; without placement (the same as
+Sommelier) the accuracy drop is the largest (16 %); without adaptive batching (batch size 1) the most
+violations at the peak. Violations degrade most without model selection, then adaptive batching, query
+assignment, placement; accuracy most without placement, then adaptive batching, query assignment, model
+selection. The paper re-solves its MILP every 30 s (§6.1.5). The artefact (UMass-LIDS/Proteus) gives the
+rest of the setting: plotting/endtoend.py plots per 10-second window, the max accuracy drop being
+100 - the lowest windowed effective accuracy; its configs give each system its own batching (Clipper:
+AIMD, static allocation; Sommelier and Proteus: Proteus's batching, re-solved every 10 s, Proteus planning
+for 1.05x the demand, Sommelier 1.5x; INFaaS: its own).
 
 Setup (all of it printed with the results):
 - Fleet: `generate.proteus_sized_problem(16, 4, 32, 6)` (RTX 2080 Ti, A100-SXM4-40GB, H100-SXM5-80GB and
@@ -31,21 +39,23 @@ Setup (all of it printed with the results):
   the applications with Zipf popularity (alpha 1.001) as in Proteus. The mean rate is `load` (default
   0.3) x the fleet's max-throughput capacity at that mix (every device running its fastest variant), so
   the busiest second reaches about 0.6 of it: the most accurate variants (about 0.33 of it) cannot keep
-  up for most of the day, the fastest can (a published summary of the paper gives Proteus +60 % throughput
-  over the baselines that do not scale accuracy; this load gives the same order). Gamma micro-bursts are NOT layered on top (no generator composes the two).
-- Closed loop (simulator.py): re-plan every 10 s (the artefact's solve interval) on the last 10 s of
-  observed demand x `headroom` (default 1.25), the burst trigger at 1.5x, a reconfiguration delay of 2 s for
-  every new instance. The allocation baselines are re-planned the same way, except Clipper-HA/HT, which are
-  static allocations in the paper: planned once, at time 0, on the whole day's mean demand x headroom.
+  up for most of the day, the fastest can (§6.2 gives Proteus +60 % throughput over the baselines that
+  do not scale accuracy; this load gives the same order). Gamma micro-bursts are NOT layered on top (no generator composes the two).
+- Closed loop (simulator.py): re-plan every 10 s (the artefact's solve interval; the paper's, §6.1.5, is
+  30 s) on the last 10 s of observed demand x `headroom` (default 1.25), the burst trigger at 1.5x, a
+  reconfiguration delay of 2 s for every new instance. The allocation baselines are re-planned the same
+  way, except Clipper-HA/HT, which are static allocations in the paper (§6.1.1): planned once, at time 0,
+  on the whole day's mean demand x headroom.
   Sommelier keeps the placement of its first plan (clipper-ha's) and only swaps variants in place.
 - Figures 4/7 are run twice: every system with Proteus's batching (rows differ only in allocation), and
   with the artefact's batching per system (Clipper: aimd; INFaaS: nexus, the nearest Tessera policy to
   INFaaS's batch-to-a-target-size rule; others: proteus).
-- Ablations (as the issue lists them): no model selection, no placement (placement of
-  the first proteus plan frozen, variants and traffic re-planned in place), no adaptive batching (proteus
-  plans served with AIMD, or with no batching at all: fixed size 1), no query assignment (each
-  application's traffic split evenly over its instances instead of the plan's weights: the simulator routes
-  by the plan's weights, so the planner hands it a copy of the plan with uniform weights).
+- Ablations (Proteus §6.5: w/o MS, w/o MP, w/o AB, w/o QA): no model selection, no placement (placement
+  of the first proteus plan frozen, variants and traffic re-planned in place), no adaptive batching
+  (proteus plans served with AIMD, or with no batching at all: fixed size 1, which is §6.5's), no query
+  assignment (each application's traffic split evenly over its instances instead of the plan's weights:
+  the simulator routes by the plan's weights, so the planner hands it a copy of the plan with uniform
+  weights).
 - Sensitivity of the proteus row to the closed loop: headroom 1.0 and 1.05 (the artefact's beta), a 30 s
   re-planning interval, a 0 s reconfiguration delay; joint with a reconfiguration penalty (0.001 per MIG
   instance destroyed or created); the proteus plans served with Nexus's batching; and the profiles made
@@ -395,9 +405,9 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
             cmp(name, main, "proteus batching for all")
     for name in ARTEFACT_BATCHING:
         cmp(name, art, "artefact batching")
-    out("  Paper (abstract, artefact plots): proteus meets the throughput with the smallest accuracy drop among the accuracy-scaling")
-    out("  systems (up to 3x smaller) and 2-10x fewer SLO violations; Clipper-HA keeps the best accuracy but cannot serve the peak;")
-    out("  Clipper-HT serves the peak at the lowest accuracy.")
+    out("  Paper (§6.2, Figure 4): proteus meets the throughput with the smallest accuracy drop among the accuracy-scaling")
+    out("  systems (2.8x below INFaaS, 3.2x below Sommelier) and 2.8-10x fewer SLO violations; Clipper-HA keeps the best accuracy")
+    out("  but serves about half the demand at the peak; Clipper-HT serves the peak at the lowest accuracy (20 % drop).")
     nexus = next((r for r in rows if r["row"] == "proteus plans, nexus batching" and not r.get("error")), None)
     if nexus is not None:
         out("  The same proteus plans served with Nexus's (work-conserving) batching instead of Proteus's:")
@@ -487,7 +497,7 @@ def header(args: argparse.Namespace, problem: Problem, trace: Trace, capacity: f
         f"({args.accurate_capacity / capacity:.2f} x the max-throughput capacity).",
         f"Closed loop: re-plan every {REPLAN_S:g} s on the last {REPLAN_S:g} s x headroom {args.headroom:g}, burst trigger 1.5x, "
         f"reconfiguration delay {RECONFIGURATION_S:g} s; Clipper-HA/HT static (one plan on the day's mean x headroom); noise sigma 0.05.",
-        "Paper: Proteus (ASPLOS'24) Figures 4 and 7; full text not in the stored sources (abstract + artefact plotting/config files only).",
+        "Paper: Proteus (ASPLOS'24) §6.2 Figure 4 and §6.5 Figure 7 (text in shared/papers/proteus-asplos24.txt; setting from the artefact's plotting/config files).",
         f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, {args.jobs} worker process(es).",
     ]
 

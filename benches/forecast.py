@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Demand forecasting for re-planning: how well the Holt forecast (engine/forecasting/holt.py), and
 what the planner is sized on, max(peak of the last W s, forecast), predict the per-second demand 10, 30
-and 60 s ahead, against two naive predictors. A script, not a test (its smoke run is
-tests/planning/test_forecast.py).
+and 60 s ahead, against two naive predictors. No paper figure: the Razavi thesis's predictor is an LSTM
+(IPA §P3.5.5, Figure P3.16; Biscale §P4.5.1.3, Figure P4.5), which this bench does not run. A script,
+not a test (its smoke run is tests/planning/test_forecast.py).
 
     .venv/bin/python benches/forecast.py            # full run (a few seconds)
     .venv/bin/python benches/forecast.py --quick    # smoke run: one trace per scenario

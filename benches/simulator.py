@@ -1,5 +1,7 @@
 #!/usr/bin/env python
 """Simulator benchmark: simulated queries per second of wall time, on one core, for each batching policy.
+No paper figure: Proteus's simulator (ASPLOS'24 §6.1.5, an event queue with profiled latencies) reports no
+speed; the target is the issue's.
 
     .venv/bin/python benches/simulator.py              # full run: >= 1 million queries per row (about a minute)
     .venv/bin/python benches/simulator.py --quick      # smoke run, seconds

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Telemetry ingest: agent metric reports ingested per second, and the delay from a report to the browser.
+No paper figure (none of the papers measures telemetry); the target is the issue's.
 
     .venv/bin/python benches/telemetry.py                       # full run, about 3 min on two cores
     .venv/bin/python benches/telemetry.py --quick               # smoke run, about 1 min

@@ -230,6 +230,12 @@ class QueryQueue:
         - "never": nothing (beyond the early drops);
         - "deadline": the query cannot finish by its deadline even alone: now + latency(1) > deadline;
         - "slo-1x" / "slo-2x": the query has waited longer than 1x / 2x the SLO: now - arrival > k * slo.
+
+        Sources (Razavi thesis, shared/papers/razavi-thesis-fa2-sponge-ipa-biscale.txt): IPA §P3.4.5
+        "Dropping" drops a request that has already passed its SLO and one whose latency exceeds 2x the SLO;
+        Biscale §P4.6.3 "Request Dropping Effect" compares dropping at 1x the SLO, at 3x, and never (1x
+        fewest violations). "deadline" is the Nexus-style early test (Proteus §2.2, §6.4), which drops
+        sooner than "slo-1x". Departure: there is no 3x rule (FA2 §P1.6.4 and Biscale §P4.6.3 use one).
         """
         early = self._early
         if early:
@@ -369,23 +375,32 @@ def _largest_feasible(latency_ms: Callable[[int], float], lo: int, hi: int, budg
 
 class ProteusBatching:
     """Proteus's adaptive batching (Ahmad et al., "Proteus: A High-Throughput Inference-Serving System with
-    Accuracy Scaling", ASPLOS'24, §5 "Adaptive batching"). The paper's full text is not in the stored
-    sources (only its abstract, which names the algorithm); the rule was checked against the authors'
-    simulator, UMass-LIDS/Proteus `core/predictor.py`: `max_waiting_time = first_request_expiration -
-    batch_processing_latency(batch_size)`, with `batch_size` counting the newly arrived query. Proactive
-    and NOT work-conserving.
+    Accuracy Scaling", ASPLOS'24, §5 "Adaptive Batching", Figure 3; evaluated in §6.4, Figure 6).
+    Proactive and NOT work-conserving.
 
-    With q queries queued (head deadline T_exp, T_process(b) = latency_ms(b)):
+    The paper's rule: with q queries queued, the first expiring at T_exp(1), wait for the (q+1)-th query
+    until T_max_wait(q+1) = T_exp(1) - T_process(q+1). Case 1: nothing arrives by then, run the q queued
+    at T_max_wait(q+1). Case 2: the (q+1)-th arrives first; if T_max_wait(q+2) is already past, run q+1
+    now, else wait again with q' = q+1. The authors' simulator does the same (UMass-LIDS/Proteus
+    `core/predictor.py`: `max_waiting_time = first_request_expiration -
+    batch_processing_latency(batch_size)`, `batch_size` counting the newly arrived query).
+
+    As implemented, with q queries queued (head deadline T_exp, T_process(b) = latency_ms(b)):
 
     - q >= max_batch: run max_batch now (the batch cannot grow).
     - otherwise wait for the (q+1)-th query until t_w = T_exp - T_process(q+1): answer Dispatch(q, t_w);
-      an arrival before t_w re-asks with q+1. When t_w is reached (or already past), run now.
+      an arrival before t_w re-asks with q+1 (Case 2). When t_w is reached (Case 1), or already past,
+      run now.
     - running now takes the largest b <= min(q, max_batch) with now + T_process(b) <= T_exp, so the head
-      never times out when some batch could still serve it in time ("never let a query time out that could
-      have been served"). Waiting never costs a query its deadline: at t_w a batch of q ends by
+      never times out when some batch could still serve it in time (§5's proactive idea: no queued query
+      should time out needlessly). Waiting never costs a query its deadline: at t_w a batch of q ends by
       T_exp - T_process(q+1) + T_process(q) <= T_exp.
     - if the head cannot meet its deadline even alone, it is late whatever happens (dropping it is the drop
       rule's business); the policy then runs min(q, max_batch) now, clearing the backlog fastest.
+
+    Departure: §5 has no batch cap and assumes the device idle while the queue fills; here the batch is
+    capped at `max_batch` (§4's "maximum allowed batch size") and, when the device was busy past t_w, shrunk
+    to what still meets the head's deadline (the artefact drops heads instead, keeping the batch large).
 
     Only the head's deadline is checked, as in the paper: in FIFO with one SLO per instance (and in EDF) it
     is the earliest deadline of the batch.
@@ -420,20 +435,28 @@ class ProteusBatching:
 
 
 class AimdBatching:
-    """Clipper's adaptive batch size (Crankshaw et al., "Clipper: A Low-Latency Online Prediction Serving
-    System", NSDI'17, §4.3 "Adaptive Batching", "Dynamic Batch Size"): an additive-increase,
-    multiplicative-decrease (AIMD) cap on the batch size. Clipper increases the batch size additively by a
-    fixed amount until a batch's latency exceeds the latency objective, then backs off multiplicatively by
-    10% (`backoff=0.9`). The stored sources confirm the AIMD scheme (paper summaries); the 10% figure is the
-    paper's as recalled, not re-read, and the open-source Clipper has no AIMD code (it sizes batches from a
+    """Clipper's AIMD batching as the Proteus paper uses it as a baseline (Ahmad et al., ASPLOS'24: §2.2
+    "Challenge 2", §6.1.1 "Clipper", §6.4, Figure 6), after Clipper itself (Crankshaw et al., "Clipper: A
+    Low-Latency Online Prediction Serving System", NSDI'17, §4.3, "Dynamic Batch Size").
+
+    The rule: an additive-increase, multiplicative-decrease (AIMD) cap on the batch size. Proteus describes
+    it as reactive: it raises the batch size step by step until batches time out, then backs off
+    multiplicatively, without looking at the queue or at when queued queries expire (§6.4). Clipper's own
+    paper tests the batch's latency against the latency objective and backs off by 10% (`backoff=0.9`);
+    that paper is not among the project's papers in shared/papers, so the 10% is taken from it as
+    cited, not re-checked here. The open-source Clipper has no AIMD code (it sizes batches from a
     throughput estimate). Work-conserving: when idle, take min(len(queue), cap, max_batch) now.
 
     `observe(batch, latency_ms, late)`: the batch is late if any of its queries missed its deadline
-    (`late > 0`) or, when `slo_ms` is given, its latency exceeded `slo_ms` (Clipper's own test). A late
-    batch multiplies the cap by `backoff` (never below 1); an on-time batch adds `step` (never above the
-    last `max_batch` seen). The cap is kept as a float so that repeated 10% cuts accumulate; the batch size
-    used is its integer part. Defaults: start at `initial=1`, `step=1` (the paper gives no step size; the
-    Proteus artifact's Clipper baseline also moves one batch size at a time).
+    (`late > 0`, Proteus's "latency timeouts") or, when `slo_ms` is given, its latency exceeded `slo_ms`
+    (Clipper's own test). A late batch multiplies the cap by `backoff` (never below 1); an on-time batch
+    adds `step` (never above the last `max_batch` seen). The cap is kept as a float so that repeated 10%
+    cuts accumulate; the batch size used is its integer part. Defaults: start at `initial=1`, `step=1`
+    (neither paper gives a step size; the Proteus artefact's Clipper baseline also moves one batch size at
+    a time).
+
+    Departure: work-conserving, where the Proteus artefact's AIMD waits until the queue holds a full batch
+    of the cap (see benches/batching.py's notes); the papers do not say when a batch is dispatched.
     """
 
     __slots__ = ("cap", "step", "backoff", "slo_ms", "_limit")
@@ -487,14 +510,16 @@ class AimdBatching:
 
 
 class NexusBatching:
-    """Nexus's early-drop batching (Shen et al., "Nexus: A GPU Cluster Engine for Accelerating DNN-Based
-    Video Analysis", SOSP'19, the adaptive batching / early-drop dispatch of its backend; the paper's full
-    text is not in the stored sources, so the section number is not verified). The rule was checked
-    against the authors' code: uwsampl/nexus `src/nexus/backend/model_exec.cpp`,
-    `ModelExecutor::GetBatchTask` (pops in deadline order, drops inputs whose deadline is before
-    now + latency(batch), shrinks the batch to the inputs left), and the later dispatcher's
-    `DropPolicy::kWindowDrop`, "allow dropping head of queue so that the system can keep big batch size".
-    Work-conserving.
+    """Nexus's early-drop batching as the Proteus paper uses it as a baseline (Ahmad et al., ASPLOS'24:
+    §2.2 "Challenge 2": proactive early dropping, work-conserving; §6.4, Figure 6: Nexus sends a device its
+    next batch as soon as the previous one finishes), after Nexus itself (Shen et al., "Nexus: A GPU
+    Cluster Engine for Accelerating DNN-Based Video Analysis", SOSP'19, the early-drop dispatch of its
+    backend; that paper is not among the project's papers in shared/papers, so its section is not
+    cited). The rule was checked against the authors' code: uwsampl/nexus
+    `src/nexus/backend/model_exec.cpp`, `ModelExecutor::GetBatchTask` (pops in deadline order, drops
+    inputs whose deadline is before now + latency(batch), shrinks the batch to the inputs left), and the
+    later dispatcher's `DropPolicy::kWindowDrop`, "allow dropping head of queue so that the system can keep
+    big batch size". Work-conserving, as Proteus §6.4 describes it.
 
     Sliding window: the window is the batch size that keeps the planned throughput, `window` (default: the
     plan's `max_batch`, which the capacity model sized for the instance's share of the load), never more
@@ -509,6 +534,9 @@ class NexusBatching:
 
     Queries that cannot meet their deadline even at b = 1 are also what `drop_expired(..., "deadline")`
     removes; Nexus drops them itself whatever the caller's rule.
+
+    Departure: none from Proteus's description; the Proteus artefact's Nexus baseline, though, waits for a
+    full batch (a timer at head deadline - latency(max batch)), which this policy does not.
     """
 
     __slots__ = ("window",)
@@ -556,7 +584,8 @@ class NexusBatching:
 class MaxDelayBatching:
     """Triton-style dynamic batching (NVIDIA Triton Inference Server user guide, "Batchers: Dynamic Batcher",
     `preferred_batch_size` and `max_queue_delay_microseconds`, here in milliseconds). Not work-conserving
-    when a delay is set.
+    when a delay is set. None of the papers defines it (Proteus §6.1.1 names Triton only as a static
+    system that its Clipper baseline stands for); it is here as the production default to compare with.
 
     - If a preferred batch size can be formed, run the largest preferred size <= min(queued, max_batch) now.
     - Else, if the batch cannot grow (queued >= max_batch), run max_batch now.
@@ -628,7 +657,8 @@ class MaxDelayBatching:
 
 class FixedBatching:
     """A fixed batch size (default 1, i.e. no batching), work-conserving: when idle take
-    min(queued, size, max_batch) now. The baseline every other policy is compared with."""
+    min(queued, size, max_batch) now. The baseline every other policy is compared with; with size 1 it is
+    Proteus's "w/o AB" ablation (ASPLOS'24 §6.5, Figure 7: batch size set statically to 1)."""
 
     __slots__ = ("size",)
     name = "fixed"

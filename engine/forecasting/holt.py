@@ -17,6 +17,14 @@ days of history and a day length the control plane does not know. The forecast i
 `apps.planning.demand` plans for max(peak of the recent window, forecast). The recent peak covers the
 noise and the forecast's smoothing; the forecast adds what the peak cannot see, a rise still under way.
 
+The papers: Proteus (ASPLOS'24, §3 and §4) does not forecast: its resource manager re-plans periodically
+on observed demand and when a load balancer reports a burst. The Razavi thesis forecasts with an LSTM
+(one 25-unit layer and a dense output) that predicts the maximum load of the next 10-20 s from per-second
+loads: IPA §P3.3 "Predictor" (2 minutes of history, trained on two weeks of the Twitter trace; its
+benefit in §P3.5.5, Figure P3.16) and Biscale §P4.5.1.3 "When" (the next 10 s, to decide when to switch
+from vertical to horizontal scaling). Departure: Holt's method needs no training data or training step,
+and max(recent peak, forecast) stands in for the thesis's predicted maximum.
+
 Parameters (per one-second step), chosen with `benches/forecast.py` (compressed-day diurnal trace and
 ramps, 50 and 500 requests per second, 60 s of history): `alpha` 0.1 (level: about 10 s of memory, which
 averages the Poisson noise of per-second counts, 14 % at 50 requests per second), `beta` 0.05 (trend:

@@ -1,4 +1,9 @@
-"""The capacity model every planner and the validator share.
+"""The capacity model every planner and the validator share: Proteus's throughput capacity estimate
+(Ahmad et al., ASPLOS'24, §4 "Estimation of throughput capacity"), P_{d,m,q} = maximum allowed batch size /
+profiled latency at that batch, the maximum allowed batch being the smaller of the largest batch whose
+latency is at most half the SLO (Proteus cites Nexus, SOSP'19: a query arriving just after a batch starts
+waits for it and is served in the next, so it may take twice the batch latency) and the largest batch
+that fits the device's memory.
 
 An instance of variant v on a slice serves batches of the largest size b such that
 - the batch latency is at most `latency_budget_fraction` (1/2 by default) of the application's SLO: a
@@ -6,7 +11,11 @@ An instance of variant v on a slice serves batches of the largest size b such th
 - the memory at that batch fits the slice.
 Its capacity is b / latency(b) queries per second. Latency and memory between two profiled batch sizes are
 interpolated linearly; nothing is extrapolated beyond the profiled range. A slice is a MIG profile, `full`
-for a whole GPU, or a number of CPU cores; a CPU device uses the largest profiled core count it has."""
+for a whole GPU, or a number of CPU cores; a CPU device uses the largest profiled core count it has.
+
+Departure: the SLO fraction is a setting (Proteus fixes 1/2), batches between profiled sizes are
+interpolated (Proteus profiles at the chosen batch), and the memory limit is the slice's, not the
+device's (Proteus has no MIG)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -38,9 +38,8 @@ arrivals to applications, and `trace_for_applications` does both.
 
 Where the diurnal shape comes from: Proteus (ASPLOS'24) and IPA evaluate on a Twitter trace rather than a
 synthetic process. Proteus replays it compressed in time (its plotting script for the bursty experiment,
-`plotting/bursty.py` in UMass-LIDS/Proteus, rescales the run onto a 0..24 minute axis), and, as the issue
-describes, splits the queries over model families with Zipf popularity (alpha 1.001) and uses gamma
-micro-bursts; IPA replays per-second request counts of the Twitter trace divided by a damping factor
+`plotting/bursty.py` in UMass-LIDS/Proteus, rescales the run onto a 0..24 minute axis), splits the queries over model families with Zipf
+popularity (alpha 1.001, Proteus §6.1.3) and tests batching on gamma micro-bursts (shape 0.05, §6.4); IPA replays per-second request counts of the Twitter trace divided by a damping factor
 (`load_tester/barazmoon/twitter/loader.py` in reconfigurable-ml-pipeline/ipa). The trace itself is not
 shipped here; `rate_curve_diurnal` is a stylised stand-in with the two features those evaluations rely
 on: a diurnal swing (default peak-to-trough 2, the peak/valley ratio of tweet arrivals measured by

@@ -1,21 +1,28 @@
 """The allocation baselines the simulator compares Tessera's planners against, and the Proteus ablations.
 
 The baselines are the ones Proteus is evaluated against (Ahmad et al., "Proteus: A High-Throughput
-Inference-Serving System with Accuracy Scaling", ASPLOS'24, section 6.1.1 and Table 2), reduced, like
-Proteus itself here, to one allocation decision for one demand snapshot:
+Inference-Serving System with Accuracy Scaling", ASPLOS'24, §6.1.1 "Baselines" and Table 2; results in
+§6.2, Figure 4), reduced, like Proteus itself here, to one allocation decision for one demand snapshot:
 
-- `clipper-ha` / `clipper-ht`: Clipper (Crankshaw et al., "Clipper: A Low-Latency Online Prediction
-  Serving System", NSDI'17) does no accuracy scaling and no dynamic placement: a static allocation of one
-  variant per application, the most accurate one (HA, high accuracy) or the fastest one (HT, high
-  throughput), as in Proteus's two Clipper baselines.
-- `sommelier`: Sommelier (Guo, Hu and Hu, "Sommelier: Curating DNN Models for the Masses", SIGMOD'22)
-  suggests, per device, an alternative variant of the same model that meets a throughput requirement;
-  Proteus uses it as "partially dynamic": the placement stays, only variants are swapped in place (its
-  "Proteus w/o MP" ablation, section 6.5, is the same thing).
-- `infaas`: INFaaS (Romero et al., "INFaaS: Automated Model-less Inference Serving", ATC'21) picks, per
-  application, the cheapest variant that meets the accuracy requirement and scales it out greedily;
-  Proteus's "INFaaS-Accuracy" swaps cost and accuracy (the fleet is fixed, accuracy drop is minimised),
-  which is the fallback below when the cheapest variant cannot cover the demand.
+- `clipper-ha` / `clipper-ht`: Clipper (Crankshaw et al., NSDI'17) as Proteus §6.1.1 describes it: no
+  accuracy scaling and no dynamic placement, a static allocation loaded at the start (Proteus obtains it
+  from its own MILP), with the most accurate variants (HA, high accuracy) or the least accurate ones (HT,
+  high throughput); its batching is AIMD (`batching.AimdBatching`, chosen in the simulator, not here).
+  Departure: the static allocation is dealt by `_proportional_fill`, not solved by the Proteus MILP, and
+  HT takes the fastest variant rather than the least accurate one.
+- `sommelier`: Sommelier (Guo, Hu and Hu, SIGMOD'22) as Proteus §6.1.1 describes it: "partially dynamic",
+  it swaps a device's variant for another of the same model to meet throughput, but never re-places
+  models across devices; Proteus gives it the MILP's initial placement and its own adaptive batching, and
+  §6.5 says it is the same as the "Proteus w/o MP" ablation.
+  Departure: the placement comes from `current` or else clipper-ha's, not from the MILP, and the variant
+  swaps are a greedy heuristic (`proteus_ablation_solve(no_placement=True)` is the MILP form §6.5 equates).
+- `infaas`: INFaaS (Romero et al., ATC'21) as Proteus §6.1.1 describes it: "INFaaS-Accuracy", INFaaS's
+  greedy allocation with accuracy drop as the objective and the fixed cluster as the cost constraint
+  (INFaaS itself minimises cost subject to an accuracy requirement); §6.2 notes its greedy heuristic gets
+  stuck in local optima.
+  Departure: it decides once per re-plan (INFaaS decides on a query's arrival, §6.2-6.3), and it
+  minimises cost first (INFaaS's own rule) where `min_accuracy` leaves a choice, INFaaS-Accuracy only
+  when no variant at the floor covers the demand.
 
 Shared ground rules (the same fleet the `proteus` planner sees, see `proteus.py`):
 
@@ -35,9 +42,12 @@ Shared ground rules (the same fleet the `proteus` planner sees, see `proteus.py`
 
 Every baseline is deterministic: no randomness, every choice has an explicit tie-break.
 
-The ablations (`proteus_ablation_solve`) reuse the Proteus MILP rather than another model: without model
-selection, on a copy of the problem restricted to each application's most accurate variant; without
-placement, on a fleet whose every slot is pinned to one application (see the function)."""
+The ablations (`proteus_ablation_solve`, Proteus §6.5, Figure 7) reuse the Proteus MILP rather than another
+model: without model selection, on a copy of the problem restricted to each application's most accurate
+variant; without placement, on a fleet whose every slot is pinned to one application (see the function).
+The other two ablations of §6.5, without adaptive batching (batch size 1) and without query assignment
+(traffic split uniformly over the instances), are not allocation decisions: `benches/end_to_end.py`
+builds them from the simulator's batching policy and the plan's routing weights."""
 from __future__ import annotations
 
 import dataclasses
@@ -285,17 +295,19 @@ def _clipper_placement(problem: Problem, *, high_accuracy: bool, solver: str) ->
 
 
 def clipper_ha_solve(problem: Problem) -> Plan:
-    """Clipper-HA (Proteus section 6.1.1, after Clipper NSDI'17): every application runs only its most
+    """Clipper-HA (Proteus §6.1.1, after Clipper NSDI'17): every application runs only its most
     accurate variant that fits a slot, on as many slots as its demand needs (as many as there are when the
     fleet is short, shared by `_proportional_fill`); traffic split in proportion to capacity; what does
-    not fit is shortfall. No accuracy scaling."""
+    not fit is shortfall. No accuracy scaling. Departs from §6.1.1, where the static allocation comes from
+    the Proteus MILP: here it is `_proportional_fill`'s."""
     started = time.perf_counter()
     placed, notes = _clipper_placement(problem, high_accuracy=True, solver="clipper-ha")
     return _plan(problem, placed, solver="clipper-ha", started=started, notes=notes)
 
 
 def clipper_ht_solve(problem: Problem) -> Plan:
-    """Clipper-HT (Proteus section 6.1.1): as Clipper-HA with each application's fastest variant."""
+    """Clipper-HT (Proteus §6.1.1): as Clipper-HA with each application's fastest variant (§6.1.1: "the
+    least accurate model variants"; see `_clipper_variant`)."""
     started = time.perf_counter()
     placed, notes = _clipper_placement(problem, high_accuracy=False, solver="clipper-ht")
     return _plan(problem, placed, solver="clipper-ht", started=started, notes=notes)
@@ -352,7 +364,7 @@ def _sommelier_swaps(problem: Problem, app: ApplicationSpec, slots: Sequence[Slo
 
 
 def sommelier_solve(problem: Problem, current: Plan | None = None) -> Plan:
-    """Sommelier as Proteus evaluates it (section 6.1.1; its "w/o MP" ablation, section 6.5): the placement
+    """Sommelier as Proteus evaluates it (§6.1.1; its "w/o MP" ablation, §6.5): the placement
     is kept, only variants are swapped in place. Which application runs on which instance (device, slice,
     start; a CPU keeps its core count) comes from `current`, an existing plan (instances of devices or MIG
     slots this fleet lacks are dropped, with a note); without one, from clipper-ha's placement. Free slots
@@ -365,7 +377,8 @@ def sommelier_solve(problem: Problem, current: Plan | None = None) -> Plan:
     search ends (Sommelier's query: the most accurate alternative that meets the throughput); otherwise the
     swap gaining the most capacity per accuracy point lost (no loss first; ties: more capacity, then
     instance order, then name). When no swap adds capacity the shortfall stays. Traffic in proportion to
-    capacity."""
+    capacity. Departs from Proteus §6.1.1, which starts Sommelier from the MILP's placement (pass that plan
+    as `current` to get it) and, per §6.5, lets the MILP choose the variants in place."""
     started = time.perf_counter()
     notes: list[str] = []
     if current is None:
@@ -425,7 +438,7 @@ def _scale_out(problem: Problem, variant: VariantSpec, free: Sequence[Slot], dem
 
 
 def infaas_solve(problem: Problem) -> Plan:
-    """INFaaS-like greedy (INFaaS, ATC'21; "INFaaS-Accuracy" in Proteus section 6.1.1).
+    """INFaaS-like greedy (INFaaS, ATC'21; "INFaaS-Accuracy" in Proteus §6.1.1, its results in §6.2-6.3).
 
     Applications in descending demand (ties: problem order); those with no demand get nothing. For each:
     1. Accuracy floor: its min_accuracy, or else the accuracy of its most accurate variant that fits some
@@ -440,7 +453,9 @@ def infaas_solve(problem: Problem) -> Plan:
        then name), taking every free slot it fits, the rest being shortfall.
     4. The chosen variant's slots leave the free pool. One variant per application; traffic in proportion
        to capacity. Greedy and in demand order, so an early, large application can take slots a later one
-       needed: the local optima Proteus points out."""
+       needed: the local optima Proteus points out (§6.2).
+    Departs from Proteus's INFaaS-Accuracy, which always minimises the accuracy drop: step 2 minimises cost
+    (plain INFaaS) when `min_accuracy` is set and some variant at or above it covers the demand."""
     started = time.perf_counter()
     solver = "infaas"
     slots = fixed_slots(problem)
@@ -537,7 +552,7 @@ def _pinned_fleet(problem: Problem, pinned: Sequence[tuple[Slot, str]], allowed:
 def proteus_ablation_solve(
     problem: Problem, *, no_model_selection: bool = False, no_placement: bool = False, current: Plan | None = None
 ) -> Plan:
-    """Proteus with a component switched off (Proteus section 6.5), solved by the Proteus MILP itself.
+    """Proteus with a component switched off (Proteus §6.5, Figure 7), solved by the Proteus MILP itself.
 
     no_model_selection ("Proteus w/o MS"): each application keeps only its most accurate variant that fits
     a slot; the MILP (`proteus_solve` on that restricted copy of the problem) still places
@@ -547,7 +562,9 @@ def proteus_ablation_solve(
     (`fleet_solve` on that pinned fleet) chooses only the variant on each pinned slot (in place, among the
     application's variants; its most accurate one alone when no_model_selection is set too) and the traffic
     split, lexicographically as Proteus does (all demand at the best accuracy, else most served first).
-    Instances the MILP sends no traffic are left out of the plan, as in every MILP plan. Both off: proteus."""
+    Instances the MILP sends no traffic are left out of the plan, as in every MILP plan. Both off: proteus.
+    Departs from §6.5's "w/o MP" (placement from the first MILP solve, then frozen) only when `current` is
+    not given: the round-robin deal then stands in for that first placement."""
 
     slots = fixed_slots(problem)
     if not no_placement:

@@ -1,52 +1,68 @@
-"""Garrison's multi-granularity MIG allocation (Algorithm 1 of Wang et al., "Garrison: A High-Performance
-GPU-Accelerated Inference System for Adversarial Ensemble Defense", DAC 2024), mapped onto Tessera's
-planning problem, plus the packing step the paper leaves out.
+"""Garrison's multi-granularity MIG allocation (Wang et al., "Garrison: A High-Performance GPU-Accelerated
+Inference System for Adversarial Ensemble Defense", DAC'24, §4 "Multi-Granularity GI Allocation"), mapped
+onto Tessera's planning problem, plus the packing step the paper leaves out.
 
-Sources. The paper's full text was not available to us; what follows implements Algorithm 1 as the DAC
-abstract and the task brief describe it (profiled "sweet intervals" of batch size per MIG slice size, a
-multi-granularity allocation deciding how many instances of each slice size each model gets, driven by the
-ensemble's sampling probabilities and the batch-size distribution). Every place where we had to choose is
-listed under "Deviations" below.
+What the paper does (text in shared/papers/garrison-dac24.txt):
 
-Garrison's setting. An adversarial ensemble defense answers each query with models drawn at random from an
-ensemble, model m with sampling probability p_m, so model m sees an expected share p_m of the query rate.
-Queries arrive in batches whose sizes follow a distribution P(b). A MIG GPU is cut into instances of several
-sizes ("granularities"); a small instance is the most efficient for small batches, a larger one for large
-batches (which would miss the SLO or saturate a small instance).
+- §4.1 "Profiling the Sweet Intervals": for each model, offline profiling finds, per query-size (batch
+  size) range b, the GPU-instance size GS[m, b] at which the instance is well used: past a "sweet
+  interval" of batch sizes a bigger batch adds hardly any throughput while latency grows about linearly
+  (Figure 5: batches 16-32 of VGG11 belong on a GI(4)). L[m, b] is the latency there.
+- §4.2 "Allocating GPU Instances", Algorithm 1: with sampling probabilities SP[m], the probability D[b]
+  that a query falls in size range b and M GPU slices in all,
+      IR[m, b] = GS[m, b] * L[m, b] * SP[m]            intermediate ratio
+      RR[m, b] = IR[m, b] / sum_m' IR[m', b]            relative ratio, normalised per size range
+      AR[m, b] = RR[m, b] * D[b]                        absolute ratio
+      P[m, b]  = AR[m, b] * M                           slices for (m, b)
+      N[m, b]  = P[m, b] / GS[m, b]                     instances of size GS[m, b]
+  so ALL M slices are divided among (model, size range) in proportion to size x latency x sampling
+  probability; demand (queries per second) and the SLO do not enter. The GPUs are then re-partitioned
+  to these counts (§3, item 7 of Figure 4: only the instances that change; the others keep serving).
+- §5.1-5.2 choose each query's ensemble with a PPO agent; §5.3 routes queued queries to instances by a
+  min-cost matching (that part is `routing.queries_match_instances`, not this module).
 
-Algorithm 1 as implemented (`garrison_solve`):
+Departure, plainly: this solver sizes instances TO DEMAND (n = ceil(load / capacity) per sweet interval)
+instead of dividing all M slices by IR as Algorithm 1 does, and its sweet interval is an argmax of
+throughput per GPU share rather than the §4.1 saturation knee; a later issue is to make it match the paper.
+
+Algorithm as implemented (`garrison_solve`):
 
 1. Ensemble. Each application is one random ensemble; its members are its *eligible* variants (accuracy at
    least the application's `min_accuracy`, runnable within the SLO on some device of the fleet). Sampling
-   probabilities default to uniform over the members (the random-ensemble defense); callers may pass their
-   own (`sampling_probabilities`, per variant, renormalised per application). Variant v's load is
+   probabilities (SP) default to uniform over the members; callers may pass their own
+   (`sampling_probabilities`, per variant, renormalised per application). Variant v's load is
    lambda_v = p_v * demand_rps.
-2. Profiling sweet intervals (`garrison_sweet_intervals`). For every slot kind k (a MIG profile of a GPU
-   model in the fleet, or a whole non-MIG GPU) and batch size b, the profile gives latency(b) and
-   memory(b), interpolated exactly as the capacity model does. b is feasible on k when latency(b) fits the
-   latency budget (`latency_budget_fraction` x SLO) and memory(b) fits k. The efficiency of k at b is its
-   throughput b / latency(b) per share of a GPU (compute slices / the GPU's compute slices; 1 for a whole
-   GPU). The sweet interval of k is the set of batch sizes at which k is the most efficient feasible kind
-   (ties: the smaller kind). Batch sizes run from 1 to B_v, the largest batch any kind can serve.
-3. Batch-size distribution. The fraction of variant v's *queries* that fall in k's sweet interval is
-   share_k = sum_{b in I_k} b P(b) / sum_b b P(b) (P is over batches; queries are counted one per item).
-   A batch size outside every interval goes to the interval nearest to it.
-4. Multi-granularity allocation. n(v, k) = ceil(lambda_v * share_k / capacity(v, k)), where capacity is the
-   shared capacity model's `capacity_for` (largest batch within the latency budget, b / latency(b)).
+2. Sweet intervals (`garrison_sweet_intervals`; stands in for §4.1's GS[m, b]). For every slot kind k (a
+   MIG profile of a GPU model in the fleet, or a whole non-MIG GPU) and batch size b, the profile gives
+   latency(b) and memory(b), interpolated exactly as the capacity model does. b is feasible on k when
+   latency(b) fits the latency budget (`latency_budget_fraction` x SLO) and memory(b) fits k. The
+   efficiency of k at b is its throughput b / latency(b) per share of a GPU (compute slices / the GPU's
+   compute slices; 1 for a whole GPU). The sweet interval of k is the set of batch sizes at which k is the
+   most efficient feasible kind (ties: the smaller kind). Batch sizes run from 1 to B_v, the largest
+   batch any kind can serve.
+3. Batch-size distribution (stands in for §4.2's D[b]). The fraction of variant v's *queries* that fall in
+   k's sweet interval is share_k = sum_{b in I_k} b P(b) / sum_b b P(b) (P is over batches; queries are
+   counted one per item). A batch size outside every interval goes to the interval nearest to it.
+4. Instance counts (replaces Algorithm 1, lines 1-13). n(v, k) = ceil(lambda_v * share_k / capacity(v, k)),
+   where capacity is the shared capacity model's `capacity_for` (largest batch within the latency
+   budget, b / latency(b)). Latency L enters only through that capacity, and the fleet size M only
+   through the scaling below.
 
 Scaling to the fleet (ours). Where the counts need more compute or memory slices of a GPU model (or more
 whole GPUs of a type) than the fleet has, every count of that pool is scaled by the same factor (rounded
-down, but at least one instance per variant and kind, so every ensemble member stays servable). Without
-this, first-fit-decreasing would hand a shortage to whichever variant's instances are largest.
+down, but at least one instance per variant, on the kind it was given most of, so every ensemble member
+stays servable). Without this, first-fit-decreasing would hand a shortage to whichever variant's
+instances are largest.
 
-Packing (ours; the paper assumes the instances fit). Instances of MIG kinds are packed per GPU model by
-first-fit-decreasing on memory slices (then compute slices), round-robin across variants within one size
-so that a shortage is shared: each goes to the first GPU (fixed-layout GPUs first, then by name) whose
-instance counts plus this one still admit a valid placement, as decided by `mig_counts_to_layout` (an exact
-backtracking search over the catalogue's legal starts, cached by counts). A fixed-layout GPU only offers its
-free, existing placements of the same profile. Whole-GPU kinds take free non-MIG GPUs of that type and
-memory by name. When every instance is placed, each non-fixed GPU's counts are turned into a layout by
-`mig_counts_to_layout` and the instances take its placements in start order.
+Packing (ours; Algorithm 1 outputs counts N[m, b] and the paper does not say how they are laid out).
+Instances of MIG kinds are packed per GPU model by first-fit-decreasing on memory slices (then compute
+slices), round-robin across variants within one size so that a shortage is shared: each goes to the first
+GPU (fixed-layout GPUs first, then by name) whose instance counts plus this one still admit a valid
+placement, as decided by `mig_counts_to_layout` (an exact backtracking search over the catalogue's legal
+starts, cached by counts). A fixed-layout GPU only offers its free, existing placements of the same
+profile. Whole-GPU kinds take free non-MIG GPUs of that type and memory by name. When every instance is
+placed, each non-fixed GPU's counts are turned into a layout by `mig_counts_to_layout` and the instances
+take its placements in start order.
 
 Re-homing (ours). Load the packing could not place, and load of variants whose kinds are missing (CPU-only
 variants), is re-homed greedily: while a variant's capacity is below its target load lambda_v, add the
@@ -63,21 +79,31 @@ ones, the given one for fixed ones); status `feasible` (a heuristic proves no bo
 None), or `infeasible` when demand is positive and nothing can be served. The objective reported is the
 accuracy-weighted served traffic (max-accuracy) or the number of GPUs used (min-gpus).
 
-Deviations from the paper, and why:
-- Ensembles: Tessera serves each query with one variant, so an application is a randomized ensemble that
-  samples exactly one member per query; the paper's multi-model votes have no counterpart here.
-- Batch-size distribution: Tessera's demand is in single queries and its capacity model batches them on the
-  server, so there is no measured client batch-size distribution. Without one (`batch_distribution`) we
-  take P uniform over 1..B_v (no batch size favoured); a measured distribution can be passed per
-  application.
-- Efficiency is compared per share of a GPU across GPU models and whole GPUs (the paper has one GPU model).
-- The latency bound is the capacity model's budget (a fraction of the SLO), not the SLO itself, so that
-  every planner in Tessera sizes instances the same way.
+Departures from the paper, and why:
+- Sizing (Algorithm 1): demand-driven ceil(lambda * share / capacity) per (variant, kind), then scaled
+  down to the fleet, instead of AR[m, b] * M / GS[m, b] over all M slices; so a lightly loaded fleet is
+  left partly empty (the paper hands out every slice) and SP enters as load, not as a weight on GS x L.
+- Sweet interval (§4.1): the kind with the best throughput per GPU share at each batch size, within the
+  latency budget, not the profiled batch range where a given instance's throughput saturates.
+- Ensembles (§5.1-5.2): Tessera serves each query with one variant, so an application is a randomized
+  ensemble that samples exactly one member per query; the paper's multi-model ensembles chosen by a PPO
+  agent, and their weighted vote, have no counterpart here.
+- Batch-size distribution (D[b], monitored online per §3, item 4 of Figure 4): Tessera's demand is in
+  single queries and its capacity model batches them on the server, so there is no measured client
+  batch-size distribution. Without one
+  (`batch_distribution`) we take P uniform over 1..B_v (no batch size favoured); a measured distribution
+  can be passed per application. Queries are weighted by batch size (b P(b)), where D[b] counts queries.
+- Efficiency is compared per share of a GPU across GPU models and whole GPUs (the paper has one GPU model,
+  the A100, §6.1).
+- The latency bound is the capacity model's budget (a fraction of the SLO), not the SLO itself (the paper
+  applies the SLO only when routing, §5.3 Eq. 2), so that every planner in Tessera sizes instances the
+  same way.
 - Fleet limits (scaling, packing), fixed layouts, CPUs and whole GPUs, re-homing and spill are ours: the
-  paper sizes instances for a fleet it assumes large enough, on MIG GPUs only.
-- The current layout of a non-fixed GPU is not preserved (the paper does not model reconfiguration cost).
-- Garrison routes each query at run time by matching queued queries to free instances; that part is
-  `routing.queries_match_instances`. Here the plan's routing weights are the instances' traffic shares.
+  paper's Algorithm 1 divides MIG slices only.
+- The current layout of a non-fixed GPU is not preserved: the paper re-partitions only the instances that
+  change (§3, item 7 of Figure 4), which this solver does not attempt.
+- Garrison routes each query at run time by matching queued queries to free instances (§5.3); that part
+  is `routing.queries_match_instances`. Here the plan's routing weights are the instances' traffic shares.
 """
 from __future__ import annotations
 
@@ -249,8 +275,9 @@ def _sweet_intervals(profile: _VariantProfile) -> tuple[SweetInterval, ...]:
 
 
 def garrison_sweet_intervals(problem: Problem, variant: str) -> tuple[SweetInterval, ...]:
-    """Step 2 of Algorithm 1 for one variant on the problem's fleet: each kind's sweet interval of batch
-    sizes, ordered by batch size. Kinds that are never the most efficient have none."""
+    """Step 2 (in place of Garrison §4.1's profiled GS[m, b]) for one variant on the problem's fleet: each
+    kind's sweet interval of batch sizes, ordered by batch size. Kinds that are never the most efficient
+    have none."""
     return _sweet_intervals(_variant_profile(problem, problem.variant(variant), _fleet_kinds(problem)))
 
 
@@ -478,7 +505,7 @@ def _take(fleet: _Fleet, candidate: _Candidate) -> _PlacedInstance:
 
 @dataclass(frozen=True)
 class _Request:
-    """One instance Algorithm 1 asks for."""
+    """One instance step 4 (the demand-driven stand-in for Algorithm 1) asks for."""
 
     variant: str
     kind: SlotKind
@@ -490,7 +517,8 @@ def _allocate(
     loads: Mapping[str, float],
     distributions: Mapping[str, Mapping[int, float]],
 ) -> list[_Request]:
-    """Step 4: n(v, k) = ceil(lambda_v * share_k / capacity(v, k))."""
+    """Step 4: n(v, k) = ceil(lambda_v * share_k / capacity(v, k)). Sized to demand, unlike Algorithm 1
+    (Garrison §4.2), which divides all M slices as N[m, b] = RR[m, b] * D[b] * M / GS[m, b]."""
     requests: list[_Request] = []
     for name in sorted(loads):
         load = loads[name]
@@ -505,10 +533,11 @@ def _allocate(
 
 
 def _fit_to_fleet(fleet: _Fleet, requests: Sequence[_Request]) -> tuple[list[_Request], list[str]]:
-    """Scale instance counts down, proportionally per GPU model (or whole-GPU kind), where Algorithm 1 asks
+    """Scale instance counts down, proportionally per GPU model (or whole-GPU kind), where step 4 asks
     for more compute or memory slices (or whole GPUs) than the fleet has, so that a shortage is shared
-    the way the ensemble splits traffic, not decided by packing order. Every (variant, kind) keeps at
-    least one instance so every ensemble member stays servable. Returns the requests and notes."""
+    the way the ensemble splits traffic, not decided by packing order. Every variant keeps at least one
+    instance (on the kind step 4 gave it most of) so every ensemble member stays servable. Returns the
+    requests and notes."""
     available: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # pool -> [compute, memory]
     for gpu in fleet.mig_gpus:
         if gpu.device.fixed_layout:
@@ -549,7 +578,7 @@ def _fit_to_fleet(fleet: _Fleet, requests: Sequence[_Request]) -> tuple[list[_Re
     keep: dict[tuple, int] = {}
     for (variant, kind), n in counts.items():
         keep[variant, kind] = n if factor[pool_of(kind)] >= 1.0 else math.floor(n * factor[pool_of(kind)])
-    # Every ensemble member keeps one instance, on the kind Algorithm 1 gave it most of. A floor per
+    # Every ensemble member keeps one instance, on the kind step 4 gave it most of. A floor per
     # (variant, kind) instead would ask for one instance of every variant on every slice size, which on a
     # short fleet fills it with the first variants packed and starves whole applications.
     by_variant: dict[str, list[tuple]] = defaultdict(list)
@@ -695,7 +724,8 @@ def garrison_solve(
     sampling_probabilities: Mapping[str, float] | None = None,
     batch_distribution: Mapping[str, Mapping[int, float]] | None = None,
 ) -> Plan:
-    """Plan with Garrison's Algorithm 1 and first-fit-decreasing MIG packing (see the module docstring).
+    """Plan with a demand-driven version of Garrison's multi-granularity allocation (§4; it departs from
+    Algorithm 1, see the module docstring) and first-fit-decreasing MIG packing.
 
     `sampling_probabilities`: variant -> p_v, renormalised over each application's eligible variants
     (uniform where absent). `batch_distribution`: application -> {batch size: probability} of the batches

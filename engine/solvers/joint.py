@@ -1,6 +1,13 @@
 """Joint planner: the Proteus accuracy-scaling model, with the MIG geometry of every GPU that has no
 `fixed_layout` chosen by the solver as well.
 
+Sources: the model is Proteus's MILP (ASPLOS'24, §4, Eq. (1)-(7); see `model.py`), whose devices are
+fixed; the geometry choice answers the question Garrison (DAC'24) answers with Algorithm 1 (§4.2: how many
+GPU instances of each size), and keeping unchanged instances where they are follows Garrison's partial
+reconfiguration (§3, item 7 of Figure 4: only the instances that change are re-partitioned).
+Departure: neither paper chooses MIG geometry, variants and traffic in one MILP; the geometry here is the
+one that maximises accuracy at the demand, not Garrison's proportional split of the slices (Algorithm 1).
+
 Per GPU class (type, memory, current layout) a candidate configuration is one of:
 - a MIG geometry, as a vector of instance counts per profile: the distinct count vectors of the maximal
   valid layouts without `+me` profiles (38 on an A100), plus the current layout's own counts;

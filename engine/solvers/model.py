@@ -14,6 +14,18 @@ model counts instead of naming them (no symmetric copies for the solver to branc
     min accuracy:  sum_{s, v of a} (accuracy(v) - min_accuracy(a)) r[s, v] >= 0
     accuracy:      sum_{s, v} accuracy(v) r[s, v] / total demand            (Proteus's effective accuracy)
 
+Correspondence with Proteus (ASPLOS'24, §4, Eq. (1)-(7)): n[s, v] counts the x_{d,m} = 1 of one slot
+class, so the slot-supply row is Eq. (1) (one variant per slot); r[s, v] is the served rate z_{d,q}
+(= y_{d,q} s_q), so the capacity row is Eq. (4)-(5) with P_{d,m,q} = capacity(s, v) from
+`engine/plans/capacity.py`; serving demand exactly is Eq. (6), which with r >= 0 implies Eq. (2); Eq. (3)
+holds by construction (a variant belongs to one application and only its traffic is routed to it); the
+accuracy objective is Eq. (7)'s sum_q a_q divided by the total demand.
+Departure: counted slot classes replace per-device booleans (equivalent, identical slots being
+interchangeable, and without symmetric copies), and when Eq. (6) cannot hold the model is solved
+lexicographically (most traffic served, then accuracy) instead of lowering s_q and re-solving as
+Proteus §4 ("Solving the MILP") does. The configurations (MIG geometries chosen per GPU, `joint.py`),
+`min-gpus`, `min_accuracy` and the reconfiguration and variant-change penalties are Tessera's additions.
+
 Objectives run in lexicographic stages (see `fleet_solve`); afterwards the counts are handed out to
 concrete devices, placements and instances, and the plan is assembled by `plan_assemble`."""
 from __future__ import annotations
@@ -458,7 +470,8 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     max-accuracy: maximise accuracy over total demand (minus reconfiguration penalty) serving all demand.
     min-gpus: minimise GPUs used (plus penalty) serving all demand with every min_accuracy met, then, at
     that value, maximise accuracy.
-    Either way, when all demand cannot be served: maximise served traffic, then accuracy at that traffic."""
+    Either way, when all demand cannot be served: maximise served traffic, then accuracy at that traffic
+    (where Proteus §4, "Solving the MILP", lowers the demand s_q a little and solves again)."""
     started = time.perf_counter()
     problem = fleet.problem
     options = problem.options

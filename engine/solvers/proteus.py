@@ -1,16 +1,29 @@
-"""Proteus (Ahmad et al., "Proteus: A High-Throughput Inference-Serving System with Accuracy Scaling",
-ASPLOS'24): choose one model variant per device and split each application's traffic over the devices
-so that all demand is served at the highest effective accuracy.
+"""Proteus's resource manager (Ahmad et al., "Proteus: A High-Throughput Inference-Serving System with
+Accuracy Scaling", ASPLOS'24, §4 "Resource Management", Eq. (1)-(7)): choose one model variant per device
+and split each application's traffic over the devices so that all demand is served at the highest
+effective accuracy.
 
-As in the paper, devices are fixed and each runs at most one variant at its largest batch within the SLO
-budget; traffic splits are continuous; the objective is accuracy-weighted served traffic over total
-demand. Where the paper lowers its throughput target (beta) until its MILP becomes feasible, this solver
-maximises served throughput first and then accuracy at that throughput (the same limit, reached in two
-exact solves rather than a descending search). Per-application `min_accuracy` is an extra constraint.
+The paper's MILP (§4, Table 1): x_{d,m} in {0, 1} hosts variant m on device d, y_{d,q} in [0, 1] is the
+share of query type q sent to d, z_{d,q} the rate of q that d serves.
+    (1) sum_m x_{d,m} <= 1                     at most one variant per device
+    (2) sum_d y_{d,q} <= 1                     shares of a query type sum to at most 1
+    (3) sum_{m,d} B_{m,q} x_{d,m} y_{d,q} = sum_d y_{d,q}    a device only gets types its variant serves
+    (4) sum_q z_{d,q} <= sum_q y_{d,q} s_q     served <= assigned
+    (5) z_{d,q} <= sum_m P_{d,m,q} x_{d,m}     served <= the variant's peak throughput on d
+    (6) sum_d z_{d,q} = s_q                    all demand served
+    (7) max sum_q a_q, a_q the accuracy-weighted traffic of q (effective accuracy)
+P_{d,m,q} is the capacity estimate of §4 ("Estimation of throughput capacity", see
+`engine/plans/capacity.py`). When (6) is infeasible, the paper lowers s_q a little and solves again
+("Solving the MILP").
+
+Departure: the model is linearised and counted by identical slots (`model.py`), and infeasible demand is
+handled by two exact solves (maximise served traffic, then accuracy at that traffic) instead of lowering
+s_q step by step; per-application `min_accuracy` is an extra constraint.
 
 Devices here: whole GPUs (slice `full`), MIG GPUs with their current layout treated as fixed instances (a
-MIG GPU without a layout runs whole as `full`), and CPU hosts (one instance on the core count `cpu_slice`
-picks). Identical devices are grouped and counted (see `model.py`)."""
+MIG GPU without a layout runs whole as `full`; Eq. (1) then holds per MIG instance, not per GPU), and CPU
+hosts (one instance on the core count `cpu_slice` picks). Identical devices are grouped and counted (see
+`model.py`)."""
 from __future__ import annotations
 
 from engine.plans.problem import Plan, Problem
