@@ -255,20 +255,7 @@ class QueryQueue:
                     if not heap:
                         self._reset_stats()
                 return dropped
-            dq = self._dq
-            if not dq:
-                return dropped
-            if self._dl_sorted:
-                if dq[0][2] < threshold:
-                    append = dropped.append
-                    popleft = dq.popleft
-                    while dq and dq[0][2] < threshold:
-                        append(popleft()[0])
-                    if not dq:
-                        self._reset_stats()
-                return dropped
-            if self._dl_lb < threshold:
-                self._fifo_filter(2, threshold, dropped)
+            self._fifo_drop(2, threshold, dropped)
             return dropped
         if rule == "never":
             return dropped
@@ -298,21 +285,26 @@ class QueryQueue:
                 else:
                     self._reset_stats()
             return dropped
+        self._fifo_drop(1, threshold, dropped)
+        return dropped
+
+    def _fifo_drop(self, field: int, threshold: float, dropped: list[int]) -> None:
+        """Drop every FIFO query whose `field` (1 arrival, 2 deadline) is below `threshold`. When that field
+        is still in queue order the expired ones are a prefix and are popped; otherwise the queue is
+        filtered, and only when its lower bound says something is below the threshold."""
         dq = self._dq
         if not dq:
-            return dropped
-        if self._ar_sorted:
-            if dq[0][1] < threshold:
+            return
+        if self._dl_sorted if field == 2 else self._ar_sorted:
+            if dq[0][field] < threshold:
                 append = dropped.append
                 popleft = dq.popleft
-                while dq and dq[0][1] < threshold:
+                while dq and dq[0][field] < threshold:
                     append(popleft()[0])
                 if not dq:
                     self._reset_stats()
-            return dropped
-        if self._ar_lb < threshold:
-            self._fifo_filter(1, threshold, dropped)
-        return dropped
+        elif (self._dl_lb if field == 2 else self._ar_lb) < threshold:
+            self._fifo_filter(field, threshold, dropped)
 
     def _fifo_filter(self, field: int, threshold: float, dropped: list[int]) -> None:
         """Drop every FIFO query whose `field` (1 arrival, 2 deadline) is below `threshold`, keep the rest in
