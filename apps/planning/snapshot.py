@@ -15,7 +15,7 @@ What is planned:
   the "NVIDIA " prefix, as profiles of GPUs outside the catalogue are usually stored). CPUs are CPU devices
   with their cores. `running` (slot -> variant) comes from the host's latest desired state, so planners
   keep what runs where that costs nothing.
-- Applications: those with an SLO policy (p99 target = `slo_ms`, `min_accuracy`) and at least one variant
+- Applications: those with an SLO policy (p99 target = `slo_ms`, `min_accuracy`, `priority`) and at least one variant
   profiled on a device type of the fleet; demand from the `demand` argument (0 when not given).
 - Variants: every variant of a planned application with a profile on a device type of the fleet, named
   `<application>/<variant>` in the engine (variant names are unique per application only). Variants
@@ -246,6 +246,7 @@ def fleet_problem_build(
         raw_app: dict[str, Any] = {"name": application.name, "slo_ms": float(policy.latency_p99_ms), "demand_rps": max(0.0, rps)}
         if policy.min_accuracy is not None:
             raw_app["min_accuracy"] = float(policy.min_accuracy)
+        raw_app["priority"] = int(policy.priority)  # who is served first when demand exceeds capacity
         raw_applications.append(raw_app)
         snapshot.applications[application.name] = {
             "id": application.pk, "slo_ms": float(policy.latency_p99_ms), "min_accuracy": policy.min_accuracy,

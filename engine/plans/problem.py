@@ -33,12 +33,24 @@ class ProblemError(ValueError):
     """The problem is malformed or inconsistent; the message names the offending item."""
 
 
+# An SLO policy's priority (0..100, higher is served first when demand exceeds capacity); applications
+# without one share the default tier.
+DEFAULT_PRIORITY = 50
+
+
 @dataclass(frozen=True)
 class ApplicationSpec:
     name: str
     slo_ms: float
     demand_rps: float
     min_accuracy: float | None = None
+    # None = DEFAULT_PRIORITY. Under overload, higher tiers are served first; within a tier the planners
+    # maximise the smallest served fraction (see `engine/solvers/model.py`, "fair shares").
+    priority: int | None = None
+
+    @property
+    def priority_tier(self) -> int:
+        return DEFAULT_PRIORITY if self.priority is None else self.priority
 
 
 @dataclass(frozen=True)
@@ -287,12 +299,18 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
         name = _text(_need(a, "name", where), f"{where}.name")
         where = f"{where} ({name})"
         min_acc = a.get("min_accuracy")
+        priority = a.get("priority")
+        if priority is not None:
+            _number(priority, f"{where}.priority", minimum=0, maximum=100)
+            if priority != int(priority):
+                raise ProblemError(f"{where}.priority: must be a whole number, got {priority:g}")
         apps.append(
             ApplicationSpec(
                 name=name,
                 slo_ms=_number(_need(a, "slo_ms", where), f"{where}.slo_ms", minimum=0, strict=True),
                 demand_rps=_number(_need(a, "demand_rps", where), f"{where}.demand_rps", minimum=0),
                 min_accuracy=None if min_acc is None else _number(min_acc, f"{where}.min_accuracy", minimum=0, maximum=1),
+                priority=None if priority is None else int(priority),
             )
         )
     if not apps:

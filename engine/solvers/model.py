@@ -22,14 +22,16 @@ holds by construction (a variant belongs to one application and only its traffic
 accuracy objective is Eq. (7)'s sum_q a_q divided by the total demand.
 Departure: counted slot classes replace per-device booleans (equivalent, identical slots being
 interchangeable, and without symmetric copies), and when Eq. (6) cannot hold the model is solved
-lexicographically (most traffic served, then accuracy) instead of lowering s_q and re-solving as
-Proteus §4 ("Solving the MILP") does. The configurations (MIG geometries chosen per GPU, `joint.py`),
+lexicographically (fair shares: the smallest served fraction of each priority tier, highest tier first;
+then most traffic served; then accuracy) instead of lowering s_q and re-solving as Proteus §4 ("Solving
+the MILP") does. Most traffic alone would starve the applications that serve the fewest queries per slot. The configurations (MIG geometries chosen per GPU, `joint.py`),
 `min-gpus`, `min_accuracy` and the reconfiguration and variant-change penalties are Tessera's additions.
 
 Objectives run in lexicographic stages (see `fleet_solve`); afterwards the counts are handed out to
 concrete devices, placements and instances, and the plan is assembled by `plan_assemble`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
@@ -55,6 +57,9 @@ SERVED_REL_TOL = 1e-7
 MIN_STAGE_SECONDS = 0.5
 # Share of the remaining time a stage gets when another stage may follow it (the rest is kept for that one).
 FIRST_STAGE_SHARE = 0.6
+# A fair-share floor may sit this far (as a fraction of the application's demand) below the served fraction
+# the fair-share stage reached, for the same reason as SERVED_REL_TOL.
+FAIR_SHARE_TOL = 1e-6
 
 
 # --------------------------------------------------------------------------- fleet description
@@ -330,6 +335,45 @@ def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tu
             lp += pulp.lpSum(coef * rate for coef, rate in terms) >= 0, f"min_accuracy_{ai}"
 
 
+def _served_expressions(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> dict[str, pulp.LpAffineExpression]:
+    return {app: pulp.lpSum(rates) for app, rates in _served_by_application(fleet, routed).items()}
+
+
+def _constrain_served_floors(model: FleetModel, fleet: Fleet, floors: Mapping[str, float]) -> None:
+    """Each application keeps at least the traffic (rps) an earlier fair-share stage gave it."""
+    served = _served_expressions(fleet, model.routed)
+    for ai, app in enumerate(fleet.problem.applications):
+        if floors.get(app.name, 0.0) > 0:
+            model.lp += served[app.name] >= floors[app.name], f"floor_{ai}"
+
+
+def _constrain_fair_share(model: FleetModel, fleet: Fleet, tier: Sequence[str], share: pulp.LpVariable) -> None:
+    """Every application of `tier` is served at least `share` of its demand. The second row per application
+    is implied (routing stays within capacity) but, over the integer counts alone, it is the knapsack row
+    HiGHS derives cover cuts from, as in `_constrain_capacity_covers_demand`."""
+    served = _served_expressions(fleet, model.routed)
+    capacity: dict[str, list] = defaultdict(list)
+    for (key, variant), count in model.instances.items():
+        capacity[fleet.problem.variant(variant).application].append(fleet.slot_classes[key].capacities[variant].capacity_rps * count)
+    for app_name in tier:
+        ai = next(i for i, a in enumerate(fleet.problem.applications) if a.name == app_name)
+        demand = fleet.problem.application(app_name).demand_rps
+        model.lp += served[app_name] >= demand * share, f"fair_share_{ai}"
+        model.lp += pulp.lpSum(capacity[app_name]) >= demand * share, f"fair_cover_{ai}"
+
+
+def fair_share_tiers(fleet: Fleet) -> list[list[str]]:
+    """Applications that have demand and some slot to run on, grouped by priority, highest first: the order
+    in which fair-share stages raise their smallest served fraction."""
+    supplied = set(_slot_supply_upper(fleet))
+    runnable = {v for key, s in fleet.slot_classes.items() if key in supplied for v in s.capacities}
+    tiers: dict[int, list[str]] = defaultdict(list)
+    for app in fleet.problem.applications:
+        if app.demand_rps > 0 and any(v.name in runnable for v in fleet.problem.variants_of(app.name)):
+            tiers[app.priority_tier].append(app.name)
+    return [tiers[p] for p in sorted(tiers, reverse=True)]
+
+
 def _full_demand_possible(fleet: Fleet) -> bool:
     """False when some application with demand has no variant that fits any slot: then serving all demand
     is infeasible without asking a solver."""
@@ -470,8 +514,10 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     max-accuracy: maximise accuracy over total demand (minus reconfiguration penalty) serving all demand.
     min-gpus: minimise GPUs used (plus penalty) serving all demand with every min_accuracy met, then, at
     that value, maximise accuracy.
-    Either way, when all demand cannot be served: maximise served traffic, then accuracy at that traffic
-    (where Proteus §4, "Solving the MILP", lowers the demand s_q a little and solves again)."""
+    Either way, when all demand cannot be served: raise the smallest served fraction of each priority tier
+    (`_fair_shares_solve`; skipped for a lone application), then maximise served traffic, then accuracy at
+    that traffic, each stage keeping what the earlier ones reached (where Proteus §4, "Solving the MILP",
+    lowers the demand s_q a little and solves again)."""
     started = time.perf_counter()
     problem = fleet.problem
     options = problem.options
@@ -521,9 +567,19 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     if solution is None:
         # Demand cannot be served in full (or no full plan was found in time): lexicographic fallback.
         proven = not full_possible or stages.outcomes[-1].state == "infeasible"
+        tiers = fair_share_tiers(fleet)
+        if len(tiers) == 1 and len(tiers[0]) == 1:
+            tiers = []  # one application: its fair share is simply the most traffic servable
+        floors, fair_states, fair_solution, fair_notes = _fair_shares_solve(stages, fleet, tiers)
+        notes.extend(fair_notes)
         model = fleet_model_build(fleet, full_demand=False, name="max_served")
+        _constrain_served_floors(model, fleet, floors)
         model.lp.setObjective(model.served_total)
-        served_outcome, served_solution = stages.run(model, share=FIRST_STAGE_SHARE)
+        served_outcome, served_solution = stages.run(model, share=FIRST_STAGE_SHARE, start=fair_solution)
+        if served_solution is None and fair_solution is not None:
+            # The fair shares already form a plan: better than none when the served stage runs out of time.
+            served_outcome = dataclasses.replace(served_outcome, state="feasible", objective=fair_solution.served_total())
+            served_solution = fair_solution
         best_served = served_outcome.objective or 0.0
         if served_solution is None or best_served <= RPS_EPSILON:
             reason = "nothing can be served" if served_solution is not None else "no solution was found in the time limit"
@@ -533,14 +589,16 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
                 solve_seconds=time.perf_counter() - started, layouts=_idle_layouts(fleet), notes=notes,
             )
         model = fleet_model_build(fleet, full_demand=False, name="max_served_then_accuracy")
+        _constrain_served_floors(model, fleet, floors)
         model.lp += model.served_total >= best_served - _served_tolerance(best_served), "stage_served"
         model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed - keep * model.variants_changed))
         accuracy_outcome, accuracy_solution = stages.run(model, start=served_solution)
         solution = accuracy_solution or served_solution
-        states = ([] if proven else ["feasible"]) + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
+        states = ([] if proven else ["feasible"]) + fair_states + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
         why = "cannot be served in full" if proven else "could not be served in full by any plan found within the time limit"
+        first = "the smallest served fraction of each priority tier (fair shares), then " if fair_states else ""
         notes.append(
-            f"demand {why}: solved lexicographically, first maximising served throughput "
+            f"demand {why}: solved lexicographically, first maximising {first}served throughput "
             f"({best_served:.6g} of {problem.total_demand_rps:.6g} rps), then accuracy at that throughput"
         )
         if objective_kind == "min-gpus":
@@ -562,6 +620,49 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         problem, assignments, status=status_combine(*states), solver=solver_name, objective=objective, bound=bound, gap=gap,
         solve_seconds=time.perf_counter() - started, layouts=layouts, notes=notes,
     )
+
+
+def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[str]]) -> tuple[dict[str, float], list[SolveState], FleetSolution | None, list[str]]:
+    """Max-min fair shares, one priority tier after another (highest first): maximise the smallest served
+    fraction z of the tier's applications, then hold each of them at z of its demand (less FAIR_SHARE_TOL)
+    while later tiers and stages run. Returns those floors (application -> rps), the stages' states, the
+    last stage's solution (a MIP start that satisfies every floor) and notes.
+
+    Why: the served-throughput stage alone maximises the sum over applications, so under overload it
+    gives everything to the applications that serve the most queries per slot and can starve another one
+    entirely. Proteus (ASPLOS'24, §4 "Solving the MILP") lowers the demand s_q and re-solves; its artifact
+    (UMass-LIDS/Proteus, algorithms/ilp.py) keeps Eq. (2) as an equality, so every query type is routed in
+    full to devices hosting one of its variants, and relaxes a served-throughput floor `beta` step by
+    step until the MILP solves: no query type is left without a device. Departure: an explicit max-min
+    stage (exact, no step size) instead of lowering demand, with SLO-policy priorities as strict tiers."""
+    floors: dict[str, float] = {}
+    states: list[SolveState] = []
+    start: FleetSolution | None = None
+    notes: list[str] = []
+    problem = fleet.problem
+    for ti, tier in enumerate(tiers):
+        model = fleet_model_build(fleet, full_demand=False, name=f"fair_share_{ti}")
+        _constrain_served_floors(model, fleet, floors)
+        share = pulp.LpVariable(f"fair_share_{ti}", lowBound=0, upBound=1)
+        _constrain_fair_share(model, fleet, tier, share)
+        model.lp.setObjective(share)
+        # Later stages: the other tiers, max served, accuracy. The last two split their time as before.
+        outcome, solution = stages.run(model, share=1.0 / (len(tiers) - ti + 2), start=start)
+        if solution is None:
+            notes.append(f"fair shares: no solution in time for priority tier {ti + 1} of {len(tiers)}; later tiers get no floor")
+            break
+        states.append(outcome.state)
+        served = defaultdict(float)
+        for (_, variant), rate in solution.routed.items():
+            served[problem.variant(variant).application] += rate
+        reached = min(served[a] / problem.application(a).demand_rps for a in tier)
+        for app_name in tier:
+            demand = problem.application(app_name).demand_rps
+            floors[app_name] = max(0.0, reached * demand - SERVED_ABS_TOL - FAIR_SHARE_TOL * demand)
+        priority = problem.application(tier[0]).priority_tier
+        notes.append(f"fair shares: priority {priority} ({', '.join(tier)}): each served at least {reached:.6g} of its demand")
+        start = solution
+    return floors, states, start, notes
 
 
 # --------------------------------------------------------------------------- realisation

@@ -17,8 +17,9 @@ P_{d,m,q} is the capacity estimate of §4 ("Estimation of throughput capacity", 
 ("Solving the MILP").
 
 Departure: the model is linearised and counted by identical slots (`model.py`), and infeasible demand is
-handled by two exact solves (maximise served traffic, then accuracy at that traffic) instead of lowering
-s_q step by step; per-application `min_accuracy` is an extra constraint.
+handled by exact lexicographic solves (max-min served fraction per priority tier, then served traffic, then
+accuracy; see `model._fair_shares_solve`) instead of lowering s_q step by step, so that no application is
+starved for another's throughput; per-application `min_accuracy` is an extra constraint.
 
 Devices here: whole GPUs (slice `full`), MIG GPUs with their current layout treated as fixed instances (a
 MIG GPU without a layout runs whole as `full`; Eq. (1) then holds per MIG instance, not per GPU), and CPU

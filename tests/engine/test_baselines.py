@@ -218,11 +218,19 @@ def test_with_unlike_applications_infaas_can_outserve_clipper_ht_by_starving_one
 
 @pytest.mark.parametrize("name", ALL + ["mixed-b@0.1", "mixed-b@0.2", "mig@0.1"])
 def test_proteus_serves_at_least_as_much_and_as_accurately_as_every_baseline(name: str) -> None:
+    """Under overload proteus first raises the smallest served fraction (fair shares), then the traffic
+    served: a baseline may serve more in total only by serving some application a smaller fraction."""
     prob = problem(name)
     proteus = solved(name, "proteus")
     valid(prob, proteus)
+
+    def smallest_fraction(plan) -> float:
+        return min(plan.served_rps[a.name] / a.demand_rps for a in prob.applications if a.demand_rps > 0)
+
     for solver in BASELINES:
         plan = solved(name, solver)
+        if smallest_fraction(plan) < smallest_fraction(proteus) - 1e-6:
+            continue  # proteus is fairer; it may serve less in total for it
         assert proteus.total_served_rps >= plan.total_served_rps - RPS_TOL * max(1.0, prob.total_demand_rps), solver
         if full(prob, plan):
             assert full(prob, proteus)

@@ -154,31 +154,47 @@ class BruteForce:
     accuracy_at_min_gpus: float | None
 
 
-def _lp(problem: Problem, caps: Sequence[float], *, mode: str, served_floor: float = 0.0) -> float | None:
-    """mode `full`: best accuracy over demand serving all demand; `served`: most traffic servable;
-    `at-served`: best accuracy over demand serving at least `served_floor`. None when infeasible."""
+def _lp(
+    problem: Problem, caps: Sequence[float], *, mode: str, served_floor: float = 0.0,
+    floors: dict[str, float] | None = None, tier: Sequence[str] = (),
+) -> float | None:
+    """mode `full`: best accuracy over demand serving all demand; `fair`: the largest z such that every
+    application of `tier` is served z of its demand; `served`: most traffic servable; `at-served`: best
+    accuracy over demand serving at least `served_floor`. Partial modes keep every application at its
+    `floors` (rps). None when infeasible."""
     variants = list(problem.variants)
     demand = problem.total_demand_rps
-    acc = np.array([v.accuracy for v in variants])
+    acc = np.array([v.accuracy for v in variants] + [0.0])  # the last column is z (mode `fair` only)
     a_eq, b_eq, a_ub, b_ub = [], [], [], []
     for app in problem.applications:
-        row = [1.0 if v.application == app.name else 0.0 for v in variants]
+        row = [1.0 if v.application == app.name else 0.0 for v in variants] + [0.0]
         if mode == "full":
             a_eq.append(row)
             b_eq.append(app.demand_rps)
         else:
             a_ub.append(row)
             b_ub.append(app.demand_rps)
+            if (floors or {}).get(app.name, 0.0) > 0:
+                a_ub.append([-x for x in row])
+                b_ub.append(-floors[app.name])
+            if app.name in tier:
+                a_ub.append([-x for x in row[:-1]] + [app.demand_rps])  # z * demand <= served
+                b_ub.append(0.0)
         if app.min_accuracy is not None:
-            a_ub.append([-(v.accuracy - app.min_accuracy) if v.application == app.name else 0.0 for v in variants])
+            a_ub.append([-(v.accuracy - app.min_accuracy) if v.application == app.name else 0.0 for v in variants] + [0.0])
             b_ub.append(0.0)
     if mode == "at-served":
-        a_ub.append([-1.0] * len(variants))
+        a_ub.append([-1.0] * len(variants) + [0.0])
         b_ub.append(-served_floor)
-    cost = -np.ones(len(variants)) if mode == "served" else -acc / demand
+    if mode == "fair":
+        cost = np.array([0.0] * len(variants) + [-1.0])
+    elif mode == "served":
+        cost = np.array([-1.0] * len(variants) + [0.0])
+    else:
+        cost = -acc / demand
     result = linprog(
         cost, A_ub=a_ub or None, b_ub=b_ub or None, A_eq=a_eq or None, b_eq=b_eq or None,
-        bounds=[(0, c) for c in caps], method="highs",
+        bounds=[(0, c) for c in caps] + [(0, 1 if mode == "fair" else 0)], method="highs",
     )
     if result.status != 0:
         return None
@@ -200,11 +216,24 @@ def brute_force(problem: Problem, *, joint: bool) -> BruteForce:
             full_feasible=True, accuracy=max(feasible.values()), served=problem.total_demand_rps, min_gpus=fewest,
             accuracy_at_min_gpus=max(a for c, a in feasible.items() if combos[c] == fewest),
         )
-    served = {caps: _lp(problem, caps, mode="served") or 0.0 for caps in combos}
+    # Overload: max-min served fraction per priority tier, then most traffic, then accuracy at it.
+    runnable = {problem.variants[i].application for caps in combos for i, c in enumerate(caps) if c > 0}
+    tiers: dict[int, list[str]] = {}
+    for app in problem.applications:
+        if app.demand_rps > 0 and app.name in runnable:
+            tiers.setdefault(app.priority_tier, []).append(app.name)
+    floors: dict[str, float] = {}
+    if not (len(tiers) == 1 and len(next(iter(tiers.values()))) == 1):
+        for priority in sorted(tiers, reverse=True):
+            best_share = max((_lp(problem, caps, mode="fair", floors=floors, tier=tiers[priority]) or 0.0) for caps in combos)
+            for name in tiers[priority]:
+                demand = problem.application(name).demand_rps
+                floors[name] = max(0.0, best_share * demand - 1e-6 - 1e-6 * demand)
+    served = {caps: _lp(problem, caps, mode="served", floors=floors) or 0.0 for caps in combos}
     best = max(served.values())
     floor = best - 1e-7 * max(1.0, best)
     accuracy = max(
-        (a for caps, s in served.items() if s >= floor and (a := _lp(problem, caps, mode="at-served", served_floor=floor)) is not None),
+        (a for caps, s in served.items() if s >= floor and (a := _lp(problem, caps, mode="at-served", served_floor=floor, floors=floors)) is not None),
         default=None,
     )
     return BruteForce(full_feasible=False, accuracy=accuracy, served=best, min_gpus=None, accuracy_at_min_gpus=None)
