@@ -22,6 +22,8 @@
    (None at a clean end of stream) and `await frame_write(writer, header, body)`; protocols (the hot path):
    `FrameParser().feed(data) -> [(header, body), ...]`. Frames larger than the limits (`MAX_HEADER_BYTES`,
    `MAX_BODY_BYTES`, or the `max_body` given) raise `FrameError`; the connection should then be closed.
+   An infer frame names the application and variant its route expects; a runtime that serves another model
+   answers 409 `WRONG_MODEL` and runs nothing (workers/runtime/server.py).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ __all__ = [
     "JSON_CONTENT_TYPE",
     "MAX_BODY_BYTES",
     "MAX_HEADER_BYTES",
+    "WRONG_MODEL",
     "WireError",
     "datatype_of",
     "error_body",
@@ -80,6 +83,8 @@ _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES
 MAX_HEADER_BYTES = 1 << 20
 MAX_BODY_BYTES = 256 << 20
 FRAME_PREFIX = struct.Struct(">II")
+# The error code of a runtime asked for a model it does not serve (a stale route): the router tries another instance.
+WRONG_MODEL = "wrong_model"
 
 
 class WireError(ValueError):

@@ -71,7 +71,8 @@ class RoutingTable(ChangeLoggedModel):
 
     @staticmethod
     def agent_scope(queryset, host):
-        # Routers run on registered hosts with their host's token and need every application's table.
+        # An agent may read every application's table (the runtimes it supervises serve any application).
+        # Routers read them with their own credential: RestrictedQuerySet gives them every table.
         return queryset
 
 

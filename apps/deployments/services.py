@@ -1,14 +1,24 @@
 """Deployment services: a host's desired state (validated against its inventory, then filled in for the
-agent), routing tables (published atomically, several applications at once if need be), and the
-data-plane half of an agent's report (its runtimes and operations).
+agent), routing tables (published atomically, several applications at once if need be), the ordering of a
+change of what a slot serves (`routes_withdraw`, `host_desired_state_change`), and the data-plane half of
+an agent's report (its runtimes and operations).
 
 The documents are those of docs/dataplane.md. Every service is all or nothing: bad input raises
-ValidationError with a message naming the offending item, and nothing is stored."""
+ValidationError with a message naming the offending item, and nothing is stored.
+
+How a slot change is ordered (never a query answered by the wrong model): before a desired state that
+changes what a routed slot serves (another application or variant, or nothing) is written, the routes to
+that slot are withdrawn from the active routing tables (`routes_withdraw`), and the write waits until every
+live router reports the new table versions (`routers_behind`); only then is the slot's desired state
+written, and routes to it are published again once it serves the routed variant (a rollout's switch, or
+an operator's table; a table read shows a route's endpoint only while its runtime reports that variant)."""
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Iterable, Mapping
 
 from django.core.exceptions import ObjectDoesNotExist, ValidationError
@@ -22,6 +32,7 @@ from apps.inventory.services import host_actual_state_apply
 from apps.policies.choices import DropRuleChoices
 from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE
 from apps.registry.models import Application, ModelVariant, Profile
+from apps.telemetry.models import ApplicationSample
 from engine.dataplane.batching import BATCHING_POLICIES, DROP_RULES, QUEUE_ORDERS, batching_policy_make
 from engine.dataplane.routing import RoutingError
 from engine.dataplane.routing import RoutingTable as EngineRoutingTable
@@ -269,11 +280,14 @@ def _batching_validate(raw: Any, application: Application) -> tuple[dict | None,
     return {"policy": policy, "params": params, "drop_rule": drop_rule, "queue_order": queue_order, "slo_ms": float(slo_ms)}, None
 
 
+_ID_MAX = 2**63 - 1  # the largest id a (big) auto field holds
+
+
 def _variant_id(raw: Any) -> int | None:
     """A variant is sent as its id; a filled-in {"id": …, …} (a document read back) is accepted too."""
     if isinstance(raw, dict):
         raw = raw.get("id")
-    return raw if _is_int(raw) else None
+    return raw if _is_int(raw) and 0 < raw <= _ID_MAX else None  # past 64 bits: no row's id, nor a database integer
 
 
 class _RuntimeChecker:
@@ -372,7 +386,8 @@ class _RuntimeChecker:
                 return None
             self.cpu_threads[rk.index] += cpu_threads
         # What it serves.
-        application = self.applications.get(item.get("application"))
+        name = item.get("application")
+        application = self.applications.get(name) if isinstance(name, str) else None
         if application is None:
             self.fail(where, f"no application named {item.get('application')!r}.")
             return None
@@ -564,6 +579,106 @@ def routing_table_publish(*, application: Application, routes: Any, actor: Any =
     one in the same transaction. `routes` is [{instance: "<host>/<runtime key>", variant: id, weight}]."""
     validated = _routes_validate(application=application, routes=routes)
     return _routing_table_activate(application=application, routes=validated, actor=actor)
+
+
+# --------------------------------------------------------------------------- a slot changes what it serves
+
+# A router that reported within this long is live: it must confirm a withdrawal before a slot changes. One
+# that stopped reporting drops out of the count after it, so the wait for confirmations must be longer.
+ROUTER_LIVE_S = 10.0
+ROUTERS_CONFIRM_DEADLINE_S = 30.0
+_CONFIRM_POLL_S = 0.2
+
+
+class RoutersBehind(Exception):
+    """Live routers did not confirm a withdrawal of routes in time; nothing was written and the withdrawn
+    routes were published again."""
+
+    def __init__(self, message: str, routers: list[str]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.routers = routers
+
+
+def _slots_serving(desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]]]) -> dict[str, dict[str, int | None]]:
+    """{host name: {runtime key: variant id}} from desired runtimes (as posted or as filled in)."""
+    return {host: {r["key"]: _variant_id(r.get("variant")) for r in runtimes} for host, runtimes in desired_runtimes.items()}
+
+
+def routers_behind(*, versions: Mapping[str, int], live_s: float | None = None) -> list[str]:
+    """The live routers (a report within `live_s`) whose latest report holds an older table than `versions`
+    ({application name: version}) for one of those applications. A router that holds no table for an
+    application (it reports none, or a null version) cannot route to it, and is not behind."""
+    if not versions:
+        return []
+    cutoff = timezone.now() - timedelta(seconds=ROUTER_LIVE_S if live_s is None else live_s)
+    latest: dict[tuple[str, str], int | None] = {}  # (router, application) -> the version its latest report held
+    for router, name, held in (ApplicationSample.objects.filter(at__gte=cutoff, application_name__in=list(versions))
+                               .order_by("-at", "-id").values_list("router", "application_name", "routing_version")):
+        latest.setdefault((router, name), held)
+    return sorted({router for (router, name), held in latest.items() if held is not None and held < versions[name]})
+
+
+def _routes_without(*, desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]]]) -> dict[Application, tuple[list[dict], list[dict]]]:
+    """The active tables that route to a slot of these hosts which the desired runtimes will not serve with
+    the route's variant: {application: (its routes now, its routes without those)}."""
+    serving = _slots_serving(desired_runtimes)
+    changed: dict[Application, tuple[list[dict], list[dict]]] = {}
+    for table in RoutingTable.objects.select_for_update(of=("self",)).filter(active=True).select_related("application"):
+        kept = []
+        for route in table.routes:
+            try:
+                host_name, key = instance_id_parse(route["instance"])
+            except ValueError:
+                kept.append(route)
+                continue
+            if host_name in serving and serving[host_name].get(key.key) != route["variant"]:
+                continue  # the slot will serve another variant, another application, or nothing
+            kept.append(route)
+        if len(kept) != len(table.routes):
+            changed[table.application] = (list(table.routes), kept)
+    return changed
+
+
+def routes_withdraw(*, desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]]], actor: Any = None,
+                    deadline_s: float | None = None, live_s: float | None = None) -> dict[str, int]:
+    """Before a slot changes what it serves: publish every active routing table that routes to a slot of
+    these hosts ({host name: its desired runtimes}) that will not serve the route's variant, without those
+    routes, and wait (at most `deadline_s`, default ROUTERS_CONFIRM_DEADLINE_S) until no live router holds
+    an older version of those tables (`routers_behind`; none live: no wait).
+    Returns {application name: the version published} (empty: no route had to go, nothing published).
+
+    Raises RoutersBehind when live routers still hold the old tables at the deadline; the withdrawn routes
+    are then published again (the slots did not change). Call it outside a transaction: routers must be able
+    to read the published tables while it waits."""
+    with transaction.atomic():  # no other publish between reading the active tables and replacing them
+        changed = _routes_without(desired_runtimes=desired_runtimes)
+        if not changed:
+            return {}
+        published = routing_tables_publish(tables={app: kept for app, (_routes, kept) in changed.items()}, actor=actor)
+    versions = {app.name: table.version for app, table in published.items()}
+    deadline_s = ROUTERS_CONFIRM_DEADLINE_S if deadline_s is None else deadline_s
+    deadline = time.monotonic() + deadline_s
+    while behind := routers_behind(versions=versions, live_s=live_s):
+        if time.monotonic() > deadline:
+            routing_tables_publish(tables={app: routes for app, (routes, _kept) in changed.items()}, actor=actor)
+            names = ", ".join(sorted(versions))
+            raise RoutersBehind(f"routers {', '.join(behind)} did not take the routing tables of {names} without the routes "
+                                f"to the slots that change within {deadline_s:g} s; nothing was changed", behind)
+        time.sleep(_CONFIRM_POLL_S)
+    return versions
+
+
+def host_desired_state_change(*, host: Host, spec: dict, actor: Any = None, deadline_s: float | None = None) -> HostDesiredState:
+    """An operator's new desired state for a host, ordered so that no query is answered by the wrong model:
+    validate it (ValidationError, nothing changed), withdraw the routes to the slots it changes and wait for
+    the routers to confirm (`routes_withdraw`; RoutersBehind, nothing changed), then store it
+    (`host_desired_state_set`). Routes to what the slots serve next are the operator's to publish (a table
+    shows such a route's endpoint once the slot's runtime reports the routed variant). Runs outside a
+    transaction: it can wait a few seconds for the routers."""
+    document = host_desired_state_validate(host=host, spec=spec)
+    routes_withdraw(desired_runtimes={host.name: document["runtimes"]}, actor=actor, deadline_s=deadline_s)
+    return host_desired_state_set(host=host, spec=spec, actor=actor)
 
 
 # --------------------------------------------------------------------------- the agent's report

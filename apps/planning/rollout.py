@@ -6,14 +6,17 @@ Rollout (`rollout_execute`, the work of a rollout job) keeps capacity while the 
    GPUs have room for both (the union of the MIG layouts is valid and the CPU threads fit); a host without
    room goes straight to the plan's state (its agent drains what goes before it creates what comes).
    Hosts are written in waves (a fraction of the fleet at a time); each wave waits until every agent in
-   it reports the new version converged, within a deadline.
+   it reports the new version converged, within a deadline. Before a wave is written, the routes to the
+   slots it changes (a slot the plan gives another application or variant, or takes away) are withdrawn
+   and the live routers confirm it (`routes_withdraw`): no slot changes while a router still sends it
+   queries for the model it served.
 2. *Switch*: every application's routing table moves to the plan's in one transaction, so routers see
    either all old tables or all new ones.
 3. *Break*: hosts that kept old instances get the plan's state, again in waves with the same deadline.
 
-A host that does not converge in time fails the rollout: every host touched gets its state from before the
-rollout back (as a new version), the routing tables before the switch are restored, and the plan is
-FAILED. The job is idempotent: a retried task re-derives what is left from the stored state (a host whose
+A host that does not converge in time (or routers that do not confirm a withdrawal) fails the rollout:
+every host touched gets its state from before the rollout back (as a new version, with the same
+withdrawal first), then the routing tables from before the rollout are restored, and the plan is FAILED. The job is idempotent: a retried task re-derives what is left from the stored state (a host whose
 latest desired state already is the target is not written again; tables already switched are not
 switched again)."""
 from __future__ import annotations
@@ -30,9 +33,11 @@ from django.utils import timezone
 from apps.core.context import change_context
 from apps.deployments.models import RoutingTable
 from apps.deployments.services import (
+    RoutersBehind,
     host_desired_state_latest,
     host_desired_state_set,
     host_desired_state_validate,
+    routes_withdraw,
     routing_tables_publish,
 )
 from apps.inventory.models import Host
@@ -191,6 +196,7 @@ def _write_waves(*, job: Job, plan: Plan, targets: dict[int, dict], fraction: fl
     size = max(1, math.ceil(len(todo) * fraction))
     for start in range(0, len(todo), size):
         wave = todo[start:start + size]
+        _routes_withdraw(job=job, wave=wave, phase=phase, actor=actor)
         waiting: dict[int, int] = {}
         with transaction.atomic(), change_context(source="rollout", principal=_user(actor)):
             for host, target, version in wave:
@@ -205,6 +211,22 @@ def _write_waves(*, job: Job, plan: Plan, targets: dict[int, dict], fraction: fl
         job_progress(job_id=job.pk, log_line=f"{phase}: wrote desired state of {names}; waiting for their agents")
         _wait_converged(job=job, waiting=waiting, deadline_s=deadline_s, what=phase)
         job_progress(job_id=job.pk, log_line=f"{phase}: {names} converged")
+
+
+def _routes_withdraw(*, job: Job, wave: list, phase: str, actor: Any) -> None:
+    """Withdraw the routes to the slots this wave changes, and wait for the routers (RolloutFailed when they
+    do not confirm): a slot's desired state changes only once no router sends it queries for its old model."""
+    desired = {host.name: target["runtimes"] for host, target, _version in wave if target is not None}
+    if not desired:
+        return
+    try:
+        with change_context(source="rollout", principal=_user(actor)):
+            withdrawn = routes_withdraw(desired_runtimes=desired, actor=actor)
+    except RoutersBehind as exc:
+        raise RolloutFailed(f"{phase}: {exc.message}") from exc
+    if withdrawn:
+        tables = ", ".join(f"{name} v{version}" for name, version in sorted(withdrawn.items()))
+        job_progress(job_id=job.pk, log_line=f"{phase}: routes to the slots that change withdrawn ({tables}); the routers confirmed")
 
 
 def _active_routing() -> dict[int, list]:
@@ -228,14 +250,10 @@ def _plan_routing_by_application_id(plan: Plan) -> dict[int, list]:
 
 
 def _restore(*, job: Job, plan: Plan, deadline_s: float, actor: Any) -> None:
-    """Every host touched gets back the state it had before the rollout; the tables before the switch too."""
+    """Every host touched gets back the state it had before the rollout (the routes to the slots that change
+    back withdrawn first), then the routing tables before the rollout: no table routes to a slot before it
+    serves the routed model again."""
     record = plan.rollout
-    before = {int(k): v for k, v in record.get("routing_before", {}).items()}
-    if record.get("switched") and before:
-        _routing_publish(routing=before, actor=actor)
-        record["switched"] = False
-        Plan.objects.filter(pk=plan.pk).update(rollout=record)
-        job_progress(job_id=job.pk, log_line="routing tables restored to their versions before the rollout")
     hosts = {h.name: h for h in Host.objects.filter(name__in=record.get("hosts", {}))}
     targets = {hosts[name].pk: info["before"] for name, info in record.get("hosts", {}).items() if name in hosts and info.get("versions")}
     if targets:
@@ -243,6 +261,13 @@ def _restore(*, job: Job, plan: Plan, deadline_s: float, actor: Any) -> None:
             _write_waves(job=job, plan=plan, targets=targets, fraction=1.0, deadline_s=deadline_s, phase="rollback", actor=actor)
         except RolloutFailed as exc:  # the states are written; a host that is away applies its own when back
             job_progress(job_id=job.pk, log_line=f"rollback: {exc}; their previous state is written and waits for them")
+    before = {int(k): v for k, v in record.get("routing_before", {}).items()}
+    active = _active_routing()
+    if before and any(active.get(pk) != routes for pk, routes in before.items()):  # switched, or routes withdrawn
+        _routing_publish(routing=before, actor=actor)
+        record["switched"] = False
+        Plan.objects.filter(pk=plan.pk).update(rollout=record)
+        job_progress(job_id=job.pk, log_line="routing tables restored to their versions before the rollout")
 
 
 # --------------------------------------------------------------------------- the jobs' work

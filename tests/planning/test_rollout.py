@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -118,8 +119,14 @@ def test_rollout_makes_before_it_breaks_and_switches_routing_in_between(fleet) -
     assert plan.status == "rolled_back"
     latest = host_desired_state_latest(host=cpu)
     assert latest.version == 4 and latest.spec["runtimes"] == versions[0].spec["runtimes"]
+    # The route to cpu0/2, which goes, was withdrawn before the host was written back (version 3); the tables
+    # before the rollout came back once the host had converged (version 4): never a route to a changing slot.
+    withdrawn = RoutingTable.objects.get(application__name="tabular-cpu", version=3)
+    assert {r["instance"] for r in withdrawn.routes} == {"sim-cpu-01/cpu0/0"} and withdrawn.created <= latest.created
     restored = RoutingTable.objects.get(application__name="tabular-cpu", active=True)
-    assert restored.version == 3 and {r["instance"] for r in restored.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/1"}
+    assert restored.version == 4 and {r["instance"] for r in restored.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/1"}
+    assert restored.created >= latest.created
+    assert "rollback: routes to the slots that change withdrawn (tabular-cpu v3)" in back.log
 
 
 def test_a_host_that_never_converges_fails_the_rollout_and_everything_is_restored(fleet) -> None:
@@ -140,3 +147,63 @@ def test_a_host_that_never_converges_fails_the_rollout_and_everything_is_restore
     # The routers never left the old tables (the switch comes after the make wave).
     assert RoutingTable.objects.get(application__name="tabular-cpu", active=True).version == 1
     assert Job.objects.get(pk=job.pk).result == {}
+
+
+def key_reuse_plan() -> tuple[Plan, str]:
+    """A plan that gives a sim-a100-01 slot serving classify-resnet to classify-mobile (the same runtime key,
+    another application); every other host and table unchanged."""
+    host = Host.objects.get(name="sim-a100-01")
+    latest = host_desired_state_latest(host=host)
+    slot = next(r["key"] for r in latest.spec["runtimes"] if r["application"] == "classify-resnet")
+    mobilenet = ModelVariant.objects.get(application__name="classify-mobile", name="mobilenet")
+    runtimes = [r if r["key"] != slot else {**r, "application": "classify-mobile", "variant": mobilenet.pk} for r in latest.spec["runtimes"]]
+    instance = f"{host.name}/{slot}"
+    routing = {}
+    for table in RoutingTable.objects.filter(active=True):
+        routing[table.application.name] = [{"instance": r["instance"], "variant": r["variant"], "weight": r["weight"]}
+                                           for r in table.routes if r["instance"] != instance]
+    routing["classify-mobile"].append({"instance": instance, "variant": mobilenet.pk, "weight": 1.0})
+    plan = Plan.objects.create(status=PlanStatusChoices.VALIDATED, routing=routing,
+                               desired_states={host.name: {"gpus": latest.spec["gpus"], "runtimes": runtimes}})
+    return plan, instance
+
+
+def test_a_plan_that_reuses_a_slot_for_another_application_withdraws_its_route_first(fleet) -> None:
+    plan, instance = key_reuse_plan()
+    plan_approve(plan=plan, actor=None)
+    resnet = Application.objects.get(name="classify-resnet")
+    before = RoutingTable.objects.get(application=resnet, active=True)
+    assert instance in {r["instance"] for r in before.routes}
+    with StandInAgents(set(fleet), delay_s=0.3):
+        job = plan_apply(plan=plan, actor=None, deadline_s=20)
+    job.refresh_from_db()
+    assert job.status == "succeeded", job.log + job.error
+    host = fleet["sim-a100-01"]
+    moved = HostDesiredState.objects.filter(host=host, version__gt=1).order_by("version").first()
+    assert next(r["application"] for r in moved.spec["runtimes"] if f"{host.name}/{r['key']}" == instance) == "classify-mobile"
+    # classify-resnet's route to the slot was withdrawn before the slot was given to classify-mobile ...
+    withdrawn = RoutingTable.objects.get(application=resnet, version=before.version + 1)
+    assert instance not in {r["instance"] for r in withdrawn.routes} and withdrawn.created < moved.created
+    assert "make: routes to the slots that change withdrawn (classify-resnet" in job.log
+    # ... and classify-mobile got a route to it only at the switch, once the host had converged.
+    mobile_tables = RoutingTable.objects.filter(application__name="classify-mobile").order_by("version")
+    first_routed = next(t for t in mobile_tables if instance in {r["instance"] for r in t.routes})
+    assert first_routed.created > moved.created + timedelta(seconds=0.3)
+
+
+def test_routers_that_do_not_take_the_withdrawal_fail_the_rollout_before_the_slot_changes(fleet, monkeypatch) -> None:
+    from apps.deployments import services
+    from tests.api.test_desired_state_ordering import StandInRouter
+
+    monkeypatch.setattr(services, "ROUTERS_CONFIRM_DEADLINE_S", 1.0)
+    plan, instance = key_reuse_plan()
+    plan_approve(plan=plan, actor=None)
+    with StandInRouter("classify-resnet", stuck=True), StandInAgents(set(fleet)):
+        job = plan_apply(plan=plan, actor=None, deadline_s=20)
+    job.refresh_from_db()
+    plan.refresh_from_db()
+    assert job.status == "failed" and "stand-in did not take the routing tables" in job.error and "rolled back" in job.error
+    assert plan.status == "failed"
+    # The slot never changed, and classify-resnet routes to it again.
+    assert HostDesiredState.objects.filter(host=fleet["sim-a100-01"]).count() == 1
+    assert instance in {r["instance"] for r in RoutingTable.objects.get(application__name="classify-resnet", active=True).routes}

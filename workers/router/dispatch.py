@@ -1,5 +1,6 @@
 """Sending one query to an instance of its application: the weighted choice over the instances that can take
-it, retries on a refused, lost or draining instance, the deadline, and the outcome's metrics (`Dispatcher`)."""
+it, retries on a refused, lost, draining or wrong-model instance, the deadline, and the outcome's metrics
+(`Dispatcher`). A query is only ever answered by the application and variant its route names."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +10,7 @@ from engine.dataplane.routing import NoRouteAvailable
 from workers.metrics import ApplicationStats
 from workers.router.table import Application, Route
 from workers.router.upstream import Upstream, UpstreamError
+from workers.wire import WRONG_MODEL
 
 __all__ = ["DispatchError", "Dispatcher"]
 
@@ -32,7 +34,13 @@ class Dispatcher:
     `dispatch` draws the instance with `WeightedRouter.choose_excluding` over the routes that are not `ready`
     (or have no endpoint) and those left out; a connection failure or a draining answer is retried on another
     instance (`_MAX_ATTEMPTS` in all) while the deadline allows. The runtime gets the remaining milliseconds;
-    no answer by the deadline + `upstream_grace_s` is a drop (504 `deadline_exceeded`)."""
+    no answer by the deadline + `upstream_grace_s` is a drop (504 `deadline_exceeded`).
+
+    Each frame names the application and the variant of its route. An instance that serves another model
+    (a route the control plane is withdrawing) refuses with 409 `wrong_model`, or, if it does not check,
+    answers as another model: either way nothing is relayed, the instance is `stale` for that application
+    until its table's version changes, and the query goes to another instance (not counted in
+    `_MAX_ATTEMPTS`: each refusal leaves one instance fewer to draw); none left is 503 `no_route`."""
 
     def __init__(self, *, upstream_grace_s: float = 2.0, connect_timeout_s: float = 1.0, unavailable_s: float = 1.0) -> None:
         self.upstream_grace_s = upstream_grace_s
@@ -40,9 +48,14 @@ class Dispatcher:
         self.unavailable_s = unavailable_s
         self.upstreams: dict[str, Upstream] = {}
         self.unavailable: dict[str, float] = {}  # endpoint -> until (time.monotonic): refused, lost or draining
+        self.stale: dict[tuple[str, str], int] = {}  # (application, instance) -> table version: serves another model
 
     def upstreams_prune(self, apps: dict[str, Application]) -> None:
-        """Close the connections to endpoints that no table in `apps` routes to."""
+        """Close the connections to endpoints that no table in `apps` routes to; forget the stale instances of
+        tables replaced since."""
+        for key, version in list(self.stale.items()):
+            if key[0] not in apps or apps[key[0]].version != version:
+                del self.stale[key]
         for endpoint in list(self.upstreams):
             if not any(r.endpoint == endpoint for app in apps.values() for r in app.routes.values()):
                 self.upstreams.pop(endpoint).close()
@@ -53,11 +66,20 @@ class Dispatcher:
         self.upstreams.clear()
 
     def excluded(self, app: Application, now: float) -> frozenset[str] | set[str]:
-        """The instances of `app` not to draw now: the table's own exclusions and the endpoints left out."""
+        """The instances of `app` not to draw now: the table's own exclusions, the endpoints left out and the
+        instances found serving another model under this version of the table."""
         unavailable = self.unavailable
-        if not unavailable:
+        if not unavailable and not self.stale:
             return app.excluded
         bad = set(app.excluded)
+        if self.stale:
+            for (application, instance), version in list(self.stale.items()):
+                if application != app.name:
+                    continue
+                if version != app.version:  # a newer table: the control plane had its say, try it again
+                    del self.stale[(application, instance)]
+                else:
+                    bad.add(instance)
         for endpoint, until in list(unavailable.items()):
             if until <= now:
                 del unavailable[endpoint]
@@ -77,7 +99,7 @@ class Dispatcher:
         application = app.name
         deadline = t0 + budget_ms / 1000.0
         frame = {"op": "infer", "id": 0, "deadline_ms": 0.0, "content_type": content_type, "header_length": header_length,
-                 "instance": "", "routing_version": app.version}
+                 "instance": "", "routing_version": app.version, "application": application, "variant": ""}
         attempts = 0
         route: Route | None = None
         while True:
@@ -90,7 +112,11 @@ class Dispatcher:
                 instance = app.picker.choose_excluding(excluded) if excluded else app.picker.choose()
             except NoRouteAvailable as exc:
                 stats.no_route()
-                raise DispatchError(503, "no_route", str(exc)) from None
+                message = str(exc)
+                stale = sorted(i for (a, i), v in self.stale.items() if a == application and v == app.version)
+                if stale:
+                    message += f" ({', '.join(stale)} now serve another model; the routing table is being updated)"
+                raise DispatchError(503, "no_route", message) from None
             route = app.routes[instance]
             remaining = deadline - now
             if remaining <= 0:
@@ -106,6 +132,7 @@ class Dispatcher:
                 remaining = deadline - clock()
                 frame["deadline_ms"] = remaining * 1000.0
                 frame["instance"] = instance
+                frame["variant"] = route.variant
                 fut = upstream.request(frame, body)
                 timer = loop.call_later(remaining + self.upstream_grace_s, _expire, fut)
                 try:
@@ -129,6 +156,11 @@ class Dispatcher:
                     continue
                 stats.no_route()
                 raise DispatchError(503, "no_route", f"{application}: the instances tried are draining")
+            if (status == 409 and reply.get("code") == WRONG_MODEL) or not _serves(reply, application, route.variant):
+                # A stale route: never relay another model's answer; leave the instance out until a new table.
+                self.stale[(application, instance)] = app.version
+                attempts -= 1
+                continue
             break
         end = clock()
         latency_ms = (end - t0) * 1000.0
@@ -141,6 +173,15 @@ class Dispatcher:
         else:
             stats.failed(latency_ms, variant=variant, instance=instance, simulated=simulated)
         return status, reply, reply_body, variant
+
+
+def _serves(reply: dict, application: str, variant: str) -> bool:
+    """Whether the runtime's reply says it serves `application` and `variant` (a route without a variant name
+    checks the application only; a reply that does not say is taken at its word)."""
+    answered = reply.get("application")
+    if answered is not None and answered != application:
+        return False
+    return not variant or reply.get("variant") in (None, variant)
 
 
 def _expire(fut: asyncio.Future) -> None:

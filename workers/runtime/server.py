@@ -15,14 +15,18 @@ Frames (one JSON header and a body each; any number in flight on a connection, a
 matched by `id`, which is echoed back):
 
 - `{"op": "infer", "id": 7, "deadline_ms": 48.5, "content_type": ..., "header_length": N or null,
-  "instance": "<host>/<key>", "routing_version": 2}` with the client's KServe v2 body. `deadline_ms` is
-  RELATIVE: milliseconds from when the runtime reads the frame (the router's remaining budget; clocks of
-  two hosts are not comparable); absent: the SLO. Answer `{"id", "status": 200, "variant", "simulated",
-  "content_type", "header_length"}` with the KServe v2 response body (binary outputs when the request asked
-  for them; `header_length` is then the response's Inference-Header-Content-Length). Errors carry
-  `{"id", "status", "code", "message", "variant", "simulated", "content_type": "application/json"}` and the
-  body `{"error": {"status", "code", "message"}}`: 400 `malformed` (WireError, unknown or missing inputs,
-  wrong datatype or shape), 504 `deadline_exceeded` (the drop rule gave up on the query), 503 `draining`,
+  "instance": "<host>/<key>", "routing_version": 2, "application": "classify-resnet", "variant": "resnet50"}`
+  with the client's KServe v2 body. `deadline_ms` is RELATIVE: milliseconds from when the runtime reads the
+  frame (the router's remaining budget; clocks of two hosts are not comparable); absent: the SLO.
+  `application` and `variant` are what the router's route expects this instance to serve: a runtime that
+  serves anything else refuses the query with 409 `wrong_model` and runs nothing (a route the routing table
+  has not withdrawn yet must never be answered by another model); absent or empty: not checked. Answer
+  `{"id", "status": 200, "application", "variant", "simulated", "content_type", "header_length"}` with the
+  KServe v2 response body (binary outputs when the request asked for them; `header_length` is then the
+  response's Inference-Header-Content-Length). Errors carry `{"id", "status", "code", "message",
+  "application", "variant", "simulated", "content_type": "application/json"}` and the body `{"error":
+  {"status", "code", "message"}}`: 400 `malformed` (WireError, unknown or missing inputs, wrong datatype or
+  shape), 409 `wrong_model`, 504 `deadline_exceeded` (the drop rule gave up on the query), 503 `draining`,
   500 `internal` (the model failed).
 - `{"op": "health"}` -> `{"status": 200, "state": "ready"|"draining", "key", "application", "variant",
   "instance", "simulated", "providers", "max_batch", "queue_length", "in_flight", "pid", "uptime_s",
@@ -66,7 +70,7 @@ from engine.dataplane.batching import batching_policy_make, policy_latency_funct
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats
 from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
 from workers.runtime.simulated import SimulatedSession, profile_points
-from workers.wire import FRAME_PREFIX, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
+from workers.wire import FRAME_PREFIX, WRONG_MODEL, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
 
 __all__ = ["BatchingSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ready_file_write", "main", "session_load"]
 
@@ -374,8 +378,8 @@ class RuntimeServer:
         self._closed: asyncio.Event | None = None
         instance = spec.instance or spec.key
         self._params_default = {"variant": spec.variant, "instance": instance, "simulated": self.simulated}
-        self._reply_head = ('{"status":200,"variant":%s,"simulated":%s,"content_type":' % (
-            json.dumps(spec.variant), "true" if self.simulated else "false")).encode()
+        self._reply_head = ('{"status":200,"application":%s,"variant":%s,"simulated":%s,"content_type":' % (
+            json.dumps(spec.application), json.dumps(spec.variant), "true" if self.simulated else "false")).encode()
         self.endpoint: str | None = None
 
     @property
@@ -479,8 +483,8 @@ class RuntimeServer:
             self._error(conn, header.get("id"), 400, "unknown_op", f"unknown op {op!r}; known: infer, health, stats, metrics, drain")
 
     def _error(self, conn: _Connection, rid: Any, status: int, code: str, message: str) -> None:
-        conn.send({"id": rid, "status": status, "code": code, "message": message, "variant": self.spec.variant,
-                   "simulated": self.simulated, "content_type": JSON_CT}, error_body(status, code, message))
+        conn.send({"id": rid, "status": status, "code": code, "message": message, "application": self.spec.application,
+                   "variant": self.spec.variant, "simulated": self.simulated, "content_type": JSON_CT}, error_body(status, code, message))
 
     def _health(self, rid: Any) -> dict:
         return {
@@ -527,6 +531,12 @@ class RuntimeServer:
 
     def _infer(self, conn: _Connection, header: dict, body: bytes) -> None:
         rid = header.get("id")
+        application, variant = header.get("application"), header.get("variant")
+        if (application and application != self.spec.application) or (variant and variant != self.spec.variant):
+            # The router's route is stale (the slot now serves another model): refuse before anything runs.
+            self._error(conn, rid, 409, WRONG_MODEL, f"instance {self.spec.instance or self.spec.key} serves "
+                        f"{self.spec.application}/{self.spec.variant}, not {application or '?'}/{variant or '?'}")
+            return
         if self.draining:
             self._error(conn, rid, 503, "draining", f"instance {self.spec.instance or self.spec.key} is draining")
             return

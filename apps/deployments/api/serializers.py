@@ -115,7 +115,9 @@ class RouteSerializer(serializers.Serializer):
 
 class RoutingTableSerializer(serializers.ModelSerializer):
     """A routing table as routers read it: variants by name, endpoints and states from the runtimes the
-    agents last reported (null and "unknown" for an instance not reported)."""
+    agents last reported (null and "unknown" for an instance not reported). A runtime that does not serve
+    the route's variant (its slot serves another model now, or not yet this one) gives the route no
+    endpoint, and "unknown" where it reports "ready": routers never send a query to another model."""
 
     application = serializers.CharField(source="application.name", read_only=True)
     slo_ms = serializers.SerializerMethodField()
@@ -151,7 +153,7 @@ class RoutingTableSerializer(serializers.ModelSerializer):
             for name in missing:
                 cache[name] = {}
             for runtime in Runtime.objects.filter(host__name__in=missing).select_related("host").only(
-                "key", "state", "endpoint", "host__name"
+                "key", "state", "endpoint", "variant_id", "host__name"
             ):
                 cache[runtime.host.name][runtime.key] = runtime
         return cache
@@ -170,12 +172,14 @@ class RoutingTableSerializer(serializers.ModelSerializer):
         result = []
         for route, host_name, key in located:
             runtime = runtimes.get(host_name, {}).get(key) if host_name else None
+            serves = runtime is not None and runtime.variant_id == route["variant"]
+            state = runtime.state if runtime else ROUTE_STATE_UNKNOWN
             result.append({
                 "instance": route["instance"],
                 "variant": variants.get(route["variant"]),
                 "weight": route["weight"],
-                "endpoint": (runtime.endpoint or None) if runtime else None,
-                "state": runtime.state if runtime else ROUTE_STATE_UNKNOWN,
+                "endpoint": (runtime.endpoint or None) if serves else None,
+                "state": state if serves or state != RuntimeStateChoices.READY else ROUTE_STATE_UNKNOWN,
             })
         return result
 

@@ -8,7 +8,7 @@ from apps.inventory.services import host_visible_find
 
 from ..filtersets import HostDesiredStateFilterSet, HostOperationFilterSet, RoutingTableFilterSet, RuntimeFilterSet
 from ..models import HostDesiredState, HostOperation, RoutingTable, Runtime
-from ..services import host_desired_state_set, routing_table_publish
+from ..services import RoutersBehind, host_desired_state_change, routing_table_publish
 from .serializers import (
     DesiredStateDocumentSerializer,
     DesiredStateRequestSerializer,
@@ -28,9 +28,19 @@ def host_visible_get(request, pk) -> Host:
     return host
 
 
+class RoutersBehindError(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "routers_behind"
+    default_detail = "Routers did not take the routing tables without the routes to the slots that change."
+
+
 class HostDesiredStateView(RestrictedQuerysetMixin, generics.GenericAPIView):
     """A host's desired state: GET the latest version (the host's own agent, viewers and up; 404 when none
-    was ever set); POST a new version (operators and up), validated against the host's inventory."""
+    was ever set); POST a new version (operators and up), validated against the host's inventory.
+
+    A POST that changes what a routed slot serves first withdraws the routes to that slot and waits until
+    the live routers hold the tables without them (usually a second or two, at most 30 s); only then is the
+    version stored (201). Routers that do not confirm in time: 503 `routers_behind`, nothing changed."""
 
     queryset = HostDesiredState.objects.select_related("host")
     serializer_class = DesiredStateDocumentSerializer
@@ -52,11 +62,14 @@ class HostDesiredStateView(RestrictedQuerysetMixin, generics.GenericAPIView):
     @extend_schema(
         operation_id="hosts_desired_state_create",
         request=DesiredStateRequestSerializer,
-        responses={201: DesiredStateDocumentSerializer},
+        responses={201: DesiredStateDocumentSerializer, 503: OpenApiResponse(description="Routers did not confirm the withdrawn routes; nothing changed")},
     )
     def post(self, request, pk):
         host = host_visible_get(request, pk)
-        state = host_desired_state_set(host=host, spec=request.data, actor=request.user)
+        try:
+            state = host_desired_state_change(host=host, spec=request.data, actor=request.user)
+        except RoutersBehind as exc:
+            raise RoutersBehindError(exc.message) from exc
         return Response(state.spec, status=status.HTTP_201_CREATED)
 
 
