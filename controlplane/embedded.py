@@ -1,7 +1,8 @@
 """The embedded scheduler: on embedded defaults (no broker, no beat process) it stands in for
 django-celery-beat inside the control plane's process, running the same services the beat tasks run:
-the planning watch every few seconds (lost hosts, model pool, demand), each enabled re-planning
-policy's periodic re-plan at its interval, and the hourly telemetry retention. With Redis configured, `celery beat` does this instead."""
+the planning watch and the job sweeper every few seconds (lost hosts, model pool, demand; jobs a dead
+process left behind), each enabled re-planning policy's periodic re-plan at its interval, and the hourly
+telemetry retention. With Redis configured, `celery beat` does this instead."""
 from __future__ import annotations
 
 import logging
@@ -22,6 +23,7 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
 
     from django.conf import settings
 
+    from apps.jobs.services import jobs_sweep
     from apps.planning.triggers import planning_watch, replan_periodic
     from apps.policies.models import ReplanPolicy
     from apps.telemetry.services import telemetry_prune
@@ -35,6 +37,7 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
             while not stop.wait(watch_every_s):
                 try:
                     planning_watch()
+                    jobs_sweep()
                     now = time.monotonic()
                     for policy in ReplanPolicy.objects.filter(enabled=True):
                         if now - last_periodic.get(policy.pk, started) >= policy.interval_seconds:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from django.contrib.staticfiles import finders
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.db import OperationalError
 from django.http import Http404
 from django.test import Client, RequestFactory
 from django.urls import path
@@ -38,11 +39,17 @@ def _missing(request):
     raise Http404("No Host matches the given query.")
 
 
+def _database_down(request):
+    raise OperationalError('connection to server at "127.0.0.1", port 5432 failed: Connection refused')
+
+
 urlpatterns = [
     path("api/v1/test-boom/", _boom),
     path("api/v1/test-forbidden/", _forbidden),
     path("api/v1/test-suspicious/", _suspicious),
     path("api/v1/test-missing/", _missing),
+    path("api/v1/test-database-down/", _database_down),
+    path("test-database-down/", _database_down),
     path("test-boom/", _boom),
     path("test-forbidden/", _forbidden),
     path("test-suspicious/", _suspicious),
@@ -159,6 +166,40 @@ def test_500_under_the_api_answers_json():
     assert "boom" not in error["message"]  # no internals leak
 
 
+@errors_urlconf
+def test_the_database_away_answers_503_json_under_the_api_and_the_unavailable_page_elsewhere(settings):
+    # No django_db mark: neither answer may touch the database. (Outages on real services:
+    # tests/integration/test_outages.py.)
+    client = Client(raise_request_exception=False)
+    response = client.get("/api/v1/test-database-down/")
+    error = _error(response, 503, "service_unavailable")
+    assert "database" in error["message"].lower() and response["Retry-After"] == str(settings.TESSERA_RETRY_AFTER_S)
+    assert "5432" not in error["message"]  # no addresses leak
+    response = client.get("/test-database-down/")
+    assert response.status_code == 503 and response["Content-Type"].startswith("text/html") and response["Retry-After"]
+    html = response.content.decode()
+    assert "Database unavailable" in html and "Nothing was changed" in html and "<style>" in html and "{%" not in html
+
+
+class _DatabaseDownMiddleware:
+    """A middleware whose query fails: the exception reaches Django's handler500, not OutageMiddleware."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        _database_down(request)
+
+
+def test_a_database_error_raised_in_a_middleware_answers_503_not_500(settings):
+    settings.MIDDLEWARE = ["controlplane.errors.ApiErrorsAsJsonMiddleware", f"{__name__}._DatabaseDownMiddleware"]
+    client = Client(raise_request_exception=False)
+    error = _error(client.get("/api/v1/hosts/"), 503, "service_unavailable")
+    assert "database" in error["message"].lower()
+    response = client.get("/login/")
+    assert response.status_code == 503 and "Database unavailable" in response.content.decode()
+
+
 @pytest.mark.django_db
 def test_api_views_keep_their_own_json_errors(client):
     # The REST framework's handler answers inside API views; the same shape either way.
@@ -202,3 +243,20 @@ def test_favicon_and_logo_are_served(client, settings):
         assert b"<svg" in b"".join(response.streaming_content)
     response = client.get("/favicon.ico")
     assert response.status_code == 302 and response["Location"] == "/static/img/favicon.svg"
+
+
+@pytest.mark.django_db
+@errors_urlconf
+def test_api_errors_answer_json_with_debug_on_too(settings):
+    # Local settings (the demo) run with DEBUG on: Django then answers with its HTML debug pages instead of
+    # calling the handlers, and ApiErrorsAsJsonMiddleware turns those into the API's JSON under /api/.
+    settings.DEBUG = True
+    client = Client(raise_request_exception=False)
+    error = _error(client.get("/api/v1/test-boom/"), 500, "server_error")
+    assert "boom" not in error["message"] and "Traceback" not in error["message"]
+    _error(client.get("/api/v1/no-such-endpoint/"), 404, "not_found")
+    _error(client.get("/api/v1/test-missing/"), 404, "not_found")
+    _error(client.get("/api/v1/test-suspicious/"), 400, "bad_request")
+    _error(client.get("/api/v1/test-forbidden/"), 403, "permission_denied")
+    # Browser paths keep Django's debug pages.
+    assert client.get("/test-boom/")["Content-Type"].startswith("text/html")

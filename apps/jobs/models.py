@@ -34,6 +34,12 @@ class Job(models.Model):
     created = models.DateTimeField(auto_now_add=True, db_index=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # Delivery bookkeeping for the sweeper (apps.jobs.services.jobs_sweep): the task that runs the job, when
+    # it last left for the broker (null: never), and the running attempt's last sign of life (null: none
+    # beating, e.g. heartbeats off or between attempts).
+    task = models.CharField(max_length=100, blank=True, help_text="The Celery task that runs the job")
+    queued = models.DateTimeField(null=True, blank=True)
+    heartbeat = models.DateTimeField(null=True, blank=True)
 
     objects = RestrictedQuerySet.as_manager()
 
@@ -45,6 +51,8 @@ class Job(models.Model):
                 name="job_one_active_per_key",
             ),
         ]
+        # The sweeper reads the active few out of a table that keeps every job ever run.
+        indexes = [models.Index(fields=["status"], condition=models.Q(status__in=JOB_ACTIVE_STATUSES), name="job_active")]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} job {self.pk} ({self.status})"

@@ -1,17 +1,28 @@
-"""Job services: create (one active job per key), claim for a run (idempotent: a finished job is never run
-again; a retried one carries on from its checkpoint), progress and log, finish. `job_execute` is the one
-place that turns a unit of work into a job run; Celery tasks are thin adapters over it."""
+"""Job services: create (one active job per key), queue, claim for a run (idempotent: a finished job is never
+run again; a retried one carries on from its checkpoint), progress and log, heartbeats, finish, and the
+sweeper. `job_execute` is the one place that turns a unit of work into a job run; Celery tasks are thin
+adapters over it.
+
+Delivery is reliable without trusting the broker's redelivery: the job row is the outbox. A job is queued
+only when the broker answers (else the request fails with 503 and its transaction, job included, rolls
+back); a message lost after the commit leaves a pending job that `jobs_sweep` sends again, and a running
+attempt whose heartbeat stopped (its worker was killed) is sent again by the sweeper within the configured
+bound (settings "Outages"). A stale pending job never blocks a new one of its key."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from typing import Any, Callable, Iterable
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection as _connection, models, transaction
 from django.db.models import Value
 from django.db.models.functions import Concat
 from django.utils import timezone
+
+from apps.core.outages import BROKER_ERRORS, broker_check
 
 from .choices import JOB_ACTIVE_STATUSES, JobStatusChoices
 from .models import Job
@@ -28,6 +39,7 @@ __all__ = [
     "job_execute",
     "job_progress",
     "job_targets",
+    "jobs_sweep",
 ]
 
 
@@ -53,34 +65,74 @@ def job_targets(objects: Iterable[models.Model]) -> list[dict[str, Any]]:
 def job_create(
     *, kind: str, actor: Any = None, actor_name: str = "", targets: Iterable[models.Model] = (), params: dict | None = None, key: str = ""
 ) -> Job:
-    """A pending job. With `key`, raises `JobConflict` (carrying the active job) when one is active."""
+    """A pending job. With `key`, raises `JobConflict` (carrying the active job) when one is active; a stale
+    pending one (`_job_pending_stale`: its message never left, or no worker took it for
+    TESSERA_JOB_PENDING_MAX_S) is failed with that reason instead, and the new job takes its place."""
     user = actor if getattr(actor, "is_authenticated", False) and getattr(actor, "pk", None) else None
     job = Job(kind=kind, actor=user, actor_name=actor_name or (getattr(user, "username", "") if user else ""),
               targets=job_targets(targets), params=params or {}, key=key)
-    try:
-        with transaction.atomic():
-            job.save()
-    except IntegrityError:
-        active = Job.objects.filter(key=key, status__in=JOB_ACTIVE_STATUSES).first()
-        if active is None:
-            raise
-        raise JobConflict(active) from None
+    for last_try in (False, True):
+        try:
+            with transaction.atomic():
+                job.save()
+            break
+        except IntegrityError:
+            active = Job.objects.filter(key=key, status__in=JOB_ACTIVE_STATUSES).first()
+            if active is None:
+                raise
+            stale = _job_pending_stale(active)
+            if last_try or not stale:
+                raise JobConflict(active) from None
+            _job_finish(active.pk, status=JobStatusChoices.FAILED, error=f"superseded by a new {kind} job: {stale}")
     job_stream_announce(job.pk)
     return job
 
 
+def _job_pending_stale(job: Job) -> str:
+    """Why a pending job is stale ("" when it is not): its message never left for the broker although it
+    should have within TESSERA_JOB_STALE_AFTER_S, or it has waited TESSERA_JOB_PENDING_MAX_S."""
+    if job.status != JobStatusChoices.PENDING:
+        return ""
+    age = (timezone.now() - job.created).total_seconds()
+    if age > settings.TESSERA_JOB_PENDING_MAX_S:
+        return f"no worker took it in {age:.0f} s"
+    if job.queued is None and age > settings.TESSERA_JOB_STALE_AFTER_S:
+        return f"its task was never queued ({age:.0f} s)"
+    return ""
+
+
 def job_enqueue(*, job: Job, task: Any) -> None:
     """Queue the job's task once the transaction that created the job commits (never before: the worker
-    would not find the row). On embedded defaults (no broker) the task runs in a thread of this process."""
+    would not find the row). The broker is asked first: when it does not answer, ServiceUnavailable (503)
+    is raised now, inside the transaction, which rolls the job (and what came with it) back. On embedded
+    defaults (no broker) the task runs in a thread of this process."""
+    broker_check()
+    Job.objects.filter(pk=job.pk).update(task=task.name)
+    job.task = task.name
+    transaction.on_commit(lambda: _task_send(task, job.pk))
+
+
+def _task_send(task: Any, job_id: int) -> bool:
+    """The one place a job's task leaves this process: to the broker, run in the caller when eager, or in
+    a thread of this process (TESSERA_JOBS_IN_THREAD). Records when it left; a broker that fails now
+    (after the commit) leaves the job pending for `jobs_sweep`, said in its log. Whether it left."""
     if getattr(settings, "TESSERA_JOBS_IN_THREAD", False):
-        transaction.on_commit(lambda: threading.Thread(target=_in_process_run, args=(task, job.pk), name=f"tessera-job-{job.pk}", daemon=True).start())
-    else:
-        transaction.on_commit(lambda: _task_send(task, job.pk))
-
-
-def _task_send(task: Any, job_id: int) -> None:
-    """The one place a job's task leaves this process (to the broker, or run in the caller when eager)."""
-    task.delay(job_id)
+        Job.objects.filter(pk=job_id).update(queued=timezone.now())
+        threading.Thread(target=_in_process_run, args=(task, job_id), name=f"tessera-job-{job_id}", daemon=True).start()
+        return True
+    if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):  # no broker: it runs here, now
+        Job.objects.filter(pk=job_id).update(queued=timezone.now())
+        task.delay(job_id)
+        return True
+    sent_at = timezone.now()
+    try:
+        task.delay(job_id)
+    except BROKER_ERRORS as exc:
+        log.warning("job %s: its task could not be queued: %s", job_id, exc)
+        job_progress(job_id=job_id, log_line=f"could not be queued ({exc}); it is sent again when the broker answers")
+        return False
+    Job.objects.filter(pk=job_id, status__in=JOB_ACTIVE_STATUSES).update(queued=sent_at)
+    return True
 
 
 def _in_process_run(task: Any, job_id: int) -> None:
@@ -117,22 +169,60 @@ def job_checkpoint_set(*, job_id: int, name: str, value: Any) -> None:
 
 
 def _job_claim(job_id: int) -> Job | None:
-    """Mark the job running for this attempt; None when it is already finished (or gone)."""
+    """Mark the job running for this attempt; None when it is already finished (or gone), or running
+    elsewhere with a fresh heartbeat (a second delivery of the same task: the sweeper's and the broker's)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or not job.active:
             return None
+        if job.status == JobStatusChoices.RUNNING and job.heartbeat and not _heartbeat_stale(job.heartbeat):
+            log.info("job %s is running elsewhere (heartbeat %s); this delivery does nothing", job_id, job.heartbeat)
+            return None
         job.status = JobStatusChoices.RUNNING
         job.attempts += 1
         job.started = job.started or timezone.now()
+        job.heartbeat = timezone.now() if settings.TESSERA_JOB_HEARTBEAT_S > 0 else None
         job.log += _line(f"attempt {job.attempts} started" + (" (resuming from its checkpoint)" if job.checkpoint else ""))
-        job.save(update_fields=["status", "attempts", "started", "log"])
+        job.save(update_fields=["status", "attempts", "started", "heartbeat", "log"])
         job_stream_announce(job.pk)
         return job
 
 
+def _heartbeat_stale(heartbeat) -> bool:
+    return heartbeat < timezone.now() - timedelta(seconds=settings.TESSERA_JOB_STALE_AFTER_S)
+
+
+@contextlib.contextmanager
+def _heartbeats(job_id: int) -> Iterator[None]:
+    """While the attempt runs, a thread writes its heartbeat every TESSERA_JOB_HEARTBEAT_S (on its own
+    connection), so that the sweeper can tell a slow attempt from a dead worker's."""
+    every_s = settings.TESSERA_JOB_HEARTBEAT_S
+    if every_s <= 0:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(every_s):
+                try:
+                    Job.objects.filter(pk=job_id, status=JobStatusChoices.RUNNING).update(heartbeat=timezone.now())
+                except (OperationalError, InterfaceError) as exc:  # the database away: the next beat tries again
+                    log.warning("job %s: heartbeat not written: %s", job_id, exc)
+        finally:
+            _connection.close()
+
+    thread = threading.Thread(target=beat, name=f"tessera-job-heartbeat-{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=every_s)
+
+
 def _job_finish(job_id: int, *, status: str, result: dict | None = None, error: str = "") -> None:
-    values: dict[str, Any] = {"status": status, "finished": timezone.now(), "error": error[:10_000]}
+    values: dict[str, Any] = {"status": status, "finished": timezone.now(), "error": error[:10_000], "heartbeat": None}
     if status == JobStatusChoices.SUCCEEDED:
         values["progress"] = 100
         values["result"] = result or {}
@@ -150,10 +240,12 @@ def job_execute(*, job_id: int, work: Callable[[Job], dict | None], final_attemp
         log.info("job %s is already finished; nothing to do", job_id)
         return None
     try:
-        result = work(job)
+        with _heartbeats(job_id):
+            result = work(job)
     except TRANSIENT_ERRORS as exc:
         if not final_attempt:
             job_progress(job_id=job_id, log_line=f"attempt {job.attempts} failed ({exc}); retrying")
+            Job.objects.filter(pk=job_id).update(heartbeat=None)  # between attempts: nobody is running it
             raise
         _job_finish(job_id, status=JobStatusChoices.FAILED, error=f"gave up after {job.attempts} attempts: {exc}")
         return None
@@ -163,3 +255,50 @@ def job_execute(*, job_id: int, work: Callable[[Job], dict | None], final_attemp
         return None
     _job_finish(job_id, status=JobStatusChoices.SUCCEEDED, result=result or {})
     return result
+
+
+def jobs_sweep() -> dict[str, int]:
+    """Deliver what the broker lost (Celery beat runs it every TESSERA_JOB_SWEEP_EVERY_S; also callable on
+    demand): send again a pending job whose task never left (TESSERA_JOB_STALE_AFTER_S after its creation)
+    or that no worker took within TESSERA_JOB_REQUEUE_AFTER_S of its last send, and a running job whose
+    heartbeat is older than TESSERA_JOB_STALE_AFTER_S (its worker died; the attempt resumes from its
+    checkpoint), at most once per TESSERA_JOB_REQUEUE_AFTER_S after the first; fail a job pending for
+    TESSERA_JOB_PENDING_MAX_S. A send is claimed with a conditional update, so two sweepers never both
+    send; a duplicate delivery is harmless anyway (`_job_claim`). Counts of what it did."""
+    from celery import current_app
+
+    now = timezone.now()
+    stale_before = now - timedelta(seconds=settings.TESSERA_JOB_STALE_AFTER_S)
+    requeue_before = now - timedelta(seconds=settings.TESSERA_JOB_REQUEUE_AFTER_S)
+    done = {"failed": 0, "pending_sent": 0, "running_sent": 0, "send_failed": 0}
+    expired = Job.objects.filter(status=JobStatusChoices.PENDING, created__lt=now - timedelta(seconds=settings.TESSERA_JOB_PENDING_MAX_S))
+    for job in expired:
+        _job_finish(job.pk, status=JobStatusChoices.FAILED, error=f"no worker took it in {settings.TESSERA_JOB_PENDING_MAX_S:.0f} s")
+        done["failed"] += 1
+    lost = Job.objects.filter(status=JobStatusChoices.PENDING).exclude(task="").filter(
+        models.Q(queued__isnull=True, created__lt=stale_before) | models.Q(queued__lt=requeue_before))
+    dead = Job.objects.filter(status=JobStatusChoices.RUNNING, heartbeat__lt=stale_before).exclude(task="").filter(
+        models.Q(queued__isnull=True) | models.Q(queued__lt=models.F("heartbeat")) | models.Q(queued__lt=requeue_before))
+    for kind, jobs in (("pending_sent", lost), ("running_sent", dead)):
+        for job in jobs:
+            # Claim this send: only the sweeper whose update matched sends it.
+            if not Job.objects.filter(pk=job.pk, queued=job.queued, status=job.status).update(queued=now):
+                continue
+            why = (f"its worker stopped beating (last heartbeat {(now - job.heartbeat).total_seconds():.0f} s ago)"
+                   if job.status == JobStatusChoices.RUNNING else "no worker took it")
+            job_progress(job_id=job.pk, log_line=f"sweeper: {why}; sent again")
+            task = _task_by_name(current_app, job.task)
+            if task is not None and _task_send(task, job.pk):
+                done[kind] += 1
+            else:
+                done["send_failed"] += 1
+    if any(done.values()):
+        log.warning("jobs sweep: %s", done)
+    return done
+
+
+def _task_by_name(app: Any, name: str) -> Any:
+    """The registered task `name`; outside a worker the apps' tasks modules may not be imported yet."""
+    if name not in app.tasks:
+        app.loader.import_default_modules()  # Celery's autodiscovery of every app's tasks.py
+    return app.tasks.get(name)

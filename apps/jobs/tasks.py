@@ -2,8 +2,8 @@
 id; it runs the job's attempt through `JobTask.job_run` (`job_execute`), and a transient failure
 (TRANSIENT_ERRORS: the database or an agent briefly away) is retried by Celery's own `autoretry_for`,
 after `retry_backoff * 2 ** retries` seconds (no jitter), at most `retry_backoff_max`. The job's checkpoints
-keep a retry from redoing finished steps; the final attempt fails the job instead of raising. This module
-declares no task of its own."""
+keep a retry from redoing finished steps; the final attempt fails the job instead of raising. Its one task
+of its own is the sweeper (`jobs.sweep`, on Celery beat: settings CELERY_BEAT_SCHEDULE)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -11,7 +11,7 @@ from typing import Any, Callable
 from celery import Task, shared_task
 
 from .models import Job
-from .services import TRANSIENT_ERRORS, job_execute
+from .services import TRANSIENT_ERRORS, job_execute, jobs_sweep
 
 RETRY_BACKOFF_MAX_S = 600  # Celery's own default for retry_backoff_max
 
@@ -45,3 +45,9 @@ def job_task(
         name=name, base=JobTask, bind=True, max_retries=max_retries,
         retry_backoff=retry_backoff, retry_backoff_max=retry_backoff_max, **options,
     )
+
+
+@shared_task(name="jobs.sweep", ignore_result=True, acks_late=False)
+def jobs_sweep_task() -> dict[str, int]:
+    """Re-send the jobs a broker or a killed worker lost (`jobs_sweep`)."""
+    return jobs_sweep()

@@ -40,6 +40,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "controlplane.errors.ApiErrorsAsJsonMiddleware",  # outside the rest: it sees every answer under /api/
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -47,6 +48,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "apps.core.middleware.ChangeContextMiddleware",
+    "apps.core.middleware.OutageMiddleware",  # last: its process_exception runs first
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -161,6 +163,32 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# --- Outages: bounded waits and job recovery ----------------------------------------------------
+# A frozen PostgreSQL or Redis (accepting, never answering) must not hold a request: every connection
+# and socket operation has a bound, and a request that hits one answers 503 with Retry-After
+# (apps.core.outages). The figures the fault-injection bench measures are in benches/faults.py.
+TESSERA_DB_CONNECT_TIMEOUT_S = env.int("TESSERA_DB_CONNECT_TIMEOUT_S", default=2)  # libpq's least is 2
+TESSERA_DB_STATEMENT_TIMEOUT_S = env.float("TESSERA_DB_STATEMENT_TIMEOUT_S", default=4.0)  # 0: none
+TESSERA_REDIS_CONNECT_TIMEOUT_S = env.float("TESSERA_REDIS_CONNECT_TIMEOUT_S", default=1.0)
+TESSERA_REDIS_SOCKET_TIMEOUT_S = env.float("TESSERA_REDIS_SOCKET_TIMEOUT_S", default=2.0)
+TESSERA_RETRY_AFTER_S = env.int("TESSERA_RETRY_AFTER_S", default=5)  # the Retry-After of a 503
+# Jobs (apps.jobs.services.jobs_sweep): a running attempt writes a heartbeat every TESSERA_JOB_HEARTBEAT_S
+# (0: none); the sweeper, every TESSERA_JOB_SWEEP_EVERY_S, sends again a running job whose heartbeat is
+# older than TESSERA_JOB_STALE_AFTER_S (its worker died), a pending job that never left for the broker
+# that long after it was created, and a pending job no worker took within TESSERA_JOB_REQUEUE_AFTER_S of
+# its last send; a job pending TESSERA_JOB_PENDING_MAX_S is failed with that reason. So a killed worker's
+# job resumes within STALE_AFTER + SWEEP_EVERY (+ a worker's pick-up) seconds of its last heartbeat.
+TESSERA_JOB_HEARTBEAT_S = env.float("TESSERA_JOB_HEARTBEAT_S", default=2.0)
+TESSERA_JOB_STALE_AFTER_S = env.float("TESSERA_JOB_STALE_AFTER_S", default=10.0)
+TESSERA_JOB_SWEEP_EVERY_S = env.float("TESSERA_JOB_SWEEP_EVERY_S", default=5.0)
+TESSERA_JOB_REQUEUE_AFTER_S = env.float("TESSERA_JOB_REQUEUE_AFTER_S", default=60.0)
+TESSERA_JOB_PENDING_MAX_S = env.float("TESSERA_JOB_PENDING_MAX_S", default=900.0)
+# Celery beat (django-celery-beat's DatabaseScheduler copies this entry into its table). A sweep that waited
+# longer than its interval in the queue (no worker up) expires instead of piling up.
+CELERY_BEAT_SCHEDULE = {
+    "jobs.sweep": {"task": "jobs.sweep", "schedule": TESSERA_JOB_SWEEP_EVERY_S, "options": {"expires": TESSERA_JOB_SWEEP_EVERY_S}},
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -179,31 +207,58 @@ def database_settings(url: str) -> dict:
     TESSERA_DB_POOL=false opens a connection per request instead (a process that must not keep idle
     connections, such as CI's worker on a test database that is dropped at the end)."""
     database = env.db_url_config(url)
-    if database["ENGINE"] == "django.db.backends.postgresql" and env.bool("TESSERA_DB_POOL", default=True):
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        return database
+    options = database.setdefault("OPTIONS", {})
+    # Bounded waits (see "Outages" above): connecting, and any one statement on the server. A server that
+    # stops answering mid-statement is cut off by apps.core.outages' statement watchdog.
+    options.setdefault("connect_timeout", TESSERA_DB_CONNECT_TIMEOUT_S)
+    if TESSERA_DB_STATEMENT_TIMEOUT_S > 0:
+        options.setdefault("options", f"-c statement_timeout={int(TESSERA_DB_STATEMENT_TIMEOUT_S * 1000)}")
+    if env.bool("TESSERA_DB_POOL", default=True):
         database["CONN_MAX_AGE"] = 0  # the pool manages connection lifetime; Django refuses both
-        database.setdefault("OPTIONS", {})["pool"] = {
+        options["pool"] = {
             "min_size": env.int("TESSERA_DB_POOL_MIN_SIZE", default=2),
             "max_size": env.int("TESSERA_DB_POOL_MAX_SIZE", default=20),
-            "timeout": env.float("TESSERA_DB_POOL_TIMEOUT_S", default=10.0),  # waiting for a free connection
+            # Waiting for a connection: a free one, or a new one while PostgreSQL is away. Past this the
+            # request answers 503 (a refused database answered after the old 10 s wait).
+            "timeout": env.float("TESSERA_DB_POOL_TIMEOUT_S", default=1.0),
         }
     return database
 
 
 def redis_settings(redis_url: str) -> dict:
-    """Everything that talks to Redis, derived from one URL: broker, result backend, channel layer."""
+    """Everything that talks to Redis, derived from one URL: broker, result backend, channel layer; every
+    client with bounded connect and socket timeouts, and a publish that fails fast (one quick retry on a
+    fresh connection) instead of kombu's retry loop: a request that cannot queue answers 503 at once."""
+    sockets = {"socket_connect_timeout": TESSERA_REDIS_CONNECT_TIMEOUT_S, "socket_timeout": TESSERA_REDIS_SOCKET_TIMEOUT_S}
     return {
         "CELERY_BROKER_URL": redis_url,
         "CELERY_RESULT_BACKEND": redis_url,
         "CHANNEL_LAYERS": {
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [redis_url]},
+                # Its receive blocks in Redis up to 5 s (channels-redis' brpop_timeout): the socket waits longer.
+                "CONFIG": {"hosts": [{"address": redis_url, **sockets, "socket_timeout": 5 + TESSERA_REDIS_SOCKET_TIMEOUT_S}]},
             }
         },
         "TESSERA_JOBS_IN_THREAD": False,
-        # A task whose worker died unacknowledged (acks_late) is delivered again after this many seconds.
-        # It must exceed the longest task (a rollout's time limit is 31 min).
-        "CELERY_BROKER_TRANSPORT_OPTIONS": {"visibility_timeout": env.int("TESSERA_BROKER_VISIBILITY_TIMEOUT", default=3600)},
+        "CELERY_BROKER_TRANSPORT_OPTIONS": {
+            # A task whose worker died unacknowledged (acks_late) is delivered again after this many seconds,
+            # but only when kombu's restore sweep next runs: every unacked_restore_interval x
+            # unacked_restore_throttle = 10 x 10 s in kombu 5.7 (and at a worker's start), so a 20 s setting
+            # took 95 s. The job sweeper's heartbeats bound a killed worker's job instead (STALE_AFTER +
+            # SWEEP_EVERY above); this is the backstop, and must exceed the longest task (a rollout: 31 min).
+            "visibility_timeout": env.int("TESSERA_BROKER_VISIBILITY_TIMEOUT", default=3600),
+            **sockets,
+            "retry_on_timeout": False,
+            # kombu's own connection retries when a channel is opened (its default retries for ever).
+            "max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2,
+        },
+        "CELERY_BROKER_CONNECTION_TIMEOUT": TESSERA_REDIS_CONNECT_TIMEOUT_S,
+        "CELERY_TASK_PUBLISH_RETRY_POLICY": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2},
+        "CELERY_REDIS_SOCKET_CONNECT_TIMEOUT": TESSERA_REDIS_CONNECT_TIMEOUT_S,
+        "CELERY_REDIS_SOCKET_TIMEOUT": TESSERA_REDIS_SOCKET_TIMEOUT_S,
     }
 
 

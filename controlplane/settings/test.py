@@ -20,6 +20,9 @@ TESSERA_ARTIFACT_MAX_BYTES = env.int("TESSERA_ARTIFACT_MAX_BYTES", default=2 * 1
 TESSERA_TEST_REDIS_URL = env.str("REDIS_URL", default="")
 globals().update(EMBEDDED_SERVICES)
 TESSERA_JOBS_IN_THREAD = False  # tests run a job's task in the caller, to its end
+# No heartbeat thread for jobs run in the caller: it would write, on a connection of its own, a row the
+# test's transaction holds locked. The Celery worker the integration tests start beats (local settings).
+TESSERA_JOB_HEARTBEAT_S = 0.0
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     # A file, not SQLite's shared in-memory database: tests with a live server have several threads writing

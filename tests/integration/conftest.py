@@ -32,6 +32,28 @@ def redis_url() -> str:
     return url
 
 
+def redis_db_url(url: str, db: int) -> str:
+    """`url` with its database number replaced by `db`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+
+
+@pytest.fixture
+def private_redis_url(redis_url):
+    """A Redis database of its own (13, flushed before and after): no other Celery worker consumes its
+    queue (CI's worker, .ci/run, takes every task sent to REDIS_URL's), so a test that starts its own worker,
+    or checks that a job stays queued, sees only its own."""
+    import redis
+
+    url = redis_db_url(redis_url, 13)
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
 @pytest.fixture
 def postgres(db):
     if connection.vendor != "postgresql":
@@ -39,10 +61,20 @@ def postgres(db):
     return connection
 
 
-def _database_url_of_test_db() -> str:
+def _server_url_of_test_db() -> str:
     s = connection.settings_dict
-    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
-    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    auth = (s["USER"] or "postgres") + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}"
+
+
+def _database_url_of_test_db() -> str:
+    return f"{_server_url_of_test_db()}/{connection.settings_dict['NAME']}"
+
+
+@pytest.fixture
+def postgres_server_url(postgres) -> str:
+    """The test database's server, without a database: for benches that create a database of their own."""
+    return _server_url_of_test_db()
 
 
 @pytest.fixture

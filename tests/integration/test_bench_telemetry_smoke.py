@@ -16,9 +16,8 @@ pytestmark = pytest.mark.services
 
 
 @pytest.mark.timeout(300)
-def test_telemetry_bench_quick_writes_csv(postgres, redis_url, tmp_path: Path) -> None:
-    db = postgres.settings_dict  # the bench creates its own database on the same server
-    server = f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+def test_telemetry_bench_quick_writes_csv(postgres_server_url, redis_url, tmp_path: Path) -> None:
+    server = postgres_server_url  # the bench creates its own database on the same server
     result = subprocess.run(
         [sys.executable, str(REPO / "benches" / "telemetry.py"), "--loads", "70", "--duration", "4", "--warmup", "2",
          "--postgres", server, "--database", "tessera_bench_smoke", "--redis", f"{redis_url.rsplit('/', 1)[0]}/8",

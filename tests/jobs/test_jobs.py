@@ -81,3 +81,98 @@ def test_jobs_api_is_read_only_and_hidden_from_agents(clients, agent_hosts) -> N
     assert clients["anonymous"].get("/api/v1/jobs/").status_code == 401
     _hosts, agents = agent_hosts
     assert agents[0].get(f"/api/v1/jobs/{job.pk}/").status_code in (403, 404)
+
+
+# --- delivery: stale pending jobs, the sweeper, heartbeats (issue 16) ---------------------------------------
+
+
+def _aged(job: Job, **fields) -> Job:
+    """`job` with fields set behind the model's back (created/queued/heartbeat in the past)."""
+    Job.objects.filter(pk=job.pk).update(**fields)
+    job.refresh_from_db()
+    return job
+
+
+def test_a_stale_pending_job_never_blocks_a_new_one(settings) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    never_sent = _aged(job_create(kind="planning", key="planning:fleet"), created=now - timedelta(seconds=settings.TESSERA_JOB_STALE_AFTER_S + 5))
+    fresh = job_create(kind="planning", key="planning:fleet")  # took the wedged one's place
+    never_sent.refresh_from_db()
+    assert never_sent.status == "failed" and "never queued" in never_sent.error and "superseded" in never_sent.error
+    # A pending job that was sent and is waiting for a worker is not stale: it still blocks.
+    _aged(fresh, queued=now, created=now - timedelta(seconds=settings.TESSERA_JOB_STALE_AFTER_S + 5))
+    with pytest.raises(JobConflict):
+        job_create(kind="planning", key="planning:fleet")
+    # ... until it has waited TESSERA_JOB_PENDING_MAX_S.
+    _aged(fresh, created=now - timedelta(seconds=settings.TESSERA_JOB_PENDING_MAX_S + 1))
+    assert job_create(kind="planning", key="planning:fleet").status == "pending"
+
+
+def test_the_sweeper_sends_lost_jobs_again_and_fails_expired_ones(settings, monkeypatch) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.jobs.services import jobs_sweep
+
+    sent: list[int] = []
+    monkeypatch.setattr("apps.jobs.services._task_send", lambda task, job_id: sent.append(job_id) or True)
+    now, stale = timezone.now(), timedelta(seconds=settings.TESSERA_JOB_STALE_AFTER_S + 1)
+    task = "planning.plan_run"
+    never_sent = _aged(job_create(kind="planning"), task=task, created=now - stale)
+    just_created = _aged(job_create(kind="planning"), task=task)
+    not_taken = _aged(job_create(kind="planning"), task=task, queued=now - timedelta(seconds=settings.TESSERA_JOB_REQUEUE_AFTER_S + 1))
+    dead_worker = _aged(job_create(kind="rollout"), task=task, status="running", heartbeat=now - stale, queued=now - 2 * stale)
+    beating = _aged(job_create(kind="rollout"), task=task, status="running", heartbeat=now, queued=now - 2 * stale)
+    expired = _aged(job_create(kind="profiling"), task=task, created=now - timedelta(seconds=settings.TESSERA_JOB_PENDING_MAX_S + 1))
+
+    done = jobs_sweep()
+    assert sorted(sent) == sorted([never_sent.pk, not_taken.pk, dead_worker.pk])
+    assert done == {"failed": 1, "pending_sent": 2, "running_sent": 1, "send_failed": 0}
+    expired.refresh_from_db()
+    assert expired.status == "failed" and "no worker took it" in expired.error
+    dead_worker.refresh_from_db()
+    assert "stopped beating" in dead_worker.log
+    for job in (just_created, beating):
+        job.refresh_from_db()
+        assert job.status in ("pending", "running") and "sweeper" not in job.log
+    sent.clear()
+    assert jobs_sweep()["running_sent"] == 0 and sent == []  # sent once, not at every sweep
+
+
+def test_a_delivery_of_a_job_beating_elsewhere_does_nothing_and_a_stale_one_resumes(settings) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.TESSERA_JOB_HEARTBEAT_S = 2.0  # claims record a heartbeat (no thread runs: the work is instant)
+    job = _aged(job_create(kind="rollout"), status="running", attempts=1, heartbeat=timezone.now())
+    calls = []
+    assert job_execute(job_id=job.pk, work=lambda j: calls.append(j.attempts)) is None
+    assert calls == []  # the attempt beating elsewhere goes on alone
+    _aged(job, heartbeat=timezone.now() - timedelta(seconds=settings.TESSERA_JOB_STALE_AFTER_S + 1))
+    job_execute(job_id=job.pk, work=lambda j: calls.append(j.attempts))
+    job.refresh_from_db()
+    assert calls == [2] and job.status == "succeeded" and job.heartbeat is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_running_attempt_writes_its_heartbeat(settings) -> None:
+    import time
+
+    settings.TESSERA_JOB_HEARTBEAT_S = 0.1
+    job = job_create(kind="profiling")
+    beats = []
+
+    def work(j: Job) -> dict:
+        for _ in range(2):
+            time.sleep(0.5)
+            beats.append(Job.objects.get(pk=j.pk).heartbeat)
+        return {}
+
+    job_execute(job_id=job.pk, work=work)
+    assert beats[0] is not None and beats[1] > beats[0]

@@ -28,8 +28,11 @@ def _first_message(detail) -> str:
 
 
 def tessera_exception_handler(exc, context):
+    from ..outages import outage_from_exception
+
     if isinstance(exc, DjangoValidationError):
         exc = validation_error_from_django(exc)
+    exc = outage_from_exception(exc) or exc  # the database away: 503 with Retry-After, not a 500
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -50,9 +50,13 @@ class PlanRunViewSet(TesseraReadOnlyModelViewSet):
 
     @extend_schema(
         description="Start a plan run (operators and up) with these options, all optional; 202 with its job. One at a time "
-                    "in the fleet: 409 with the running job's id otherwise. The run's plan is at /plans/?job={id}.",
+                    "in the fleet: 409 with the running job's id otherwise. The run's plan is at /plans/?job={id}. With the "
+                    "database or the task broker away: 503 at once with Retry-After, and no job is created.",
         request=PlanRunOptionsSerializer,
-        responses={202: JobSerializer, 409: OpenApiResponse(ConflictErrorSerializer, description="A plan run is already pending or running")},
+        responses={
+            202: JobSerializer, 409: OpenApiResponse(ConflictErrorSerializer, description="A plan run is already pending or running"),
+            503: OpenApiResponse(description="The database or the task broker is unavailable; nothing was created (Retry-After)"),
+        },
     )
     def create(self, request, *args, **kwargs):
         body = PlanRunOptionsSerializer(data=request.data)
