@@ -1,9 +1,11 @@
 import django_filters
 
+from apps.core.filtersets import TesseraFilterSet
+
 from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
 
 
-class HostDesiredStateFilterSet(django_filters.FilterSet):
+class HostDesiredStateFilterSet(TesseraFilterSet):
     host_name = django_filters.CharFilter(field_name="host__name")
 
     class Meta:
@@ -11,7 +13,7 @@ class HostDesiredStateFilterSet(django_filters.FilterSet):
         fields = ["host", "version"]
 
 
-class RoutingTableFilterSet(django_filters.FilterSet):
+class RoutingTableFilterSet(TesseraFilterSet):
     application_name = django_filters.CharFilter(field_name="application__name")
 
     class Meta:
@@ -19,7 +21,7 @@ class RoutingTableFilterSet(django_filters.FilterSet):
         fields = ["application", "active", "version"]
 
 
-class RuntimeFilterSet(django_filters.FilterSet):
+class RuntimeFilterSet(TesseraFilterSet):
     host_name = django_filters.CharFilter(field_name="host__name")
     application_name = django_filters.CharFilter(field_name="application__name")
 
@@ -28,7 +30,7 @@ class RuntimeFilterSet(django_filters.FilterSet):
         fields = ["host", "application", "variant", "state", "key", "simulated"]
 
 
-class HostOperationFilterSet(django_filters.FilterSet):
+class HostOperationFilterSet(TesseraFilterSet):
     since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
 

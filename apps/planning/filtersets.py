@@ -1,5 +1,6 @@
 import django_filters
 
+from apps.core.filtersets import TesseraFilterSet
 from apps.jobs.choices import JobStatusChoices
 from apps.jobs.models import Job
 
@@ -7,7 +8,7 @@ from .choices import PlanStatusChoices, PlanTriggerChoices
 from .models import Plan
 
 
-class PlanFilterSet(django_filters.FilterSet):
+class PlanFilterSet(TesseraFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=PlanStatusChoices.choices)
     trigger = django_filters.MultipleChoiceFilter(choices=PlanTriggerChoices.choices)
     since = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="gte")
@@ -18,7 +19,7 @@ class PlanFilterSet(django_filters.FilterSet):
         fields = ["status", "trigger", "solver", "job", "since", "until"]
 
 
-class PlanRunFilterSet(django_filters.FilterSet):
+class PlanRunFilterSet(TesseraFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=JobStatusChoices.choices)
     since = django_filters.IsoDateTimeFilter(field_name="created", lookup_expr="gte")
 

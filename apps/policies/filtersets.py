@@ -1,9 +1,11 @@
 import django_filters
 
+from apps.core.filtersets import TesseraFilterSet
+
 from .models import ProfilingPolicy, ReplanPolicy, SloPolicy
 
 
-class SloPolicyFilterSet(django_filters.FilterSet):
+class SloPolicyFilterSet(TesseraFilterSet):
     application_name = django_filters.CharFilter(field_name="application__name")
 
     class Meta:
@@ -11,13 +13,13 @@ class SloPolicyFilterSet(django_filters.FilterSet):
         fields = ["application", "drop_rule", "priority"]
 
 
-class ReplanPolicyFilterSet(django_filters.FilterSet):
+class ReplanPolicyFilterSet(TesseraFilterSet):
     class Meta:
         model = ReplanPolicy
         fields = ["name", "enabled", "auto_apply"]
 
 
-class ProfilingPolicyFilterSet(django_filters.FilterSet):
+class ProfilingPolicyFilterSet(TesseraFilterSet):
     class Meta:
         model = ProfilingPolicy
         fields = ["name", "enabled", "auto_profile_new_variants"]

@@ -1,15 +1,17 @@
 import django_filters
 
+from apps.core.filtersets import TesseraFilterSet
+
 from .models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
-class PipelineFilterSet(django_filters.FilterSet):
+class PipelineFilterSet(TesseraFilterSet):
     class Meta:
         model = Pipeline
         fields = ["name"]
 
 
-class ApplicationFilterSet(django_filters.FilterSet):
+class ApplicationFilterSet(TesseraFilterSet):
     q = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
 
     class Meta:
@@ -17,7 +19,7 @@ class ApplicationFilterSet(django_filters.FilterSet):
         fields = ["name", "task", "pipeline"]
 
 
-class ModelVariantFilterSet(django_filters.FilterSet):
+class ModelVariantFilterSet(TesseraFilterSet):
     application_name = django_filters.CharFilter(field_name="application__name")
     accuracy_min = django_filters.NumberFilter(field_name="accuracy", lookup_expr="gte")
     has_artifact = django_filters.BooleanFilter(field_name="artifact", lookup_expr="isnull", exclude=True)
@@ -27,13 +29,13 @@ class ModelVariantFilterSet(django_filters.FilterSet):
         fields = ["application", "name", "artifact"]
 
 
-class ArtifactFilterSet(django_filters.FilterSet):
+class ArtifactFilterSet(TesseraFilterSet):
     class Meta:
         model = Artifact
         fields = ["sha256", "opset"]
 
 
-class ProfileFilterSet(django_filters.FilterSet):
+class ProfileFilterSet(TesseraFilterSet):
     application = django_filters.NumberFilter(field_name="variant__application")
 
     class Meta:
@@ -41,7 +43,7 @@ class ProfileFilterSet(django_filters.FilterSet):
         fields = ["variant", "device_type", "slice", "cpu_cores", "batch_size", "source"]
 
 
-class ProfilingRequestFilterSet(django_filters.FilterSet):
+class ProfilingRequestFilterSet(TesseraFilterSet):
     application = django_filters.NumberFilter(field_name="variant__application")
 
     class Meta:

@@ -1,9 +1,11 @@
 import django_filters
 
+from apps.core.filtersets import TesseraFilterSet
+
 from .models import ApplicationSample, GpuSample, RuntimeSample
 
 
-class _SampleFilterSet(django_filters.FilterSet):
+class _SampleFilterSet(TesseraFilterSet):
     since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", help_text="Samples at or after (ISO 8601)")
     until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", help_text="Samples before (ISO 8601)")
 

@@ -1,16 +1,18 @@
 import django_filters
 from django.contrib.auth import get_user_model
 
+from apps.core.filtersets import TesseraFilterSet
+
 from .models import Token
 
 
-class TokenFilterSet(django_filters.FilterSet):
+class TokenFilterSet(TesseraFilterSet):
     class Meta:
         model = Token
         fields = ["user", "write_enabled"]
 
 
-class UserFilterSet(django_filters.FilterSet):
+class UserFilterSet(TesseraFilterSet):
     role = django_filters.CharFilter(field_name="groups__name")
 
     class Meta:

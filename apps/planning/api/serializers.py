@@ -45,8 +45,13 @@ class PlanListSerializer(serializers.ModelSerializer):
     trigger = ChoiceTextField(choices=PlanTriggerChoices.choices, read_only=True)
     valid = serializers.SerializerMethodField()
     diff_summary = serializers.SerializerMethodField()
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    approved_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # null: a plan the control loop ran (no user), one not approved yet.
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Who ran the plan (null: the control loop)"
+    )
+    approved_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Who approved it (null: not approved, or applied automatically)"
+    )
 
     class Meta:
         model = Plan

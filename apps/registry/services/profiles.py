@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -45,14 +45,24 @@ class ProfileImportResult:
     updated: int
 
 
+def _csv_records(reader) -> Iterator[list[str]]:
+    """The reader's records; one the csv module cannot read (a field past its size limit, say) is a
+    ValidationError naming its line, not a server error."""
+    try:
+        yield from reader
+    except csv.Error as exc:
+        raise ValidationError({f"line {reader.line_num}": f"Not readable as CSV: {exc}."}) from exc
+
+
 def profile_rows_from_csv(*, text: str) -> list[tuple[str, dict[str, Any]]]:
     """CSV with a header row naming PROFILE_IMPORT_COLUMNS (the optional ones may be left out) -> rows
     labelled "line N" (N counting the header as line 1)."""
-    reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
+    # newline="": a record may end in \r\n, \n or a bare \r (old Mac exports), as the csv module expects.
+    reader = csv.reader(io.StringIO(text.lstrip("\ufeff"), newline=""))
     header: list[str] | None = None
     rows: list[tuple[str, dict[str, Any]]] = []
     line = 1
-    for record in reader:
+    for record in _csv_records(reader):
         if not record or all(not cell.strip() for cell in record):
             line = reader.line_num + 1
             continue
