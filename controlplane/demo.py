@@ -316,33 +316,34 @@ def _simulate_option(host: Host) -> str:
 
 
 def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8100, log_dir=None) -> DemoDataPlane:
-    """Start one simulated agent per demo host (new agent tokens each time) and a router on the CPU host's
-    token. They reach the control plane at `control_plane` over its REST API, like real ones."""
+    """Start one simulated agent per demo host (new agent tokens each time) and a router with a router
+    credential of its own (issued anew each time), named after the CPU host it would run on. They reach the
+    control plane at `control_plane` over its REST API, like real ones."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    from apps.inventory.services import host_agent_token_rotate
+    from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 
     state_root = Path(state_root)
     log_dir = Path(log_dir or state_root / "logs")
     log_dir.mkdir(parents=True, exist_ok=True)
     processes = []
-    router_token = None
     with change_context(source="command"):
         hosts = list(Host.objects.filter(labels__demo="true").order_by("name"))
         tokens = {host.name: host_agent_token_rotate(host=host) for host in hosts}
+        cpu_hosts = [h.name for h in hosts if not h.accelerators.filter(kind=AcceleratorKindChoices.GPU).exists()]
+        router_name = cpu_hosts[-1] if cpu_hosts else "demo-router"
+        _, router_token = router_credential_issue(name=router_name, description="the demo's router")
     for host in hosts:
         env = dict(os.environ, TESSERA_AGENT_TOKEN=tokens[host.name], TESSERA_CONTROL_PLANE=control_plane)
         cmd = [sys.executable, "-m", "controlplane.cli", "agent", "--backend", "simulated", "--simulate", _simulate_option(host),
                "--state-dir", str(state_root / host.name), "--stop-runtimes-on-exit"]
         with open(log_dir / f"agent-{host.name}.log", "ab") as log:
             processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        if not host.accelerators.filter(kind=AcceleratorKindChoices.GPU).exists():
-            router_token = tokens[host.name]
-    env = dict(os.environ, TESSERA_AGENT_TOKEN=router_token or next(iter(tokens.values())), TESSERA_CONTROL_PLANE=control_plane)
-    cmd = [sys.executable, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}"]
+    env = dict(os.environ, TESSERA_ROUTER_TOKEN=router_token, TESSERA_CONTROL_PLANE=control_plane)
+    cmd = [sys.executable, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}", "--name", router_name]
     with open(log_dir / "router.log", "ab") as log:
         processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     return DemoDataPlane(tuple(processes), f"http://127.0.0.1:{router_port}")

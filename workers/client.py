@@ -1,26 +1,50 @@
-"""The data plane's only way to the control plane: its REST API, with a host's agent token.
+"""The data plane's only way to the control plane: its REST API, with a host's agent token (agents) or a
+router credential (routers).
 
-`ControlPlaneClient(url, token)` wraps the agent-facing endpoints of docs/dataplane.md. Two kinds of
-failure are told apart because the agent treats them differently:
+`ControlPlaneClient(url, token)` wraps the agent- and router-facing endpoints of docs/dataplane.md. Two
+kinds of failure are told apart because the agent treats them differently:
 
 - `ControlPlaneUnavailable`: the control plane could not be reached or answered 5xx. The agent keeps
   serving on what it last knew and tries again later.
 - `ControlPlaneRejected`: a 4xx answer; the message is the control plane's own (`{"error": {...}}`).
   Retrying the same request will not help.
+
+`ReportBacklog(send, capacity=...)` keeps the periodic reports (an agent's metrics, a router's report)
+that could not be delivered, in a bounded buffer, and sends them later with their original times; what
+overflows is counted and carried in the next delivered report (`dropped_reports`).
 """
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 import os
 import tempfile
+import threading
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
-__all__ = ["ControlPlaneClient", "ControlPlaneError", "ControlPlaneRejected", "ControlPlaneUnavailable"]
+__all__ = [
+    "REPORT_BACKLOG_S",
+    "ControlPlaneClient",
+    "ControlPlaneError",
+    "ControlPlaneRejected",
+    "ControlPlaneUnavailable",
+    "ReportBacklog",
+    "report_backlog_capacity",
+]
 
 API = "/api/v1"
+# How long an outage the report buffers ride out at the normal reporting rate (at least ten minutes).
+REPORT_BACKLOG_S = 900.0
+# Kept reports sent per delivered fresh one: a fleet coming back after an outage catches up over tens of
+# seconds instead of all at once, and a router's flush stays a small share of its process.
+BACKLOG_FLUSH_PER_REPORT = 20
+
+log = logging.getLogger("tessera.client")
 
 
 class ControlPlaneError(RuntimeError):
@@ -45,7 +69,8 @@ class ControlPlaneClient:
 
     def __init__(self, url: str, token: str, *, timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None) -> None:
         if not token:
-            raise ValueError("an agent token is required (tessera agent-token HOST prints one)")
+            raise ValueError("a token is required: an agent token (tessera agent-token HOST) or a router credential "
+                             "(tessera router-credential issue NAME)")
         self.url = url.rstrip("/")
         self._http = httpx.Client(
             base_url=self.url,
@@ -132,6 +157,13 @@ class ControlPlaneClient:
     def router_report(self, payload: dict) -> None:
         self._request("POST", f"{API}/router-reports/", json=payload)
 
+    def router_name(self) -> str:
+        """The router name this client's router credential is scoped to (a router sees its own only)."""
+        credentials = self._list(f"{API}/router-credentials/")
+        if len(credentials) != 1:
+            raise ControlPlaneRejected(403, f"this token sees {len(credentials)} router credentials; a router credential sees its own only")
+        return str(credentials[0]["name"])
+
     # ------------------------------------------------------------------ artifacts and profiling
 
     def artifact_fetch(self, artifact: dict, cache_dir: Path) -> Path:
@@ -178,6 +210,103 @@ class ControlPlaneClient:
 
     def profiling_results(self, request_id: int, profiles: list[dict]) -> dict:
         return self._json("POST", f"{API}/profiling-requests/{request_id}/results/", json={"points": profiles})
+
+
+def report_backlog_capacity(interval_s: float, backlog_s: float = REPORT_BACKLOG_S) -> int:
+    """How many reports, one every `interval_s`, cover `backlog_s` of outage."""
+    return max(1, math.ceil(backlog_s / max(interval_s, 1e-3)))
+
+
+class ReportBacklog:
+    """Periodic reports that could not be delivered, oldest first, at most `capacity` of them.
+
+    `submit(report)` sends the fresh report first (the control plane's view of now is never held up behind
+    a backlog), then up to `flush_per_report` kept ones, oldest first, each with its original `at`. A
+    report that cannot be delivered now (control plane unreachable or 5xx, or 401/403: a credential may be
+    re-issued) is kept and the error raised; one the control plane refuses for good (another 4xx: it will
+    never be accepted) is let go and counted in `rejected_total`. When the buffer is full the oldest kept
+    report is let go: `dropped_total` counts them (Prometheus), and the next delivered report carries the
+    ones not yet told (`dropped_reports`), so the control plane records the gap. Thread-safe."""
+
+    def __init__(self, send: Callable[[dict], Any], *, capacity: int, flush_per_report: int = BACKLOG_FLUSH_PER_REPORT,
+                 what: str = "report") -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._send = send
+        self.capacity = capacity
+        self.flush_per_report = flush_per_report
+        self.what = what
+        self._kept: deque[dict] = deque()
+        self._lock = threading.Lock()
+        self._sending = threading.Lock()  # one delivery at a time: reports go out in order
+        self.dropped_total = 0
+        self.rejected_total = 0
+        self.sent_late_total = 0
+        self._untold = 0  # dropped, not yet carried in a delivered report
+
+    @property
+    def pending(self) -> int:
+        return len(self._kept)
+
+    def _keep(self, report: dict) -> None:
+        with self._lock:
+            if len(self._kept) >= self.capacity:
+                self._kept.popleft()
+                self.dropped_total += 1
+                self._untold += 1
+                if self.dropped_total == 1 or self.dropped_total % 100 == 0:
+                    log.warning("%s buffer full (%d kept): %d dropped so far, oldest first", self.what, self.capacity, self.dropped_total)
+            self._kept.append(report)
+
+    def _deliver(self, report: dict) -> bool:
+        """Send one report with the drops not yet told; True when sent, False when refused for good."""
+        with self._lock:
+            untold = self._untold
+        try:
+            self._send({**report, "dropped_reports": untold} if untold else report)
+        except ControlPlaneRejected as exc:
+            if exc.status in (401, 403):
+                raise
+            self.rejected_total += 1
+            log.error("%s refused by the control plane, not sent again: %s", self.what, exc)
+            return False
+        with self._lock:
+            self._untold -= untold
+        return True
+
+    def submit(self, report: dict) -> None:
+        """Deliver `report` now, then some kept ones; keep it and raise when it cannot be delivered now."""
+        with self._sending:
+            try:
+                self._deliver(report)
+            except Exception:
+                self._keep(report)
+                raise
+            self._flush(self.flush_per_report)
+
+    def flush(self, limit: int | None = None) -> int:
+        """Send up to `limit` kept reports (all with None), oldest first, stopping at the first that cannot
+        be delivered now. Returns how many left the buffer."""
+        with self._sending:
+            return self._flush(limit)
+
+    def _flush(self, limit: int | None) -> int:
+        done = 0
+        while limit is None or done < limit:
+            with self._lock:
+                if not self._kept:
+                    break
+                report = self._kept[0]
+            try:
+                sent = self._deliver(report)
+            except Exception:  # still away: the rest waits for the next report
+                break
+            with self._lock:
+                if self._kept and self._kept[0] is report:
+                    self._kept.popleft()
+            self.sent_late_total += sent
+            done += 1
+        return done
 
 
 def _file_sha256(path: Path) -> str:

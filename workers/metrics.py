@@ -30,6 +30,12 @@ the router report (`{"router", "at", "interval_s", "applications": [...]}`) and 
 `tessera_routing_table_version{application}`, `tessera_router_control_plane_up`, and the Triton request
 counters per (model, version, instance, simulated) as the router sees them.
 
+Report buffers (`workers.client.ReportBacklog`, what an agent or a router keeps through a control-plane
+outage): `ReportBacklogCollector(prefix, backlog)` registered on the component's registry exposes
+`<prefix>_reports_dropped_total` (let go because the buffer was full), `<prefix>_reports_rejected_total`
+(refused by the control plane for good), `<prefix>_reports_sent_late_total` and `<prefix>_reports_pending`
+(kept now), with prefix `tessera_agent` or `tessera_router`.
+
 `exposition_merge(texts)` merges Prometheus texts whose families overlap (an agent exposing the metrics of
 several runtime processes under one /metrics).
 
@@ -58,6 +64,7 @@ __all__ = [
     "MAX_LATENCY_SAMPLES",
     "PROMETHEUS_CONTENT_TYPE",
     "ApplicationStats",
+    "ReportBacklogCollector",
     "InstanceStats",
     "RouterStats",
     "RuntimeStats",
@@ -399,6 +406,30 @@ def exposition_merge(texts: Iterable[bytes | str]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Merged())
     return exposition(registry)
+
+
+# --------------------------------------------------------------------------- report buffers
+
+
+class ReportBacklogCollector:
+    """A report buffer's counters (any object with `dropped_total`, `rejected_total`, `sent_late_total` and
+    `pending`, i.e. `workers.client.ReportBacklog`) under `prefix`; see the module docstring."""
+
+    def __init__(self, prefix: str, backlog: Any) -> None:
+        self.prefix = prefix
+        self.backlog = backlog
+
+    def collect(self) -> Iterable[Metric]:
+        p, b = self.prefix, self.backlog
+        dropped = CounterMetricFamily(f"{p}_reports_dropped", "Reports let go because the outage buffer was full (oldest first)")
+        dropped.add_metric([], float(b.dropped_total))
+        rejected = CounterMetricFamily(f"{p}_reports_rejected", "Reports the control plane refused for good (4xx), not sent again")
+        rejected.add_metric([], float(b.rejected_total))
+        late = CounterMetricFamily(f"{p}_reports_sent_late", "Reports kept through an outage and delivered afterwards")
+        late.add_metric([], float(b.sent_late_total))
+        pending = GaugeMetricFamily(f"{p}_reports_pending", "Reports kept now, waiting for the control plane")
+        pending.add_metric([], float(b.pending))
+        return [dropped, rejected, late, pending]
 
 
 # --------------------------------------------------------------------------- routers

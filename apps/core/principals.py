@@ -1,6 +1,8 @@
 """Who is acting. Users act through sessions or API tokens; a host's agent acts through its agent token
 and is represented by `AgentPrincipal`, which is deliberately not a Django user: it has no role and no
-model permissions beyond reading its own host's records."""
+model permissions beyond reading its own host's records. A router acts through its router credential,
+scoped to one router name (`RouterPrincipal`): it reads the routing tables and its own credential, and
+reports under its own name only."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,34 +30,66 @@ AGENT_PERMISSIONS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class AgentPrincipal:
-    host: Any  # apps.inventory.models.Host; typed loosely so core does not import inventory
+class _DataPlanePrincipal:
+    """What an agent and a router share: authenticated, no role, never staff, and the fixed read
+    permissions of `permissions` (narrowed further by each model's scope, see RestrictedQuerySet)."""
 
-    is_authenticated: bool = True
-    is_anonymous: bool = False
-    is_active: bool = True
-    is_staff: bool = False
-    is_superuser: bool = False
+    permissions: frozenset[str] = frozenset()
+    is_authenticated = True
+    is_anonymous = False
+    is_active = True
+    is_staff = False
+    is_superuser = False
     pk = None
     id = None
 
     @property
     def username(self) -> str:
-        return f"agent:{self.host.name}"
+        raise NotImplementedError
 
     def __str__(self) -> str:
         return self.username
 
     def has_perm(self, perm: str, obj: Any = None) -> bool:
-        return perm in AGENT_PERMISSIONS
+        return perm in self.permissions
 
     def has_perms(self, perms, obj: Any = None) -> bool:
         return all(self.has_perm(p, obj) for p in perms)
 
     def get_all_permissions(self, obj: Any = None) -> set[str]:
-        return set(AGENT_PERMISSIONS)
+        return set(self.permissions)
+
+
+@dataclass(frozen=True)
+class AgentPrincipal(_DataPlanePrincipal):
+    host: Any  # apps.inventory.models.Host; typed loosely so core does not import inventory
+
+    permissions = AGENT_PERMISSIONS
+
+    @property
+    def username(self) -> str:
+        return f"agent:{self.host.name}"
 
 
 def principal_is_agent(principal: Any) -> bool:
     return isinstance(principal, AgentPrincipal)
+
+
+# What a router reads: every routing table (it serves every application) and its own credential (its name).
+# Its reports go through a router-only view that checks the name itself.
+ROUTER_PERMISSIONS = frozenset({"deployments.view_routingtable", "inventory.view_routercredential"})
+
+
+@dataclass(frozen=True)
+class RouterPrincipal(_DataPlanePrincipal):
+    credential: Any  # apps.inventory.models.RouterCredential; typed loosely so core does not import inventory
+
+    permissions = ROUTER_PERMISSIONS
+
+    @property
+    def username(self) -> str:
+        return f"router:{self.credential.name}"
+
+
+def principal_is_router(principal: Any) -> bool:
+    return isinstance(principal, RouterPrincipal)

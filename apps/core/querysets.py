@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import models
 
-from .principals import principal_is_agent
+from .principals import principal_is_agent, principal_is_router
 
 
 class RestrictedQuerySet(models.QuerySet):
@@ -19,6 +19,13 @@ class RestrictedQuerySet(models.QuerySet):
                 return self.none()
             scope = getattr(self.model, "agent_scope", None)
             return scope(self, principal.host) if scope else self.none()
+        if principal_is_router(principal):
+            # A router holds read permissions on routing tables and router credentials only; a model may
+            # narrow them further (`router_scope`: a router sees its own credential).
+            if not principal.has_perm(self._perm_name(action)):
+                return self.none()
+            scope = getattr(self.model, "router_scope", None)
+            return scope(self, principal.credential) if scope else self
         if principal.is_superuser or principal.has_perm(self._perm_name(action)):
             owner_scope = getattr(self.model, "owner_scope", None)
             return owner_scope(self, principal) if owner_scope else self

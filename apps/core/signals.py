@@ -14,13 +14,13 @@ from django.dispatch import receiver
 from .choices import ActorKindChoices, ObjectChangeActionChoices
 from .context import change_context_current
 from .models import ChangeLoggedModel, ObjectChange
-from .principals import principal_is_agent
+from .principals import principal_is_agent, principal_is_router
 
 logger = logging.getLogger(__name__)
 
 
 def _actor(principal: Any) -> tuple[str, str, Any]:
-    if principal_is_agent(principal):
+    if principal_is_agent(principal) or principal_is_router(principal):  # the data plane
         return ActorKindChoices.AGENT, principal.username, None
     if principal is not None and getattr(principal, "is_authenticated", False):
         return ActorKindChoices.USER, principal.get_username(), principal

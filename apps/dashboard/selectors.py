@@ -9,7 +9,7 @@ from django.db.models import Count
 
 from apps.deployments.models import Runtime
 from apps.inventory.choices import AcceleratorKindChoices
-from apps.inventory.models import Accelerator, GpuInstance, Host
+from apps.inventory.models import Accelerator, GpuInstance, Host, RouterCredential
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
 from engine.geometry.catalogue import mig_catalogue_load
@@ -123,6 +123,7 @@ class HostView:
     simulated: bool
     last_seen: object
     accelerators: list[AcceleratorView]
+    dropped_reports: int = 0
 
 
 def _runtime_view(runtime: Runtime) -> RuntimeView:
@@ -199,10 +200,15 @@ def fleet_overview(user) -> list[HostView]:
         HostView(
             name=h.name, status=h.status, status_label=h.get_status_display(), backend=h.backend,
             backend_label=h.get_backend_display(), simulated=h.simulated, last_seen=h.last_seen,
-            accelerators=accelerators_by_host.get(h.pk, []),
+            accelerators=accelerators_by_host.get(h.pk, []), dropped_reports=h.dropped_reports,
         )
         for h in hosts
     ]
+
+
+def router_credentials_for(user) -> list[RouterCredential]:
+    """The routers' credentials the user may see (viewer and up), by name: never a secret, only its prefix."""
+    return list(RouterCredential.objects.restrict(user, "view").order_by("name"))
 
 
 # --------------------------------------------------------------------------- plans and jobs

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Accelerator, GpuInstance, Host
+from .models import Accelerator, GpuInstance, Host, RouterCredential
 
 
 class AcceleratorInline(admin.TabularInline):
@@ -39,3 +39,16 @@ class GpuInstanceAdmin(admin.ModelAdmin):
     list_filter = ["state", "profile"]
     search_fields = ["uuid", "accelerator__host__name"]
     readonly_fields = ["placement_size"]
+
+
+@admin.register(RouterCredential)
+class RouterCredentialAdmin(admin.ModelAdmin):
+    """Listed, described and deleted here; issued and revoked with the CLI or the API (the secret is shown
+    once, by them)."""
+
+    list_display = ["name", "token_prefix", "revoked", "last_used", "dropped_reports"]
+    search_fields = ["name", "description"]
+    readonly_fields = ["token_prefix", "revoked", "last_used", "dropped_reports"]
+
+    def has_add_permission(self, request) -> bool:
+        return False

@@ -1,18 +1,31 @@
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from apps.core.principals import AgentPrincipal
-from apps.users.tokens import AGENT_TOKEN_PREFIX, token_from_header
+from apps.core.principals import AgentPrincipal, RouterPrincipal
+from apps.users.tokens import AGENT_TOKEN_PREFIX, ROUTER_TOKEN_PREFIX, token_from_header
 
-from .services import host_by_agent_token
+from .models import RouterCredential
+from .services import host_by_agent_token, router_credential_by_secret
 
 
 class AgentTokenAuthentication(authentication.BaseAuthentication):
-    """Host agent tokens (`tsa_…`): the request acts as that host's agent, which may read its own host's
-    records and report its own host's actual state, nothing else."""
+    """The data plane's credentials. Host agent tokens (`tsa_…`): the request acts as that host's agent,
+    which may read its own host's records and report its own host's actual state, nothing else. Router
+    credentials (`tsr_…`): the request acts as that router (`RouterPrincipal`), which reads the routing
+    tables and reports under its own name; a revoked one is refused (401)."""
 
     def authenticate(self, request):
         secret = token_from_header(request.META.get("HTTP_AUTHORIZATION"))
-        if secret is None or not secret.startswith(AGENT_TOKEN_PREFIX):
+        if secret is None:
+            return None
+        if secret.startswith(ROUTER_TOKEN_PREFIX):
+            credential = router_credential_by_secret(secret=secret)
+            if credential is None:
+                raise exceptions.AuthenticationFailed("Invalid or revoked router credential.")
+            # last_used is bookkeeping, not a change: update() skips the audit receivers.
+            RouterCredential.objects.filter(pk=credential.pk).update(last_used=timezone.now())
+            return RouterPrincipal(credential=credential), None
+        if not secret.startswith(AGENT_TOKEN_PREFIX):
             return None
         host = host_by_agent_token(secret=secret)
         if host is None:

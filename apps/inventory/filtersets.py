@@ -1,9 +1,11 @@
 import django_filters
 
-from .models import Accelerator, GpuInstance, Host
+from apps.core.filtersets import TesseraFilterSet
+
+from .models import Accelerator, GpuInstance, Host, RouterCredential
 
 
-class HostFilterSet(django_filters.FilterSet):
+class HostFilterSet(TesseraFilterSet):
     q = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
     label = django_filters.CharFilter(method="filter_label", help_text="key=value")
 
@@ -16,7 +18,7 @@ class HostFilterSet(django_filters.FilterSet):
         return queryset.filter(**{f"labels__{key}": wanted})
 
 
-class AcceleratorFilterSet(django_filters.FilterSet):
+class AcceleratorFilterSet(TesseraFilterSet):
     model_name = django_filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -24,9 +26,19 @@ class AcceleratorFilterSet(django_filters.FilterSet):
         fields = ["host", "kind", "mig_capable", "mig_enabled", "uuid"]
 
 
-class GpuInstanceFilterSet(django_filters.FilterSet):
+class GpuInstanceFilterSet(TesseraFilterSet):
     host = django_filters.NumberFilter(field_name="accelerator__host")
 
     class Meta:
         model = GpuInstance
         fields = ["accelerator", "profile", "state"]
+
+
+class RouterCredentialFilterSet(TesseraFilterSet):
+    q = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
+    revoked = django_filters.BooleanFilter(field_name="revoked", lookup_expr="isnull", exclude=True,
+                                           help_text="true: revoked credentials; false: valid ones")
+
+    class Meta:
+        model = RouterCredential
+        fields = ["name"]

@@ -37,7 +37,12 @@ class Host(ChangeLoggedModel):
         help_text="Where the GPUs' MIG placements (as NVML reports them) differ from the catalogue, per the agent",
     )
 
-    audit_exclude_fields = ("agent_token_hash", "last_seen")
+    dropped_reports = models.PositiveBigIntegerField(
+        default=0, editable=False,
+        help_text="Metrics reports the agent had to drop (its outage buffer overflowed), as its later reports said",
+    )
+
+    audit_exclude_fields = ("agent_token_hash", "last_seen", "dropped_reports")
 
     class Meta:
         ordering = ["name"]
@@ -166,3 +171,37 @@ class GpuInstance(ChangeLoggedModel):
     @staticmethod
     def agent_scope(queryset, host):
         return queryset.filter(accelerator__host=host)
+
+
+class RouterCredential(ChangeLoggedModel):
+    """A router's own credential (`tsr_…`), scoped to one router name: it reads the routing tables and posts
+    router reports under `name` only, so one host cannot feed planning demand in another router's name.
+    Issued (or re-issued: the previous secret stops working) and revoked by an admin, like agent tokens;
+    every issue and revocation is in the audit log (`token_prefix` and `revoked` change, the hash never shows)."""
+
+    name = models.CharField(max_length=100, unique=True, validators=[name_validator], help_text="The router name its reports carry")
+    description = models.CharField(max_length=200, blank=True)
+    token_hash = models.CharField(max_length=64, blank=True, editable=False, db_index=True)
+    token_prefix = models.CharField(max_length=16, blank=True, editable=False)
+    revoked = models.DateTimeField(null=True, blank=True, editable=False, help_text="When it was revoked; empty while valid")
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+    dropped_reports = models.PositiveBigIntegerField(
+        default=0, editable=False,
+        help_text="Reports the router had to drop (its outage buffer overflowed), as its later reports said",
+    )
+
+    audit_exclude_fields = ("token_hash", "last_used", "dropped_reports")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def active(self) -> bool:
+        return self.revoked is None and bool(self.token_hash)
+
+    @staticmethod
+    def router_scope(queryset, credential):
+        return queryset.filter(pk=credential.pk)

@@ -1,4 +1,4 @@
-"""Inventory services: agent tokens, and applying a host's actual-state report. (The MIG layout check
+"""Inventory services: agent tokens, router credentials, and applying a host's actual-state report. (The MIG layout check
 every GPU instance passes is the model's own: GpuInstance.clean.)"""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.users.tokens import AGENT_TOKEN_PREFIX, token_display, token_generate, token_hash
+from apps.users.tokens import AGENT_TOKEN_PREFIX, ROUTER_TOKEN_PREFIX, token_display, token_generate, token_hash
 from engine.geometry.layout import Placement, mig_layout_validate
 
 from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatusChoices
-from .models import Accelerator, GpuInstance, Host
+from .models import Accelerator, GpuInstance, Host, RouterCredential
 
 ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores")
 
@@ -25,6 +25,42 @@ def host_agent_token_rotate(*, host: Host) -> str:
     host.agent_token_prefix = token_display(secret)
     host.save(update_fields=["agent_token_hash", "agent_token_prefix", "last_updated"])
     return secret
+
+
+@transaction.atomic
+def router_credential_issue(*, name: str, description: str | None = None) -> tuple[RouterCredential, str]:
+    """Issue a credential for router `name` (created on first issue; re-issuing replaces the secret, so the
+    previous one stops working, and lifts a revocation). Returns it with its secret, shown once. Raises
+    ValidationError for a name that is not a valid router name."""
+    credential = RouterCredential.objects.select_for_update().filter(name=name).first() or RouterCredential(name=name)
+    secret = token_generate(ROUTER_TOKEN_PREFIX)
+    credential.token_hash = token_hash(secret)
+    credential.token_prefix = token_display(secret)
+    credential.revoked = None
+    if description is not None:
+        credential.description = description
+    credential.full_clean(validate_unique=False)
+    credential.save()
+    return credential, secret
+
+
+@transaction.atomic
+def router_credential_revoke(*, credential: RouterCredential) -> RouterCredential:
+    """Revoke a router credential: its secret stops working at once (401). The record stays, marked revoked,
+    for the fleet page and the audit log; issuing again gives the router a new secret."""
+    credential = RouterCredential.objects.select_for_update().get(pk=credential.pk)
+    if credential.revoked is None:
+        credential.revoked = timezone.now()
+        credential.token_hash = ""
+        credential.save(update_fields=["revoked", "token_hash", "last_updated"])
+    return credential
+
+
+def router_credential_by_secret(*, secret: str) -> RouterCredential | None:
+    """The valid (not revoked) credential with this secret, or None."""
+    if not secret.startswith(ROUTER_TOKEN_PREFIX):
+        return None
+    return RouterCredential.objects.filter(token_hash=token_hash(secret), revoked__isnull=True).first()
 
 
 def host_visible_find(*, principal, pk) -> Host | None:

@@ -82,8 +82,9 @@ class GpuSample(models.Model):
 
 
 class ApplicationSample(IntervalCounts):
-    """One application's traffic over one interval as one router saw it (`router` names the router; `host`
-    is the host whose agent token it used)."""
+    """One application's traffic over one interval as one router saw it (`router`: the name its router
+    credential is scoped to; `host`: the host whose agent token posted it, from before routers had
+    credentials of their own, so empty on new samples)."""
 
     host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="application_samples")
     router = models.CharField(max_length=100)

@@ -115,10 +115,19 @@ class _Latest:
     data: dict
 
 
+def _keep_latest(table: dict, key: Any, report: _Latest) -> None:
+    """Hold `report` under `key` unless a fresher one is held: reports kept through an outage arrive late,
+    with their original times, and must not replace what is newer."""
+    held = table.get(key)
+    if held is None or report.at >= held.at:
+        table[key] = report
+
+
 @dataclass
 class LiveWindow:
-    """The latest report of every router, runtime and GPU instance, as they stream in; a source that has
-    not reported for `horizon_s` drops out. `snapshot()` rolls them up for the browser."""
+    """The latest report of every router, runtime and GPU instance, as they stream in (by their `at`: a
+    late report, sent after an outage, never replaces a fresher one); a source that has not reported for
+    `horizon_s` drops out. `snapshot()` rolls them up for the browser."""
 
     horizon_s: float = 3.0
     routers: dict[tuple[str, str], _Latest] = field(default_factory=dict)
@@ -131,14 +140,14 @@ class LiveWindow:
     def host_report(self, event: Mapping[str, Any]) -> None:
         """An agent's metrics report (see `apps.telemetry.streams.host_metrics_event`)."""
         host, at = event["host"], float(event["at"])
-        self.hosts[host] = at
-        self.fresh_hosts[host] = at
+        self.hosts[host] = max(self.hosts.get(host, at), at)
+        self.fresh_hosts[host] = max(self.fresh_hosts.get(host, at), at)
         self.last_report_at = max(self.last_report_at or at, at)
         interval = float(event.get("interval_s") or 1.0)
         for r in event.get("runtimes", ()):
-            self.runtimes[f"{host}/{r['key']}"] = _Latest(at, {**r, "interval_s": interval})
+            _keep_latest(self.runtimes, f"{host}/{r['key']}", _Latest(at, {**r, "interval_s": interval}))
         for i in event.get("instances", ()):
-            self.instances[f"{host}/{i['device']}"] = _Latest(at, i)
+            _keep_latest(self.instances, f"{host}/{i['device']}", _Latest(at, i))
 
     def router_report(self, event: Mapping[str, Any]) -> None:
         """A router's per-application report (see `apps.telemetry.streams.router_report_event`)."""
@@ -146,7 +155,7 @@ class LiveWindow:
         self.last_report_at = max(self.last_report_at or at, at)
         interval = float(event.get("interval_s") or 1.0)
         for a in event.get("applications", ()):
-            self.routers[(event["router"], a["application"])] = _Latest(at, {**a, "interval_s": interval})
+            _keep_latest(self.routers, (event["router"], a["application"]), _Latest(at, {**a, "interval_s": interval}))
 
     def _expire(self, now: float) -> None:
         cutoff = now - self.horizon_s

@@ -7,6 +7,7 @@ import secrets
 
 USER_TOKEN_PREFIX = "tsu_"
 AGENT_TOKEN_PREFIX = "tsa_"
+ROUTER_TOKEN_PREFIX = "tsr_"
 
 
 def token_generate(prefix: str) -> str:

@@ -22,6 +22,7 @@ app.command()(dataplane.router)
 app.command()(simulate.simulate)
 
 app.add_typer(tokens.token_app, name="token")
+app.add_typer(tokens.router_credential_app, name="router-credential")
 app.add_typer(mig_app, name="mig")
 app.add_typer(plan_app, name="plan")
 app.add_typer(trace_app, name="trace")

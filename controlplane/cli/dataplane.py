@@ -59,9 +59,10 @@ def agent(
 
 def router(
     control_plane: str = typer.Option(..., envvar="TESSERA_CONTROL_PLANE", help="Control plane URL"),
-    token: str = typer.Option(..., envvar="TESSERA_AGENT_TOKEN", help="Agent token of the host the router runs on"),
+    token: str = typer.Option(..., envvar="TESSERA_ROUTER_TOKEN",
+                              help="The router's credential (tessera router-credential issue NAME prints one)"),
     listen: str = typer.Option("127.0.0.1:8100", help="host:port to serve POST /v1/infer/{application} on"),
-    name: str = typer.Option(None, help="Name in router reports (default: the host's name)"),
+    name: str = typer.Option(None, help="Name in router reports: the credential's (default: asked of the control plane)"),
     loglevel: str = typer.Option("INFO"),
 ) -> None:
     """Run the router: the inference endpoint, following the control plane's routing tables."""

@@ -1,4 +1,5 @@
-"""Credentials: `token create` (API tokens for users) and `agent-token` (a host's agent token)."""
+"""Credentials: `token create` (API tokens for users), `agent-token` (a host's agent token) and
+`router-credential issue|revoke` (a router's credential, scoped to its name)."""
 from __future__ import annotations
 
 import typer
@@ -6,6 +7,15 @@ import typer
 from ._common import django_setup
 
 token_app = typer.Typer(help="API tokens for CI and scripts.", no_args_is_help=True)
+
+
+def _found_or_exit(queryset, what: str, **lookup):
+    """The one object `lookup` finds, or the error "no WHAT 'x'" and exit status 2."""
+    found = queryset.filter(**lookup).first()
+    if found is None:
+        typer.echo(f"error: no {what} {next(iter(lookup.values()))!r}", err=True)
+        raise typer.Exit(2)
+    return found
 
 
 @token_app.command("create")
@@ -21,10 +31,7 @@ def token_create_cmd(
     from apps.core.context import change_context
     from apps.users.services import token_create
 
-    account = get_user_model().objects.filter(username=user).first()
-    if account is None:
-        typer.echo(f"error: no user {user!r}", err=True)
-        raise typer.Exit(2)
+    account = _found_or_exit(get_user_model().objects, "user", username=user)
     with change_context(source="command"):
         token, secret = token_create(user=account, description=description, write_enabled=not read_only)
     typer.echo(secret)
@@ -37,9 +44,44 @@ def agent_token(host: str = typer.Argument(..., help="Host name")) -> None:
     from apps.inventory.models import Host
     from apps.inventory.services import host_agent_token_rotate
 
-    target = Host.objects.filter(name=host).first()
-    if target is None:
-        typer.echo(f"error: no host {host!r}", err=True)
-        raise typer.Exit(2)
+    target = _found_or_exit(Host.objects, "host", name=host)
     with change_context(source="command"):
         typer.echo(host_agent_token_rotate(host=target))
+
+
+router_credential_app = typer.Typer(help="Routers' credentials, each scoped to one router name.", no_args_is_help=True)
+
+
+@router_credential_app.command("issue")
+def router_credential_issue_cmd(
+    name: str = typer.Argument(..., help="Router name: the name its reports carry"),
+    description: str = typer.Option(None, help="What or where the router is"),
+) -> None:
+    """Issue a credential for router NAME and print it (shown once; re-issuing replaces the previous one)."""
+    django_setup()
+    from django.core.exceptions import ValidationError
+
+    from apps.core.context import change_context
+    from apps.inventory.services import router_credential_issue
+
+    try:
+        with change_context(source="command"):
+            _, secret = router_credential_issue(name=name, description=description)
+    except ValidationError as exc:
+        typer.echo(f"error: {'; '.join(exc.messages)}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(secret)
+
+
+@router_credential_app.command("revoke")
+def router_credential_revoke_cmd(name: str = typer.Argument(..., help="Router name")) -> None:
+    """Revoke router NAME's credential: its requests are refused from now on."""
+    django_setup()
+    from apps.core.context import change_context
+    from apps.inventory.models import RouterCredential
+    from apps.inventory.services import router_credential_revoke
+
+    credential = _found_or_exit(RouterCredential.objects, "router credential", name=name)
+    with change_context(source="command"):
+        router_credential_revoke(credential=credential)
+    typer.echo(f"revoked the credential of router {name}")

@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 
 from apps.inventory.models import Host
 from apps.planning.models import Plan
-from apps.inventory.services import host_agent_token_rotate
+from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 from apps.users.services import token_create
 from controlplane.demo import demo_seed
 from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa: F401 (fixture)
@@ -31,6 +31,7 @@ def seeded(transactional_db):
     gpu_host = Host.objects.get(name="sim-a100-01")
     operator = get_user_model().objects.get(username="operator")
     return {"logins": seeded.logins, "agent_token": host_agent_token_rotate(host=host),
+            "router_token": router_credential_issue(name="browser-test-router")[1],
             "hosts": list(Host.objects.values_list("name", flat=True)),
             "operator_token": token_create(user=operator, description="browser test")[1],
             "gpu_host": gpu_host.pk, "gpu_host_token": host_agent_token_rotate(host=gpu_host)}
@@ -58,7 +59,7 @@ def test_a_report_reaches_the_overview_within_two_seconds(seeded, asgi_live_serv
     assert page.locator(DEMAND_CELL).text_content().strip() in ("—", "0", "0.0")
 
     sent = time.monotonic()
-    _router_report(url, seeded["agent_token"], arrivals=777)
+    _router_report(url, seeded["router_token"], arrivals=777)
     page.wait_for_function(f"document.querySelector('{DEMAND_CELL}').textContent.trim() === '777.0'", timeout=2000)
     delay = time.monotonic() - sent
     assert delay < 2.0

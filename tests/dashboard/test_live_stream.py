@@ -15,6 +15,7 @@ from apps.dashboard.consumers import LiveConsumer
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.services import job_create, job_progress
 from apps.policies.models import SloPolicy
+from apps.inventory.services import router_credential_issue
 from apps.telemetry.services import host_metrics_ingest, router_report_ingest
 from apps.users.roles import user_role_set
 from tests.factories import ApplicationFactory, HostFactory, ModelVariantFactory, UserFactory
@@ -96,10 +97,11 @@ def test_metrics_rollup_follows_reports(users):
     ModelVariantFactory(application=application, name="small", accuracy=0.70)
     ModelVariantFactory(application=application, name="large", accuracy=0.90)
     host = HostFactory(name="live-host")
+    router, _ = router_credential_issue(name="r1")
     now = datetime.now(timezone.utc)
 
     def reports():
-        router_report_ingest(host=host, report={"router": "r1", "at": now, "interval_s": 1.0, "applications": [
+        router_report_ingest(credential=router, report={"router": "r1", "at": now, "interval_s": 1.0, "applications": [
             {"application": "live-app", "arrivals": 200, "served": 190, "late": 6, "dropped": 4, "no_route": 0, "latency_p99_ms": 42.5},
         ]})
         host_metrics_ingest(host=host, report={"at": now, "interval_s": 1.0, "runtimes": [

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from apps.deployments.models import HostDesiredState, RoutingTable
 from apps.inventory.models import Host
-from apps.inventory.services import host_agent_token_rotate
+from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 from apps.jobs.models import Job
 from apps.planning.choices import PlanStatusChoices
 from apps.planning.models import Plan
@@ -99,7 +99,8 @@ def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, ag
     ReplanPolicy.objects.filter(name="default").update(auto_apply=True, debounce_seconds=0)
     agents(list(hosts))
     wait_for(lambda: set(Host.objects.filter(name__in=hosts).values_list("converged_version", flat=True)) == {1}, 120, "agents on version 1")
-    router, client = router_build(control_plane=live_server.url, token=host_agent_token_rotate(host=Host.objects.get(name="sim-a100-02")))
+    _, router_secret = router_credential_issue(name="sim-a100-02")
+    router, client = router_build(control_plane=live_server.url, token=router_secret)
     handle = router_start_in_thread(router)
     try:
         demand_inject("tabular-cpu", 40.0)
@@ -164,9 +165,10 @@ def test_a_host_that_never_converges_fails_the_rollout_and_is_rolled_back(broker
 
 def _worker(queue: str, broker_url: str, visibility_s: int = 3) -> subprocess.Popen:
     """A Celery worker on `queue`; a message it took and did not acknowledge goes back to the queue after
-    `visibility_s` (acks_late: a worker killed mid-task)."""
+    `visibility_s` (acks_late: a worker killed mid-task), and the killed attempt's heartbeat counts as stale
+    as soon (a delivery finding the job beating elsewhere does nothing: apps.jobs.services._job_claim)."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings.local", "DATABASE_URL": _database_url_of_test_db(),
-           "REDIS_URL": broker_url, "TESSERA_BROKER_VISIBILITY_TIMEOUT": str(visibility_s)}
+           "REDIS_URL": broker_url, "TESSERA_BROKER_VISIBILITY_TIMEOUT": str(visibility_s), "TESSERA_JOB_STALE_AFTER_S": str(visibility_s)}
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "-Q", queue, "--hostname", f"{queue}-{uuid.uuid4().hex[:4]}@%h",
          "--without-gossip", "--without-mingle", "--loglevel=INFO"],

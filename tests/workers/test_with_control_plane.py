@@ -14,7 +14,7 @@ import pytest
 
 from apps.deployments.models import Runtime
 from apps.inventory.models import GpuInstance, Host
-from apps.inventory.services import host_agent_token_rotate
+from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 from apps.registry.models import ModelVariant, Profile, ProfilingRequest
 from apps.telemetry.models import ApplicationSample, GpuSample, RuntimeSample
 from controlplane.demo import demo_seed
@@ -66,7 +66,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
     assert set(runtimes.filter(host__name="sim-a100-01").values_list("simulated", flat=True)) == {True}
     assert host.operations.filter(action="mig.create", outcome="ok").count() == 5
 
-    router, client = router_build(control_plane=fleet["url"], token=fleet["tokens"]["sim-cpu-01"])
+    router, client = router_build(control_plane=fleet["url"], token=router_credential_issue(name="sim-cpu-01")[1])
     handle = router_start_in_thread(router)
     try:
         wait_for(lambda: router.refreshes > 0, what="the router's first tables")

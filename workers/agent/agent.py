@@ -6,7 +6,10 @@
   The last desired state read is kept on disk, so an agent restarted while the control plane is away
   still knows what to run.
 - **Metrics loop** (a thread): every `metrics_s`, collect each runtime's counters for the interval and the
-  GPUs' telemetry, post them (this is also the heartbeat) and update the Prometheus exporter.
+  GPUs' telemetry, post them (this is also the heartbeat) and update the Prometheus exporter. Reports the
+  control plane cannot take are kept (`ReportBacklog`, `REPORT_BACKLOG_S` of them) and sent, with their
+  original times, once it is back; overflow is counted (`tessera_agent_reports_dropped_total`) and told
+  to the control plane in the next report (`dropped_reports`).
 - **Profiling loop** (a thread): runs the control plane's profiling requests for this host, one at a time.
 
 The control plane being unreachable never stops serving: the runtimes keep their sessions and the router
@@ -20,6 +23,9 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from workers.client import ReportBacklog, report_backlog_capacity
+from workers.metrics import ReportBacklogCollector
 
 from .backends import DeviceBackend
 from .desired import DesiredState, DesiredStateError, desired_state_parse
@@ -64,8 +70,11 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.poll_s, self.metrics_s, self.report_s = poll_s, metrics_s, report_s
         self.exporter = exporter
+        self.metrics_backlog = ReportBacklog(client.metrics, capacity=report_backlog_capacity(metrics_s), what="metrics report") if client else None
         if exporter is not None:
             exporter.runtime_metrics = self.runtime_metrics
+            if self.metrics_backlog is not None:
+                exporter.registry.register(ReportBacklogCollector("tessera_agent", self.metrics_backlog))
         self.supervisor = RuntimeSupervisor(self.state_dir, bind=bind, advertise=advertise)
         self._operations: list[Operation] = []
         self._ops_lock = threading.Lock()
@@ -268,8 +277,8 @@ class Agent:
                 telemetry, model_names={g.index: g.model_name for g in gpus},
                 gi_ids={(g.index, str(i.placement)): i.gpu_instance_id for g in gpus for i in g.instances},
             )
-        if self.client is not None:
-            self._cp_call("metrics", lambda: self.client.metrics(payload))
+        if self.metrics_backlog is not None:
+            self._cp_call("metrics", lambda: self.metrics_backlog.submit(payload))
         return payload
 
     def runtime_metrics(self) -> list[bytes]:

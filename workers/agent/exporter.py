@@ -6,6 +6,8 @@
 - Each runtime's own counters and histograms (Triton's `nv_inference_*` and Tessera's), read from the
   runtime at scrape time (its `metrics` frame) and merged in: they are cumulative in the runtime process,
   so they survive an agent restart, and nothing is counted twice.
+- The agent's metrics-report buffer (`tessera_agent_reports_*`: dropped, rejected, sent late, pending),
+  registered by the agent (`workers.metrics.ReportBacklogCollector`).
 """
 from __future__ import annotations
 

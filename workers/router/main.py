@@ -1,7 +1,9 @@
-"""`tessera router`: the router wired to the control plane's REST API (routing tables in, reports out)."""
+"""`tessera router`: the router wired to the control plane's REST API (routing tables in, reports out), with
+the router's own credential (scoped to its name)."""
 from __future__ import annotations
 
-from workers.client import ControlPlaneClient, ControlPlaneError
+from workers.client import ControlPlaneClient, ReportBacklog, report_backlog_capacity
+from workers.metrics import ReportBacklogCollector
 
 from .app import Router
 from .server import router_serve
@@ -9,17 +11,21 @@ from .server import router_serve
 __all__ = ["router_build", "router_main"]
 
 
-def router_build(*, control_plane: str, token: str, name: str | None = None) -> tuple[Router, ControlPlaneClient]:
-    """A router following the control plane's active routing tables and reporting to it every second.
-    The router's name defaults to its host's (the token's); an unreachable control plane at start is
-    fine: the router serves once tables arrive and keeps the last ones through outages."""
+def router_build(*, control_plane: str, token: str, name: str | None = None, report_s: float = 1.0) -> tuple[Router, ControlPlaneClient]:
+    """A router following the control plane's active routing tables and reporting to it every `report_s`.
+    `token` is the router's credential (`tessera router-credential issue NAME`); its name is the
+    credential's, asked of the control plane when not given (a report under another name is refused). An
+    unreachable control plane at start is fine: the router serves once tables arrive, keeps the last ones
+    through outages, and keeps its reports (`ReportBacklog`, `REPORT_BACKLOG_S` of them) to send when the
+    control plane is back."""
     client = ControlPlaneClient(control_plane, token)
     if name is None:
-        try:
-            name = client.host()["name"]
-        except ControlPlaneError:
-            name = None  # the socket's hostname
-    return Router(client.routing_tables, client.router_report, name=name), client
+        name = client.router_name()
+    backlog = ReportBacklog(client.router_report, capacity=report_backlog_capacity(report_s), what=f"router {name} report")
+    router = Router(client.routing_tables, backlog.submit, report_s=report_s, name=name)
+    router.stats.registry.register(ReportBacklogCollector("tessera_router", backlog))
+    router.report_backlog = backlog
+    return router, client
 
 
 def router_main(*, control_plane: str, token: str, host: str, port: int, name: str | None = None) -> None:

@@ -4,7 +4,7 @@ from apps.core.api.serializers import TesseraModelSerializer
 from apps.deployments.api.serializers import ReportedOperationSerializer, ReportedRuntimeSerializer
 
 from ..choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
-from ..models import Accelerator, GpuInstance, Host
+from ..models import Accelerator, GpuInstance, Host, RouterCredential
 
 
 class HostSerializer(TesseraModelSerializer):
@@ -60,6 +60,32 @@ class GpuInstanceSerializer(TesseraModelSerializer):
 class AgentTokenSerializer(serializers.Serializer):
     host = serializers.IntegerField(read_only=True)
     token = serializers.CharField(read_only=True, help_text="The agent's secret. Shown once, in this response only.")
+
+
+class RouterCredentialSerializer(TesseraModelSerializer):
+    """A router credential as listed: never its secret (only its first characters, `token_prefix`)."""
+
+    active = serializers.BooleanField(read_only=True, help_text="Issued and not revoked")
+
+    class Meta:
+        model = RouterCredential
+        fields = ["id", "display", "name", "description", "token_prefix", "active", "revoked", "last_used", "created", "last_updated"]
+        read_only_fields = ["token_prefix", "revoked", "last_used", "created", "last_updated"]
+
+
+class RouterCredentialIssueSerializer(serializers.Serializer):
+    """What issuing a router credential takes: the router name its reports will carry."""
+
+    name = serializers.RegexField(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$", max_length=100,
+                                  error_messages={"invalid": "Use letters, digits, '.', '_' and '-', starting with a letter or digit."})
+    description = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class RouterCredentialIssuedSerializer(RouterCredentialSerializer):
+    token = serializers.CharField(read_only=True, help_text="The router's secret. Shown once, in this response only.")
+
+    class Meta(RouterCredentialSerializer.Meta):
+        fields = [*RouterCredentialSerializer.Meta.fields, "token"]
 
 
 class ReportedGpuInstanceSerializer(serializers.Serializer):

@@ -3,21 +3,24 @@ from rest_framework import exceptions, permissions, serializers, status, viewset
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from apps.core.api.viewsets import TesseraModelViewSet
+from apps.core.api.viewsets import TesseraModelViewSet, TesseraReadOnlyModelViewSet
 from apps.core.principals import principal_is_agent
 from apps.deployments.services import host_report_apply
 from apps.users.roles import RoleChoices, user_role
 from engine.geometry.catalogue import mig_catalogue_load
 
-from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet
-from ..models import Accelerator, GpuInstance, Host
-from ..services import host_agent_token_rotate
+from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet, RouterCredentialFilterSet
+from ..models import Accelerator, GpuInstance, Host, RouterCredential
+from ..services import host_agent_token_rotate, router_credential_issue, router_credential_revoke
 from .serializers import (
     AcceleratorSerializer,
     AgentTokenSerializer,
     GpuInstanceSerializer,
     HostReportSerializer,
     HostSerializer,
+    RouterCredentialIssuedSerializer,
+    RouterCredentialIssueSerializer,
+    RouterCredentialSerializer,
 )
 
 
@@ -32,7 +35,7 @@ class IsOwnHostAgent(permissions.BasePermission):
 
 
 class IsAdminRole(permissions.BasePermission):
-    message = "Only admins manage agent tokens."
+    message = "Only admins manage agent tokens and router credentials."
 
     def has_permission(self, request, view):
         user = request.user
@@ -67,6 +70,41 @@ class HostViewSet(TesseraModelViewSet):
         host = self.get_object()
         secret = host_agent_token_rotate(host=host)
         return Response({"host": host.pk, "token": secret}, status=status.HTTP_201_CREATED)
+
+
+class RouterCredentialViewSet(TesseraReadOnlyModelViewSet):
+    """Routers' credentials, each scoped to one router name. Viewers list them (never a secret); admins issue
+    (`POST`: a new name, or a new secret for a known one) and revoke them. A router sees its own only."""
+
+    queryset = RouterCredential.objects.all()
+    serializer_class = RouterCredentialSerializer
+    ordering_fields = ["name", "last_used"]
+    filterset_class = RouterCredentialFilterSet
+
+    def restrict_action(self) -> str:
+        return "view" if self.action == "revoke" else super().restrict_action()
+
+    def _issued(self, credential: RouterCredential, secret: str) -> Response:
+        data = RouterCredentialIssuedSerializer(credential, context=self.get_serializer_context()).data
+        return Response({**data, "token": secret}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=RouterCredentialIssueSerializer, responses={201: RouterCredentialIssuedSerializer})
+    def create(self, request):
+        """Admin only: issue a credential for router `name` and return its secret once. Issuing again for the
+        same name replaces the secret (the previous one stops working) and lifts a revocation."""
+        if not IsAdminRole().has_permission(request, self):
+            raise exceptions.PermissionDenied(IsAdminRole.message)
+        body = RouterCredentialIssueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        credential, secret = router_credential_issue(**body.validated_data)
+        return self._issued(credential, secret)
+
+    @extend_schema(request=None, responses={200: RouterCredentialSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminRole])
+    def revoke(self, request, pk=None):
+        """Admin only: revoke the credential; the router's requests are refused (401) from now on."""
+        credential = router_credential_revoke(credential=self.get_object())
+        return Response(RouterCredentialSerializer(credential, context=self.get_serializer_context()).data)
 
 
 class AcceleratorViewSet(TesseraModelViewSet):

@@ -1,6 +1,13 @@
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
 from rest_framework import serializers
 
 from ..models import ApplicationSample, GpuSample, RuntimeSample
+
+# How far ahead of the control plane's clock a report's `at` may be (clock skew between hosts).
+REPORT_CLOCK_SKEW_S = 300.0
 
 # --------------------------------------------------------------------------- what agents and routers send
 # Plain serializers (no model validation): ingest runs about a thousand times a second.
@@ -14,6 +21,31 @@ class _Percent(serializers.FloatField):
 class _Count(serializers.IntegerField):
     def __init__(self, **kwargs):
         super().__init__(min_value=0, max_value=2**31 - 1, default=0, **kwargs)
+
+
+class _ReportTime(serializers.DateTimeField):
+    """A report's `at`: when the interval ended, on the reporter's clock. Reports sent late (kept through a
+    control-plane outage) carry their original time and are stored under it; one older than the telemetry
+    retention (it would be pruned at once) or more than `REPORT_CLOCK_SKEW_S` ahead is refused."""
+
+    def __init__(self, **kwargs):
+        super().__init__(help_text="End of the interval (the reporter's time, also for a report sent late)", **kwargs)
+
+    def to_internal_value(self, value):
+        at = super().to_internal_value(value)
+        now = timezone.now()
+        if at > now + timedelta(seconds=REPORT_CLOCK_SKEW_S):
+            raise serializers.ValidationError(f"is more than {REPORT_CLOCK_SKEW_S:g} s in the future; check the reporter's clock.")
+        if at < now - timedelta(days=settings.TESSERA_TELEMETRY_RETENTION_DAYS):
+            raise serializers.ValidationError(f"is older than the telemetry retention ({settings.TESSERA_TELEMETRY_RETENTION_DAYS:g} days).")
+        return at
+
+
+class _DroppedReports(serializers.IntegerField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0, max_value=2**31 - 1, default=0, help_text=(
+            "Reports the sender dropped since its previous report reached the control plane (its outage buffer "
+            "overflowed); added to its dropped_reports count"), **kwargs)
 
 
 class _LatencyMs(serializers.FloatField):
@@ -57,8 +89,9 @@ class MetricsRuntimeSerializer(serializers.Serializer):
 class MetricsReportSerializer(serializers.Serializer):
     """An agent's metrics for one interval (also its heartbeat)."""
 
-    at = serializers.DateTimeField(help_text="End of the interval")
+    at = _ReportTime()
     interval_s = serializers.FloatField(min_value=0.001, max_value=3600.0, default=1.0)
+    dropped_reports = _DroppedReports()
     gpus = MetricsGpuSerializer(many=True, required=False, default=list, max_length=256)
     runtimes = MetricsRuntimeSerializer(many=True, required=False, default=list, max_length=1024)
 
@@ -83,9 +116,10 @@ class RouterApplicationReportSerializer(serializers.Serializer):
 class RouterReportSerializer(serializers.Serializer):
     """A router's per-application counts for one interval."""
 
-    router = serializers.CharField(max_length=100, help_text="The router's name (e.g. its host's)")
-    at = serializers.DateTimeField(help_text="End of the interval")
+    router = serializers.CharField(max_length=100, help_text="The router's name: its credential's")
+    at = _ReportTime()
     interval_s = serializers.FloatField(min_value=0.001, max_value=3600.0, default=1.0)
+    dropped_reports = _DroppedReports()
     applications = RouterApplicationReportSerializer(many=True, max_length=1024)
 
 

@@ -1,11 +1,11 @@
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, parsers, status
+from rest_framework import exceptions, parsers, permissions, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.core.api.permissions import IsAgent
 from apps.core.api.viewsets import TesseraReadOnlyModelViewSet
-from apps.core.principals import principal_is_agent
+from apps.core.principals import principal_is_agent, principal_is_router
 from apps.inventory.services import host_visible_find
 
 from ..filtersets import ApplicationSampleFilterSet, GpuSampleFilterSet, RuntimeSampleFilterSet
@@ -52,16 +52,30 @@ class HostMetricsView(APIView):
         return Response(written, status=status.HTTP_201_CREATED)
 
 
-class RouterReportView(APIView):
-    """A router's per-application counts for one interval. Any host's agent token: routers run on
-    registered hosts and use their host's token."""
+class IsRouter(permissions.BasePermission):
+    message = "Only a router, with its own router credential, may post router reports."
 
-    permission_classes = [IsAgent]
+    def has_permission(self, request, view):
+        return principal_is_router(request.user)
+
+
+class RouterReportView(APIView):
+    """A router's per-application counts for one interval, with the router's own credential and under its
+    name only: an agent token, or a report in another router's name, is refused (403), so no host can feed
+    planning demand for routers it is not."""
+
+    permission_classes = [IsRouter]
     parser_classes = [parsers.JSONParser]
 
-    @extend_schema(operation_id="router_reports_create", request=RouterReportSerializer, responses={201: RouterReportIngestedSerializer})
+    @extend_schema(operation_id="router_reports_create", request=RouterReportSerializer,
+                   responses={201: RouterReportIngestedSerializer, 403: OpenApiResponse(description="Not this router's name")})
     def post(self, request):
-        written = router_report_ingest(host=request.user.host, report=report_validate(RouterReportSerializer, request.data))
+        credential = request.user.credential
+        report = report_validate(RouterReportSerializer, request.data)
+        if report["router"] != credential.name:
+            raise exceptions.PermissionDenied(
+                f"This credential reports as router {credential.name!r}, not {report['router']!r}.")
+        written = router_report_ingest(credential=credential, report=report)
         return Response(written, status=status.HTTP_201_CREATED)
 
 
