@@ -215,3 +215,24 @@ def test_agent_killed_between_any_two_steps_converges(tmp_path, model_file) -> N
     finally:
         for state in tmp_path.glob("crash-*"):
             RuntimeSupervisor(state).stop_all()
+
+
+def test_a_runtime_reports_the_model_it_serves_not_the_one_wanted_next(tmp_path, agent_factory, model_file) -> None:
+    """Until its replacement runs, a slot whose desired model changed is reported with the model its process
+    serves: the control plane must not publish a route for the new model to the old process."""
+    doc = version_1(model_file)
+    doc["gpus"][0]["layout"] = ["3g.20gb@0"]
+    doc["runtimes"] = [gpu_runtime("3g.20gb@0", "small"), cpu_runtime(model_file)]
+    desired = write(tmp_path / "desired.json", doc)
+    agent = agent_factory(desired)
+    assert agent.step().converged
+    served = lambda: {r["key"]: (r["application"], r["variant"]) for r in agent.actual_state()["runtimes"]}  # noqa: E731
+    assert served()["gpu0/3g.20gb@0"] == ("classify", 1)
+
+    moved = gpu_runtime("3g.20gb@0", "large")
+    moved.update(application="detect", variant={"id": 2, "name": "large", "artifact": None})
+    write(desired, dict(doc, version=2, runtimes=[moved, cpu_runtime(model_file)]))
+    agent.desired_read()  # the new desired state is known, not yet reconciled
+    assert served()["gpu0/3g.20gb@0"] == ("classify", 1)
+    assert agent.step().converged
+    assert served()["gpu0/3g.20gb@0"] == ("detect", 2)

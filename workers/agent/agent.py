@@ -78,6 +78,7 @@ class Agent:
         self.supervisor = RuntimeSupervisor(self.state_dir, bind=bind, advertise=advertise)
         self._operations: list[Operation] = []
         self._ops_lock = threading.Lock()
+        self._running_models: dict[str, tuple[str, int | None, bool]] = {}  # spec file -> what that runtime serves
         self._extra_on_operation = on_operation
         self.reconciler = Reconciler(
             backend=backend, supervisor=self.supervisor, artifact_fetch=self._artifact_fetch,
@@ -192,10 +193,16 @@ class Agent:
         running = self.supervisor.observe()
         for key, record in sorted(running.items()):
             want = desired.get(key)
+            if want is not None and record.fingerprint == want.fingerprint:
+                application, variant, simulated = want.application, want.variant.get("id"), want.device_kind == "gpu" and self.backend.name == "simulated"
+            else:
+                # It still runs what an earlier desired state asked for (about to be replaced or stopped): report
+                # the model it serves, never the one wanted next, so the control plane routes no query for the new
+                # model to it before its replacement runs.
+                application, variant, simulated = self._running_model(record.spec_path)
             runtimes.append({
-                "key": key, "application": want.application if want else "", "variant": want.variant.get("id") if want else None,
-                "state": "ready", "endpoint": record.endpoint or "",
-                "simulated": bool(want and want.device_kind == "gpu" and self.backend.name == "simulated"), "error": "",
+                "key": key, "application": application, "variant": variant,
+                "state": "ready", "endpoint": record.endpoint or "", "simulated": bool(simulated), "error": "",
             })
         for key, want in sorted(desired.items()):
             if key not in running:
@@ -209,6 +216,21 @@ class Agent:
             "desired_version": self.converged_version, "runtimes": runtimes, "operations": operations,
             "catalogue_disagreements": self.backend.catalogue_disagreements(),
         }
+
+    def _running_model(self, spec_path: str) -> tuple[str, int | None, bool]:
+        """(application, variant id, simulated) of the spec a runtime process was started with; ("", None,
+        False) when the spec cannot be read (a record from an older agent has no variant id: None)."""
+        cached = self._running_models.get(spec_path)
+        if cached is None:
+            try:
+                spec = json.loads(Path(spec_path).read_text())
+            except (OSError, ValueError):
+                return "", None, False
+            cached = (str(spec.get("application") or ""), spec.get("variant_id"), bool(spec.get("simulated")))
+            if len(self._running_models) > 1024:  # spec files are per process start: forget the old ones
+                self._running_models.clear()
+            self._running_models[spec_path] = cached
+        return cached
 
     def report(self) -> bool:
         if self.client is None:

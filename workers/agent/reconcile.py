@@ -68,6 +68,7 @@ def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, d
         "key": runtime.key,
         "application": runtime.application,
         "variant": runtime.variant["name"],
+        "variant_id": runtime.variant.get("id"),  # for the agent's report (the runtime reads the name only)
         "artifact_path": str(artifact_path) if artifact_path is not None else None,
         "sha256": artifact.get("sha256"),
         "simulated": simulated,
