@@ -48,6 +48,9 @@ DEFAULT_DROP_RULE = DropRuleChoices.DEADLINE.value
 
 SPEC_KEYS = frozenset({"host", "version", "gpus", "runtimes"})  # host and version are the server's, ignored
 GPU_KEYS = frozenset({"index", "mig_enabled", "layout"})
+# The largest max_batch a desired state may ask for: the largest batch size a profile can hold (a
+# PositiveIntegerField); a plan never batches beyond its profiles.
+MAX_BATCH_LIMIT = 2**31 - 1
 RUNTIME_KEYS = frozenset({"key", "device", "placement", "cpu_threads", "application", "variant", "max_batch", "batching", "profile"})
 BATCHING_KEYS = frozenset({"policy", "params", "drop_rule", "queue_order", "slo_ms"})
 
@@ -407,8 +410,8 @@ class _RuntimeChecker:
                 self.fail(where, f"variant {variant.name} has no artifact; only a simulated host can run a variant without one.")
                 return None
         max_batch = item.get("max_batch")
-        if not _is_int(max_batch) or max_batch < 1:
-            self.fail(where, "'max_batch' must be an integer >= 1.")
+        if not _is_int(max_batch) or not 1 <= max_batch <= MAX_BATCH_LIMIT:
+            self.fail(where, f"'max_batch' must be an integer from 1 to {MAX_BATCH_LIMIT}.")
             return None
         batching, problem = _batching_validate(item.get("batching"), application)
         if problem:

@@ -163,6 +163,7 @@ BAD_SPECS = [
     ("variant of another application", lambda f: {"runtimes": [cpu_runtime(f, variant=f.resnet.pk)]}, "belongs to classify"),
     ("cpu variant without artifact", lambda f: {"runtimes": [cpu_runtime(f, variant=f.mlp_bare.pk)]}, "need one"),
     ("max_batch 0", lambda f: {"runtimes": [mig_runtime(f, max_batch=0)]}, "max_batch"),
+    ("max_batch past 64 bits", lambda f: {"runtimes": [mig_runtime(f, max_batch=2**64)]}, "max_batch"),
     ("unknown batching policy", lambda f: {"runtimes": [mig_runtime(f, batching={"policy": "greedy"})]}, "batching.policy"),
     ("bad policy params", lambda f: {"runtimes": [mig_runtime(f, batching={"policy": "fixed", "params": {"colour": 1}})]}, "batching.params"),
     ("unknown drop rule", lambda f: {"runtimes": [mig_runtime(f, batching={"policy": "proteus", "drop_rule": "maybe"})]}, "drop_rule"),
