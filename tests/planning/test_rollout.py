@@ -162,7 +162,7 @@ def key_reuse_plan() -> tuple[Plan, str]:
     for table in RoutingTable.objects.filter(active=True):
         routing[table.application.name] = [{"instance": r["instance"], "variant": r["variant"], "weight": r["weight"]}
                                            for r in table.routes if r["instance"] != instance]
-    routing["classify-mobile"].append({"instance": instance, "variant": mobilenet.pk, "weight": 1.0})
+    routing.setdefault("classify-mobile", []).append({"instance": instance, "variant": mobilenet.pk, "weight": 1.0})
     plan = Plan.objects.create(status=PlanStatusChoices.VALIDATED, routing=routing,
                                desired_states={host.name: {"gpus": latest.spec["gpus"], "runtimes": runtimes}})
     return plan, instance
@@ -207,3 +207,26 @@ def test_routers_that_do_not_take_the_withdrawal_fail_the_rollout_before_the_slo
     # The slot never changed, and classify-resnet routes to it again.
     assert HostDesiredState.objects.filter(host=fleet["sim-a100-01"]).count() == 1
     assert instance in {r["instance"] for r in RoutingTable.objects.get(application__name="classify-resnet", active=True).routes}
+
+
+def test_rolling_back_a_plan_that_gave_an_application_its_first_table_leaves_no_stale_route(fleet) -> None:
+    """classify-mobile had no table before the rollout (so none to restore); the plan routes it to a slot
+    taken from classify-resnet. Rolled back, the slot serves classify-resnet again: the rollback's own
+    withdrawal takes classify-mobile's route to it away before the slot changes back, so no table is left
+    routing to it for the wrong model."""
+    RoutingTable.objects.filter(application__name="classify-mobile").delete()
+    plan, instance = key_reuse_plan()
+    plan_approve(plan=plan, actor=None)
+    with StandInAgents(set(fleet)):
+        job = plan_apply(plan=plan, actor=None, deadline_s=20)
+    job.refresh_from_db()
+    assert job.status == "succeeded", job.log + job.error
+    mobile = RoutingTable.objects.get(application__name="classify-mobile", active=True)
+    assert instance in {r["instance"] for r in mobile.routes}
+    with StandInAgents(set(fleet)):
+        back = plan_rollback(plan=plan, actor=None, deadline_s=20)
+    back.refresh_from_db()
+    assert back.status == "succeeded", back.log + back.error
+    assert RoutingTable.objects.get(application__name="classify-mobile", active=True).routes == []
+    resnet = RoutingTable.objects.get(application__name="classify-resnet", active=True)
+    assert instance in {r["instance"] for r in resnet.routes}
