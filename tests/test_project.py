@@ -81,3 +81,19 @@ def test_collectstatic_under_production_settings_collects_the_project_assets(tmp
     for name in ("img/favicon.svg", "img/logo.svg", "css/tessera.css", "dashboard/dashboard.css",
                  "vendor/uplot-1.6.32/uPlot.iife.min.js", "vendor/uplot-1.6.32/LICENSE"):
         assert (tmp_path / name).is_file(), name
+
+
+def test_healthz_says_which_service_is_down_without_the_drivers_message(client, db, monkeypatch):
+    from django.db import OperationalError
+
+    from apps.core import outages
+
+    def refused():
+        raise OperationalError('connection to server at "10.0.0.7", port 5432 failed: Connection refused\n'
+                               'FATAL: role "tessera" does not exist')
+
+    monkeypatch.setattr(outages, "_database_check", refused)
+    response = client.get("/healthz")
+    assert response.status_code == 503 and response.json()["down"] == ["database"]
+    assert response.json()["services"]["database"]["error"] == "connection refused"
+    assert "10.0.0.7" not in response.content.decode() and "tessera" not in response.content.decode()
