@@ -75,3 +75,12 @@ def pyplot_load():
     except ImportError:
         return None
     return plt
+
+
+def figure_write(plt, fig, path: Path, title: str) -> str:
+    """Title, lay out, write at the benches' resolution and close `fig`; the line the bench prints."""
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"

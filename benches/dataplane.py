@@ -61,7 +61,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
 
 import numpy as np  # noqa: E402
 
-from _common import PNG_SKIPPED, csv_rows_write, fmt, pyplot_load  # noqa: E402
+from _common import PNG_SKIPPED, csv_rows_write, figure_write, fmt, pyplot_load  # noqa: E402
 from workers.wire import request_encode  # noqa: E402
 
 TARGET_ADDED_P99_MS = 0.5
@@ -487,11 +487,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
     ax2.set_ylabel("throughput, router path / bare")
     ax2.set_ylim(0, 1.3)
     ax2.legend(fontsize=8, loc="upper left")
-    fig.suptitle("Tessera data plane overhead: router + runtime vs bare onnxruntime (MLPs, CPU)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f"wrote {path}"
+    return figure_write(plt, fig, path, "Tessera data plane overhead: router + runtime vs bare onnxruntime (MLPs, CPU)")
 
 
 def main(argv: list[str] | None = None) -> int:

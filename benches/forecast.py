@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
-from _common import PNG_SKIPPED, csv_rows_write, pyplot_load  # noqa: E402
+from _common import PNG_SKIPPED, csv_rows_write, figure_write, pyplot_load  # noqa: E402
 
 from engine.forecasting.holt import HoltParams, holt_fit  # noqa: E402
 from engine.simulation.workload import arrivals_from_rate_curve, rate_curve_diurnal  # noqa: E402
@@ -200,11 +200,7 @@ def plot(rows: list[dict[str, Any]], examples: dict[str, Any], window: int, path
         ax.legend(fontsize=6)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-    fig.suptitle("Demand forecast for re-planning (benches/forecast.py)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f"wrote {path}"
+    return figure_write(plt, fig, path, "Demand forecast for re-planning (benches/forecast.py)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.plans.problem import FULL_SLICE, ProfilePoint
@@ -106,6 +106,72 @@ def gpulet_inference_read(path: Path | None = None) -> list[GpuletPoint]:
     if not points:
         raise ValueError(f"No valid measurements in {path}.")
     return points
+
+
+@dataclass(frozen=True)
+class GpuletCorun:
+    """One co-run measurement: `model` at `batch` on `partition_pct` percent of the GPU while `corunner` runs
+    at `corunner_batch` on the rest (100 - partition_pct percent)."""
+
+    model: str
+    batch: int
+    partition_pct: int
+    corunner: str
+    corunner_batch: int
+    throughput_rps: float
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class GpuletMemUtil:
+    """`model` alone at `batch` on `partition_pct` percent of the GPU: DRAM bandwidth and L2 utilisation (%)."""
+
+    model: str
+    batch: int
+    partition_pct: int
+    dram_util_pct: float
+    l2_util_pct: float
+
+
+def _gpulet_rows(path: Path, width: int) -> Iterator[tuple[int, list[str]]]:
+    with path.open(newline="") as fh:
+        for line, row in enumerate(csv.reader(fh), start=1):
+            if not row:
+                continue
+            if len(row) < width:
+                raise ValueError(f"{path}:{line}: {len(row)} fields, expected {width}")
+            yield line, [cell.strip() for cell in row[:width]]
+
+
+def gpulet_interference_read(path: Path | None = None) -> list[GpuletCorun]:
+    """The valid rows (flag 1) of shared/data/gpulet/interference.csv."""
+    path = path or shared_data_dir() / "gpulet" / "interference.csv"
+    found = []
+    for line, (model, batch, pct, corunner, corunner_batch, _, throughput, _, latency_s, flag) in _gpulet_rows(path, 10):
+        if flag != "1":
+            continue
+        try:
+            found.append(GpuletCorun(model, int(batch), int(pct), corunner, int(corunner_batch), float(throughput), float(latency_s) * 1000.0))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{line}: {exc}") from None
+    if not found:
+        raise ValueError(f"No valid measurements in {path}.")
+    return found
+
+
+def gpulet_mem_util_read(path: Path | None = None) -> list[GpuletMemUtil]:
+    """Every row of shared/data/gpulet/mem_util.csv (its last column is no validity flag: the README names
+    none, and the rows of every model are measurements)."""
+    path = path or shared_data_dir() / "gpulet" / "mem_util.csv"
+    found = []
+    for line, (model, batch, pct, _, dram, _, l2, _flag) in _gpulet_rows(path, 8):
+        try:
+            found.append(GpuletMemUtil(model, int(batch), int(pct), float(dram), float(l2)))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{line}: {exc}") from None
+    if not found:
+        raise ValueError(f"No measurements in {path}.")
+    return found
 
 
 # --------------------------------------------------------------------------- derived profiles

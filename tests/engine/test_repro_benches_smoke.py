@@ -64,3 +64,13 @@ def test_mig_granularity_bench_quick(tmp_path: Path) -> None:
     assert {"garrison", "joint", "proteus, all 1g.5gb (7)", "proteus, all 7g.40gb (1)"} <= {r["row"] for r in rows}
     assert all(int(r["queries"]) > 0 for r in rows)
     figure_or_reason(stdout, tmp_path / "mig_granularity.png")
+
+
+@pytest.mark.timeout(60)
+def test_gpulets_interference_bench(tmp_path: Path) -> None:
+    stdout = run_quick("gpulets_interference.py", tmp_path)
+    rows = csv_rows(tmp_path / "gpulets_interference.csv")
+    assert {r["form"] for r in rows} == {"paper", "paper-log", "products-log", "operating-point-log"}
+    assert all(0.0 < float(r["p50"]) <= float(r["p90"]) <= float(r["p95"]) <= float(r["max"]) for r in rows)
+    assert "10.26" in stdout  # the paper's figure, side by side
+    figure_or_reason(stdout, tmp_path / "gpulets_interference.png")
