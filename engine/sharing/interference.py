@@ -10,93 +10,228 @@ regression model with the two parameters as follows:
 
 L2_m1 and L2_m2 are L2 utilization of model m1 and m2, when they are running alone with a given percentage
 of GPU resource. mem_m1 and mem_m2 are memory bandwidth consumptions of model m1 and m2. Parameters (c1 ..
-c5) are identified by running the linear regression." They validate on a random 1,750 / 750 split of
-2,500 co-runs: 90 % of predictions within 10.26 % error, 95 % within 13.98 % (Figure 10).
+c5) are identified by running the linear regression." The factor is "how much interference each inference
+task has received", the latency increase over running alone (§3.4, Figure 7). They validate on a random
+1,750 / 750 split of 2,500 co-runs: 90 % of predictions within 10.26 % error, 95 % within 13.98 % (Figure 10).
 
 Here the factor of a co-run is its latency over the same model's solo latency at the same batch and
-partition (shared/data/gpulet: inference.csv solo, interference.csv co-run, mem_util.csv the features,
-each model measured alone at its own batch and partition), and the error is that of the predicted co-run
-latency, |predicted - observed| / observed. Forms tried (`INTERFERENCE_FORMS`): `paper`, the paper's
-linear form on the factor; `paper-log`, the same on log(factor); `products-log`, plus the pairwise
-products of the four features; `operating-point-log`, the paper's features plus the model's partition
-(and its square) and both batch sizes (log2), which the scheduler knows when it asks. On the shared data
-(3,675 co-runs, 15 model pairs; p50/p90/p95 error when each pair is predicted by a fit that never saw it):
-paper 8.3/31.9/39.6 %, paper-log 8.0/30.4/37.8 %, products-log 8.0/30.3/38.3 %, operating-point-log
-7.2/21.8/27.6 %; the paper reports 10.26 % at p90 on its own GPU and models, which no form reaches here:
-the largest errors are vgg19 at batch 1-2 on 60-80 %, slowed 2.8-3.5x by any co-runner, which neither
-utilisation explains. Departures: the default is `operating-point-log`, the best on unseen pairs, not the
-paper's form (its four features alone leave 32 % at p90 here); a prediction is never below 1 (a co-runner
-never speeds a model up; the few measured factors under 1 are within 0.5 % of it, noise)."""
+partition (shared/data/gpulet: inference.csv solo, interference.csv co-run, mem_util.csv the features, each
+model measured alone at its own batch and partition, the co-runner on 100 - partition %), and the error is
+that of the predicted co-run latency, |predicted - observed| / observed (the solo latency cancels).
+
+Forms (`INTERFERENCE_FORMS`), each fitted by least squares (numpy.linalg.lstsq), with p50 / p90 / p95 error
+on shared/data/gpulet (3,675 co-runs; "by pair": every unordered model pair predicted by a fit that never
+saw it, 12 folds; "random": the paper's 70/30 split, seed 0; benches/gpulets_interference.py prints them):
+
+    form                  by pair              random 70/30
+    constant              15.7 / 31.6 / 33.9   15.3 / 31.7 / 34.2   factor = c (no feature)
+    solo-linear           14.6 / 31.8 / 39.6   13.4 / 29.9 / 37.6   co-run = k * solo + c (baseline)
+    paper                  8.3 / 31.9 / 39.6    8.4 / 32.1 / 37.8   the paper's linear form on the factor
+    paper-log              7.8 / 30.3 / 37.9    8.2 / 29.6 / 35.5   the same on log(factor)
+    products-log           7.9 / 30.2 / 38.4    8.2 / 29.6 / 35.6   paper-log + l2_a*l2_b, mem_a*mem_b, ...
+    operating-point-log    7.2 / 21.7 / 27.6    6.9 / 19.5 / 25.9   paper-log + partition, both batch sizes
+
+The baseline quoted in issue 17 (about 9 / 33 / 39 %) is the paper's form (8.8 / 32.8 / 38.6 % on a random
+80/20 split, seed 0); the literal regression of co-run on solo latency has the same tail but 13-15 % at p50.
+The paper's 10.26 % at p90 is not reached by any form, and its two features barely beat a constant factor
+(and lose at p95): on this data the factor depends mostly on the model's own batch and partition (mostly
+1.3-1.9x at small batches, 1.05-1.1x at large ones, whatever the co-runner), and the tail is mostly vgg19
+at batch 2, 2-2.8x slower than alone on 40-60 % of the GPU next to almost any co-runner (98 of its 105
+co-runs there), which neither the utilisations nor the batch size explain.
+
+Departures: the default form is `operating-point-log`, the best at p90 on unseen pairs, not the paper's (its
+four features alone leave 32 % at p90 here); a predicted factor is never below 1: a co-runner does not
+speed a model up (15 of 3,675 measured factors are below 1, none by more than 0.5 %: noise)."""
 from __future__ import annotations
 
 import math
 import random
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
 from engine.reference.profiles import GpuletCorun, GpuletMemUtil, GpuletPoint
 
-INTERFERENCE_FORMS: tuple[str, ...] = ("paper", "paper-log", "products-log", "operating-point-log")
-INTERFERENCE_FORM_DEFAULT = "operating-point-log"  # the best on unseen pairs (see the module docstring)
-
 
 @dataclass(frozen=True)
-class CorunSample:
-    """One co-run: model a (batch, partition) next to model b on the rest of the GPU. Utilisations in
-    percent, measured alone at each model's own batch and partition; `factor` = co-run / solo latency of a."""
+class CorunFeatures:
+    """What is known of a co-location before it runs: model a at `batch` on `partition_pct` % of the GPU,
+    model b at `corunner_batch` on the rest; utilisations in percent, each measured alone at its own batch
+    and partition; `solo_ms` is a's batch latency alone. Only the paper's four are needed by every form."""
 
-    model: str
-    batch: int
-    partition_pct: int
-    corunner: str
-    corunner_batch: int
     l2_a: float
     l2_b: float
     mem_a: float
     mem_b: float
-    solo_ms: float
+    partition_pct: int | None = None
+    batch: int | None = None
+    corunner_batch: int | None = None
+    solo_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class CorunSample:
+    """One measured co-run: its features and the observed factor (co-run / solo latency of model a)."""
+
+    model: str
+    corunner: str
+    features: CorunFeatures
     factor: float
 
     @property
     def pair(self) -> tuple[str, str]:
-        return (self.model, self.corunner)
+        """The unordered model pair: (a, b) and (b, a) are the same co-location seen from either side."""
+        return (self.model, self.corunner) if self.model <= self.corunner else (self.corunner, self.model)
+
+
+# Regressors by name, scaled to about 0..1 so the coefficients are comparable (utilisations as fractions).
+_REGRESSORS: dict[str, Callable[[CorunFeatures], float]] = {
+    "l2_a": lambda f: f.l2_a / 100.0,
+    "l2_b": lambda f: f.l2_b / 100.0,
+    "mem_a": lambda f: f.mem_a / 100.0,
+    "mem_b": lambda f: f.mem_b / 100.0,
+    "l2_a*l2_b": lambda f: f.l2_a * f.l2_b / 1e4,
+    "mem_a*mem_b": lambda f: f.mem_a * f.mem_b / 1e4,
+    "l2_a*mem_b": lambda f: f.l2_a * f.mem_b / 1e4,
+    "mem_a*l2_b": lambda f: f.mem_a * f.l2_b / 1e4,
+    "partition": lambda f: f.partition_pct / 100.0,
+    "partition^2": lambda f: (f.partition_pct / 100.0) ** 2,
+    "log2(batch)/6": lambda f: math.log2(f.batch) / 6.0,
+    "log2(corunner_batch)/6": lambda f: math.log2(f.corunner_batch) / 6.0,
+    "solo_ms": lambda f: f.solo_ms,
+    "1": lambda f: 1.0,
+}
+_NEEDS = {"partition": "partition_pct", "partition^2": "partition_pct", "log2(batch)/6": "batch",
+          "log2(corunner_batch)/6": "corunner_batch", "solo_ms": "solo_ms"}
+
+
+@dataclass(frozen=True)
+class InterferenceForm:
+    """A regression: `target` (the factor, its log, or the co-run latency in ms) linear in `regressors`."""
+
+    name: str
+    target: Literal["factor", "log-factor", "co-run latency"]
+    regressors: tuple[str, ...]
+    summary: str
+
+
+_PAPER = ("l2_a", "l2_b", "mem_a", "mem_b", "1")  # c1 .. c5, in the paper's order
+INTERFERENCE_FORMS: dict[str, InterferenceForm] = {
+    form.name: form
+    for form in (
+        InterferenceForm("constant", "factor", ("1",), "factor = c: no feature"),
+        InterferenceForm("solo-linear", "co-run latency", ("solo_ms", "1"), "co-run = k * solo + c: the baseline"),
+        InterferenceForm("paper", "factor", _PAPER, "the paper's form, linear on the factor"),
+        InterferenceForm("paper-log", "log-factor", _PAPER, "the paper's features, on log(factor)"),
+        InterferenceForm("products-log", "log-factor",
+                         _PAPER[:4] + ("l2_a*l2_b", "mem_a*mem_b", "l2_a*mem_b", "mem_a*l2_b", "1"),
+                         "paper-log plus the pairwise products of a's and b's utilisations"),
+        InterferenceForm("operating-point-log", "log-factor",
+                         _PAPER[:4] + ("partition", "partition^2", "log2(batch)/6", "log2(corunner_batch)/6", "1"),
+                         "paper-log plus a's partition and both batch sizes, which the scheduler knows"),
+    )
+}
+INTERFERENCE_FORM_DEFAULT = "operating-point-log"  # the best at p90 on unseen pairs (module docstring)
+
+
+def _form_get(name: str) -> InterferenceForm:
+    try:
+        return INTERFERENCE_FORMS[name]
+    except KeyError:
+        raise ValueError(f"unknown interference form {name!r}; known: {', '.join(INTERFERENCE_FORMS)}") from None
+
+
+def _regressors(form: InterferenceForm, features: CorunFeatures) -> list[float]:
+    missing = sorted({_NEEDS[r] for r in form.regressors if r in _NEEDS and getattr(features, _NEEDS[r]) is None})
+    if missing:
+        raise ValueError(f"interference form {form.name!r} needs {', '.join(missing)}")
+    return [_REGRESSORS[r](features) for r in form.regressors]
 
 
 @dataclass(frozen=True)
 class InterferenceModel:
-    """A fitted form: `coefficients` over `_features(form, ...)` (the last is the constant c5)."""
+    """A fitted form: one coefficient per regressor of the form (for `paper`, c1 .. c5 on utilisations as
+    fractions: c1 per percent is c1 / 100)."""
 
     form: str
     coefficients: tuple[float, ...]
 
-    def predict(self, *, l2_a: float, l2_b: float, mem_a: float, mem_b: float, partition_pct: int, batch: int,
-                corunner_batch: int) -> float:
-        """The predicted factor (>= 1) of model a (at `batch` on `partition_pct` % of the GPU) next to model
-        b (at `corunner_batch` on the rest), from their solo utilisations (%)."""
-        features = _features(self.form, l2_a, l2_b, mem_a, mem_b, partition_pct, batch, corunner_batch)
-        value = float(np.dot(self.coefficients, features))
-        if self.form.endswith("-log"):
-            value = math.exp(min(value, 50.0))
+    @property
+    def regressors(self) -> tuple[str, ...]:
+        return _form_get(self.form).regressors
+
+    def predict(self, l2_a: float, l2_b: float, mem_a: float, mem_b: float, *, partition_pct: int | None = None,
+                batch: int | None = None, corunner_batch: int | None = None, solo_ms: float | None = None) -> float:
+        """The predicted factor (>= 1) of model a next to model b, from their solo utilisations (%). The
+        keyword inputs are needed only by the forms that use them (ValueError names the missing ones)."""
+        return self.predict_features(CorunFeatures(l2_a, l2_b, mem_a, mem_b, partition_pct, batch, corunner_batch, solo_ms))
+
+    def predict_features(self, features: CorunFeatures) -> float:
+        form = _form_get(self.form)
+        value = float(np.dot(self.coefficients, _regressors(form, features)))
+        if form.target == "log-factor":
+            value = math.exp(min(value, 50.0))  # the cap keeps a wild extrapolation finite
+        elif form.target == "co-run latency":
+            value /= features.solo_ms
         return max(1.0, value)
 
-    def predict_sample(self, sample: CorunSample) -> float:
-        return self.predict(l2_a=sample.l2_a, l2_b=sample.l2_b, mem_a=sample.mem_a, mem_b=sample.mem_b,
-                            partition_pct=sample.partition_pct, batch=sample.batch, corunner_batch=sample.corunner_batch)
+
+@dataclass(frozen=True)
+class CorunSampleBuild:
+    """The joined samples and, by reason, how many co-run rows could not be joined."""
+
+    samples: list[CorunSample]
+    unjoined: dict[str, int]
+
+
+def interference_samples_build(
+    inference: Iterable[GpuletPoint], corun: Iterable[GpuletCorun], mem_util: Iterable[GpuletMemUtil]
+) -> CorunSampleBuild:
+    """Join each co-run with a's solo latency and both models' solo utilisations (the co-runner's at 100 -
+    partition percent). Rows that cannot be joined are counted by reason, not dropped silently."""
+    solo_ms = {(p.model, p.batch, p.partition_pct): p.latency_ms for p in inference}
+    util = {(u.model, u.batch, u.partition_pct): u for u in mem_util}
+    samples: list[CorunSample] = []
+    unjoined: dict[str, int] = {}
+    for row in corun:
+        a_key = (row.model, row.batch, row.partition_pct)
+        b_key = (row.corunner, row.corunner_batch, 100 - row.partition_pct)
+        reason = ("no solo latency of the model" if a_key not in solo_ms
+                  else "no utilisation of the model" if a_key not in util
+                  else "no utilisation of the co-runner" if b_key not in util else "")
+        if reason:
+            unjoined[reason] = unjoined.get(reason, 0) + 1
+            continue
+        ua, ub = util[a_key], util[b_key]
+        features = CorunFeatures(ua.l2_util_pct, ub.l2_util_pct, ua.dram_util_pct, ub.dram_util_pct,
+                                 row.partition_pct, row.batch, row.corunner_batch, solo_ms[a_key])
+        samples.append(CorunSample(row.model, row.corunner, features, row.latency_ms / solo_ms[a_key]))
+    return CorunSampleBuild(samples, unjoined)
+
+
+def interference_model_fit(samples: Sequence[CorunSample], *, form: str = INTERFERENCE_FORM_DEFAULT) -> InterferenceModel:
+    """Least squares (numpy.linalg.lstsq) of the form's target on its regressors."""
+    spec = _form_get(form)
+    if not samples:
+        raise ValueError("no co-run samples to fit")
+    x = np.array([_regressors(spec, s.features) for s in samples])
+    y = np.array([s.factor for s in samples])
+    if spec.target == "log-factor":
+        y = np.log(y)
+    elif spec.target == "co-run latency":
+        y = y * np.array([s.features.solo_ms for s in samples])
+    coefficients, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return InterferenceModel(form, tuple(float(c) for c in coefficients))
 
 
 @dataclass(frozen=True)
 class InterferenceFitReport:
-    """Relative errors of the predicted co-run latency: quantiles and the sorted errors (for a CDF)."""
+    """Relative errors of the predicted co-run latency over `n` samples: quantiles, and all of them sorted
+    (the empirical CDF: the k-th smallest error is at fraction k / n)."""
 
     form: str
-    split: str
-    n_train: int
-    n_validate: int
-    train_p50: float
-    train_p90: float
-    train_p95: float
+    n: int
     p50: float
     p90: float
     p95: float
@@ -104,121 +239,83 @@ class InterferenceFitReport:
     errors: tuple[float, ...]
 
 
-@dataclass(frozen=True)
-class SampleBuild:
-    samples: list[CorunSample]
-    skipped: dict[str, int]  # why rows could not be joined -> how many
-
-
-def _features(form: str, l2_a: float, l2_b: float, mem_a: float, mem_b: float, partition_pct: int, batch: int,
-              corunner_batch: int) -> list[float]:
-    """The regressors of `form`, scaled to about 0..1 so the coefficients are comparable; the constant last."""
-    base = [l2_a / 100.0, l2_b / 100.0, mem_a / 100.0, mem_b / 100.0]
-    if form.startswith("products"):
-        a, b, c, d = base
-        base = base + [a * b, c * d, a * d, c * b]
-    elif form.startswith("operating-point"):
-        share = partition_pct / 100.0
-        base = base + [share, share * share, math.log2(batch) / 6.0, math.log2(corunner_batch) / 6.0]
-    elif not form.startswith("paper"):
-        raise ValueError(f"unknown interference form {form!r}; known: {', '.join(INTERFERENCE_FORMS)}")
-    return base + [1.0]
-
-
-def _sample_features(form: str, s: CorunSample) -> list[float]:
-    return _features(form, s.l2_a, s.l2_b, s.mem_a, s.mem_b, s.partition_pct, s.batch, s.corunner_batch)
-
-
-def interference_samples_build(
-    solo: Iterable[GpuletPoint], corun: Iterable[GpuletCorun], mem_util: Iterable[GpuletMemUtil]
-) -> SampleBuild:
-    """Join each co-run with its solo latency and both models' solo utilisations (the co-runner's at
-    100 - partition percent). Rows that cannot be joined are counted by reason, not dropped silently."""
-    solo_ms = {(p.model, p.batch, p.partition_pct): p.latency_ms for p in solo}
-    util = {(u.model, u.batch, u.partition_pct): u for u in mem_util}
-    samples: list[CorunSample] = []
-    skipped: dict[str, int] = {}
-    for row in corun:
-        a_key = (row.model, row.batch, row.partition_pct)
-        b_key = (row.corunner, row.corunner_batch, 100 - row.partition_pct)
-        reason = ("no solo latency" if a_key not in solo_ms else "no utilisation of the model" if a_key not in util
-                  else "no utilisation of the co-runner" if b_key not in util else "")
-        if reason:
-            skipped[reason] = skipped.get(reason, 0) + 1
-            continue
-        ua, ub = util[a_key], util[b_key]
-        samples.append(CorunSample(row.model, row.batch, row.partition_pct, row.corunner, row.corunner_batch,
-                                   ua.l2_util_pct, ub.l2_util_pct, ua.dram_util_pct, ub.dram_util_pct,
-                                   solo_ms[a_key], row.latency_ms / solo_ms[a_key]))
-    return SampleBuild(samples, skipped)
-
-
-def interference_model_fit(samples: Sequence[CorunSample], *, form: str = INTERFERENCE_FORM_DEFAULT) -> InterferenceModel:
-    """Least squares (numpy.linalg.lstsq) of the factor, or its log for a `-log` form, on the form's features."""
-    if not samples:
-        raise ValueError("no co-run samples to fit")
-    x = np.array([_sample_features(form, s) for s in samples])
-    y = np.array([s.factor for s in samples])
-    if form.endswith("-log"):
-        y = np.log(y)
-    coefficients, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return InterferenceModel(form, tuple(float(c) for c in coefficients))
-
-
 def interference_errors(model: InterferenceModel, samples: Iterable[CorunSample]) -> list[float]:
-    """|predicted - observed| / observed co-run latency, per sample (solo latency cancels out)."""
-    return [abs(model.predict_sample(s) - s.factor) / s.factor for s in samples]
+    """|predicted - observed| / observed co-run latency, per sample (the solo latency cancels out)."""
+    return [abs(model.predict_features(s.features) - s.factor) / s.factor for s in samples]
 
 
-def _quantile(sorted_errors: Sequence[float], q: float) -> float:
-    return float(np.quantile(sorted_errors, q)) if sorted_errors else math.nan
+def _report(form: str, errors: Iterable[float]) -> InterferenceFitReport:
+    ordered = tuple(sorted(errors))
+    if not ordered:
+        return InterferenceFitReport(form, 0, math.nan, math.nan, math.nan, math.nan, ())
+    p50, p90, p95 = (float(q) for q in np.quantile(ordered, (0.5, 0.9, 0.95)))  # linear interpolation
+    return InterferenceFitReport(form, len(ordered), p50, p90, p95, ordered[-1], ordered)
+
+
+def interference_model_evaluate(model: InterferenceModel, samples: Sequence[CorunSample]) -> InterferenceFitReport:
+    """The error CDF of `model` on `samples`."""
+    return _report(model.form, interference_errors(model, samples))
 
 
 def interference_split_random(samples: Sequence[CorunSample], *, validate_fraction: float = 0.3, seed: int = 0
                               ) -> tuple[list[CorunSample], list[CorunSample]]:
-    """The paper's split: samples drawn at random (seeded), 30 % held out (750 of 2,500 there)."""
+    """The paper's split: samples held out at random (seeded), 30 % by default (750 of 2,500 there)."""
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
-    cut = round(len(samples) * validate_fraction)
-    held = set(order[:cut])
+    held = set(order[:round(len(samples) * validate_fraction)])
     return [s for i, s in enumerate(samples) if i not in held], [s for i, s in enumerate(samples) if i in held]
 
 
-def interference_model_evaluate(model: InterferenceModel, train: Sequence[CorunSample], validate: Sequence[CorunSample],
-                                *, split: str) -> InterferenceFitReport:
-    fitted = sorted(interference_errors(model, train))
-    errors = sorted(interference_errors(model, validate))
-    return InterferenceFitReport(
-        form=model.form, split=split, n_train=len(train), n_validate=len(validate),
-        train_p50=_quantile(fitted, 0.5), train_p90=_quantile(fitted, 0.9), train_p95=_quantile(fitted, 0.95),
-        p50=_quantile(errors, 0.5), p90=_quantile(errors, 0.9), p95=_quantile(errors, 0.95),
-        max=errors[-1] if errors else math.nan, errors=tuple(errors),
-    )
-
-
-def interference_cross_validate_by_pair(samples: Sequence[CorunSample], *, form: str) -> InterferenceFitReport:
-    """Leave one (model, co-runner) pair out at a time: every pair is predicted by a fit that never saw
-    it, as a newly profiled model would be. Train quantiles are those of the fit on every sample."""
+def interference_folds_by_pair(samples: Sequence[CorunSample]) -> list[tuple[list[CorunSample], list[CorunSample]]]:
+    """One (train, validate) fold per unordered model pair, in sorted order: the pair's co-runs, from either
+    side, are validated by a fit on the others, as a newly co-located pair would be. A random split by
+    sample cannot show this: near-identical co-runs (the same pair at the next co-runner batch) land on
+    both sides of it."""
     pairs = sorted({s.pair for s in samples})
-    errors: list[float] = []
-    for pair in pairs:
-        train = [s for s in samples if s.pair != pair]
-        errors += interference_errors(interference_model_fit(train, form=form), [s for s in samples if s.pair == pair])
-    everything = interference_model_fit(samples, form=form)
-    report = interference_model_evaluate(everything, samples, [], split="by-pair")
-    errors.sort()
-    return InterferenceFitReport(
-        form=form, split=f"leave one of {len(pairs)} pairs out", n_train=len(samples), n_validate=len(errors),
-        train_p50=report.train_p50, train_p90=report.train_p90, train_p95=report.train_p95,
-        p50=_quantile(errors, 0.5), p90=_quantile(errors, 0.9), p95=_quantile(errors, 0.95), max=errors[-1], errors=tuple(errors),
-    )
+    return [([s for s in samples if s.pair != pair], [s for s in samples if s.pair == pair]) for pair in pairs]
 
 
-def interference_forms_compare(samples: Sequence[CorunSample], *, seed: int = 0) -> list[InterferenceFitReport]:
-    """Every form on the paper's random split and on unseen pairs, in INTERFERENCE_FORMS order."""
-    train, validate = interference_split_random(samples, seed=seed)
-    reports = []
+@dataclass(frozen=True)
+class InterferenceValidation:
+    """A form's errors on the samples it was fitted on and on those it was not, under `split`."""
+
+    form: str
+    split: str
+    train: InterferenceFitReport
+    validation: InterferenceFitReport
+
+
+def interference_validate_random(samples: Sequence[CorunSample], *, form: str, validate_fraction: float = 0.3,
+                                 seed: int = 0) -> InterferenceValidation:
+    train, held = interference_split_random(samples, validate_fraction=validate_fraction, seed=seed)
+    model = interference_model_fit(train, form=form)
+    split = f"random {round(100 * (1 - validate_fraction))}/{round(100 * validate_fraction)} (seed {seed})"
+    return InterferenceValidation(form, split, interference_model_evaluate(model, train), interference_model_evaluate(model, held))
+
+
+def interference_validate_by_pair(samples: Sequence[CorunSample], *, form: str) -> InterferenceValidation:
+    """Every sample predicted by the fit of its pair's fold; the train errors are those of the fit on every
+    sample (what the model does on pairs it has seen)."""
+    folds = interference_folds_by_pair(samples)
+    held: list[float] = []
+    for train, validate in folds:
+        held += interference_errors(interference_model_fit(train, form=form), validate)
+    seen = interference_model_evaluate(interference_model_fit(samples, form=form), samples)
+    return InterferenceValidation(form, f"by pair (leave 1 of {len(folds)} out)", seen, _report(form, held))
+
+
+def interference_forms_compare(samples: Sequence[CorunSample], *, seed: int = 0) -> list[InterferenceValidation]:
+    """Every form by pair and on the random split, in INTERFERENCE_FORMS order."""
+    out = []
     for form in INTERFERENCE_FORMS:
-        reports.append(interference_model_evaluate(interference_model_fit(train, form=form), train, validate, split="random 70/30"))
-        reports.append(interference_cross_validate_by_pair(samples, form=form))
-    return reports
+        out.append(interference_validate_by_pair(samples, form=form))
+        out.append(interference_validate_random(samples, form=form, seed=seed))
+    return out
+
+
+def interference_form_best(validations: Iterable[InterferenceValidation], *, split_prefix: str = "by pair") -> str:
+    """The form with the lowest validation p90 (the paper's headline quantile) under the split named."""
+    chosen = [v for v in validations if v.split.startswith(split_prefix)]
+    if not chosen:
+        raise ValueError(f"no validation under a split starting {split_prefix!r}")
+    return min(chosen, key=lambda v: v.validation.p90).form

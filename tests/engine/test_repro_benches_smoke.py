@@ -70,7 +70,9 @@ def test_mig_granularity_bench_quick(tmp_path: Path) -> None:
 def test_gpulets_interference_bench(tmp_path: Path) -> None:
     stdout = run_quick("gpulets_interference.py", tmp_path)
     rows = csv_rows(tmp_path / "gpulets_interference.csv")
-    assert {r["form"] for r in rows} == {"paper", "paper-log", "products-log", "operating-point-log"}
+    from engine.sharing.interference import INTERFERENCE_FORMS
+
+    assert {r["form"] for r in rows} == set(INTERFERENCE_FORMS)
     assert all(0.0 < float(r["p50"]) <= float(r["p90"]) <= float(r["p95"]) <= float(r["max"]) for r in rows)
     assert "10.26" in stdout  # the paper's figure, side by side
     figure_or_reason(stdout, tmp_path / "gpulets_interference.png")
