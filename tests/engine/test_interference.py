@@ -1,6 +1,5 @@
 """The gpulets interference model (engine/sharing/interference.py) and the readers of shared/data/gpulet's
-co-run and utilisation files (engine/reference/profiles.py). Tests that read shared/data skip when it is
-absent."""
+co-run and utilisation files (engine/reference/profiles.py)."""
 from __future__ import annotations
 
 import math
@@ -35,19 +34,15 @@ from engine.sharing.interference import (
 )
 
 
-def _gpulet_data_or_skip() -> Path:
-    try:
-        folder = shared_data_dir() / "gpulet"
-    except FileNotFoundError as exc:
-        pytest.skip(f"shared reference data absent: {exc}")
-    if not (folder / "interference.csv").is_file():
-        pytest.skip(f"shared reference data absent: no {folder / 'interference.csv'}")
-    return folder
+def _gpulet_data() -> Path:
+    # No skip when it is absent: CI always has shared/data, and a lost copy must fail, as in the other
+    # engine tests that read it.
+    return shared_data_dir() / "gpulet"
 
 
 @pytest.fixture(scope="module")
 def samples() -> list[CorunSample]:
-    _gpulet_data_or_skip()
+    _gpulet_data()
     build = interference_samples_build(gpulet_inference_read(), gpulet_interference_read(), gpulet_mem_util_read())
     assert build.unjoined == {}  # every co-run of the shared data joins its solo latency and both utilisations
     return build.samples
@@ -57,7 +52,7 @@ def samples() -> list[CorunSample]:
 
 
 def test_the_readers_of_the_shared_data_keep_the_valid_rows() -> None:
-    folder = _gpulet_data_or_skip()
+    folder = _gpulet_data()
     corun = gpulet_interference_read()
     rows = [line.split(",") for line in (folder / "interference.csv").read_text().splitlines() if line]
     assert len(corun) == sum(r[9].strip() == "1" for r in rows) == 3675
