@@ -84,3 +84,12 @@ def figure_write(plt, fig, path: Path, title: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"wrote {path}"
+
+
+def service_arguments_add(parser, *, database: str, redis_db: int, keep_help: str = "leave the bench database behind") -> None:
+    """The options of a bench that runs the control plane on its own PostgreSQL database and Redis database
+    (each bench its own names, so two benches or a bench and CI never share one)."""
+    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432", help="server URL, without a database")
+    parser.add_argument("--database", default=database, help="dropped and created for the run")
+    parser.add_argument("--redis", default=f"redis://127.0.0.1:6379/{redis_db}", help="flushed for the run")
+    parser.add_argument("--keep-database", action="store_true", help=keep_help)

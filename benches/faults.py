@@ -60,7 +60,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import csv_rows_write, fmt  # noqa: E402
+from _common import csv_rows_write, fmt, service_arguments_add  # noqa: E402
 from faultproxy import FaultProxy, url_port, url_via  # noqa: E402
 from telemetry import database_recreate, port_free_find, redis_flush, server_start, server_wait  # noqa: E402
 
@@ -460,10 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds each fault lasts")
     parser.add_argument("--clients", type=int, default=3, help="client threads, one request at a time each")
     parser.add_argument("--quick", action="store_true", help="smoke run: every fault, 5 s each, 2 clients")
-    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432", help="server URL, without a database")
-    parser.add_argument("--database", default="tessera_faults", help="dropped and created for the run")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/10", help="flushed for the run")
-    parser.add_argument("--keep-database", action="store_true", help="leave the bench database as the run left it")
+    service_arguments_add(parser, database="tessera_faults", redis_db=10, keep_help="leave the bench database as the run left it")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
     args = parser.parse_args(argv)
     if args.quick:

@@ -73,7 +73,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import PNG_SKIPPED, csv_rows_write, fmt, pyplot_load  # noqa: E402
+from _common import PNG_SKIPPED, csv_rows_write, fmt, pyplot_load, service_arguments_add  # noqa: E402
 
 TARGET_RATE = 1000.0  # instance reports/s
 TARGET_P95_S = 0.5
@@ -576,10 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--browser-server-alone", action="store_true",
                         help="with --servers K > 1: the browser's server (the first) takes no agent reports")
     parser.add_argument("--quick", action="store_true", help="smoke run: loads 250,1000, 6 s each")
-    parser.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432", help="server URL, without a database")
-    parser.add_argument("--database", default="tessera_bench", help="dropped and created for the run")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/7", help="flushed for the run")
-    parser.add_argument("--keep-database", action="store_true", help="leave the bench database behind")
+    service_arguments_add(parser, database="tessera_bench", redis_db=7)
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
     parser.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "telemetry.png")
     args = parser.parse_args(argv)
