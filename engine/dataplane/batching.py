@@ -36,6 +36,7 @@ import math
 from bisect import bisect_right
 from collections import deque
 from heapq import heapify, heappop, heappush
+from itertools import islice
 from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
 
 from engine.plans.capacity import profile_interpolate
@@ -179,6 +180,13 @@ class QueryQueue:
         if self._edf:
             return self._heap[0][3]
         return self._dq[0]
+
+    def deadline_earliest(self, n: int) -> float:
+        """The earliest deadline of the next `n` queries: the head's in EDF and while FIFO deadlines are in
+        order (one SLO per queue, the hot path); a scan of the first `n` only when they are not."""
+        if self._edf or self._dl_sorted:
+            return self.head()[2]
+        return min(q[2] for q in islice(self._dq, n))
 
     def pop(self, n: int) -> list[Query]:
         """Remove and return the next `n` queries in service order (all of them if fewer are queued)."""
@@ -524,6 +532,10 @@ class NexusBatching:
     (Nexus's behaviour); `window=1` keeps only the "cannot make it even alone" drop and serves the largest
     batch the head allows.
 
+    Deadlines are those of the batch's earliest query: the head's, as in the authors' code (its queue is in
+    deadline order), except in a FIFO queue whose deadlines came out of order (mixed SLOs), where a query
+    behind the head may be due first (`QueryQueue.deadline_earliest`).
+
     Queries that cannot meet their deadline even at b = 1 are also what `drop_expired(..., "deadline")`
     removes; Nexus drops them itself whatever the caller's rule.
 
@@ -550,7 +562,9 @@ class NexusBatching:
             w = max_batch
         b = w if w < n else n
         lat_b = latency_ms(b)
-        deadline = queue.head()[2]
+        # The earliest deadline in the batch: the head's, except in a FIFO queue whose deadlines came out of
+        # order (mixed SLOs), where a query behind the head may be due first.
+        deadline = queue.deadline_earliest(b)
         while now_ms + lat_b > deadline + DEADLINE_TOLERANCE_MS:
             queue.discard_head()
             n -= 1
@@ -559,14 +573,18 @@ class NexusBatching:
             if n < b:
                 b = n
                 lat_b = latency_ms(b)
-            deadline = queue.head()[2]
+            deadline = queue.deadline_earliest(b)
         top = max_batch if max_batch < n else n
         if top > b:
-            budget = deadline + DEADLINE_TOLERANCE_MS - now_ms
-            if latency_ms(top) <= budget:
-                b = top
-            else:
-                b = _largest_feasible(latency_ms, b, top, budget)
+            if queue.deadline_earliest(top) == deadline:
+                budget = deadline + DEADLINE_TOLERANCE_MS - now_ms
+                if latency_ms(top) <= budget:
+                    b = top
+                else:
+                    b = _largest_feasible(latency_ms, b, top, budget)
+            else:  # out-of-order deadlines: grow one query at a time while the batch's earliest still fits
+                while b < top and now_ms + latency_ms(b + 1) <= queue.deadline_earliest(b + 1) + DEADLINE_TOLERANCE_MS:
+                    b += 1
         return Dispatch(b, now_ms)
 
     def observe(self, batch: int, latency_ms: float, late: int) -> None:

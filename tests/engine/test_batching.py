@@ -531,3 +531,13 @@ def test_drop_expired_matches_brute_force(queries, order, rule, now):
         kept.sort(key=lambda q: (q[2], q[1], q[0]))
     assert queue.snapshot() == kept
     assert queue.pop(len(kept)) == kept
+
+
+def test_nexus_fifo_checks_the_earliest_deadline_in_the_batch_not_only_the_heads():
+    """Found by the conservation property: in FIFO with mixed SLOs the second query of a batch may be due
+    before the head. Deadlines 10, 11, 10 at t=0, latency 7 ms alone and 11 ms for two: checking the head
+    alone ran [q1, q2] to finish at 11, q2 late. Now every query served is on time."""
+    arrivals = [(0, 0.0, 10.0), (1, 0.0, 11.0), (2, 0.0, 10.0)]
+    run = drive(batching_policy_make("nexus"), arrivals, lambda b: 7.0 if b == 1 else 11.0, 2, "fifo", "never", 10.0)
+    assert sorted(run.popped + run.dropped) == [0, 1, 2]
+    assert run.finish and all(run.finish[q] <= d + 1e-6 for q, _, d in arrivals if q in run.finish)
