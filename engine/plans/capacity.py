@@ -11,7 +11,10 @@ An instance of variant v on a slice serves batches of the largest size b such th
 - the memory at that batch fits the slice.
 Its capacity is b / latency(b) queries per second. Latency and memory between two profiled batch sizes are
 interpolated linearly; nothing is extrapolated beyond the profiled range. A slice is a MIG profile, `full`
-for a whole GPU, or a number of CPU cores; a CPU device uses the largest profiled core count it has.
+for a whole GPU, "mpsNN" for an MPS partition of NN % of the SMs, or a number of CPU cores; a CPU device
+uses the largest profiled core count it has. MPS partitions share their GPU's memory, so the limit for one
+instance on an MPS slice is the whole GPU's memory; that the instances of one GPU fit together (and the
+slowdown from a co-located partition, and time-sharing a partition) is for the MPS planner and the validator.
 
 Departure: the SLO fraction is a setting (Proteus fixes 1/2), batches between profiled sizes are
 interpolated (Proteus profiles at the chosen batch), and the memory limit is the slice's, not the
@@ -23,6 +26,7 @@ from typing import Sequence
 
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Problem, ProfilePoint
+from engine.sharing.partitions import mps_slice_percent
 
 MIB_PER_DECIMAL_GB = 1e9 / 2**20
 
@@ -74,10 +78,11 @@ def instance_capacity(
 
 
 def slice_memory_mb(device: DeviceSpec, slice_name: str) -> float | None:
-    """Memory a variant may use on a slice: the MIG instance's memory, the whole GPU's, or no limit on a CPU."""
+    """Memory a variant may use on a slice: the MIG instance's memory, the whole GPU's (a whole GPU, or an MPS
+    partition: MPS partitions share the GPU's memory), or no limit on a CPU."""
     if device.is_cpu:
         return None
-    if slice_name == FULL_SLICE:
+    if slice_name == FULL_SLICE or mps_slice_percent(slice_name) is not None:
         return device.memory_mb
     profile = mig_catalogue_load().gpu_model_get(device.type).profile_get(slice_name)
     # What nvidia-smi -lgip reports where the catalogue has it; else the nominal (decimal) GB in MiB.

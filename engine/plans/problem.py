@@ -3,9 +3,12 @@ documented in `schemas/problem.schema.json` and `schemas/plan.schema.json`.
 
 A problem says what must be served (applications with demand and SLO), with what (variants with accuracy
 and memory, profiles of latency per batch size on a device type and slice) and where (devices: MIG GPUs,
-whole GPUs, CPU hosts). A plan says which variant runs on which instance with which batch size, how each
-application's traffic is split, and how good that is (effective accuracy, served throughput, solver
-status and gap)."""
+MPS GPUs, whole GPUs, CPU hosts). An MPS GPU (gpulets, ATC'22) is split into partitions that each get a
+percent of its SMs (slice "mps50"), add up to at most 100 % and share its memory; several models may
+time-share one partition, each running one batch per round (`PlanInstance.duty_cycle_ms`).
+
+A plan says which variant runs on which instance with which batch size, how each application's traffic is
+split, and how good that is (effective accuracy, served throughput, solver status and gap)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +18,14 @@ from typing import Any, Iterable, Literal, Mapping
 
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import Placement, layout_parse
+from engine.sharing.partitions import (
+    MPS_PARTITIONS_DEFAULT,
+    mps_layout_format,
+    mps_layout_of,
+    mps_layout_parse,
+    mps_layout_validate,
+    mps_slice_percent,
+)
 
 PROBLEM_FORMAT_VERSION = 1
 PLAN_FORMAT_VERSION = 1
@@ -64,7 +75,8 @@ class VariantSpec:
 @dataclass(frozen=True)
 class DeviceSpec:
     """One device. `type` is a GPU model (a MIG catalogue name for MIG GPUs), any other GPU name, or
-    `cpu`. `layout` is the current MIG geometry; with `fixed_layout` the planner must keep it."""
+    `cpu`. `layout` is the current MIG geometry, `mps_layout` the current MPS partitions (percents, largest
+    first) of an MPS GPU; with `fixed_layout` the planner must keep whichever the device has."""
 
     name: str
     type: str
@@ -73,19 +85,32 @@ class DeviceSpec:
     fixed_layout: bool = False
     memory_mb: float | None = None  # needed for GPUs outside the MIG catalogue
     cores: int | None = None  # CPU devices
-    # What runs there now, as (slot, variant) pairs: slot "3g.20gb@4" on MIG GPUs, "full" on whole GPUs,
-    # "cpu" on CPU hosts. Planners prefer keeping it when it costs nothing (see variant_change_penalty).
+    # What runs there now, as (slot, variant) pairs, sorted: slot "3g.20gb@4" on MIG GPUs, "mps60@0" on MPS
+    # GPUs (one pair per model time-sharing the partition), "full" on whole GPUs, "cpu" on CPU hosts.
+    # Planners prefer keeping it when it costs nothing (see variant_change_penalty).
     running: tuple[tuple[str, str], ...] = ()
+    # MPS partitioning (gpulets): the shares (percent of the SMs) allowed on this GPU, and its current
+    # layout as percents, largest first (None: unknown or none; () an MPS GPU with no partition yet).
+    mps: bool = False
+    mps_partitions: tuple[int, ...] = MPS_PARTITIONS_DEFAULT
+    mps_layout: tuple[int, ...] | None = None
 
     @property
     def is_cpu(self) -> bool:
         return self.type == CPU_DEVICE_TYPE
 
+    @property
+    def partitioning(self) -> Literal["mig", "mps", "none"]:
+        """How the device is split: MIG instances, MPS partitions, or not at all (whole GPUs, CPUs)."""
+        if self.mig:
+            return "mig"
+        return "mps" if self.mps else "none"
+
 
 @dataclass(frozen=True)
 class ProfilePoint:
-    """Latency of a whole batch. `slice` is a MIG profile, `full` for a whole GPU, or the number of
-    cores (as text, e.g. "4") on a CPU."""
+    """Latency of a whole batch. `slice` is a MIG profile, `full` for a whole GPU, "mpsNN" for an MPS
+    partition of NN % of a GPU's SMs, or the number of cores (as text, e.g. "4") on a CPU."""
 
     variant: str
     device_type: str
@@ -154,16 +179,28 @@ class Problem:
 @dataclass(frozen=True)
 class PlanInstance:
     device: str
-    slice: str  # MIG profile, "full", or CPU cores as text
-    start: int | None  # MIG placement start; None for whole GPUs and CPUs
+    slice: str  # MIG profile, "full", "mpsNN" (an MPS partition of NN %), or CPU cores as text
+    # MIG placement start; an MPS partition's index in the plan's layout of the device (largest first);
+    # None for whole GPUs and CPUs
+    start: int | None
     variant: str
     batch: int
-    latency_ms: float
+    latency_ms: float  # of one batch, interference included
     capacity_rps: float
     assigned_rps: float
+    # MPS partitions only. The round length of a partition whose models time-share it (Nexus, gpulets: every
+    # round each model runs one batch), so capacity is batch / duty cycle; None: the model runs alone, batches
+    # back to back, and capacity is batch / latency.
+    duty_cycle_ms: float | None = None
+    # The planner's predicted slowdown from the model on the GPU's other partition (>= 1; latency_ms
+    # already includes it).
+    interference_factor: float = 1.0
 
     @property
     def id(self) -> str:
+        if mps_slice_percent(self.slice) is not None:
+            # Several models share an MPS partition, so the variant is part of the id.
+            return f"{self.device}/{self.slice}@{self.start}/{self.variant}"
         where = f"{self.slice}@{self.start}" if self.start is not None else self.slice
         return f"{self.device}/{where}"
 
@@ -188,7 +225,9 @@ class Plan:
     shortfall_rps: dict[str, float]
     instances: list[PlanInstance]
     routing: dict[str, list[RouteEntry]]
-    layouts: dict[str, list[str]]  # MIG GPUs: device -> ["3g.20gb@0", ...] the plan wants
+    # MIG GPUs: device -> ["3g.20gb@0", ...] the plan wants; MPS GPUs: device -> its partitions as slots,
+    # largest first and indexed 0..n-1, e.g. ["mps60@0", "mps40@1"]
+    layouts: dict[str, list[str]]
     accuracy_by_application: dict[str, float] = field(default_factory=dict)
     gpus_used: int = 0
     notes: list[str] = field(default_factory=list)
@@ -262,25 +301,84 @@ def _options_from_dict(raw: Any) -> SolveOptions:
 
 
 def device_slot_id(slice_name: str, start: int | None, *, is_cpu: bool) -> str:
-    """How `DeviceSpec.running` names a slot: "3g.20gb@4", "full" or "cpu"."""
+    """How `DeviceSpec.running` names a slot: "3g.20gb@4", "mps60@0", "full" or "cpu"."""
     if is_cpu:
         return CPU_DEVICE_TYPE
     return f"{slice_name}@{start}" if start is not None else slice_name
 
 
-def _running_from_dict(raw: Any, where: str, *, mig: bool, layout, is_cpu: bool) -> tuple[tuple[str, str], ...]:
+def _running_from_dict(
+    raw: Any, where: str, *, mig: bool, layout, is_cpu: bool, mps: bool = False, mps_layout: tuple[int, ...] | None = None
+) -> tuple[tuple[str, str], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, Mapping):
         raise ProblemError(f"{where}.running: expected an object of slot -> variant")
-    allowed = {CPU_DEVICE_TYPE} if is_cpu else ({str(p) for p in layout or ()} | ({FULL_SLICE} if not layout else set()))
+    if is_cpu:
+        allowed = {CPU_DEVICE_TYPE}
+    elif mps:
+        allowed = {p.slot for p in mps_layout_of(mps_layout or ())}
+    else:
+        allowed = {str(p) for p in layout or ()} | ({FULL_SLICE} if not layout else set())
     pairs = []
     for slot, variant in raw.items():
         slot = str(slot).strip()
         if slot not in allowed:
             raise ProblemError(f"{where}.running: slot {slot!r} is not on this device (slots: {', '.join(sorted(allowed)) or 'none'})")
-        pairs.append((slot, _text(variant, f"{where}.running[{slot!r}]")))
+        if mps and isinstance(variant, (list, tuple)):
+            # Several models time-share an MPS partition.
+            if not variant:
+                raise ProblemError(f"{where}.running[{slot!r}]: expected a variant or a non-empty list of variants")
+            names = [_text(v, f"{where}.running[{slot!r}][{k}]") for k, v in enumerate(variant)]
+            for name in names:
+                if names.count(name) > 1:
+                    raise ProblemError(f"{where}.running[{slot!r}]: variant {name!r} is listed twice")
+            pairs.extend((slot, name) for name in names)
+        else:
+            pairs.append((slot, _text(variant, f"{where}.running[{slot!r}]")))
     return tuple(sorted(pairs))
+
+
+def _mps_percent(value: Any) -> int | None:
+    """A whole percent 1..100 (40 or 40.0), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value != int(value):
+        return None
+    return int(value) if 1 <= value <= 100 else None
+
+
+def _mps_partitions_from_dict(raw: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ProblemError(f"{where}.mps_partitions: expected a non-empty list of whole percents 1..100, got {raw!r}")
+    shares = []
+    for value in raw:
+        percent = _mps_percent(value)
+        if percent is None:
+            raise ProblemError(f"{where}.mps_partitions: {value!r} is not a whole percent 1..100")
+        if percent in shares:
+            raise ProblemError(f"{where}.mps_partitions: {percent} % is listed twice")
+        shares.append(percent)
+    return tuple(sorted(shares))
+
+
+def _mps_layout_from_dict(raw: Any, where: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    if isinstance(raw, str):
+        try:
+            percents = [p.percent for p in mps_layout_parse(raw)]
+        except ValueError as exc:
+            raise ProblemError(f"{where}.mps_layout: {exc}") from exc
+    elif isinstance(raw, (list, tuple)):
+        percents = []
+        for value in raw:
+            percent = _mps_percent(value)
+            if percent is None:
+                raise ProblemError(f"{where}.mps_layout: {value!r} is not a whole percent 1..100")
+            percents.append(percent)
+    else:
+        raise ProblemError(f"{where}.mps_layout: expected text such as '60+40' or a list of percents, got {raw!r}")
+    problems = mps_layout_validate(percents, allowed=allowed)
+    if problems:
+        raise ProblemError(f"{where}.mps_layout: invalid MPS layout {mps_layout_format(percents)!r}: {'; '.join(problems)}")
+    return tuple(sorted(percents, reverse=True))
 
 
 def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
@@ -345,6 +443,21 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
         where = f"{where} ({name})"
         dtype = _text(_need(d, "type", where), f"{where}.type")
         mig = bool(d.get("mig", False))
+        mps = bool(d.get("mps", False))
+        if mig and mps:
+            raise ProblemError(f"{where}: mig and mps are both true; a GPU is partitioned with one or the other")
+        if mps and dtype == CPU_DEVICE_TYPE:
+            raise ProblemError(f"{where}: a CPU cannot use MPS")
+        for key in ("mps_partitions", "mps_layout"):
+            if d.get(key) is not None and not mps:
+                raise ProblemError(f"{where}: {key} is given but mps is false")
+        mps_partitions = MPS_PARTITIONS_DEFAULT
+        mps_layout = None
+        if mps:
+            if d.get("mps_partitions") is not None:
+                mps_partitions = _mps_partitions_from_dict(d["mps_partitions"], where)
+            if d.get("mps_layout") is not None:
+                mps_layout = _mps_layout_from_dict(d["mps_layout"], where, mps_partitions)
         spec = catalogue.gpu_model_find(dtype)
         if spec is not None:
             dtype = spec.name  # one spelling per GPU model
@@ -364,8 +477,9 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
             if not verdict.valid:
                 raise ProblemError(f"{where}.layout: {verdict.reason}")
         fixed = bool(d.get("fixed_layout", False))
-        if fixed and layout is None:
-            raise ProblemError(f"{where}: fixed_layout needs a layout")
+        if fixed and layout is None and mps_layout is None:
+            what = "an mps_layout" if mps else "a layout"
+            raise ProblemError(f"{where}: fixed_layout needs {what}")
         cores = d.get("cores")
         if dtype == CPU_DEVICE_TYPE:
             if mig:
@@ -376,8 +490,13 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
             memory = _number(memory, f"{where}.memory_mb", minimum=0, strict=True)
         elif spec is not None:
             memory = float(spec.memory_mib)
-        running = _running_from_dict(d.get("running"), where, mig=mig, layout=layout, is_cpu=dtype == CPU_DEVICE_TYPE)
-        devices.append(DeviceSpec(name=name, type=dtype, mig=mig, layout=layout, fixed_layout=fixed, memory_mb=memory, cores=cores, running=running))
+        running = _running_from_dict(
+            d.get("running"), where, mig=mig, layout=layout, is_cpu=dtype == CPU_DEVICE_TYPE, mps=mps, mps_layout=mps_layout
+        )
+        devices.append(DeviceSpec(
+            name=name, type=dtype, mig=mig, layout=layout, fixed_layout=fixed, memory_mb=memory, cores=cores, running=running,
+            mps=mps, mps_partitions=mps_partitions, mps_layout=mps_layout,
+        ))
     if not devices:
         raise ProblemError("devices: at least one is needed")
     _unique((d.name for d in devices), "device")
@@ -400,7 +519,16 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
             dtype = spec.name
         slice_raw = _need(p, "slice", where)
         slice_name = str(int(slice_raw)) if isinstance(slice_raw, (int, float)) and not isinstance(slice_raw, bool) else _text(slice_raw, f"{where}.slice")
-        if spec is not None and slice_name != FULL_SLICE:
+        if slice_name.lower().startswith("mps"):
+            # An MPS partition: valid on any GPU type, catalogue GPU or not.
+            if mps_slice_percent(slice_name.lower()) is None:
+                raise ProblemError(
+                    f"{where} ({variant} on {dtype}): {slice_name!r} is not an MPS slice (expected 'mpsNN', NN a whole percent 1..100)"
+                )
+            if dtype == CPU_DEVICE_TYPE:
+                raise ProblemError(f"{where} ({variant} on {dtype}): a CPU has no MPS partitions, got slice {slice_name!r}")
+            slice_name = slice_name.lower()
+        elif spec is not None and slice_name != FULL_SLICE:
             profile = spec.profile_find(slice_name)
             if profile is None:
                 raise ProblemError(f"{where}: {slice_name!r} is not a MIG profile of {spec.name}")
@@ -436,8 +564,17 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
             out["memory_mb"] = d.memory_mb
         if d.cores is not None:
             out["cores"] = d.cores
+        if d.mps:
+            out["mps"] = True
+            out["mps_partitions"] = list(d.mps_partitions)
+            if d.mps_layout is not None:
+                out["mps_layout"] = mps_layout_format(d.mps_layout)
         if d.running:
-            out["running"] = dict(d.running)
+            slots: dict[str, list[str]] = {}
+            for slot, variant in d.running:
+                slots.setdefault(slot, []).append(variant)
+            # A list only where models time-share a slot (MPS partitions).
+            out["running"] = {slot: names[0] if len(names) == 1 else names for slot, names in slots.items()}
         return out
 
     return {
@@ -466,6 +603,8 @@ def plan_from_dict(raw: Mapping[str, Any]) -> Plan:
             PlanInstance(
                 device=i["device"], slice=str(i["slice"]), start=i.get("start"), variant=i["variant"], batch=int(i["batch"]),
                 latency_ms=float(i["latency_ms"]), capacity_rps=float(i["capacity_rps"]), assigned_rps=float(i["assigned_rps"]),
+                duty_cycle_ms=None if i.get("duty_cycle_ms") is None else float(i["duty_cycle_ms"]),
+                interference_factor=1.0 if i.get("interference_factor") is None else float(i["interference_factor"]),
             )
             for i in raw["instances"]
         ]

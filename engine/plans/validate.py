@@ -3,7 +3,9 @@
 Nothing here calls solver code, and the capacity model is re-derived from the problem's profiles rather
 than read from `capacity.py`: a bug shared by a solver and the code that checks it would otherwise go
 unnoticed. Only the MIG geometry rules come from `engine.geometry` (they are data from NVIDIA's tables, tested on
-their own against the MIG user guide).
+their own against the MIG user guide), and the MPS layout rules (allowed shares, at most 100 % in all) from
+`engine.sharing.partitions`. On MPS GPUs the latency is the profile's times the instance's interference
+factor, and models time-sharing a partition are checked against its round (duty cycle), Nexus-style.
 
 The verdict lists every problem found, not just the first, each naming the instance, application or device
 it is about. Errors make the plan invalid; warnings flag a plan that is legal but wasteful (a batch smaller
@@ -11,6 +13,7 @@ than the capacity model allows, a CPU running on fewer cores than it has profile
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
@@ -18,6 +21,7 @@ from typing import Sequence
 from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
 from engine.geometry.layout import Placement, layout_parse, mig_layout_validate
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Plan, PlanInstance, Problem, ProfilePoint
+from engine.sharing.partitions import MpsPartition, mps_layout_format, mps_layout_validate, mps_slice_percent
 
 __all__ = ["PlanVerdict", "plan_validate", "REL_TOL"]
 
@@ -31,6 +35,14 @@ LATENCY_ABS_TOL = 1e-5
 # Memory sizes of MIG profiles are nominal decimal GB where nvidia-smi gave no figure.
 _MIB_PER_DECIMAL_GB = 1e9 / 2**20
 _PLAN_STATUSES = ("optimal", "feasible", "infeasible")
+# An MPS partition in a plan's layouts: "mps60@0".
+_MPS_SLOT = re.compile(r"\s*mps([0-9]+)\s*@\s*([0-9]+)\s*", re.IGNORECASE)
+
+
+def _mps_slot(text: object) -> tuple[int, int] | None:
+    """ "mps60@0" -> (60, 0); None when it is not an MPS slot."""
+    match = _MPS_SLOT.fullmatch(text) if isinstance(text, str) else None
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,11 @@ def _slice_memory(device: DeviceSpec, slice_name: str, model: GpuModelSpec | Non
     return profile.memory_gib_lgip * 1024 if profile.memory_gib_lgip else profile.memory_gb * _MIB_PER_DECIMAL_GB
 
 
+def _is_mps(device: DeviceSpec) -> bool:
+    """Partitioned with MPS (a device with MIG and MPS both on is treated as MIG and reported)."""
+    return device.mps and not device.mig and not device.is_cpu
+
+
 def _largest_usable_batch(
     points: Sequence[ProfilePoint], budget_ms: float, limit_mb: float | None, variant_memory_mb: float
 ) -> int | None:
@@ -118,6 +135,10 @@ class _Checker:
         self.known: dict[str, PlanInstance] = {}
         # Traffic per application, summed from the instances (never read from served_rps).
         self.assigned: dict[str, float] = {}
+        # MPS instances: latency (interference included) and memory at their batch, re-derived from the
+        # profiles by check_batch for the per-partition and per-GPU checks.
+        self.mps_latency: dict[str, float] = {}
+        self.mps_memory: dict[str, float] = {}
 
     def error(self, message: str) -> None:
         self.errors.append(message)
@@ -152,7 +173,14 @@ class _Checker:
         for inst in self.plan.instances:
             iid = inst.id
             if iid in seen_ids:
-                self.error(f"instance {iid}: listed twice (two instances on one slice)")
+                percent = mps_slice_percent(inst.slice)
+                if percent is not None:
+                    self.error(
+                        f"instance {iid}: variant {inst.variant} appears twice in partition mps{percent}@{inst.start} of "
+                        f"{inst.device} (a variant runs at most once per partition)"
+                    )
+                else:
+                    self.error(f"instance {iid}: listed twice (two instances on one slice)")
                 continue
             seen_ids.add(iid)
             device = self.devices.get(inst.device)
@@ -165,6 +193,12 @@ class _Checker:
                 continue
             if not self.check_slice(inst, device):
                 continue
+            if not _is_mps(device) and (inst.duty_cycle_ms is not None or inst.interference_factor != 1.0):
+                kind = "a CPU host" if device.is_cpu else ("a MIG GPU" if device.mig else "a whole GPU")
+                self.error(
+                    f"instance {iid}: duty_cycle_ms {inst.duty_cycle_ms!r} and interference_factor {inst.interference_factor!r} "
+                    f"apply only to MPS partitions, and {device.name} is {kind} (expected null and 1)"
+                )
             self.known[iid] = inst
             self.check_batch(inst, device)
 
@@ -182,6 +216,8 @@ class _Checker:
                 self.error(f"instance {iid}: uses {inst.slice} cores but {device.name} has {device.cores}")
                 return False
             return True
+        if _is_mps(device):
+            return self.check_mps_slice(inst, device)
         if not device.mig:
             if inst.slice != FULL_SLICE or inst.start is not None:
                 self.error(f"instance {iid}: {device.name} is a whole GPU (MIG off); its only slice is '{FULL_SLICE}'")
@@ -209,6 +245,37 @@ class _Checker:
             return False
         return True
 
+    def check_mps_slice(self, inst: PlanInstance, device: DeviceSpec) -> bool:
+        """An MPS GPU: the slice is an allowed share, and its partition is in the plan's layout."""
+        iid = inst.id
+        percent = mps_slice_percent(inst.slice)
+        allowed = ", ".join(f"mps{p}" for p in device.mps_partitions)
+        if percent is None:
+            if inst.slice == FULL_SLICE:
+                self.error(
+                    f"instance {iid}: {device.name} is partitioned with MPS, so it cannot run a whole-GPU '{FULL_SLICE}' "
+                    f"instance (its slices: {allowed})"
+                )
+            elif any(model.profile_find(inst.slice) is not None for model in self.catalogue.gpu_models):
+                self.error(f"instance {iid}: {inst.slice!r} is a MIG profile but {device.name} is partitioned with MPS, not MIG (its slices: {allowed})")
+            else:
+                self.error(f"instance {iid}: {inst.slice!r} is not an MPS slice of {device.name} (its slices: {allowed})")
+            return False
+        if percent not in device.mps_partitions:
+            self.error(f"instance {iid}: {device.name} does not allow {percent} % MPS partitions (allowed: {allowed})")
+            return False
+        if not isinstance(inst.start, int) or isinstance(inst.start, bool) or inst.start < 0:
+            self.error(f"instance {iid}: an MPS instance needs its partition's index in the layout as start, got {inst.start!r}")
+            return False
+        wanted = self.plan.layouts.get(device.name)
+        # A missing layouts entry is reported once, by check_devices.
+        if wanted is not None and (percent, inst.start) not in {_mps_slot(w) for w in wanted}:
+            self.error(
+                f"instance {iid}: partition mps{percent}@{inst.start} is not in the plan's layout for {device.name} "
+                f"({' '.join(map(str, wanted)) or 'empty'})"
+            )
+        return True
+
     def check_batch(self, inst: PlanInstance, device: DeviceSpec) -> None:
         """Latency and memory at the batch, re-derived from the profiles; the capacity that follows."""
         iid = inst.id
@@ -223,6 +290,9 @@ class _Checker:
             return
         if device.is_cpu:
             self.check_cpu_cores(inst, device)
+        if _is_mps(device):
+            self.check_mps_batch(inst, device, points)
+            return
         budget = app.slo_ms * self.problem.options.latency_budget_fraction
         limit = _slice_memory(device, inst.slice, self.catalogue.gpu_model_find(device.type) if device.mig else None)
         batch = inst.batch
@@ -260,6 +330,80 @@ class _Checker:
         elif ok and assigned > capacity * (1 + REL_TOL) + ABS_TOL:
             self.error(f"instance {iid}: assigned {assigned:.6g} rps exceeds its capacity {capacity:.6g} rps")
 
+    def check_mps_batch(self, inst: PlanInstance, device: DeviceSpec, points: Sequence[ProfilePoint]) -> None:
+        """An MPS partition: the profile's latency times the interference factor; alone (no duty cycle) it must
+        fit the latency budget, time-shared it must fit its round and a query may wait one round, then run in the
+        next batch (Nexus); capacity is a batch per round."""
+        iid = inst.id
+        variant = self.variants[inst.variant]
+        app = self.apps[variant.application]
+        fraction = self.problem.options.latency_budget_fraction
+        batch = inst.batch
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            self.error(f"instance {iid}: batch must be a positive whole number, got {batch!r}")
+            return
+        profiled = _lerp(points, batch, "latency_ms")
+        if profiled is None:
+            self.error(f"instance {iid}: batch {batch} is outside the profiled range {points[0].batch}..{points[-1].batch} of {variant.name} on {device.type}/{inst.slice}")
+            return
+        self.mps_memory[iid] = _memory_at(points, batch, variant.memory_mb)  # summed per GPU by check_devices
+        factor = inst.interference_factor
+        if not _finite(factor) or factor < 1:
+            self.error(
+                f"instance {iid}: interference_factor {factor!r} must be a finite number >= 1 "
+                f"(the model on {device.name}'s other partition can only slow this one down)"
+            )
+            return
+        latency = profiled * factor
+        self.mps_latency[iid] = latency
+        derived = f"{profiled:.6g} ms at batch {batch}" + (f" x interference_factor {factor:g} = {latency:.6g} ms" if factor != 1 else "")
+        if not _finite(inst.latency_ms) or abs(inst.latency_ms - latency) > max(LATENCY_ABS_TOL, REL_TOL * latency):
+            self.error(f"instance {iid}: latency_ms {inst.latency_ms!r} does not match the profile's {derived}")
+        duty = inst.duty_cycle_ms
+        ok = True
+        budget = app.slo_ms * fraction
+        if duty is None:
+            if latency > budget * (1 + 1e-9):
+                ok = False
+                self.error(
+                    f"instance {iid}: batch {batch} of {variant.name} takes {latency:.4g} ms (interference included), over the "
+                    f"latency budget {budget:.4g} ms ({fraction:g} x SLO {app.slo_ms:g} ms of {app.name})"
+                )
+            capacity = batch * 1000.0 / latency
+            if not _finite(inst.capacity_rps) or not _close(inst.capacity_rps, capacity):
+                self.error(f"instance {iid}: capacity_rps {inst.capacity_rps!r} does not match batch/latency = {capacity:.6g} rps")
+        else:
+            if not _finite(duty) or duty <= 0:
+                self.error(f"instance {iid}: duty_cycle_ms must be a positive number, got {duty!r}")
+                return
+            if latency > duty + max(LATENCY_ABS_TOL, REL_TOL * duty):
+                ok = False
+                self.error(
+                    f"instance {iid}: batch {batch} of {variant.name} takes {latency:.4g} ms, longer than its duty cycle "
+                    f"{duty:g} ms (it runs one batch every round)"
+                )
+            bound = 2 * budget
+            if duty + latency > bound * (1 + 1e-9):
+                ok = False
+                self.error(
+                    f"instance {iid}: duty cycle {duty:g} ms + batch latency {latency:.4g} ms = {duty + latency:.4g} ms is over "
+                    f"{bound:.4g} ms (2 x {fraction:g} x SLO {app.slo_ms:g} ms of {app.name}: a query waits at most one round, "
+                    f"then runs in the next batch)"
+                )
+            capacity = batch * 1000.0 / duty
+            if not _finite(inst.capacity_rps) or not _close(inst.capacity_rps, capacity):
+                self.error(f"instance {iid}: capacity_rps {inst.capacity_rps!r} does not match batch/duty cycle = {capacity:.6g} rps")
+        if ok and duty is None:
+            # Alone on its partition; the GPU's memory bounds one instance (check_devices sums them).
+            best = _largest_usable_batch(points, budget / factor, device.memory_mb, variant.memory_mb)
+            if best is not None and best > batch:
+                self.warn(f"instance {iid}: batch {batch} is smaller than the largest usable batch {best} (capacity left unused)")
+        assigned = inst.assigned_rps
+        if not _finite(assigned) or assigned < -ABS_TOL:
+            self.error(f"instance {iid}: assigned_rps must be a non-negative number, got {assigned!r}")
+        elif ok and assigned > capacity * (1 + REL_TOL) + ABS_TOL:
+            self.error(f"instance {iid}: assigned {assigned:.6g} rps exceeds its capacity {capacity:.6g} rps")
+
     def check_cpu_cores(self, inst: PlanInstance, device: DeviceSpec) -> None:
         counts = [
             int(p.slice) for p in self.problem.profiles
@@ -278,12 +422,16 @@ class _Checker:
             device = self.devices.get(name)
             if device is None:
                 self.error(f"layouts: unknown device {name!r}")
-            elif not device.mig:
-                self.error(f"layouts: {name} does not use MIG, so it has no layout")
+            elif not device.mig and not device.mps:
+                self.error(f"layouts: {name} does not use MIG; it has no partitions (neither MIG nor MPS), so it has no layout")
         for device in self.problem.devices:
             instances = by_device.get(device.name, [])
+            if device.mig and device.mps:  # problem_from_dict refuses this, but a Problem may be built by hand
+                self.error(f"device {device.name}: both MIG and MPS are on; a GPU is partitioned with one or the other")
             if device.mig:
                 self.check_mig_device(device, instances)
+            elif device.mps:
+                self.check_mps_device(device, instances)
             elif len(instances) > 1:
                 kind = "CPU host" if device.is_cpu else "whole GPU"
                 self.error(f"device {device.name}: {len(instances)} instances ({', '.join(i.id for i in instances)}) on one {kind}; at most one may run")
@@ -330,6 +478,88 @@ class _Checker:
                 f"device {device.name}: the layout is fixed at {' '.join(map(str, sorted(device.layout or ())))} "
                 f"but the plan wants {' '.join(map(str, layout)) or 'no instances'}"
             )
+
+    def check_mps_device(self, device: DeviceSpec, instances: list[PlanInstance]) -> None:
+        """An MPS GPU: the layout the plan wants, the models time-sharing each partition, the memory they share."""
+        wanted = self.plan.layouts.get(device.name)
+        if wanted is None:
+            if instances:
+                self.error(
+                    f"device {device.name}: {len(instances)} MPS instance(s) ({', '.join(i.id for i in instances)}) but the plan "
+                    f"has no layouts entry for it (its partitions, e.g. ['mps60@0', 'mps40@1'])"
+                )
+        else:
+            self.check_mps_layout(device, wanted)
+        self.check_mps_partitions(device, instances)
+        if device.memory_mb is not None and instances:
+            needs = [(i.id, self.mps_memory.get(i.id, self.variants[i.variant].memory_mb)) for i in instances]
+            total = sum(mb for _, mb in needs)
+            if total > device.memory_mb * (1 + 1e-9):
+                self.error(
+                    f"device {device.name}: its MPS instances need {total:.0f} MB in all "
+                    f"({', '.join(f'{iid}: {mb:.0f} MB' for iid, mb in needs)}) but it has {device.memory_mb:.0f} MB "
+                    f"(MPS partitions share the GPU's memory)"
+                )
+
+    def check_mps_layout(self, device: DeviceSpec, wanted: Sequence[str]) -> None:
+        text = " ".join(map(str, wanted)) or "empty"
+        bad = [w for w in wanted if _mps_slot(w) is None]
+        if bad:
+            verb = "is not an MPS partition" if len(bad) == 1 else "are not MPS partitions"
+            self.error(f"layouts[{device.name}]: {', '.join(map(repr, bad))} {verb} such as 'mps60@0' ({device.name} is partitioned with MPS)")
+            return
+        slots = [_mps_slot(w) for w in wanted]
+        for problem in mps_layout_validate([MpsPartition(p, i) for p, i in slots], allowed=device.mps_partitions):  # type: ignore[misc]
+            self.error(f"device {device.name}: layout {text} is not a valid MPS layout: {problem}")
+        by_index = sorted(slots, key=lambda s: s[1])  # type: ignore[index]
+        if any(a[0] < b[0] for a, b in zip(by_index, by_index[1:])):  # type: ignore[index]
+            self.error(f"device {device.name}: layout {text} is not largest first (index 0 is the largest partition, then in order)")
+        if device.fixed_layout and device.mps_layout is not None:
+            percents = sorted((p for p, _ in slots), reverse=True)  # type: ignore[misc]
+            if percents != sorted(device.mps_layout, reverse=True):
+                self.error(
+                    f"device {device.name}: the MPS layout is fixed at {mps_layout_format(device.mps_layout) or 'no partition'} "
+                    f"but the plan wants {mps_layout_format(percents) or 'no partition'} ({text})"
+                )
+
+    def check_mps_partitions(self, device: DeviceSpec, instances: list[PlanInstance]) -> None:
+        """Models time-sharing a partition run in rounds of one duty cycle, one batch each, and the round must fit."""
+        groups: dict[str, list[PlanInstance]] = defaultdict(list)
+        for inst in instances:
+            groups[f"{inst.slice}@{inst.start}"].append(inst)
+        for slot, members in sorted(groups.items()):
+            where = f"partition {slot} of {device.name}"
+            if len(members) > 1:
+                missing = [i.id for i in members if i.duty_cycle_ms is None]
+                if missing:
+                    self.error(
+                        f"{where}: {len(members)} models time-share it ({', '.join(i.id for i in members)}) but "
+                        f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no duty_cycle_ms (time-sharing models run in rounds of one duty cycle)"
+                    )
+                    continue
+            duties = [i.duty_cycle_ms for i in members if i.duty_cycle_ms is not None]
+            if not duties or not all(_finite(d) and d > 0 for d in duties):
+                continue  # alone with no duty cycle, or a bad duty cycle already reported per instance
+            if len(members) != len(duties) or max(duties) - min(duties) > max(LATENCY_ABS_TOL, REL_TOL * max(duties)):
+                self.error(
+                    f"{where}: its models carry different duty cycles ("
+                    + ", ".join(f"{i.id}: {'none' if i.duty_cycle_ms is None else f'{i.duty_cycle_ms:g} ms'}" for i in members)
+                    + "); models time-sharing a partition share one round"
+                )
+                continue
+            if len(members) < 2:
+                continue  # alone: latency <= duty cycle is checked per instance
+            latencies = [self.mps_latency.get(i.id) for i in members]
+            if any(lat is None for lat in latencies):
+                continue  # reported per instance
+            duty = duties[0]
+            total = sum(latencies)  # type: ignore[arg-type]
+            if total > duty + max(LATENCY_ABS_TOL, REL_TOL * duty):
+                parts = " + ".join(f"{lat:.4g} ({i.variant})" for i, lat in zip(members, latencies))
+                self.error(
+                    f"{where}: the round does not fit: its batches take {parts} = {total:.4g} ms but the duty cycle is {duty:g} ms "
+                    f"(every model runs one batch per round)"
+                )
 
     # ------------------------------------------------------------------ traffic
 
@@ -457,5 +687,8 @@ def plan_validate(problem: Problem, plan: Plan) -> PlanVerdict:
     variant and slice exists; MIG layouts are legal (and unchanged on fixed-layout GPUs); one instance per
     whole GPU or CPU; each batch fits the latency budget and the slice's memory (warning when a larger batch
     would); traffic stays within capacity; routing weights are consistent; served, shortfall and accuracy
-    figures add up."""
+    figures add up. On MPS GPUs: the layout is legal (allowed shares, at most 100 %, largest first, unchanged
+    when fixed), latencies include the interference factor, the models time-sharing a partition share one
+    duty cycle that their batches fit in and that leaves each query its SLO, and the instances fit the GPU's
+    memory together."""
     return _Checker(problem, plan).run()

@@ -34,6 +34,8 @@ __all__ = [
     "mps_layout_parse",
     "mps_layout_require_valid",
     "mps_layout_validate",
+    "mps_slice_name",
+    "mps_slice_percent",
 ]
 
 # gpulets §4.3 / §5: the partition sizes its scheduler and its ideal baseline use ((2:8), (4:6), (5:5), (10:0)).
@@ -94,6 +96,26 @@ def model_shares_validate(shares: Iterable[ModelShare]) -> list[str]:
 
 MpsLayout = tuple[MpsPartition, ...]
 MpsLayoutLike = Union[str, Iterable[Union[MpsPartition, int]]]
+
+
+def mps_slice_name(percent: int) -> str:
+    """The slice a partition of `percent` % of the SMs is profiled and planned on: 50 -> "mps50". A percent
+    that is not a whole number 1..100 is a ValueError."""
+    if not _whole(percent) or not 1 <= percent <= 100:
+        raise ValueError(f"an MPS partition is a whole percent 1..100 of the GPU, got {percent!r}")
+    return f"mps{percent}"
+
+
+def mps_slice_percent(name: str) -> int | None:
+    """The percent of an MPS slice name as `mps_slice_name` writes it ("mps50" -> 50); None for anything
+    else (other spellings, a MIG profile, "full", a percent outside 1..100)."""
+    if not isinstance(name, str) or not name.startswith("mps"):
+        return None
+    digits = name[3:]
+    if not digits.isascii() or not digits.isdigit() or digits.startswith("0"):
+        return None
+    percent = int(digits)
+    return percent if 1 <= percent <= 100 else None
 
 
 def mps_layout_of(percents: Iterable[int]) -> MpsLayout:
