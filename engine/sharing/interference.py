@@ -319,3 +319,41 @@ def interference_form_best(validations: Iterable[InterferenceValidation], *, spl
     if not chosen:
         raise ValueError(f"no validation under a split starting {split_prefix!r}")
     return min(chosen, key=lambda v: v.validation.p90).form
+
+
+class InterferencePredictor:
+    """A fitted model with the utilisations it reads: the factor of a model next to a co-runner, as the
+    schedulers of `engine/sharing/scheduling.py` ask for it (`InterferenceOracle`). A batch between
+    measured ones reads the next measured batch up, a partition the next measured one up (utilisation grows
+    with both, so the prediction errs towards more interference); nothing measured at or above: ValueError."""
+
+    def __init__(self, model: InterferenceModel, utilisation: Iterable[GpuletMemUtil]) -> None:
+        self.model = model
+        self._util: dict[tuple[str, int, int], GpuletMemUtil] = {}
+        self._batches: dict[str, list[int]] = {}
+        self._partitions: dict[str, list[int]] = {}
+        for u in utilisation:
+            self._util[(u.model, u.batch, u.partition_pct)] = u
+            self._batches.setdefault(u.model, []).append(u.batch)
+            self._partitions.setdefault(u.model, []).append(u.partition_pct)
+        self._batches = {m: sorted(set(b)) for m, b in self._batches.items()}
+        self._partitions = {m: sorted(set(p)) for m, p in self._partitions.items()}
+
+    def models(self) -> list[str]:
+        return sorted(self._batches)
+
+    def utilisation(self, model: str, batch: int, percent: int) -> GpuletMemUtil:
+        if model not in self._batches:
+            raise ValueError(f"no L2/DRAM utilisation measured for {model}")
+        b = next((x for x in self._batches[model] if x >= batch), None)
+        p = next((x for x in self._partitions[model] if x >= percent), None)
+        found = self._util.get((model, b, p)) if b is not None and p is not None else None
+        if found is None:
+            raise ValueError(f"no L2/DRAM utilisation of {model} measured at batch >= {batch} on >= {percent} % of the GPU")
+        return found
+
+    def factor(self, model: str, batch: int, percent: int, corunner: str, corunner_batch: int, corunner_percent: int) -> float:
+        a = self.utilisation(model, batch, percent)
+        b = self.utilisation(corunner, corunner_batch, corunner_percent)
+        return self.model.predict(a.l2_util_pct, b.l2_util_pct, a.dram_util_pct, b.dram_util_pct, partition_pct=percent,
+                                  batch=batch, corunner_batch=corunner_batch)
