@@ -10,6 +10,8 @@ import typer
 EXIT_INVALID = 1
 EXIT_MALFORMED = 2
 PLANNERS = ("proteus", "joint", "garrison", "clipper-ha", "clipper-ht", "sommelier", "infaas")
+# The MPS planners (gpulets, ATC'22): `plan solve` offers them; the simulator does not model MPS partitions yet.
+MPS_PLANNERS = ("gpulets", "sbp", "best-fit", "ideal")
 
 
 def django_setup(settings: str = "controlplane.settings.local") -> None:

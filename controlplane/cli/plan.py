@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import EXIT_INVALID, PLANNERS, fail, number, plan_read, problem_read
+from ._common import EXIT_INVALID, MPS_PLANNERS, PLANNERS, fail, number, plan_read, problem_read
 
 plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan.", no_args_is_help=True)
 
@@ -35,7 +35,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas"),
+    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
@@ -49,8 +49,8 @@ def plan_solve_cmd(
 
     from engine.plans.problem import OBJECTIVES, SOLVERS
 
-    if solver not in PLANNERS:
-        raise fail(f"--solver must be one of {', '.join(PLANNERS)}, got {solver!r}")
+    if solver not in PLANNERS + MPS_PLANNERS:
+        raise fail(f"--solver must be one of {', '.join(PLANNERS + MPS_PLANNERS)}, got {solver!r}")
     if objective is not None and objective not in OBJECTIVES:
         raise fail(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if backend is not None and backend not in SOLVERS:

@@ -118,6 +118,20 @@ class ProfilePoint:
     batch: int
     latency_ms: float
     memory_mb: float | None = None
+    # MPS partitions: the model's L2 and DRAM bandwidth utilisation (percent) alone at this batch and
+    # partition, the features of the interference model (gpulets §4.4; `Problem.interference`).
+    l2_util_pct: float | None = None
+    dram_util_pct: float | None = None
+
+
+@dataclass(frozen=True)
+class InterferenceSpec:
+    """A fitted co-run interference model (engine/sharing/interference.py): its form and coefficients, as
+    `InterferenceModel` holds them. The MPS planners predict each co-location's slowdown with it from the
+    profiles' utilisations; without it they plan as if partitions did not interfere, and say so."""
+
+    form: str
+    coefficients: tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,7 @@ class Problem:
     devices: tuple[DeviceSpec, ...]
     profiles: tuple[ProfilePoint, ...]
     options: SolveOptions = field(default_factory=SolveOptions)
+    interference: InterferenceSpec | None = None
 
     def application(self, name: str) -> ApplicationSpec:
         return self._apps[name]
@@ -548,9 +563,34 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
                 variant=variant, device_type=dtype, slice=slice_name, batch=int(batch),
                 latency_ms=_number(_need(p, "latency_ms", where), f"{where}.latency_ms", minimum=0, strict=True),
                 memory_mb=None if memory is None else _number(memory, f"{where}.memory_mb", minimum=0),
+                l2_util_pct=_utilisation(p, "l2_util_pct", where),
+                dram_util_pct=_utilisation(p, "dram_util_pct", where),
             )
         )
-    return Problem(tuple(apps), tuple(variants), tuple(devices), tuple(profiles), _options_from_dict(raw.get("options")))
+    return Problem(tuple(apps), tuple(variants), tuple(devices), tuple(profiles), _options_from_dict(raw.get("options")),
+                   _interference_from_dict(raw.get("interference")))
+
+
+def _utilisation(raw: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = raw.get(key)
+    return None if value is None else _number(value, f"{where}.{key}", minimum=0, maximum=100)
+
+
+def _interference_from_dict(raw: Any) -> InterferenceSpec | None:
+    """{"form": "operating-point-log", "coefficients": [...]}: one coefficient per regressor of the form."""
+    if raw is None:
+        return None
+    from engine.sharing.interference import INTERFERENCE_FORMS
+
+    form = _text(_need(raw, "form", "interference"), "interference.form")
+    if form not in INTERFERENCE_FORMS:
+        raise ProblemError(f"interference.form: one of {', '.join(INTERFERENCE_FORMS)}, got {form!r}")
+    coefficients = _need(raw, "coefficients", "interference")
+    expected = len(INTERFERENCE_FORMS[form].regressors)
+    if not isinstance(coefficients, (list, tuple)) or len(coefficients) != expected:
+        raise ProblemError(f"interference.coefficients: the form {form!r} has {expected} ({', '.join(INTERFERENCE_FORMS[form].regressors)}), "
+                           f"got {coefficients!r}")
+    return InterferenceSpec(form, tuple(_number(c, f"interference.coefficients[{i}]") for i, c in enumerate(coefficients)))
 
 
 def problem_to_dict(problem: Problem) -> dict[str, Any]:
@@ -584,6 +624,8 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
         "devices": [device(d) for d in problem.devices],
         "profiles": [{k: v for k, v in asdict(p).items() if v is not None} for p in problem.profiles],
         "options": asdict(problem.options),
+        **({"interference": {"form": problem.interference.form, "coefficients": list(problem.interference.coefficients)}}
+           if problem.interference is not None else {}),
     }
 
 

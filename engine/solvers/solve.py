@@ -9,6 +9,8 @@ from engine.plans.problem import OBJECTIVES, SOLVERS, Plan, Problem
 PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
 # The allocation baselines the simulator compares the planners against (solvers/baselines.py).
 BASELINES: tuple[str, ...] = ("clipper-ha", "clipper-ht", "sommelier", "infaas")
+# The MPS planners (solvers/gpulets.py): gpulets' elastic partitioning and the baselines of its evaluation.
+SHARING: tuple[str, ...] = ("gpulets", "sbp", "best-fit", "ideal")
 
 
 def _planner_get(solver: str) -> Callable[[Problem], Plan]:
@@ -29,7 +31,11 @@ def _planner_get(solver: str) -> Callable[[Problem], Plan]:
         from engine.solvers.baselines import BASELINE_SOLVERS
 
         return BASELINE_SOLVERS[solver]
-    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES)}")
+    if solver in SHARING:
+        from engine.solvers.gpulets import sharing_plan_solve
+
+        return lambda problem: sharing_plan_solve(problem, solver)
+    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES + SHARING)}")
 
 
 def plan_solve(
@@ -42,7 +48,7 @@ def plan_solve(
     backend: str | None = None,
 ) -> Plan:
     """Plan with `solver` (proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier |
-    infaas). `objective`, `time_limit_s`, `mip_gap` and `backend`
+    infaas, or an MPS planner: gpulets | sbp | best-fit | ideal). `objective`, `time_limit_s`, `mip_gap` and `backend`
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
     at all can be served still comes back as a Plan, with status `infeasible` and notes saying why."""
     overrides: dict[str, object] = {}
