@@ -76,3 +76,22 @@ def test_gpulets_interference_bench(tmp_path: Path) -> None:
     assert all(0.0 < float(r["p50"]) <= float(r["p90"]) <= float(r["p95"]) <= float(r["max"]) for r in rows)
     assert "10.26" in stdout  # the paper's figure, side by side
     figure_or_reason(stdout, tmp_path / "gpulets_interference.png")
+
+
+@pytest.mark.timeout(120)
+def test_gpulets_bench_small_sample(tmp_path: Path) -> None:
+    """benches/gpulets.py on 4 scenarios (its --quick takes 150, about 90 s on 2 cores): every policy's
+    schedules are valid and the paper's figures are printed beside the measured ones."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benches" / "gpulets.py"), "--scenarios", "4", "--jobs", "1", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=110,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "shared/data/gpulet" in result.stdout and "92.6" in result.stdout
+    rows = csv_rows(tmp_path / "gpulets.csv")
+    assert len(rows) == 4
+    assert all(r[f"{p}: invalid"] == "0" for r in rows for p in ("gpulets", "sbp", "best-fit", "ideal"))
+    assert all(float(r["ideal: max scale"]) > 0 for r in rows)
+    summary = {r["policy"]: r for r in csv_rows(tmp_path / "gpulets_summary.csv")}
+    assert set(summary) == {"gpulets", "gpulets (no int)", "sbp", "best-fit", "ideal"}
+    figure_or_reason(result.stdout, tmp_path / "gpulets.png")
