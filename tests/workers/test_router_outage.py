@@ -123,6 +123,10 @@ def test_queries_meet_deadlines_and_reports_survive_an_outage(runtime, fault) ->
         loader.join(30)
         wait_for(lambda: control_plane.arrivals_reported() == len(statuses), 30,
                  f"every query in the reports ({control_plane.arrivals_reported()} of {len(statuses)})")
+        # Scraped while the control plane is still up: once it is closed below, the router's next periodic
+        # report fails and is (rightly) kept as pending.
+        wait_for(lambda: router.report_backlog.pending == 0, 30, "no report pending before the scrape")
+        scrape = router.stats.exposition().decode()
     finally:
         stop.set()
         handle.stop()
@@ -133,5 +137,4 @@ def test_queries_meet_deadlines_and_reports_survive_an_outage(runtime, fault) ->
     assert router.report_backlog.dropped_total == 0 and router.report_backlog.sent_late_total > 0
     times = [r["at"] for r in control_plane.reports]
     assert len(set(times)) == len(times) or fault == "frozen"  # a frozen request may arrive as well as its resend
-    scrape = router.stats.exposition().decode()
     assert "tessera_router_reports_dropped_total 0.0" in scrape and "tessera_router_reports_pending 0.0" in scrape
