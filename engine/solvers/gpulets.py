@@ -43,10 +43,11 @@ from engine.sharing.scheduling import (
     ideal_schedule,
     sbp_schedule,
 )
+from engine.solvers.solve import SHARING
 
 __all__ = ["SHARING_SOLVERS", "sharing_problem_from", "sharing_plan_solve"]
 
-SHARING_SOLVERS: tuple[str, ...] = ("gpulets", "sbp", "best-fit", "ideal")
+SHARING_SOLVERS = SHARING  # the names plan_solve dispatches here
 _RPS_EPS = 1e-6
 
 
