@@ -5,6 +5,7 @@ scoped to one router name (`RouterPrincipal`): it reads the routing tables and i
 reports under its own name only."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ AGENT_PERMISSIONS = frozenset(
 )
 
 
-class _DataPlanePrincipal:
+class _DataPlanePrincipal(ABC):
     """What an agent and a router share: authenticated, no role, never staff, and the fixed read
     permissions of `permissions` (narrowed further by each model's scope, see RestrictedQuerySet)."""
 
@@ -44,8 +45,9 @@ class _DataPlanePrincipal:
     id = None
 
     @property
+    @abstractmethod
     def username(self) -> str:
-        raise NotImplementedError
+        """How logs and audit records name the principal, e.g. "agent:node1"."""
 
     def __str__(self) -> str:
         return self.username
