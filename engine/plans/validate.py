@@ -296,12 +296,8 @@ class _Checker:
         budget = app.slo_ms * self.problem.options.latency_budget_fraction
         limit = _slice_memory(device, inst.slice, self.catalogue.gpu_model_find(device.type) if device.mig else None)
         batch = inst.batch
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            self.error(f"instance {iid}: batch must be a positive whole number, got {batch!r}")
-            return
-        latency = _lerp(points, batch, "latency_ms")
+        latency = self.profiled_latency(inst, device, points)
         if latency is None:
-            self.error(f"instance {iid}: batch {batch} is outside the profiled range {points[0].batch}..{points[-1].batch} of {variant.name} on {device.type}/{inst.slice}")
             return
         ok = True
         if latency > budget * (1 + 1e-9):
@@ -324,11 +320,27 @@ class _Checker:
             if best is not None and best > batch:
                 self.warn(f"instance {iid}: batch {batch} is smaller than the largest usable batch {best} (capacity left unused)")
         # Traffic is checked against the capacity recomputed here, not the one the plan claims.
+        self.check_assigned(inst, capacity if ok else None)
+
+    def profiled_latency(self, inst: PlanInstance, device: DeviceSpec, points: Sequence[ProfilePoint]) -> float | None:
+        """The profile's latency at the instance's batch, or None after naming what is wrong with the batch."""
+        batch = inst.batch
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            self.error(f"instance {inst.id}: batch must be a positive whole number, got {batch!r}")
+            return None
+        latency = _lerp(points, batch, "latency_ms")
+        if latency is None:
+            self.error(f"instance {inst.id}: batch {batch} is outside the profiled range {points[0].batch}..{points[-1].batch} "
+                       f"of {inst.variant} on {device.type}/{inst.slice}")
+        return latency
+
+    def check_assigned(self, inst: PlanInstance, capacity: float | None) -> None:
+        """Traffic against the capacity recomputed here (None: not checked, the batch already failed)."""
         assigned = inst.assigned_rps
         if not _finite(assigned) or assigned < -ABS_TOL:
-            self.error(f"instance {iid}: assigned_rps must be a non-negative number, got {assigned!r}")
-        elif ok and assigned > capacity * (1 + REL_TOL) + ABS_TOL:
-            self.error(f"instance {iid}: assigned {assigned:.6g} rps exceeds its capacity {capacity:.6g} rps")
+            self.error(f"instance {inst.id}: assigned_rps must be a non-negative number, got {assigned!r}")
+        elif capacity is not None and assigned > capacity * (1 + REL_TOL) + ABS_TOL:
+            self.error(f"instance {inst.id}: assigned {assigned:.6g} rps exceeds its capacity {capacity:.6g} rps")
 
     def check_mps_batch(self, inst: PlanInstance, device: DeviceSpec, points: Sequence[ProfilePoint]) -> None:
         """An MPS partition: the profile's latency times the interference factor; alone (no duty cycle) it must
@@ -339,12 +351,8 @@ class _Checker:
         app = self.apps[variant.application]
         fraction = self.problem.options.latency_budget_fraction
         batch = inst.batch
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            self.error(f"instance {iid}: batch must be a positive whole number, got {batch!r}")
-            return
-        profiled = _lerp(points, batch, "latency_ms")
+        profiled = self.profiled_latency(inst, device, points)
         if profiled is None:
-            self.error(f"instance {iid}: batch {batch} is outside the profiled range {points[0].batch}..{points[-1].batch} of {variant.name} on {device.type}/{inst.slice}")
             return
         self.mps_memory[iid] = _memory_at(points, batch, variant.memory_mb)  # summed per GPU by check_devices
         factor = inst.interference_factor
@@ -398,11 +406,7 @@ class _Checker:
             best = _largest_usable_batch(points, budget / factor, device.memory_mb, variant.memory_mb)
             if best is not None and best > batch:
                 self.warn(f"instance {iid}: batch {batch} is smaller than the largest usable batch {best} (capacity left unused)")
-        assigned = inst.assigned_rps
-        if not _finite(assigned) or assigned < -ABS_TOL:
-            self.error(f"instance {iid}: assigned_rps must be a non-negative number, got {assigned!r}")
-        elif ok and assigned > capacity * (1 + REL_TOL) + ABS_TOL:
-            self.error(f"instance {iid}: assigned {assigned:.6g} rps exceeds its capacity {capacity:.6g} rps")
+        self.check_assigned(inst, capacity if ok else None)
 
     def check_cpu_cores(self, inst: PlanInstance, device: DeviceSpec) -> None:
         counts = [

@@ -289,10 +289,10 @@ def _factor(problem: SharingProblem, model: str, batch: int, percent: int, neigh
     return worst
 
 
-def _capacity(problem: SharingProblem, model: str, percent: int, factor: float = 1.0) -> tuple[int, float] | None:
-    """The largest batch with 2 L(b) x factor within the round budget, and its throughput (req/s) run back
-    to back; None when not even the smallest batch fits."""
-    key = ("cap", model, percent, factor)
+def _capacity(problem: SharingProblem, model: str, percent: int) -> tuple[int, float] | None:
+    """The largest batch with 2 L(b) within the round budget (no interference), and its throughput (req/s)
+    run back to back; None when not even the smallest batch fits."""
+    key = ("cap", model, percent)
     cache = problem._cache
     if key not in cache:
         budget = problem.round_budget_ms(model) / 2
@@ -300,8 +300,8 @@ def _capacity(problem: SharingProblem, model: str, percent: int, factor: float =
         found = None
         for batch in range(last, 0, -1):
             latency = table[batch]
-            if latency is not None and latency * factor <= budget * (1 + _REL):
-                found = (batch, batch * 1000.0 / (latency * factor))
+            if latency is not None and latency <= budget * (1 + _REL):
+                found = (batch, batch * 1000.0 / latency)
                 break
         cache[key] = found
     return cache[key]
@@ -483,13 +483,7 @@ class _Fleet:
         """(model, batch, percent) of everything running on the GPU's other partitions, and, for another
         partition that is empty (or `leaving`, whose models are moving away), every model of the problem at its
         largest batch there: whatever comes later must not break what is placed now (interference is mutual)."""
-        found = []
-        for sibling in self.siblings(gpulet):
-            if sibling.schedule is not None and sibling is not leaving:
-                found += [(e.model, e.batch, sibling.size) for e in sibling.schedule.entries]
-            elif self.problem.interference is not None:
-                found += _anticipated(self.problem, sibling.size)
-        return found
+        return [n for sibling in self.siblings(gpulet) for n in self.neighbours_of_partition(sibling, leaving=leaving)]
 
     def siblings_recheck(self, gpulet: _Gpulet, schedule: PartitionSchedule, *, leaving: _Gpulet | None = None
                          ) -> list[tuple[_Gpulet, PartitionSchedule]] | None:
@@ -500,8 +494,7 @@ class _Fleet:
             if sibling.schedule is None or sibling is leaving:
                 continue
             others = [(e.model, e.batch, gpulet.size) for e in schedule.entries] + [
-                n for s in self.siblings(sibling) if s is not gpulet
-                for n in (self.neighbours_of_partition(s, leaving=leaving))
+                n for s in self.siblings(sibling) if s is not gpulet for n in self.neighbours_of_partition(s, leaving=leaving)
             ]
             loads = [_Load(e.model, e.rate_rps) for e in sibling.schedule.entries]
             again = _round_at(self.problem, loads, sibling.size, sibling.schedule.duty_cycle_ms, others)

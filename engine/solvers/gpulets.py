@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from engine.plans.problem import DeviceSpec, Plan, PlanInstance, Problem, RouteEntry
 from engine.reference.profiles import GpuletMemUtil
@@ -51,13 +52,13 @@ SHARING_SOLVERS = SHARING  # the names plan_solve dispatches here
 _RPS_EPS = 1e-6
 
 
+@dataclass
 class _Mapping:
-    """What the adapter chose: the GPUs in order, the variant of each application."""
+    """What the adapter chose: the GPUs in order, the variant of each application, and why (notes)."""
 
-    def __init__(self, devices: list[DeviceSpec], variant_of: dict[str, str], notes: list[str]) -> None:
-        self.devices = devices
-        self.variant_of = variant_of
-        self.notes = notes
+    devices: list[DeviceSpec]
+    variant_of: dict[str, str]
+    notes: list[str]
 
 
 def _mps_devices(problem: Problem, notes: list[str]) -> list[DeviceSpec]:
