@@ -357,3 +357,44 @@ class InterferencePredictor:
         b = self.utilisation(corunner, corunner_batch, corunner_percent)
         return self.model.predict(a.l2_util_pct, b.l2_util_pct, a.dram_util_pct, b.dram_util_pct, partition_pct=percent,
                                   batch=batch, corunner_batch=corunner_batch)
+
+
+class InterferenceMeasured:
+    """The slowdown as measured, where it was: a co-location (model at batch on percent %, co-runner at its
+    batch on the rest) read from co-run samples, each batch rounded up to the next measured one (as
+    `InterferencePredictor` reads utilisations), and `fallback` (typically the fitted predictor) for the
+    co-locations nobody measured. What the simulator's GPUs show in benches, so that a planner trusting the
+    model meets the model's error (shared/data/gpulet measures densenet121, resnet50 and vgg19 next to five
+    co-runners, on partitions 20-80 %; everything else falls back). Never below 1, as the predictor."""
+
+    def __init__(self, samples: Iterable[CorunSample], fallback: "InterferencePredictor | None" = None) -> None:
+        self.fallback = fallback
+        self._factor: dict[tuple[str, int, int, str, int], float] = {}
+        batches: dict[tuple[str, str], set[int]] = {}
+        corunner_batches: dict[tuple[str, str], set[int]] = {}
+        for s in samples:
+            f = s.features
+            if f.partition_pct is None or f.batch is None or f.corunner_batch is None:
+                continue
+            self._factor[(s.model, f.batch, f.partition_pct, s.corunner, f.corunner_batch)] = max(1.0, s.factor)
+            batches.setdefault((s.model, s.corunner), set()).add(f.batch)
+            corunner_batches.setdefault((s.model, s.corunner), set()).add(f.corunner_batch)
+        self._batches = {k: sorted(v) for k, v in batches.items()}
+        self._corunner_batches = {k: sorted(v) for k, v in corunner_batches.items()}
+
+    def measured(self, model: str, batch: int, percent: int, corunner: str, corunner_batch: int) -> float | None:
+        """The measured factor of this co-location (batches rounded up), None where it was not measured."""
+        pair = (model, corunner)
+        b = next((x for x in self._batches.get(pair, ()) if x >= batch), None)
+        c = next((x for x in self._corunner_batches.get(pair, ()) if x >= corunner_batch), None)
+        if b is None or c is None:
+            return None
+        return self._factor.get((model, b, percent, corunner, c))
+
+    def factor(self, model: str, batch: int, percent: int, corunner: str, corunner_batch: int, corunner_percent: int) -> float:
+        found = self.measured(model, batch, percent, corunner, corunner_batch)
+        if found is not None:
+            return found
+        if self.fallback is None:
+            raise ValueError(f"no co-run of {model} (batch {batch}, {percent} %) next to {corunner} (batch {corunner_batch}) measured, and no fallback")
+        return self.fallback.factor(model, batch, percent, corunner, corunner_batch, corunner_percent)

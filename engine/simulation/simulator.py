@@ -32,6 +32,18 @@ its testbed mainly to that variance (§6.1.5, §6.2).
   idle, on an arrival, at the time the policy asked for and when a batch completes, first `drop_expired`
   then `decide`. A batch of b takes the profiled latency at b (interpolated, `capacity.profile_interpolate`)
   times a mean-preserving log-normal noise exp(sigma z - sigma^2 / 2).
+- MPS partitions (gpulets, ATC'22 §4.2-§4.4). Instances on one MPS partition (same device and `mpsNN@k`
+  slot) time-share it: one batch runs on a partition at a time and, when it ends, the partition's models
+  are offered it round-robin from the one after the model that just ran (each still decides its batch with
+  its own policy, as above; a model whose turn it is but which waits for more queries lets the next one
+  run). That is the duty-cycle round made work-conserving: a model waits at most for one batch of each
+  other model, which the plan keeps within the duty cycle. A batch on one partition runs slower while a
+  batch runs on another partition of the same GPU: its remaining work is re-timed whenever the co-runner
+  starts or ends, at the factor `interference.factor(model, batch, percent, co-runner, its batch, its
+  percent)` (1 with nothing co-running), so a batch is slowed only for the part of it that overlapped.
+  `interference` is the problem's fitted model (with its profiles' utilisations) unless the caller passes
+  another oracle (benches pass the measured co-runs) or None (partitions that do not interfere). Where the
+  oracle knows nothing of a co-location, the plan's own predicted factor of that instance applies.
 - Outcomes. Every query ends exactly once: on time (completed by its deadline), late, or dropped (no
   capacity for its application at arrival, expired under the drop rule, or still queued when the
   simulation ends). The deadline is arrival + the application's SLO, or arrival + the trace's per-request
@@ -41,7 +53,8 @@ Speed: events are plain tuples in a heap, per-query state lives in flat lists in
 arrivals are merged with the heap instead of being pushed into it. Planner calls are timed apart.
 
 Simplifications (stated): planning takes no simulated time (a plan applies at the instant it is asked
-for); destroying an instance is immediate; the network adds nothing; the initial plan is in place at
+for); destroying an instance is immediate (on MPS GPUs too: the overlap of old and new partitions of
+gpulets §4.6 is the agent's, not modelled here); the network adds nothing; the initial plan is in place at
 time 0 with every instance ready."""
 from __future__ import annotations
 
@@ -68,6 +81,8 @@ from engine.dataplane.batching import (
 from engine.dataplane.routing import alias_table_build, queries_match_instances, routing_tables_from_plan
 from engine.geometry.layout import layout_parse, mig_layout_diff
 from engine.plans.problem import Plan, PlanInstance, Problem, device_slot_id
+from engine.sharing.partitions import mps_slice_percent
+from engine.sharing.scheduling import InterferenceOracle
 
 __all__ = [
     "DROP_RULES",
@@ -88,7 +103,8 @@ PENDING, ON_TIME, LATE, DROPPED_EXPIRED, DROPPED_NO_CAPACITY, DROPPED_UNFINISHED
 OUTCOME_NAMES = {ON_TIME: "on_time", LATE: "late", DROPPED_EXPIRED: "dropped_expired",
                  DROPPED_NO_CAPACITY: "dropped_no_capacity", DROPPED_UNFINISHED: "dropped_unfinished"}
 # Heap event kinds; at equal times a completion goes before a timer (tuples compare kind second).
-_COMPLETE, _TIMER = 0, 1
+# _ROUND: an MPS partition's duty cycle starts; _TURN: a model's slot in it comes (the key is the partition).
+_COMPLETE, _TIMER, _ROUND, _TURN = 0, 1, 2, 3
 _INF = math.inf
 # A policy's `at_ms` this close to now counts as now (it is recomputed from the same numbers).
 _AT_EPSILON_MS = 1e-9
@@ -390,24 +406,55 @@ class _PlanState:
 # --------------------------------------------------------------------------- the simulator
 
 
+INTERFERENCE_FROM_PROBLEM = "problem"
+
+
 def simulate(
     problem: Problem,
     trace: TraceLike,
     *,
     planner: str | Callable[[Problem], Plan],
     config: SimulationConfig | None = None,
+    interference: InterferenceOracle | str | None = INTERFERENCE_FROM_PROBLEM,
 ) -> SimulationResult:
     """Simulate `trace` on the fleet of `problem`, planned (and re-planned) by `planner`: a name for
-    `solve.plan_solve` (proteus, joint, garrison, clipper-ha, clipper-ht, sommelier, infaas) or a function
-    Problem -> Plan. See the module docstring."""
-    return _Simulation(problem, trace, planner, config or SimulationConfig()).run()
+    `solve.plan_solve` (proteus, joint, garrison, clipper-ha, clipper-ht, sommelier, infaas, gpulets, sbp,
+    best-fit, ideal) or a function Problem -> Plan. `interference`: the slowdown co-running MPS partitions
+    cause each other ("problem": the problem's fitted model; None: none; or any `InterferenceOracle`). See
+    the module docstring."""
+    return _Simulation(problem, trace, planner, config or SimulationConfig(), interference).run()
+
+
+def _interference_oracles(problem: Problem, interference: InterferenceOracle | str | None) -> tuple[dict[str, InterferenceOracle], str]:
+    """Device type -> the oracle its MPS GPUs use, and a label for the summary."""
+    mps_types = sorted({d.type for d in problem.devices if d.mps and not d.mig and not d.is_cpu})
+    if interference is None or not mps_types:
+        return {}, "none"
+    if isinstance(interference, str):
+        if interference != INTERFERENCE_FROM_PROBLEM:
+            raise ValueError(f"interference must be {INTERFERENCE_FROM_PROBLEM!r}, None or an oracle, got {interference!r}")
+        from engine.solvers.gpulets import interference_predictor_for
+
+        oracles: dict[str, InterferenceOracle] = {}
+        for device_type in mps_types:
+            variants = {p.variant for p in problem.profiles if p.device_type == device_type and mps_slice_percent(p.slice) is not None
+                        and p.l2_util_pct is not None and p.dram_util_pct is not None}
+            predictor = interference_predictor_for(problem, device_type, variants, []) if variants else None
+            if predictor is not None:
+                oracles[device_type] = predictor
+        return oracles, "problem model" if oracles else "none"
+    if not callable(getattr(interference, "factor", None)):
+        raise ValueError("interference must have a factor(model, batch, percent, corunner, corunner_batch, corunner_percent) method")
+    return {t: interference for t in mps_types}, type(interference).__name__
 
 
 class _Simulation:
-    def __init__(self, problem: Problem, trace: TraceLike, planner: str | Callable[[Problem], Plan], config: SimulationConfig) -> None:
+    def __init__(self, problem: Problem, trace: TraceLike, planner: str | Callable[[Problem], Plan], config: SimulationConfig,
+                 interference: InterferenceOracle | str | None = INTERFERENCE_FROM_PROBLEM) -> None:
         batching_policy_make(config.batching, **dict(config.batching_params))  # fail early on a bad name or parameter
         self.problem = problem
         self.config = config
+        self.oracles, self.interference_label = _interference_oracles(problem, interference)
         if isinstance(planner, str):
             from engine.solvers.solve import plan_solve
 
@@ -561,6 +608,35 @@ class _Simulation:
         self.i_busy_ms.append(0.0)
         self.i_batches.append(0)
         self.i_served.append(0)
+        # MPS: the partition this instance time-shares (-1: none), its percent, the plan's predicted factor.
+        percent = mps_slice_percent(inst.slice)
+        part = -1
+        if percent is not None:
+            slot = (inst.device, f"{inst.slice}@{inst.start}")
+            part = self.part_of.get(slot, -1)
+            if part < 0:
+                part = self.part_of[slot] = len(self.p_members)
+                self.p_members.append([])
+                self.p_running.append(-1)
+                self.p_device.append(inst.device)
+                self.p_oracle.append(self.oracles.get(dtype))
+                self.p_duty.append(None)
+                self.p_round_start.append(0.0)
+                self.p_turn.append(0)
+                self.p_round_on.append(False)
+                self.gpu_parts.setdefault(inst.device, []).append(part)
+            self.p_members[part].append(k)
+            self.p_duty[part] = inst.duty_cycle_ms
+            self.p_round_pending.append(part)
+        self.i_part.append(part)
+        self.i_pct.append(percent or 100)
+        self.i_plan_factor.append(float(inst.interference_factor))
+        self.i_plan_latency.append(float(inst.latency_ms))
+        self.i_work.append(0.0)
+        self.i_factor.append(1.0)
+        self.i_tlast.append(0.0)
+        self.i_solo_ms.append(0.0)
+        self.i_round_cap.append(max(max(1, int(inst.batch)), max(p.batch for p in problem.profiles_for(inst.variant, dtype, inst.slice))))
         return k
 
     def _routing_build(self, now_ms: float) -> None:
@@ -643,6 +719,11 @@ class _Simulation:
             if k is not None and self.i_variant[k] == inst.variant and survives(inst):
                 new_current[inst.id] = k
                 self.i_maxb[k] = max(1, int(inst.batch))
+                if self.i_part[k] >= 0:  # the partition's round may have changed with the plan
+                    self.p_duty[self.i_part[k]] = inst.duty_cycle_ms
+                    self.i_plan_latency[k] = float(inst.latency_ms)
+                    self.i_round_cap[k] = max(self.i_round_cap[k], self.i_maxb[k])
+                    self.p_round_pending.append(self.i_part[k])
                 kept += 1
             else:
                 new_current[inst.id] = self._instance_make(inst, ready)
@@ -658,6 +739,8 @@ class _Simulation:
             self.i_alive[k] = False
             self.i_stopped[k] = now_ms
             self.i_timer[k] = _INF
+            if self.i_part[k] >= 0:  # a batch in flight still finishes (and holds the partition until then)
+                self.p_members[self.i_part[k]].remove(k)
             queue = self.i_queue[k]
             if len(queue):
                 orphans.extend(queue.pop(len(queue)))
@@ -683,8 +766,13 @@ class _Simulation:
         self._latency_cache: dict[tuple, tuple[Callable[[int], float], float]] = {}
         for name in ("i_id", "i_variant", "i_app", "i_accuracy", "i_queue", "i_policy", "i_lat", "i_lat1", "i_maxb", "i_rule",
                      "i_slo", "i_busy", "i_busy_end", "i_timer", "i_inflight", "i_service", "i_alive", "i_ready", "i_stopped",
-                     "i_busy_ms", "i_batches", "i_served"):
+                     "i_busy_ms", "i_batches", "i_served", "i_part", "i_pct", "i_plan_factor", "i_work", "i_factor", "i_tlast",
+                     "i_solo_ms", "i_round_cap", "i_plan_latency", "p_members", "p_running", "p_device", "p_oracle", "p_duty", "p_round_start", "p_turn", "p_round_on"):
             setattr(self, name, [])
+        self.part_of: dict[tuple[str, str], int] = {}
+        self.p_round_pending: list[int] = []
+        self.gpu_parts: dict[str, list[int]] = {}
+        self._factor_cache: dict[tuple, float] = {}
         self.current: dict[str, int] = {}
         self.running: dict[str, tuple[tuple[str, str], ...]] = {d.name: d.running for d in self.problem.devices if d.running}
         self.layouts: dict[str, tuple] = {
@@ -729,21 +817,87 @@ class _Simulation:
         record_batches = cfg.record_batches
         batch_log: list[tuple[str, float, list[int], float]] = []
         i_id = self.i_id
+        # MPS partitions (see the module docstring).
+        i_part, i_pct, i_variant, i_plan_factor = self.i_part, self.i_pct, self.i_variant, self.i_plan_factor
+        i_work, i_factor, i_tlast, i_solo = self.i_work, self.i_factor, self.i_tlast, self.i_solo_ms
+        p_running, p_members, p_device, p_oracle, gpu_parts = self.p_running, self.p_members, self.p_device, self.p_oracle, self.gpu_parts
+        factor_cache = self._factor_cache
+        p_duty, p_round_start, p_turn, p_round_on = self.p_duty, self.p_round_start, self.p_turn, self.p_round_on
+        round_caps, i_plan_latency = self.i_round_cap, self.i_plan_latency
+        log_at: dict[int, int] = {}  # instance -> its running batch's entry in batch_log (re-timed batches end later)
+
+        def pair_factor(k: int, k2: int) -> float:
+            oracle = p_oracle[i_part[k]]
+            if oracle is None:
+                return 1.0
+            key = (i_variant[k], len(inflight[k]), i_pct[k], i_variant[k2], len(inflight[k2]), i_pct[k2])
+            f = factor_cache.get(key)
+            if f is None:
+                try:
+                    f = max(1.0, float(oracle.factor(*key)))
+                except ValueError:  # a co-location the oracle knows nothing of: the plan's own prediction
+                    f = max(1.0, i_plan_factor[k])
+                factor_cache[key] = f
+            return f
+
+        def corun_factor(k: int) -> float:
+            """The slowdown of k's running batch from the batches running on its GPU's other partitions."""
+            part = i_part[k]
+            f = 1.0
+            for p2 in gpu_parts[p_device[part]]:
+                k2 = p_running[p2]
+                if p2 != part and k2 >= 0:
+                    f = max(f, pair_factor(k, k2))
+            return f
+
+        def retime(k: int, now: float) -> None:
+            """The co-runners of k's batch changed at `now`: the work left (in solo ms) runs at the new factor."""
+            f_old = i_factor[k]
+            i_work[k] = max(0.0, i_work[k] - (now - i_tlast[k]) / f_old)
+            i_tlast[k] = now
+            f = corun_factor(k)
+            if f == f_old:
+                return
+            i_factor[k] = f
+            end = now + i_work[k] * f
+            delta = end - busy_end[k]
+            busy_end[k] = end
+            service[k] += delta
+            busy_ms[k] += delta
+            heappush(heap, (end, _COMPLETE, k))  # the earlier completion event goes stale (busy_end moved)
+            if record_batches and k in log_at:
+                entry = batch_log[log_at[k]]
+                batch_log[log_at[k]] = (entry[0], entry[1], entry[2], end)
+
+        def corunners_retime(part: int, now: float) -> None:
+            for p2 in gpu_parts[p_device[part]]:
+                k2 = p_running[p2]
+                if p2 != part and k2 >= 0:
+                    retime(k2, now)
+
+        def expire(k: int, now: float) -> None:
+            q = queues[k]
+            for qid in q.drop_expired(now, rules[k], slos[k], lat1s[k]):
+                outcome[qid] = DROPPED_EXPIRED
+                done[qid] = now
+                where[qid] = k
 
         def kick(k: int, now: float) -> None:
             """The instance is idle: drop what expired, ask the policy, start a batch or set its timer."""
+            part = i_part[k]
+            if part >= 0 and p_duty[part] is not None:  # the partition's rounds decide when it runs (turn())
+                if not p_round_on[part] and len(queues[k]):  # rounds stopped while nothing was queued: restart
+                    p_round_on[part] = True
+                    heappush(heap, (now, _ROUND, part))
+                return
+            expire(k, now)
             q = queues[k]
-            dropped = q.drop_expired(now, rules[k], slos[k], lat1s[k])
-            if dropped:
-                for qid in dropped:
-                    outcome[qid] = DROPPED_EXPIRED
-                    done[qid] = now
-                    where[qid] = k
             if not q:
                 timer_at[k] = inf
                 return
-            lat = lats[k]
-            b, at = policies[k].decide(now, q, lat, maxbs[k])
+            if part >= 0 and p_running[part] >= 0:  # another model's batch holds the partition: wait for the turn
+                return
+            b, at = policies[k].decide(now, q, lats[k], maxbs[k])
             if early_drops:  # Nexus drops from the head inside decide; the queue reports them on the next call
                 for qid in q.drop_expired(now, "never", 0.0, 0.0):
                     outcome[qid] = DROPPED_EXPIRED
@@ -757,13 +911,19 @@ class _Simulation:
                     timer_at[k] = at
                     heappush(heap, (at, _TIMER, k))
                 return
-            size = len(q)
-            if b > size:
-                b = size
-            if b > maxbs[k]:
-                b = maxbs[k]
-            inflight[k] = q.pop(b)
-            svc = lat(b) * nxt(noise)
+            batch_start(k, min(b, len(q), maxbs[k]), now)
+
+        def batch_start(k: int, b: int, now: float) -> None:
+            part = i_part[k]
+            inflight[k] = queues[k].pop(b)
+            svc = lats[k](b) * nxt(noise)
+            if part >= 0:
+                p_running[part] = k
+                i_solo[k] += svc
+                i_work[k] = svc
+                i_tlast[k] = now
+                i_factor[k] = corun_factor(k)
+                svc *= i_factor[k]
             end = now + svc
             busy[k] = True
             busy_end[k] = end
@@ -772,11 +932,72 @@ class _Simulation:
             busy_ms[k] += svc
             heappush(heap, (end, _COMPLETE, k))
             if record_batches:
+                log_at[k] = len(batch_log)
                 batch_log.append((i_id[k], now, [qid for qid, _a, _d in inflight[k]], end))
+            if part >= 0:
+                corunners_retime(part, now)
+
+        def turn(part: int, now: float) -> None:
+            """The next model of the partition's round runs what it has queued (up to its planned batch, after
+            the drop rule); a model with nothing queued passes its turn. When every model has had its turn,
+            the next round starts a duty cycle after this one started (at once if this one overran), or, with
+            nothing queued, when the next query arrives."""
+            members = p_members[part]
+            while p_turn[part] < len(members):  # (a plan applied mid-round may skip or repeat one turn)
+                m = members[p_turn[part]]
+                # Its slot: the round's start plus the planned latencies of the models before it, so its
+                # batches start a duty cycle apart whatever the others ran (Nexus's bound: wait <= duty cycle).
+                slot_at = p_round_start[part] + sum(i_plan_latency[x] for x in members[:p_turn[part]])
+                if slot_at > now + eps:
+                    heappush(heap, (slot_at, _TURN, part))
+                    return
+                p_turn[part] += 1
+                if busy[m] or not alive[m]:
+                    continue
+                expire(m, now)
+                q = queues[m]
+                if not q:
+                    continue
+                # Its policy sizes the batch, now (the round is the timer), up to the largest profiled batch:
+                # the plan's batch is what a round collects on average (rate x duty cycle), and a round that
+                # collected more runs it while the earliest deadline allows, rather than carrying it over.
+                b, _at = policies[m].decide(now, q, lats[m], round_caps[m])
+                if early_drops:
+                    for qid in q.drop_expired(now, "never", 0.0, 0.0):
+                        outcome[qid] = DROPPED_EXPIRED
+                        done[qid] = now
+                        where[qid] = m
+                if b > 0 and len(q):
+                    batch_start(m, min(b, len(q)), now)
+                    return
+            if any(len(queues[m]) for m in members if alive[m]):
+                heappush(heap, (max(p_round_start[part] + p_duty[part], now), _ROUND, part))
+            else:  # nothing queued: the rounds stop until the next arrival (kick) starts one
+                p_round_on[part] = False
+
+        def rounds_start(now: float) -> None:
+            """Partitions with a duty cycle that a plan just filled start their rounds."""
+            for part in self.p_round_pending:
+                if not p_round_on[part] and p_members[part] and p_duty[part] is not None:
+                    p_round_on[part] = True
+                    heappush(heap, (now, _ROUND, part))
+            self.p_round_pending.clear()
 
         def event(t: float, kind: int, k: int) -> None:
+            if kind == _ROUND:
+                p_round_start[k] = t
+                p_turn[k] = 0
+                if p_running[k] < 0:  # else a batch of the last round (or of a stopped model) ends first
+                    turn(k, t)
+                return
+            if kind == _TURN:
+                if p_running[k] < 0:
+                    turn(k, t)
+                return
             if kind == _COMPLETE:
                 batch = inflight[k]
+                if batch is None or t != busy_end[k]:  # re-timed by interference: a later event ends it
+                    return
                 inflight[k] = None
                 busy[k] = False
                 late = 0
@@ -792,8 +1013,27 @@ class _Simulation:
                 batches[k] += 1
                 served[k] += size
                 policies[k].observe(size, service[k], late)
-                if alive[k]:
-                    kick(k, t)
+                part = i_part[k]
+                if part < 0:
+                    if alive[k]:
+                        kick(k, t)
+                    return
+                p_running[part] = -1
+                corunners_retime(part, t)
+                if p_duty[part] is not None:
+                    turn(part, t)
+                    return
+                # No duty cycle (a model alone, or a partition written without one): work-conserving turns,
+                # from the model after k, the first that starts a batch.
+                members = p_members[part]
+                if members:
+                    first = members.index(k) + 1 if k in members else 0
+                    for j in range(len(members)):
+                        m = members[(first + j) % len(members)]
+                        if not busy[m] and len(queues[m]):
+                            kick(m, t)
+                            if p_running[part] >= 0:
+                                break
             elif timer_at[k] == t and not busy[k] and alive[k]:
                 timer_at[k] = inf
                 kick(k, t)
@@ -876,6 +1116,7 @@ class _Simulation:
         # Control loop: epochs between control events (whole seconds for the burst check, re-plans, instances
         # becoming ready); routing is rebuilt whenever the plan or the set of ready instances changes.
         self._routing_build(0.0)
+        rounds_start(0.0)
         interval_ms = (cfg.replan_interval_s or 0.0) * 1000.0
         next_replan = interval_ms if interval_ms > 0 else _INF
         next_second = 1000.0
@@ -912,6 +1153,7 @@ class _Simulation:
                     record.update(applied=False, error="infeasible; the current plan stays")
                 elif plan is not None:
                     orphans = self._plan_apply(plan, t1, record, initial=False)
+                    rounds_start(t1)
                     plans.append((now_s, plan))
                     state = _PlanState(now_s, plan, demand)
                     self._routing_build(t1)
@@ -1004,6 +1246,9 @@ class _Simulation:
                 "mean_batch": self.i_served[k] / self.i_batches[k] if self.i_batches[k] else None,
                 "busy_s": round(self.i_busy_ms[k] / 1000.0, 6),
                 "utilisation": min(1.0, self.i_busy_ms[k] / up) if up > 0 else None,
+                # MPS: the partition it time-shared, and its batches' mean slowdown from co-running partitions.
+                "partition": inst_id.rsplit("/", 1)[0] if self.i_part[k] >= 0 else None,
+                "mean_interference": self.i_busy_ms[k] / self.i_solo_ms[k] if self.i_part[k] >= 0 and self.i_solo_ms[k] > 0 else None,
             })
 
         total = int(n)
@@ -1030,6 +1275,7 @@ class _Simulation:
         sim_wall = max(wall - self.planner_seconds, 1e-9)
         summary: dict[str, Any] = {
             "planner": self.planner_name, "batching": cfg.batching, "routing": cfg.routing, "queue_order": cfg.queue_order,
+            "interference": self.interference_label,
             "seed": cfg.seed, "duration_s": round(end_time / 1000.0, 6), "queries": total,
             "on_time": int((outcome == ON_TIME).sum()), "late": n_late, "dropped": n_dropped,
             **{f"{OUTCOME_NAMES[c]}": int((outcome == c).sum()) for c in (DROPPED_EXPIRED, DROPPED_NO_CAPACITY, DROPPED_UNFINISHED)},

@@ -46,7 +46,7 @@ from engine.sharing.scheduling import (
 )
 from engine.solvers.solve import SHARING
 
-__all__ = ["SHARING_SOLVERS", "sharing_problem_from", "sharing_plan_solve"]
+__all__ = ["SHARING_SOLVERS", "interference_predictor_for", "sharing_problem_from", "sharing_plan_solve"]
 
 SHARING_SOLVERS = SHARING  # the names plan_solve dispatches here
 _RPS_EPS = 1e-6
@@ -117,7 +117,7 @@ def sharing_problem_from(problem: Problem) -> tuple[SharingProblem | None, _Mapp
         measured = [p.memory_mb for p in problem.profiles if p.variant == variant and p.device_type == device_type
                     and mps_slice_percent(p.slice) is not None and p.memory_mb is not None]
         memory[variant] = max(measured + [problem.variant(variant).memory_mb])
-    interference = _interference_predictor(problem, device_type, set(variant_of.values()), notes)
+    interference = interference_predictor_for(problem, device_type, set(variant_of.values()), notes)
     models = tuple(ModelDemand(variant_of[app.name], app.demand_rps, app.slo_ms)
                    for app in problem.applications if app.name in variant_of)
     sharing = SharingProblem(models, latency, interference, tuple(sorted(partitions)), problem.options.latency_budget_fraction,
@@ -125,7 +125,10 @@ def sharing_problem_from(problem: Problem) -> tuple[SharingProblem | None, _Mapp
     return sharing, _Mapping(devices, variant_of, notes)
 
 
-def _interference_predictor(problem: Problem, device_type: str, variants: set[str], notes: list[str]) -> InterferencePredictor | None:
+def interference_predictor_for(problem: Problem, device_type: str, variants: set[str], notes: list[str]) -> InterferencePredictor | None:
+    """The problem's interference model with the L2/DRAM utilisations its profiles give for `variants` on
+    `device_type` (what the planners and the simulator read); None, with a note saying why, when either is
+    missing."""
     if problem.interference is None:
         notes.append("no interference model in the problem: MPS partitions planned as if they did not interfere")
         return None

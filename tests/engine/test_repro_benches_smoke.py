@@ -83,7 +83,8 @@ def test_gpulets_bench_small_sample(tmp_path: Path) -> None:
     """benches/gpulets.py on 4 scenarios (its --quick takes 150, about 90 s on 2 cores): every policy's
     schedules are valid and the paper's figures are printed beside the measured ones."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "benches" / "gpulets.py"), "--scenarios", "4", "--jobs", "1", "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "benches" / "gpulets.py"), "--scenarios", "4", "--jobs", "1", "--out", str(tmp_path),
+         "--mixes", "scen2", "--sim-seconds", "3"],
         cwd=REPO, capture_output=True, text=True, timeout=110,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -94,4 +95,9 @@ def test_gpulets_bench_small_sample(tmp_path: Path) -> None:
     assert all(float(r["ideal: max scale"]) > 0 for r in rows)
     summary = {r["policy"]: r for r in csv_rows(tmp_path / "gpulets_summary.csv")}
     assert set(summary) == {"gpulets", "gpulets (no int)", "sbp", "best-fit", "ideal"}
+    # The simulated throughput of Figure 13, on one mix: every policy found a rate it serves within 1 %.
+    throughput = csv_rows(tmp_path / "gpulets_throughput.csv")
+    assert {r["policy"] for r in throughput} == {"gpulets", "gpulets (no int)", "sbp", "best-fit"}
+    assert all(float(r["max_throughput_rps"]) > 0 and float(r["misses_at_max"]) <= 0.01 for r in throughput)
+    assert "61.7" in result.stdout and "Simulated SLO-preserved max throughput" in result.stdout
     figure_or_reason(result.stdout, tmp_path / "gpulets.png")
