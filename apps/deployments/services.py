@@ -27,7 +27,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from apps.inventory.choices import AcceleratorKindChoices
-from apps.inventory.models import Accelerator, Host
+from apps.inventory.models import Accelerator, Host, mps_partitions_problem
 from apps.inventory.services import host_actual_state_apply
 from apps.policies.choices import DropRuleChoices
 from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE
@@ -38,7 +38,8 @@ from engine.dataplane.routing import RoutingError
 from engine.dataplane.routing import RoutingTable as EngineRoutingTable
 from engine.geometry.catalogue import GpuModelSpec
 from engine.geometry.layout import Placement, layout_parse, mig_layout_validate, placement_parse
-from engine.geometry.names import RuntimeKey, instance_id_parse, runtime_key_parse
+from engine.geometry.names import RuntimeKey, instance_id_parse, mps_placement_parse, runtime_key_parse
+from engine.sharing.partitions import mps_slice_name
 
 from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
 
@@ -47,11 +48,14 @@ DEFAULT_QUEUE_ORDER = "fifo"
 DEFAULT_DROP_RULE = DropRuleChoices.DEADLINE.value
 
 SPEC_KEYS = frozenset({"host", "version", "gpus", "runtimes"})  # host and version are the server's, ignored
-GPU_KEYS = frozenset({"index", "mig_enabled", "layout"})
+GPU_KEYS = frozenset({"index", "mig_enabled", "layout", "mps_enabled", "mps_layout"})
 # The largest max_batch a desired state may ask for: the largest batch size a profile can hold (a
 # PositiveIntegerField); a plan never batches beyond its profiles.
 MAX_BATCH_LIMIT = 2**31 - 1
-RUNTIME_KEYS = frozenset({"key", "device", "placement", "cpu_threads", "application", "variant", "max_batch", "batching", "profile"})
+RUNTIME_KEYS = frozenset({
+    "key", "device", "placement", "cpu_threads", "application", "variant", "max_batch", "batching", "profile",
+    "mps_percent", "duty_cycle_ms",  # models in an MPS partition only
+})
 BATCHING_KEYS = frozenset({"policy", "params", "drop_rule", "queue_order", "slo_ms"})
 
 
@@ -93,6 +97,15 @@ class _GpuGeometry:
     accelerator: Accelerator
     mig_enabled: bool
     layout: tuple[str, ...]  # canonical "profile@start", sorted by start
+    mps_enabled: bool = False
+    mps_layout: tuple[str, ...] = ()  # "mps60@0", ..., by index (largest first)
+
+    def document(self) -> dict:
+        """The GPU's entry in a desired state (the MPS keys only on an MPS GPU, so MIG documents are unchanged)."""
+        entry: dict[str, Any] = {"index": self.accelerator.index, "mig_enabled": self.mig_enabled, "layout": list(self.layout)}
+        if self.mps_enabled:
+            entry.update({"mps_enabled": True, "mps_layout": list(self.mps_layout)})
+        return entry
 
 
 def _gpu_spec(accelerator: Accelerator) -> GpuModelSpec | None:
@@ -104,6 +117,24 @@ def _canonical_placement(spec: GpuModelSpec, placement: Placement) -> str:
     return str(Placement(profile.name if profile else placement.profile, placement.start))
 
 
+def _mps_layout_validate(accelerator: Accelerator, raw: list[str]) -> tuple[tuple[str, ...] | None, str | None]:
+    """An MPS layout ["mps60@0", "mps40@1"] checked against what the GPU allows (sizes, at most 100 %,
+    indices 0..n-1, largest first) -> the placements by index, or the problem."""
+    layout: dict[int, int] = {}
+    for text in raw:
+        try:
+            percent, index = mps_placement_parse(text)
+        except ValueError as exc:
+            return None, str(exc)
+        if index in layout:
+            return None, f"partition {index} is listed twice."
+        layout[index] = percent
+    problem = mps_partitions_problem(layout, accelerator.mps_partitions_allowed)
+    if problem:
+        return None, problem
+    return tuple(f"mps{layout[i]}@{i}" for i in sorted(layout)), None
+
+
 def _gpus_validate(gpus: dict[int, Accelerator], raw: Any, errors: _Errors) -> tuple[list[dict], dict[int, _GpuGeometry]]:
     """The GPUs this version sets, checked and canonicalised, and every GPU's geometry as it will be (a GPU
     not listed keeps its current geometry)."""
@@ -112,6 +143,8 @@ def _gpus_validate(gpus: dict[int, Accelerator], raw: Any, errors: _Errors) -> t
             accelerator,
             accelerator.mig_enabled,
             tuple(f"{gi.profile}@{gi.placement_start}" for gi in sorted(accelerator.gpu_instances.all(), key=lambda g: g.placement_start)),
+            accelerator.mps_enabled,
+            tuple(p.slot for p in sorted(accelerator.mps_partitions_set.all(), key=lambda p: p.index)),
         )
         for index, accelerator in gpus.items()
     }
@@ -152,6 +185,27 @@ def _gpus_validate(gpus: dict[int, Accelerator], raw: Any, errors: _Errors) -> t
         if not isinstance(layout, list) or not all(isinstance(p, str) for p in layout):
             errors.add("gpus", f"{where}: 'layout' must be a list of placements such as '3g.20gb@4'.")
             continue
+        mps_enabled = item.get("mps_enabled", False)
+        mps_layout = item.get("mps_layout", [])
+        if not isinstance(mps_enabled, bool):
+            errors.add("gpus", f"{where}: 'mps_enabled' must be true or false.")
+            continue
+        if not isinstance(mps_layout, list) or not all(isinstance(p, str) for p in mps_layout):
+            errors.add("gpus", f"{where}: 'mps_layout' must be a list of MPS partitions such as 'mps60@0'.")
+            continue
+        mps_canonical: tuple[str, ...] = ()
+        if mps_enabled:
+            if mig_enabled:
+                errors.add("gpus", f"{where}: MIG and MPS cannot both be enabled on a GPU; set one of mig_enabled and mps_enabled false.")
+                continue
+            checked, problem = _mps_layout_validate(accelerator, mps_layout)
+            if problem:
+                errors.add("gpus", f"{where}: {problem}" if problem.startswith("invalid") else f"{where}: invalid MPS layout: {problem}")
+                continue
+            mps_canonical = checked
+        elif mps_layout:
+            errors.add("gpus", f"{where}: an MPS layout needs mps_enabled true.")
+            continue
         canonical: tuple[str, ...] = ()
         if mig_enabled:
             spec = _gpu_spec(accelerator)
@@ -171,8 +225,8 @@ def _gpus_validate(gpus: dict[int, Accelerator], raw: Any, errors: _Errors) -> t
         elif layout:
             errors.add("gpus", f"{where}: a MIG layout needs mig_enabled true.")
             continue
-        geometry[index] = _GpuGeometry(accelerator, mig_enabled, canonical)
-        listed.append({"index": index, "mig_enabled": mig_enabled, "layout": list(canonical)})
+        geometry[index] = _GpuGeometry(accelerator, mig_enabled, canonical, mps_enabled, mps_canonical)
+        listed.append(geometry[index].document())
     listed.sort(key=lambda g: g["index"])
     return listed, geometry
 
@@ -205,10 +259,11 @@ def _profile_points(rows: Iterable[Profile]) -> list[dict]:
     return [{"batch": p.batch_size, "latency_ms": p.latency_p50_ms} for p in sorted(rows, key=lambda p: p.batch_size)]
 
 
-def _profile_lookup(variant: ModelVariant, accelerator: Accelerator, placement: str | None, cpu_threads: int | None) -> tuple[list[dict], str]:
+def _profile_lookup(variant: ModelVariant, accelerator: Accelerator, placement: str | None, cpu_threads: int | None,
+                    mps_percent: int | None = None) -> tuple[list[dict], str]:
     """The variant's profile on this slice from the registry, and a description of the slice for errors.
     CPU: the profile at cpu_cores == cpu_threads, else at the nearest profiled core count (the smaller on a
-    tie: slower, so the batching policy errs on the safe side)."""
+    tie: slower, so the batching policy errs on the safe side). An MPS partition: slice "mps<percent>"."""
     if accelerator.kind == AcceleratorKindChoices.CPU:
         rows = list(Profile.objects.filter(variant=variant, device_type=CPU_DEVICE_TYPE))
         cores = sorted({p.cpu_cores for p in rows if p.cpu_cores})
@@ -216,7 +271,10 @@ def _profile_lookup(variant: ModelVariant, accelerator: Accelerator, placement: 
             return [], f"cpu ({cpu_threads} cores)"
         best = min(cores, key=lambda c: (abs(c - cpu_threads), c))
         return _profile_points(p for p in rows if p.cpu_cores == best), f"cpu ({cpu_threads} cores)"
-    slice_name = placement_parse(placement).profile if placement else FULL_SLICE
+    if mps_percent is not None:
+        slice_name = mps_slice_name(mps_percent)
+    else:
+        slice_name = placement_parse(placement).profile if placement else FULL_SLICE
     device_types = _gpu_device_types(accelerator)
     rows = list(Profile.objects.filter(variant=variant, device_type__in=device_types, slice=slice_name))
     for device_type in device_types:  # one spelling only, the catalogue's first
@@ -302,6 +360,10 @@ class _RuntimeChecker:
         self.variants = {v.pk: v for v in ModelVariant.objects.filter(pk__in=ids).select_related("application", "artifact")}
         self.keys: set[str] = set()
         self.cpu_threads: dict[int, int] = defaultdict(int)
+        # MPS partitions: partition key -> (duty_cycle_ms, the first key giving it), and the variants in it.
+        self.duty_cycles: dict[str, tuple[float | None, str]] = {}
+        self.partition_variants: dict[str, dict[int, str]] = defaultdict(dict)
+        self.mps_gpus: set[int] = set()
 
     def fail(self, where: str, message: str) -> None:
         self.errors.add("runtimes", f"{where}: {message}")
@@ -328,6 +390,54 @@ class _RuntimeChecker:
             return False, None
         return True, canonical
 
+    def _mps(self, where: str, rk: RuntimeKey, item: dict, geometry: _GpuGeometry) -> tuple[bool, dict]:
+        """A model in an MPS partition (`gpu0/mps60@0/1`): its partition in the GPU's MPS layout as this
+        version leaves it, `mps_percent` the key's, `duty_cycle_ms` > 0 or null and the same for every model
+        of the partition. Returns (ok, the MPS fields of the document)."""
+        if rk.slot is None:
+            self.fail(where, f"{rk.key} is an MPS partition's own key; a runtime is one model in it: '{rk.key}/<slot>' "
+                             "(slot 0, 1, ... its position in the partition).")
+            return False, {}
+        if item.get("placement") is not None and item["placement"] != rk.placement:
+            self.fail(where, f"'placement' must be {rk.placement!r}, the partition in the key (or left out).")
+            return False, {}
+        if not geometry.mps_enabled:
+            self.fail(where, f"MPS is not enabled on {rk.device} in this version; an MPS partition cannot run there.")
+            return False, {}
+        if rk.placement not in geometry.mps_layout:
+            layout = ", ".join(geometry.mps_layout) or "empty"
+            self.fail(where, f"{rk.placement} is not in {rk.device}'s MPS layout ({layout}).")
+            return False, {}
+        percent = item.get("mps_percent", rk.mps_percent)
+        if percent is None:
+            percent = rk.mps_percent
+        if not _is_int(percent) or percent != rk.mps_percent:
+            self.fail(where, f"'mps_percent' must be {rk.mps_percent}, the percent in the key; got {percent!r}.")
+            return False, {}
+        duty = item.get("duty_cycle_ms")
+        if duty is not None and (not _is_number(duty) or duty <= 0):
+            self.fail(where, f"'duty_cycle_ms' must be a finite number of milliseconds > 0, or null; got {duty!r}.")
+            return False, {}
+        duty = float(duty) if duty is not None else None
+        partition = rk.partition_key
+        if partition in self.duty_cycles and self.duty_cycles[partition][0] != duty:
+            other_duty, other = self.duty_cycles[partition]
+            self.fail(where, f"duty_cycle_ms {duty!r} differs from {other}'s ({other_duty!r}); the models of partition "
+                             f"{partition} take turns in one round, so they all carry the same duty cycle.")
+            return False, {}
+        self.duty_cycles.setdefault(partition, (duty, rk.key))
+        self.mps_gpus.add(rk.index)
+        return True, {"mps_percent": rk.mps_percent, "duty_cycle_ms": duty}
+
+    def _mps_variant_once(self, where: str, rk: RuntimeKey, variant: ModelVariant) -> bool:
+        served = self.partition_variants[rk.partition_key]
+        if variant.pk in served:
+            self.fail(where, f"variant {variant.name} is already served in partition {rk.partition_key} (by {served[variant.pk]}); "
+                             "a model has one batcher per partition.")
+            return False
+        served[variant.pk] = rk.key
+        return True
+
     def check(self, i: int, item: Any) -> dict | None:
         if not isinstance(item, dict):
             self.fail(f"runtimes[{i}]", "expected an object.")
@@ -352,7 +462,27 @@ class _RuntimeChecker:
             return None
         # The device, as it will be.
         cpu_threads = item.get("cpu_threads")
-        if rk.kind == AcceleratorKindChoices.GPU:
+        mps = getattr(rk, "mps_percent", None) is not None
+        mps_fields: dict = {}
+        if not mps:
+            given = [name for name in ("mps_percent", "duty_cycle_ms") if item.get(name) is not None]
+            if given:
+                self.fail(where, f"{' and '.join(given)}: only for a model in an MPS partition ('gpu<i>/mps<NN>@<k>/<slot>').")
+                return None
+        if rk.kind == AcceleratorKindChoices.GPU and mps:
+            geometry = self.geometry.get(rk.index)
+            if geometry is None:
+                self.fail(where, f"the host has no {rk.device} (its GPUs: {', '.join(f'gpu{g}' for g in sorted(self.geometry)) or 'none'}).")
+                return None
+            accelerator = geometry.accelerator
+            if cpu_threads is not None:
+                self.fail(where, "'cpu_threads' is only for CPU runtimes.")
+                return None
+            ok, mps_fields = self._mps(where, rk, item, geometry)
+            if not ok:
+                return None
+            placement = rk.placement
+        elif rk.kind == AcceleratorKindChoices.GPU:
             geometry = self.geometry.get(rk.index)
             if geometry is None:
                 self.fail(where, f"the host has no {rk.device} (its GPUs: {', '.join(f'gpu{g}' for g in sorted(self.geometry)) or 'none'}).")
@@ -366,6 +496,10 @@ class _RuntimeChecker:
                 return None
             if placement is None and geometry.mig_enabled:
                 self.fail(where, f"a whole-GPU runtime needs MIG disabled on {rk.device}, and this version has it enabled.")
+                return None
+            if placement is None and geometry.mps_enabled:
+                self.fail(where, f"a whole-GPU runtime needs MPS disabled on {rk.device}, and this version has it enabled "
+                                 f"(give it a partition instead: {rk.device}/mps100@0/0 with mps_layout ['mps100@0']).")
                 return None
             if placement is not None:
                 if not geometry.mig_enabled:
@@ -402,6 +536,8 @@ class _RuntimeChecker:
         if variant.application_id != application.pk:
             self.fail(where, f"variant {variant.pk} ({variant.name}) belongs to {variant.application.name}, not {application.name}.")
             return None
+        if mps and not self._mps_variant_once(where, rk, variant):
+            return None
         if variant.artifact_id is None:
             if rk.kind == AcceleratorKindChoices.CPU:
                 self.fail(where, f"variant {variant.name} has no artifact; CPU runtimes compute for real and need one.")
@@ -423,7 +559,8 @@ class _RuntimeChecker:
                 self.fail(where, problem)
                 return None
         else:
-            profile, slice_text = _profile_lookup(variant, accelerator, placement, cpu_threads)
+            profile, slice_text = _profile_lookup(variant, accelerator, None if mps else placement, cpu_threads,
+                                                  mps_fields.get("mps_percent"))
             if not profile:
                 self.fail(where, f"no profile of {variant} on {slice_text}; profile it first or give 'profile'.")
                 return None
@@ -437,6 +574,7 @@ class _RuntimeChecker:
             "max_batch": max_batch,
             "batching": batching,
             "profile": profile,
+            **mps_fields,
         }
 
     def check_cpu_threads(self) -> None:
@@ -448,15 +586,17 @@ class _RuntimeChecker:
 
 def host_desired_state_validate(*, host: Host, spec: Any) -> dict:
     """Check a desired-state document against the host's inventory and return it filled in (without host
-    and version): canonical MIG placements, variants with their artifacts, batching defaults from the
-    application's SLO policy, profiles from the registry where not given. Raises ValidationError."""
+    and version): canonical MIG placements and MPS layouts, variants with their artifacts, batching defaults
+    from the application's SLO policy, profiles from the registry where not given, and every GPU whose MPS
+    partitions run models listed (the agent runs partitions only on a GPU listed in MPS mode). Raises
+    ValidationError."""
     errors = _Errors()
     if not isinstance(spec, dict):
         raise ValidationError({"non_field_errors": "Expected an object {gpus, runtimes}."})
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown:
         raise ValidationError({"non_field_errors": f"Unknown keys {', '.join(unknown)} (expected gpus and runtimes)."})
-    accelerators = list(host.accelerators.prefetch_related("gpu_instances"))
+    accelerators = list(host.accelerators.prefetch_related("gpu_instances", "mps_partitions_set"))
     gpus = {a.index: a for a in accelerators if a.kind == AcceleratorKindChoices.GPU}
     cpus = {a.index: a for a in accelerators if a.kind == AcceleratorKindChoices.CPU}
     listed, geometry = _gpus_validate(gpus, spec.get("gpus"), errors)
@@ -473,6 +613,11 @@ def host_desired_state_validate(*, host: Host, spec: Any) -> dict:
             if document is not None:
                 runtimes.append(document)
         checker.check_cpu_threads()
+        # A GPU whose MPS partitions run models is listed, as it is when this version does not set it: the
+        # agent runs a partition only on a GPU its desired state lists in MPS mode.
+        listed_indices = {g["index"] for g in listed}
+        listed += [geometry[index].document() for index in sorted(checker.mps_gpus - listed_indices)]
+        listed.sort(key=lambda g: g["index"])
     errors.raise_if_any()
     runtimes.sort(key=lambda r: r["key"])
     return {"gpus": listed, "runtimes": runtimes}

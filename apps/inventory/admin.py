@@ -1,12 +1,12 @@
 from django.contrib import admin
 
-from .models import Accelerator, GpuInstance, Host, RouterCredential
+from .models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
 
 
 class AcceleratorInline(admin.TabularInline):
     model = Accelerator
     extra = 0
-    fields = ["index", "kind", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores", "uuid"]
+    fields = ["index", "kind", "model_name", "memory_mb", "mig_capable", "mig_enabled", "mps_enabled", "cpu_cores", "uuid"]
 
 
 @admin.register(Host)
@@ -25,12 +25,18 @@ class GpuInstanceInline(admin.TabularInline):
     readonly_fields = ["placement_size"]
 
 
+class MpsPartitionInline(admin.TabularInline):
+    model = MpsPartition
+    extra = 0
+    fields = ["index", "percent", "state"]
+
+
 @admin.register(Accelerator)
 class AcceleratorAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "kind", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores"]
-    list_filter = ["kind", "mig_capable", "mig_enabled", "host"]
+    list_display = ["__str__", "kind", "model_name", "memory_mb", "mig_capable", "mig_enabled", "mps_enabled", "cpu_cores"]
+    list_filter = ["kind", "mig_capable", "mig_enabled", "mps_enabled", "host"]
     search_fields = ["model_name", "uuid", "host__name"]
-    inlines = [GpuInstanceInline]
+    inlines = [GpuInstanceInline, MpsPartitionInline]
 
 
 @admin.register(GpuInstance)
@@ -39,6 +45,13 @@ class GpuInstanceAdmin(admin.ModelAdmin):
     list_filter = ["state", "profile"]
     search_fields = ["uuid", "accelerator__host__name"]
     readonly_fields = ["placement_size"]
+
+
+@admin.register(MpsPartition)
+class MpsPartitionAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "percent", "index", "state"]
+    list_filter = ["state", "percent"]
+    search_fields = ["accelerator__host__name"]
 
 
 @admin.register(RouterCredential)

@@ -23,3 +23,7 @@ class GpuInstanceStateChoices(models.TextChoices):
     READY = "ready", "Ready"
     DRAINING = "draining", "Draining"
     FAILED = "failed", "Failed"
+
+
+# An MPS partition's life is a GPU instance's: desired (pending), running (ready), draining, failed.
+MpsPartitionStateChoices = GpuInstanceStateChoices

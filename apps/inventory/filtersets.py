@@ -2,7 +2,7 @@ import django_filters
 
 from apps.core.filtersets import TesseraFilterSet
 
-from .models import Accelerator, GpuInstance, Host, RouterCredential
+from .models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
 
 
 class HostFilterSet(TesseraFilterSet):
@@ -23,7 +23,7 @@ class AcceleratorFilterSet(TesseraFilterSet):
 
     class Meta:
         model = Accelerator
-        fields = ["host", "kind", "mig_capable", "mig_enabled", "uuid"]
+        fields = ["host", "kind", "mig_capable", "mig_enabled", "mps_enabled", "uuid"]
 
 
 class GpuInstanceFilterSet(TesseraFilterSet):
@@ -32,6 +32,14 @@ class GpuInstanceFilterSet(TesseraFilterSet):
     class Meta:
         model = GpuInstance
         fields = ["accelerator", "profile", "state"]
+
+
+class MpsPartitionFilterSet(TesseraFilterSet):
+    host = django_filters.NumberFilter(field_name="accelerator__host")
+
+    class Meta:
+        model = MpsPartition
+        fields = ["accelerator", "percent", "index", "state"]
 
 
 class RouterCredentialFilterSet(TesseraFilterSet):

@@ -1,16 +1,24 @@
-"""The fleet as it is: hosts, their accelerators (GPUs and CPU allotments) and MIG GPU instances.
-MIG facts (profiles, sizes, legal starts) come from the engine's catalogue data, never from code here."""
+"""The fleet as it is: hosts, their accelerators (GPUs and CPU allotments), MIG GPU instances and MPS
+partitions. MIG facts (profiles, sizes, legal starts) come from the engine's catalogue data, MPS rules
+(allowed shares, at most 100 %, largest first) from engine.sharing.partitions, never from code here."""
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from apps.core.models import ChangeLoggedModel
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import Placement, mig_layout_validate
+from engine.sharing.partitions import MPS_PARTITIONS_DEFAULT, mps_layout_format, mps_layout_validate
 
-from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices, HostStatusChoices
+from .choices import (
+    AcceleratorKindChoices,
+    GpuInstanceStateChoices,
+    HostBackendChoices,
+    HostStatusChoices,
+    MpsPartitionStateChoices,
+)
 
 name_validator = RegexValidator(
     r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$", "Use letters, digits, '.', '_' and '-', starting with a letter or digit."
@@ -75,6 +83,16 @@ class Accelerator(ChangeLoggedModel):
     mig_capable = models.BooleanField(default=False)
     mig_enabled = models.BooleanField(default=False)
     cpu_cores = models.PositiveSmallIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    mps_enabled = models.BooleanField(
+        default=False,
+        help_text="MPS partitioning (gpulets): the GPU is shared by partitions of a percent of its SMs. Never with MIG. "
+        "As its agent reports it (the desired state's gpus entry turns it on or off)",
+    )
+    mps_partitions = models.JSONField(
+        default=list, blank=True,
+        help_text="The partition sizes (percent of the SMs) allowed on this GPU, e.g. [20, 40, 50, 60, 80, 100]; "
+        "empty: the engine's default (" + ", ".join(map(str, MPS_PARTITIONS_DEFAULT)) + ")",
+    )
 
     class Meta:
         ordering = ["host__name", "kind", "index"]
@@ -92,8 +110,48 @@ class Accelerator(ChangeLoggedModel):
             return None
         return mig_catalogue_load().gpu_model_find(self.model_name)
 
+    @property
+    def mps_partitions_allowed(self) -> tuple[int, ...]:
+        """The MPS partition sizes allowed on this GPU: its own list, else the engine's default."""
+        return tuple(sorted(self.mps_partitions)) if self.mps_partitions else MPS_PARTITIONS_DEFAULT
+
+    def _mps_clean(self, errors: dict[str, str]) -> None:
+        allowed = self.mps_partitions
+        if not isinstance(allowed, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in allowed):
+            errors["mps_partitions"] = "Expected a list of whole percents, e.g. [20, 40, 50, 60, 80, 100]."
+            return
+        outside = [p for p in allowed if not 1 <= p <= 100]
+        if outside:
+            errors["mps_partitions"] = f"{', '.join(map(str, outside))}: an MPS partition is 1 to 100 % of the GPU."
+            return
+        if len(set(allowed)) != len(allowed):
+            errors["mps_partitions"] = "A partition size is listed twice."
+            return
+        self.mps_partitions = sorted(allowed)
+        if self.kind == AcceleratorKindChoices.CPU:
+            if self.mps_enabled:
+                errors["mps_enabled"] = "A CPU cannot use MPS."
+            if self.mps_partitions:
+                errors["mps_partitions"] = "A CPU has no MPS partitions."
+            return
+        if self.mig_enabled and self.mps_enabled:
+            errors["mps_enabled"] = "MIG and MPS cannot both be enabled on a GPU: a GPU is partitioned with one or the other."
+            return
+        if self.pk is None:
+            return
+        partitions = list(MpsPartition.objects.filter(accelerator_id=self.pk).order_by("index"))
+        if partitions and not self.mps_enabled:
+            errors["mps_enabled"] = (f"{self} has MPS partitions ({mps_layout_format([p.percent for p in partitions])}); "
+                                     "delete them before disabling MPS.")
+        elif partitions:
+            refused = sorted({p.percent for p in partitions} - set(self.mps_partitions_allowed))
+            if refused:
+                errors["mps_partitions"] = (f"{self} has partitions of {', '.join(map(str, refused))} %, which this list "
+                                            "would not allow; delete them first.")
+
     def clean(self) -> None:
         errors: dict[str, str] = {}
+        self._mps_clean(errors)
         if self.kind == AcceleratorKindChoices.CPU:
             if not self.cpu_cores:
                 errors["cpu_cores"] = "A CPU accelerator needs its number of cores."
@@ -171,6 +229,74 @@ class GpuInstance(ChangeLoggedModel):
     @staticmethod
     def agent_scope(queryset, host):
         return queryset.filter(accelerator__host=host)
+
+
+class MpsPartition(ChangeLoggedModel):
+    """An MPS partition of a GPU (gpulets): `percent` of its SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE),
+    `index` its place in the GPU's layout, largest first. Several models may time-share one partition
+    (their runtimes are `gpu<i>/mps<NN>@<index>/<slot>`). The partitions of a GPU are 0..n-1, add up to at
+    most 100 % and each is a size the GPU allows (`Accelerator.mps_partitions_allowed`)."""
+
+    accelerator = models.ForeignKey(Accelerator, on_delete=models.CASCADE, related_name="mps_partitions_set")
+    percent = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(100)], help_text="Share of the GPU's SMs, in percent",
+    )
+    index = models.PositiveSmallIntegerField(help_text="Place in the GPU's layout, largest first (0..n-1)")
+    state = models.CharField(max_length=20, choices=MpsPartitionStateChoices.choices, default=MpsPartitionStateChoices.PENDING)
+
+    class Meta:
+        ordering = ["accelerator__host__name", "accelerator__index", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["accelerator", "index"], name="mpspartition_unique_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.accelerator}:{self.slot}" if self.accelerator_id else self.slot
+
+    @property
+    def slot(self) -> str:
+        """The partition's name in plans and runtime keys, e.g. "mps60@0"."""
+        return f"mps{self.percent}@{self.index}"
+
+    def clean(self) -> None:
+        """Refuse a partition that would make its GPU's MPS layout invalid, naming every problem."""
+        if not self.accelerator_id or self.percent is None or self.index is None:
+            return
+        accelerator = self.accelerator
+        if accelerator.kind != AcceleratorKindChoices.GPU:
+            raise ValidationError({"accelerator": "MPS partitions live on GPUs, not CPUs."})
+        if not accelerator.mps_enabled:
+            raise ValidationError({"accelerator": f"MPS is not enabled on {accelerator}."})
+        allowed = accelerator.mps_partitions_allowed
+        if self.percent not in allowed:
+            raise ValidationError({"percent": f"{self.percent} % is not a partition size {accelerator} allows "
+                                              f"(allowed: {', '.join(map(str, allowed))} %)."})
+        others = accelerator.mps_partitions_set.exclude(pk=self.pk) if self.pk else accelerator.mps_partitions_set.all()
+        layout = {p.index: p.percent for p in others}
+        if self.index in layout:
+            raise ValidationError({"index": f"{accelerator} already has partition {self.index}."})
+        layout[self.index] = self.percent
+        problem = mps_partitions_problem(layout, allowed)
+        if problem:
+            raise ValidationError({"index": f"{accelerator}: {problem}"})
+
+    @staticmethod
+    def agent_scope(queryset, host):
+        return queryset.filter(accelerator__host=host)
+
+
+def mps_partitions_problem(layout: dict[int, int], allowed) -> str | None:
+    """What is wrong with a GPU's partitions {index: percent} (None: nothing): the engine's rules (allowed
+    sizes, at most 100 %, indices 0..n-1), and largest first, in words."""
+    percents = [layout[i] for i in sorted(layout)]
+    problems = mps_layout_validate(percents, allowed=allowed)
+    if sorted(layout) != list(range(len(layout))):
+        problems.append(f"partition indices must be 0..{len(layout) - 1}, got {sorted(layout)}")
+    if percents != sorted(percents, reverse=True):
+        problems.append(f"partitions must be largest first by index, got {', '.join(f'mps{p}@{i}' for i, p in sorted(layout.items()))}")
+    if problems:
+        return f"invalid MPS layout {mps_layout_format(percents)!r}: {'; '.join(problems)}"
+    return None
 
 
 class RouterCredential(ChangeLoggedModel):

@@ -1,20 +1,24 @@
 """Inventory services: agent tokens, router credentials, and applying a host's actual-state report. (The MIG layout check
-every GPU instance passes is the model's own: GpuInstance.clean.)"""
+every GPU instance passes is the model's own: GpuInstance.clean; the MPS layout check every partition passes is
+MpsPartition.clean.)"""
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from apps.users.tokens import AGENT_TOKEN_PREFIX, ROUTER_TOKEN_PREFIX, token_display, token_generate, token_hash
 from engine.geometry.layout import Placement, mig_layout_validate
+from engine.geometry.names import mps_placement_parse
 
-from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatusChoices
-from .models import Accelerator, GpuInstance, Host, RouterCredential
+from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatusChoices, MpsPartitionStateChoices
+from .models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential, mps_partitions_problem
 
-ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "cpu_cores")
+# mps_enabled is optional in a report (older agents leave it out): absent, the stored value stays.
+ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "mps_enabled", "cpu_cores")
 
 
 @transaction.atomic
@@ -107,10 +111,86 @@ def _instances_apply(accelerator: Accelerator, reported: list[dict[str, Any]]) -
         _save_if_changed(gi, {"uuid": item.get("uuid", ""), "state": item.get("state", GpuInstanceStateChoices.READY)})
 
 
+def _mps_layout_desired(accelerator: Accelerator) -> list[tuple[int, int]] | None:
+    """The MPS layout [(percent, index), ...] the host's latest desired state gives this GPU, or None."""
+    # By name, not by import: deployments builds on the inventory, not the other way round.
+    desired_state = apps.get_model("deployments", "HostDesiredState")
+    spec = desired_state.objects.filter(host_id=accelerator.host_id).order_by("-version").values_list("spec", flat=True).first()
+    for gpu in (spec or {}).get("gpus", []):
+        if isinstance(gpu, dict) and gpu.get("index") == accelerator.index and gpu.get("mps_enabled"):
+            try:
+                return [mps_placement_parse(text) for text in gpu.get("mps_layout", [])]
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _mps_partitions_reorganising(accelerator: Accelerator, reported: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """While an agent reorganises a GPU's partitions (gpulets §4.6) it reports the old and the new ones
+    together (indices repeat, or the shares add up to more than 100 %), and a partition that failed to start
+    leaves a gap. Then the partitions to store are those of the desired state's layout once all of them
+    run, else the stored ones stay (None)."""
+    pairs = {(p["percent"], p["index"]): p for p in reported}
+    desired = _mps_layout_desired(accelerator)
+    if not desired or not set(desired) <= set(pairs):
+        return None
+    if mps_partitions_problem({i: p for p, i in desired}, accelerator.mps_partitions_allowed):
+        return None
+    return [pairs[pair] for pair in sorted(desired, key=lambda pair: pair[1])]
+
+
+def _mps_partitions_wanted(accelerator: Accelerator, values: dict[str, Any], item: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The partitions the GPU is to have after this report (None: the report says nothing of them, leave
+    the stored ones alone), checked as a whole layout. MPS off means no partition."""
+    reported = item.get("mps_partitions")
+    if not values["mps_enabled"]:
+        if reported:
+            raise ValidationError({"accelerators": f"{accelerator}: MPS partitions reported on a GPU without MPS enabled."})
+        return []
+    if reported is None:
+        return None
+    allowed = accelerator.mps_partitions_allowed
+    refused = sorted({p["percent"] for p in reported} - set(allowed))
+    if refused:
+        raise ValidationError({"accelerators": f"{accelerator}: reported MPS partitions of {', '.join(map(str, refused))} %, "
+                                               f"which it does not allow (allowed: {', '.join(map(str, allowed))} %)."})
+    layout = {p["index"]: p["percent"] for p in reported}
+    if len(layout) != len(reported) or mps_partitions_problem(layout, allowed):
+        # Not a layout by itself: the agent reports the partitions whose processes run, so old and new ones
+        # overlap while it reorganises and one that failed to start leaves a gap. Not the host's fault, and
+        # refusing the report would block every other fact in it: keep what is stored until it settles.
+        return _mps_partitions_reorganising(accelerator, reported)
+    return sorted(reported, key=lambda p: p["index"])
+
+
+def _mps_partitions_prune(accelerator: Accelerator, wanted: list[dict[str, Any]]) -> dict[int, MpsPartition]:
+    """Delete the stored partitions that are not the first ones of `wanted` unchanged, so every layout on
+    the way (kept prefix, then the new ones in index order) is valid. Returns the kept ones by index."""
+    kept: dict[int, MpsPartition] = {}
+    stored = sorted(accelerator.mps_partitions_set.all(), key=lambda p: p.index) if accelerator.pk else []
+    prefix = True
+    for partition in stored:
+        item = wanted[partition.index] if partition.index < len(wanted) else None
+        prefix = prefix and item is not None and item["percent"] == partition.percent and partition.index == len(kept)
+        if prefix:
+            kept[partition.index] = partition
+    for partition in reversed(stored):  # the last first: what stays is always a valid layout
+        if partition.index not in kept:
+            partition.delete()
+    return kept
+
+
+def _mps_partitions_create(accelerator: Accelerator, wanted: list[dict[str, Any]], kept: dict[int, MpsPartition]) -> None:
+    for item in wanted:
+        partition = kept.get(item["index"]) or MpsPartition(accelerator=accelerator, percent=item["percent"], index=item["index"])
+        _save_if_changed(partition, {"state": item.get("state", MpsPartitionStateChoices.READY)})
+
+
 @transaction.atomic
 def host_actual_state_apply(*, host: Host, report: dict[str, Any]) -> Host:
-    """Make the inventory match what the host's agent reports: its backend, devices and MIG instances, the
-    desired-state version it has converged to and its catalogue disagreements. The report is all or
+    """Make the inventory match what the host's agent reports: its backend, devices, MIG instances and MPS
+    partitions (`mps_partitions`, when reported; MPS reported off removes them), the desired-state version
+    it has converged to and its catalogue disagreements. The report is all or
     nothing: an invalid part (an impossible MIG layout, say) changes nothing. The data-plane parts of the
     report (runtimes, operations) are applied by apps.deployments.services.host_report_apply, which calls
     this in the same transaction. Accelerators' `placements` are not stored: the agent sums up what differs
@@ -131,12 +211,22 @@ def host_actual_state_apply(*, host: Host, report: dict[str, Any]) -> Host:
         key = (item["kind"], item["index"])
         seen.add(key)
         accelerator = current.get(key) or Accelerator(host=host, kind=item["kind"], index=item["index"])
+        values = {f: item.get(f, getattr(accelerator, f)) for f in ACCELERATOR_REPORT_FIELDS}
+        if "mps_enabled" not in item and values["mig_enabled"]:
+            values["mps_enabled"] = False  # an agent that reports MIG on says MPS is off, if it says nothing of MPS
+        wanted, kept = None, {}
+        if item["kind"] == AcceleratorKindChoices.GPU:
+            wanted = _mps_partitions_wanted(accelerator, values, item)
+            if wanted is not None:
+                kept = _mps_partitions_prune(accelerator, wanted)  # before MPS may be switched off below
         try:
-            _save_if_changed(accelerator, {f: item.get(f, getattr(accelerator, f)) for f in ACCELERATOR_REPORT_FIELDS})
+            _save_if_changed(accelerator, values)
         except ValidationError as exc:
             raise ValidationError({"accelerators": f"{accelerator}: {'; '.join(exc.messages)}"}) from exc
         if item["kind"] == AcceleratorKindChoices.GPU:
             _instances_apply(accelerator, item.get("instances", []))
+            if wanted is not None:
+                _mps_partitions_create(accelerator, wanted, kept)
     for key, accelerator in current.items():
         if key not in seen:
             accelerator.delete()

@@ -54,7 +54,7 @@ from engine.plans.problem import (
 from engine.plans.validate import plan_validate
 from engine.simulation.simulator import SimulationConfig, simulate
 from engine.simulation.workload import arrivals_poisson
-from engine.solvers.solve import PLANNERS, plan_solve
+from engine.solvers.solve import PLANNERS, SHARING, plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
 from .diff import plan_diff, plan_diff_summary_text
@@ -66,6 +66,7 @@ from .translate import plan_translate
 __all__ = [
     "PLAN_RUN_DEFAULTS",
     "PLAN_RUN_JOB_KEY",
+    "PLAN_RUN_SOLVERS",
     "JobConflict",
     "plan_run_execute",
     "plan_run_options_clean",
@@ -89,6 +90,9 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
     "prediction_s": 30.0,  # simulated seconds of the prediction
     "seed": 0,
 }
+# The planners a run may use: the fleet planners, and the MPS planners (gpulets' elastic partitioning with
+# interference and its baselines), which plan the fleet's MPS GPUs and leave its other devices alone.
+PLAN_RUN_SOLVERS: tuple[str, ...] = PLANNERS + SHARING
 TIME_LIMIT_MAX_S = 600.0
 HEADROOM_MAX = 10.0
 PREDICTION_MAX_S = 120.0
@@ -116,8 +120,8 @@ def plan_run_options_clean(options: Mapping[str, Any] | None) -> dict[str, Any]:
     if unknown:
         raise ValidationError({"options": f"Unknown options {', '.join(unknown)} (known: {', '.join(PLAN_RUN_DEFAULTS)})."})
     cleaned = {**PLAN_RUN_DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
-    if cleaned["solver"] not in PLANNERS:
-        raise ValidationError({"solver": f"{cleaned['solver']!r} is not one of {', '.join(PLANNERS)}."})
+    if not isinstance(cleaned["solver"], str) or cleaned["solver"] not in PLAN_RUN_SOLVERS:
+        raise ValidationError({"solver": f"{cleaned['solver']!r} is not one of {', '.join(PLAN_RUN_SOLVERS)}."})
     if cleaned["objective"] not in OBJECTIVES:
         raise ValidationError({"objective": f"{cleaned['objective']!r} is not one of {', '.join(OBJECTIVES)}."})
     cleaned["time_limit_s"] = _number(cleaned, "time_limit_s", minimum=0, maximum=TIME_LIMIT_MAX_S, strict=True)

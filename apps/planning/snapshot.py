@@ -9,12 +9,15 @@ What is planned:
   devices are only declared, and a plan that routed traffic there would send it to runtimes nobody runs;
   `include_registered=True` plans them as declared (planning ahead of bringing the agents up). Every host
   left out is named in `left_out["hosts"]` with the reason, and its desired state is not touched.
-- Devices (`<host>/gpu<i>`, `<host>/cpu<i>`). A MIG-capable GPU of the MIG catalogue is a MIG device of its
+- Devices (`<host>/gpu<i>`, `<host>/cpu<i>`). A GPU in MPS mode (`mps_enabled`) is an MPS device (gpulets)
+  of its type with the partition sizes it allows (`mps_partitions`, when set) and its current layout: its
+  MpsPartition rows, else the layout of its latest desired state, else unknown. A MIG-capable GPU of the MIG
+  catalogue is a MIG device of its
   catalogue model with its current layout (the GpuInstance rows), or without a layout when MIG is off or no
   instance exists (the planners then run it whole). Other GPUs are whole GPUs of their NVML name (without
   the "NVIDIA " prefix, as profiles of GPUs outside the catalogue are usually stored). CPUs are CPU devices
-  with their cores. `running` (slot -> variant) comes from the host's latest desired state, so planners
-  keep what runs where that costs nothing.
+  with their cores. `running` (slot -> variant; on an MPS partition "mps60@0" -> the variants time-sharing
+  it) comes from the host's latest desired state, so planners keep what runs where that costs nothing.
 - Applications: those with an SLO policy (p99 target = `slo_ms`, `min_accuracy`, `priority`) and at least one variant
   profiled on a device type of the fleet; demand from the `demand` argument (0 when not given).
 - Variants: every variant of a planned application with a profile on a device type of the fleet, named
@@ -22,10 +25,16 @@ What is planned:
   without an artifact cannot run on CPUs, nor on the GPUs of non-simulated hosts (the desired state would
   refuse them): their profile points there are left out.
 - Profiles: the p50 batch latency (what the capacity model and the desired state's profile use) and the
-  memory where measured; CPU slices are the core count as text."""
+  memory where measured; CPU slices are the core count as text. MPS points ("mpsNN") are given only for
+  device types with an MPS device, with their L2 and DRAM utilisation where stored.
+- Interference: when co-run measurements (CorunMeasurement) exist for the type of the fleet's MPS GPUs (the
+  type most of them have, as the MPS planners choose), the interference model
+  (engine.sharing.interference, the default form) is fitted to them, joined with the solo profiles and
+  their utilisations, and given to the problem; a note says on how many samples."""
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +42,13 @@ from apps.deployments.models import HostDesiredState
 from apps.inventory.choices import AcceleratorKindChoices, HostStatusChoices
 from apps.inventory.models import Accelerator, Host
 from apps.policies.models import SloPolicy
-from apps.registry.models import ModelVariant, Profile
+from apps.registry.models import CorunMeasurement, ModelVariant, Profile
 from engine.geometry.catalogue import mig_catalogue_load
-from engine.geometry.names import runtime_key_parse
+from engine.geometry.names import mps_placement_parse, runtime_key_parse
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, problem_from_dict
+from engine.reference.profiles import GpuletCorun, GpuletMemUtil, GpuletPoint
+from engine.sharing.interference import INTERFERENCE_FORM_DEFAULT, interference_model_fit, interference_samples_build
+from engine.sharing.partitions import mps_layout_validate, mps_slice_percent
 
 __all__ = ["FleetSnapshot", "PLANNED_HOST_STATUSES", "fleet_problem_build", "gpu_device_type", "variant_engine_name"]
 
@@ -88,10 +100,15 @@ def _profile_device_type(device_type: str) -> str:
     return CPU_DEVICE_TYPE if device_type == CPU_DEVICE_TYPE else gpu_device_type(device_type)
 
 
-def _running_slots(spec: dict, device_layouts: dict[str, tuple[str, ...] | None], variant_names: dict[int, str]) -> dict[str, dict[str, str]]:
+def _running_slots(spec: dict, device_layouts: dict[str, tuple[str, ...] | None], variant_names: dict[int, str],
+                   mps_layouts: dict[str, tuple[str, ...]] | None = None) -> dict[str, dict[str, Any]]:
     """What the host's desired state runs, per engine-local device ("gpu0", "cpu0"): slot -> engine variant.
-    Only slots that exist on the device as planned count; on a CPU the first runtime by key stands for it."""
-    running: dict[str, dict[str, str]] = {}
+    Only slots that exist on the device as planned count; on a CPU the first runtime by key stands for it.
+    On an MPS device (`mps_layouts`: device -> its partitions "mps60@0", ...) a partition's slot holds the
+    list of the variants time-sharing it (runtime keys `gpu0/mps60@0/<slot>`, in slot order)."""
+    mps_layouts = mps_layouts or {}
+    running: dict[str, dict[str, Any]] = {}
+    shared: dict[str, dict[str, list[tuple[int, str]]]] = {}
     for runtime in sorted(spec.get("runtimes", []), key=lambda r: str(r.get("key"))):
         try:
             rk = runtime_key_parse(runtime.get("key"))
@@ -101,6 +118,12 @@ def _running_slots(spec: dict, device_layouts: dict[str, tuple[str, ...] | None]
         variant_id = raw_variant.get("id") if isinstance(raw_variant, dict) else raw_variant
         variant = variant_names.get(variant_id)
         if variant is None or rk.device not in device_layouts:
+            continue
+        if rk.device in mps_layouts or getattr(rk, "mps_percent", None) is not None:
+            # An MPS partition's model: only on an MPS device, in a partition it has.
+            if rk.device in mps_layouts and getattr(rk, "mps_percent", None) is not None and rk.slot is not None \
+                    and rk.placement in mps_layouts[rk.device]:
+                shared.setdefault(rk.device, {}).setdefault(rk.placement, []).append((rk.slot, variant))
             continue
         layout = device_layouts[rk.device]
         if rk.kind == AcceleratorKindChoices.CPU:
@@ -114,7 +137,68 @@ def _running_slots(spec: dict, device_layouts: dict[str, tuple[str, ...] | None]
                 continue
             slot = FULL_SLICE
         running.setdefault(rk.device, {}).setdefault(slot, variant)
+    for device, slots in shared.items():
+        for slot, items in slots.items():
+            variants = list(dict.fromkeys(v for _, v in sorted(items)))  # a variant once per partition
+            running.setdefault(device, {})[slot] = variants
     return running
+
+
+def _desired_mps_layout(spec: dict | None, index: int) -> list[str] | None:
+    """The MPS layout ("mps60@0", ...) the desired state gives GPU `index`, or None when it gives none."""
+    for gpu in (spec or {}).get("gpus", []):
+        if isinstance(gpu, dict) and gpu.get("index") == index:
+            if gpu.get("mps_enabled") and isinstance(gpu.get("mps_layout"), list):
+                return list(gpu["mps_layout"])
+            return None
+    return None
+
+
+def _mps_layout_percents(slots: list[str], allowed: tuple[int, ...]) -> list[int] | None:
+    """["mps60@0", "mps40@1"] -> [60, 40] when it is a valid layout on a GPU allowing `allowed`, else None."""
+    try:
+        parsed = sorted((index, percent) for percent, index in (mps_placement_parse(s) for s in slots))
+    except (ValueError, TypeError):
+        return None
+    percents = [percent for _, percent in parsed]
+    if [i for i, _ in parsed] != list(range(len(parsed))) or percents != sorted(percents, reverse=True):
+        return None
+    return percents if not mps_layout_validate(percents, allowed=allowed) else None
+
+
+def _interference(device_type: str) -> tuple[dict[str, Any] | None, str]:
+    """The interference model fitted to the co-run measurements on `device_type` (with the solo profiles
+    and utilisations of every variant measured, planned or not: the fit is of the GPU, not of a plan), as
+    the problem's "interference", and a note; (None, note) when nothing can be fitted."""
+    # Rows stored under another spelling of the type count too (as profiles do, `_profile_device_type`).
+    spellings = [t for t in CorunMeasurement.objects.values_list("device_type", flat=True).distinct()
+                 if _profile_device_type(t) == device_type]
+    rows = list(CorunMeasurement.objects.filter(device_type__in=spellings).values_list(
+        "variant_id", "batch", "partition_pct", "corunner_id", "corunner_batch", "throughput_rps", "latency_ms"))
+    if not rows:
+        return None, ""
+    ids = {r[0] for r in rows} | {r[3] for r in rows}
+    inference, mem_util = [], []
+    for variant_id, slice_name, batch, latency, throughput, l2, dram in Profile.objects.filter(
+            variant_id__in=ids, device_type__in=spellings, slice__startswith="mps").values_list(
+            "variant_id", "slice", "batch_size", "latency_p50_ms", "throughput_rps", "l2_util_pct", "dram_util_pct"):
+        percent = mps_slice_percent(slice_name)
+        if percent is None:
+            continue
+        inference.append(GpuletPoint(str(variant_id), batch, percent, float(throughput or 0.0), float(latency)))
+        if l2 is not None and dram is not None:
+            mem_util.append(GpuletMemUtil(str(variant_id), batch, percent, float(dram), float(l2)))
+    coruns = [GpuletCorun(str(a), batch, pct, str(b), b_batch, float(throughput or 0.0), float(latency))
+              for a, batch, pct, b, b_batch, throughput, latency in rows]
+    build = interference_samples_build(inference, coruns, mem_util)
+    unjoined = "; ".join(f"{n} {reason}" for reason, n in sorted(build.unjoined.items()))
+    if not build.samples:
+        return None, (f"{len(rows)} co-run measurements on {device_type}, none joined with solo MPS profiles and their "
+                      f"utilisations ({unjoined}): MPS partitions planned without an interference model")
+    model = interference_model_fit(build.samples, form=INTERFERENCE_FORM_DEFAULT)
+    note = (f"interference model ({model.form}) fitted to {len(build.samples)} co-run samples on {device_type}"
+            + (f" ({len(rows) - len(build.samples)} measurements not joined: {unjoined})" if unjoined else ""))
+    return {"form": model.form, "coefficients": list(model.coefficients)}, note
 
 
 def fleet_problem_build(
@@ -129,7 +213,8 @@ def fleet_problem_build(
     # ----------------------------------------------------------------- devices
     hosts = list(Host.objects.order_by("name"))
     accelerators: dict[int, list[Accelerator]] = {}
-    for accelerator in Accelerator.objects.filter(host__in=[h for h in hosts if h.status in statuses]).prefetch_related("gpu_instances").order_by("kind", "index"):
+    for accelerator in (Accelerator.objects.filter(host__in=[h for h in hosts if h.status in statuses])
+                        .prefetch_related("gpu_instances", "mps_partitions_set").order_by("kind", "index")):
         accelerators.setdefault(accelerator.host_id, []).append(accelerator)
     latest_specs: dict[int, dict] = {}
     for state in HostDesiredState.objects.filter(host__in=[h for h in hosts if h.status in statuses]).order_by("host_id", "-version"):
@@ -137,7 +222,9 @@ def fleet_problem_build(
 
     raw_devices: list[dict[str, Any]] = []
     host_device_layouts: dict[int, dict[str, tuple[str, ...] | None]] = {}
+    host_mps_layouts: dict[int, dict[str, tuple[str, ...]]] = {}
     device_types: set[str] = set()
+    mps_types: list[str] = []  # the type of each MPS device, in device order
     artifact_types: set[str] = {CPU_DEVICE_TYPE}  # device types whose runtimes need an artifact
     for host in hosts:
         if host.status not in statuses:
@@ -148,6 +235,7 @@ def fleet_problem_build(
             snapshot.left_out["hosts"][host.name] = "it has no devices"
             continue
         layouts: dict[str, tuple[str, ...] | None] = {}
+        mps_layouts: dict[str, tuple[str, ...]] = {}
         for accelerator in items:
             local = f"{accelerator.kind}{accelerator.index}"
             name = f"{host.name}/{local}"
@@ -157,7 +245,29 @@ def fleet_problem_build(
                 device_type = CPU_DEVICE_TYPE
             else:
                 spec = catalogue.gpu_model_find(accelerator.model_name)
-                if spec is not None and accelerator.mig_capable:
+                if accelerator.mps_enabled and not accelerator.mig_enabled:
+                    device_type = spec.name if spec is not None else gpu_device_type(accelerator.model_name)
+                    raw = {"name": name, "type": device_type, "mig": False, "mps": True}
+                    memory = accelerator.memory_mb or (spec.memory_mib if spec is not None else 0)
+                    if memory:
+                        raw["memory_mb"] = float(memory)
+                    if accelerator.mps_partitions:
+                        raw["mps_partitions"] = sorted(accelerator.mps_partitions)
+                    partitions = sorted(accelerator.mps_partitions_set.all(), key=lambda p: p.index)
+                    percents: list[int] | None = [p.percent for p in partitions] if partitions else None
+                    if percents is None:
+                        desired = _desired_mps_layout(latest_specs.get(host.pk), accelerator.index)
+                        if desired is not None:
+                            percents = _mps_layout_percents(desired, accelerator.mps_partitions_allowed)
+                            if percents is None:
+                                snapshot.notes.append(f"{name}: the MPS layout of its latest desired state is not valid on it now; "
+                                                      "planned with its layout unknown")
+                    if percents is not None:
+                        raw["mps_layout"] = percents
+                    layouts[local] = None
+                    mps_layouts[local] = tuple(f"mps{p}@{i}" for i, p in enumerate(percents or []))
+                    mps_types.append(device_type)
+                elif spec is not None and accelerator.mig_capable:
                     placements = sorted((gi.placement_start, gi.profile) for gi in accelerator.gpu_instances.all())
                     layout = tuple(f"{profile}@{start}" for start, profile in placements) if accelerator.mig_enabled and placements else None
                     raw = {"name": name, "type": spec.name, "mig": True, "memory_mb": float(spec.memory_mib)}
@@ -181,6 +291,7 @@ def fleet_problem_build(
             snapshot.devices[name] = {"host": host.pk, "host_name": host.name, "kind": accelerator.kind, "index": accelerator.index}
         snapshot.hosts[host.name] = host.pk
         host_device_layouts[host.pk] = layouts
+        host_mps_layouts[host.pk] = mps_layouts
 
     # ----------------------------------------------------------------- applications, variants, profiles
     policies = {p.application_id: p for p in SloPolicy.objects.select_related("application")}
@@ -212,10 +323,15 @@ def fleet_problem_build(
                 slice_name = str(int(row.cpu_cores))
             else:
                 slice_name = row.slice or FULL_SLICE
+                if mps_slice_percent(slice_name) is not None and device_type not in mps_types:
+                    continue  # an MPS partition's point, on a type no MPS GPU of the fleet has
             point = {"variant": engine_name, "device_type": device_type, "slice": slice_name, "batch": int(row.batch_size),
                      "latency_ms": float(row.latency_p50_ms)}
             if row.memory_mb is not None:
                 point["memory_mb"] = float(row.memory_mb)
+            for name in ("l2_util_pct", "dram_util_pct"):
+                if getattr(row, name) is not None:
+                    point[name] = float(getattr(row, name))
             points.append(point)
         if not points:
             reason = "no profile on a device type of the planned fleet"
@@ -280,7 +396,7 @@ def fleet_problem_build(
         local = f"{info['kind']}{info['index']}"
         spec = latest_specs.get(info["host"])
         if spec:
-            running = _running_slots(spec, host_device_layouts[info["host"]], variant_by_id).get(local)
+            running = _running_slots(spec, host_device_layouts[info["host"]], variant_by_id, host_mps_layouts[info["host"]]).get(local)
             if running:
                 raw["running"] = running
 
@@ -288,5 +404,13 @@ def fleet_problem_build(
         "format_version": 1, "applications": raw_applications, "variants": raw_variants, "devices": raw_devices,
         "profiles": raw_profiles, "options": dataclasses.asdict(options),
     }
+    if mps_types:
+        # The MPS planners plan the type most MPS GPUs have (engine/solvers/gpulets.py): fit to its co-runs.
+        mps_type = Counter(mps_types).most_common(1)[0][0]
+        interference, note = _interference(mps_type)
+        if interference is not None:
+            problem_raw["interference"] = interference
+        if note:
+            snapshot.notes.append(note)
     snapshot.problem = problem_from_dict(problem_raw)
     return snapshot

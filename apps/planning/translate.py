@@ -4,8 +4,10 @@ deployments service takes, `host_desired_state_set`) and each application's rout
 
 - Desired states: every planned host gets one, with an empty runtime list where the plan runs nothing on
   it. A MIG GPU the plan uses gets the plan's layout (MIG off where it runs a whole-GPU instance); one it
-  leaves idle keeps the layout it has. Each plan instance becomes a runtime keyed by where it runs
-  (`runtime_key`), with its variant's id, its batch size and the proteus batching policy.
+  leaves idle keeps the layout it has; an MPS GPU likewise gets the plan's partitions (`mps_layout`). Each
+  plan instance becomes a runtime keyed by where it runs (`runtime_key`), with its variant's id, its batch
+  size and the proteus batching policy; on an MPS partition, one runtime per model time-sharing it, with
+  the partition's percent and duty cycle and Nexus's policy.
 - Routing tables: `engine.dataplane.routing.routing_tables_from_plan`, the same derivation the simulator
   and the plan run's prediction route with, each route's engine instance id replaced by the data plane's
   instance id ("<host>/<runtime key>") and its variant's id. The weights are the engine table's, unchanged:
@@ -28,6 +30,7 @@ from engine.dataplane.routing import routing_tables_from_plan
 from engine.geometry.names import instance_id
 from engine.plans.problem import FULL_SLICE, Problem
 from engine.plans.problem import Plan as EnginePlan
+from engine.sharing.partitions import mps_slice_percent
 
 __all__ = ["PlanTranslation", "gpu_spec_current", "plan_translate", "runtime_key"]
 
@@ -52,20 +55,27 @@ class _Target:
     variant: int  # ModelVariant id
 
 
-def runtime_key(*, device: Mapping[str, Any], slice_name: str, start: int | None) -> str:
+def runtime_key(*, device: Mapping[str, Any], slice_name: str, start: int | None, slot: int | None = None) -> str:
     """The runtime key of an instance on `device` (a plan's `devices` entry): "gpu0/3g.20gb@4" on a MIG
-    slice, "gpu0" on a whole GPU, "cpu0/0" on a CPU (the engine runs one instance per CPU)."""
+    slice, "gpu0" on a whole GPU, "cpu0/0" on a CPU (the engine runs one instance per CPU), "gpu0/mps60@0/1"
+    for the model in `slot` of an MPS partition (several models time-share one)."""
     if device["kind"] == AcceleratorKindChoices.CPU:
         return f"cpu{device['index']}/0"
+    if mps_slice_percent(slice_name) is not None:
+        return f"gpu{device['index']}/{slice_name}@{start}/{slot or 0}"
     if start is not None:
         return f"gpu{device['index']}/{slice_name}@{start}"
     return f"gpu{device['index']}"
 
 
 def gpu_spec_current(*, accelerator: Accelerator) -> dict[str, Any]:
-    """The GPU as it is now, in desired-state form: {index, mig_enabled, layout}."""
+    """The GPU as it is now, in desired-state form: {index, mig_enabled, layout} and, on an MPS GPU,
+    {mps_enabled, mps_layout}."""
     layout = [gi.placement for gi in sorted(accelerator.gpu_instances.all(), key=lambda g: g.placement_start)] if accelerator.mig_enabled else []
-    return {"index": accelerator.index, "mig_enabled": bool(accelerator.mig_enabled), "layout": layout}
+    spec: dict[str, Any] = {"index": accelerator.index, "mig_enabled": bool(accelerator.mig_enabled), "layout": layout}
+    if accelerator.mps_enabled:
+        spec.update(mps_enabled=True, mps_layout=[p.slot for p in sorted(accelerator.mps_partitions_set.all(), key=lambda p: p.index)])
+    return spec
 
 
 def plan_translate(
@@ -104,7 +114,13 @@ def plan_translate(
             if accelerator is None:
                 problems.append(f"{name}: the GPU is no longer in the inventory")
                 continue
-            if device is not None and device.mig:
+            if device is not None and device.mps and not device.mig:
+                if name in engine_plan.layouts:
+                    gpu = {"index": info["index"], "mig_enabled": False, "layout": [], "mps_enabled": True,
+                           "mps_layout": list(engine_plan.layouts[name])}
+                else:
+                    gpu = gpu_spec_current(accelerator=accelerator)  # idle and left as it is
+            elif device is not None and device.mig:
                 if name in engine_plan.layouts:
                     layout = list(engine_plan.layouts[name])
                     whole = any(i.slice == FULL_SLICE for i in instances_by_device.get(name, []))
@@ -115,20 +131,29 @@ def plan_translate(
             else:
                 gpu = {"index": info["index"], "mig_enabled": False, "layout": []}
             spec["gpus"].append(gpu)
+        slots: dict[str, int] = defaultdict(int)  # MPS partition -> models placed in it so far
         for inst in sorted(instances_by_device.get(name, []), key=lambda i: (i.start if i.start is not None else -1, i.slice)):
             variant_id = variant_ids.get(inst.variant)
             if variant_id is None:
                 problems.append(f"{inst.id}: variant {inst.variant} is no longer in the registry")
                 continue
-            key = runtime_key(device=info, slice_name=inst.slice, start=inst.start)
+            mps_percent = mps_slice_percent(inst.slice)
+            partition = f"{inst.slice}@{inst.start}"
+            key = runtime_key(device=info, slice_name=inst.slice, start=inst.start, slot=slots[partition])
+            slots[partition] += 1
             cpu = info["kind"] == AcceleratorKindChoices.CPU
-            spec["runtimes"].append({
+            runtime: dict[str, Any] = {
                 "key": key, "device": f"{info['kind']}{info['index']}",
-                "placement": f"{inst.slice}@{inst.start}" if inst.start is not None else None,
+                "placement": partition if inst.start is not None else None,
                 "cpu_threads": int(inst.slice) if cpu else None,
                 "application": problem.variant(inst.variant).application, "variant": variant_id, "max_batch": int(inst.batch),
-                "batching": {"policy": "proteus"},
-            })
+                # The models of an MPS partition take turns in rounds (gpulets, Nexus's duty cycles): each sizes
+                # its batch when its turn comes and drops early what cannot make it, which is Nexus's policy.
+                "batching": {"policy": "nexus" if mps_percent is not None else "proteus"},
+            }
+            if mps_percent is not None:
+                runtime.update(mps_percent=mps_percent, duty_cycle_ms=inst.duty_cycle_ms)
+            spec["runtimes"].append(runtime)
             targets[inst.id] = _Target(instance_id(host.name, key), variant_id)
     for spec in specs.values():
         spec["gpus"].sort(key=lambda g: g["index"])

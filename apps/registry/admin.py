@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from apps.core.admin import ReadOnlyAdmin
 
-from .models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
+from .models import Application, Artifact, CorunMeasurement, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 @admin.register(Pipeline)
@@ -45,6 +45,13 @@ class ProfileAdmin(admin.ModelAdmin):
     list_display = ["__str__", "latency_p50_ms", "latency_p99_ms", "throughput_rps", "source"]
     list_filter = ["source", "device_type", "slice"]
     search_fields = ["variant__name", "variant__application__name"]
+
+
+@admin.register(CorunMeasurement)
+class CorunMeasurementAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "latency_ms", "throughput_rps", "source"]
+    list_filter = ["source", "device_type", "partition_pct"]
+    search_fields = ["variant__name", "corunner__name", "variant__application__name"]
 
 
 @admin.register(ProfilingRequest)

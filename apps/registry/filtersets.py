@@ -2,7 +2,7 @@ import django_filters
 
 from apps.core.filtersets import TesseraFilterSet
 
-from .models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
+from .models import Application, Artifact, CorunMeasurement, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 class PipelineFilterSet(TesseraFilterSet):
@@ -41,6 +41,14 @@ class ProfileFilterSet(TesseraFilterSet):
     class Meta:
         model = Profile
         fields = ["variant", "device_type", "slice", "cpu_cores", "batch_size", "source"]
+
+
+class CorunMeasurementFilterSet(TesseraFilterSet):
+    application = django_filters.NumberFilter(field_name="variant__application")
+
+    class Meta:
+        model = CorunMeasurement
+        fields = ["variant", "corunner", "device_type", "partition_pct", "batch", "corunner_batch", "source"]
 
 
 class ProfilingRequestFilterSet(TesseraFilterSet):

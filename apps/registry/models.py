@@ -14,6 +14,7 @@ from apps.inventory.models import Accelerator, Host, name_validator
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import mig_layout_validate, placement_parse
 from engine.geometry.names import device_parse
+from engine.sharing.partitions import mps_slice_percent
 
 from .choices import (
     CPU_DEVICE_TYPE,
@@ -156,13 +157,29 @@ class ModelVariant(ChangeLoggedModel):
                     raise ValidationError({field: f"Not in the artifact's graph: {', '.join(missing)} (it has {', '.join(sorted(have))})."})
 
 
+def _utilisation_field(what: str) -> models.FloatField:
+    return models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text=f"{what} utilisation (%) of the variant alone at this batch and slice: a feature of the co-run "
+        "interference model (gpulets §4.4)",
+    )
+
+
+def _gpu_device_type_canonical(device_type: str) -> str:
+    """One spelling per GPU model: the MIG catalogue's name where it knows the GPU, else as given."""
+    spec = mig_catalogue_load().gpu_model_find(device_type)
+    return spec.name if spec is not None else device_type
+
+
 class Profile(ChangeLoggedModel):
-    """Latency of one variant at one batch size on one device type and slice (MIG profile, `full`, or CPU
-    cores)."""
+    """Latency of one variant at one batch size on one device type and slice (MIG profile, `full`, an MPS
+    partition "mpsNN" of NN % of a GPU's SMs, or CPU cores)."""
 
     variant = models.ForeignKey(ModelVariant, on_delete=models.CASCADE, related_name="profiles")
     device_type = models.CharField(max_length=100, help_text='GPU model (e.g. "A100-SXM4-40GB") or "cpu"')
-    slice = models.CharField(max_length=30, blank=True, help_text='MIG profile or "full" on GPUs; empty on CPUs')
+    slice = models.CharField(
+        max_length=30, blank=True, help_text='MIG profile, "full" or an MPS partition ("mps60": 60 % of the SMs) on GPUs; empty on CPUs',
+    )
     cpu_cores = models.PositiveSmallIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     latency_p50_ms = models.FloatField(validators=[MinValueValidator(0.0001)])
@@ -174,6 +191,8 @@ class Profile(ChangeLoggedModel):
     source = models.CharField(max_length=20, choices=ProfileSourceChoices.choices, default=ProfileSourceChoices.IMPORTED)
     source_detail = models.CharField(max_length=200, blank=True, help_text="Where an imported profile came from")
     measured_at = models.DateTimeField(null=True, blank=True)
+    l2_util_pct = _utilisation_field("L2 cache")
+    dram_util_pct = _utilisation_field("DRAM bandwidth")
 
     class Meta:
         ordering = ["variant", "device_type", "slice", "cpu_cores", "batch_size"]
@@ -196,15 +215,24 @@ class Profile(ChangeLoggedModel):
                 errors["cpu_cores"] = "A CPU profile needs the number of cores it ran on."
             if self.slice:
                 errors["slice"] = "A CPU profile has no GPU slice."
+            for name in ("l2_util_pct", "dram_util_pct"):
+                if getattr(self, name) is not None:
+                    errors[name] = "Utilisations are of GPUs; a CPU profile has none."
         else:
             if self.cpu_cores:
                 errors["cpu_cores"] = "Only CPU profiles have cores."
             if not self.slice:
-                errors["slice"] = f'Give the MIG profile or "{FULL_SLICE}" for a whole GPU.'
+                errors["slice"] = f'Give the MIG profile, "{FULL_SLICE}" for a whole GPU, or "mpsNN" for an MPS partition.'
+            mps = self.slice.lower().startswith("mps") if self.slice else False
+            if mps:
+                if mps_slice_percent(self.slice.lower()) is None:
+                    errors["slice"] = f"{self.slice!r} is not an MPS partition: write mpsNN, NN a whole percent 1..100 (e.g. mps60)."
+                else:
+                    self.slice = self.slice.lower()
             spec = mig_catalogue_load().gpu_model_find(self.device_type)
             if spec is not None:
                 self.device_type = spec.name  # one spelling per GPU model, so profiles group reliably
-                if self.slice and self.slice != FULL_SLICE:
+                if self.slice and self.slice != FULL_SLICE and not mps:
                     profile = spec.profile_find(self.slice)
                     if profile is None:
                         errors["slice"] = f"{self.slice!r} is not a MIG profile of {spec.name} (known: {', '.join(spec.profile_names)})."
@@ -216,6 +244,52 @@ class Profile(ChangeLoggedModel):
             errors["latency_p99_ms"] = "p99 latency cannot be below p50."
         if errors:
             raise ValidationError(errors)
+
+
+class CorunMeasurement(ChangeLoggedModel):
+    """A co-run (gpulets §3.4, §4.4): `variant` at `batch` on `partition_pct` % of a GPU's SMs (MPS) while
+    `corunner` runs at `corunner_batch` on the rest (100 - partition_pct %), and the variant's batch latency
+    then. Over its solo latency (the Profile at the same batch and slice "mps<partition_pct>") it is the
+    interference factor the planner's interference model is fitted to, with both variants' solo L2 and
+    DRAM utilisations (Profile.l2_util_pct, dram_util_pct)."""
+
+    variant = models.ForeignKey(ModelVariant, on_delete=models.CASCADE, related_name="corun_measurements")
+    corunner = models.ForeignKey(
+        ModelVariant, on_delete=models.CASCADE, related_name="corun_measurements_as_corunner",
+        help_text="The variant running beside it, on the rest of the GPU (it may be the same variant)",
+    )
+    device_type = models.CharField(max_length=100, help_text='GPU model, e.g. "RTX-2080Ti" (as its profiles name it)')
+    batch = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    partition_pct = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(99)], help_text="The variant's share of the SMs; the co-runner has the rest",
+    )
+    corunner_batch = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    latency_ms = models.FloatField(validators=[MinValueValidator(0.0001)], help_text="The variant's batch latency while co-running")
+    throughput_rps = models.FloatField(null=True, blank=True, validators=[MinValueValidator(0.0)])
+    source = models.CharField(max_length=20, choices=ProfileSourceChoices.choices, default=ProfileSourceChoices.IMPORTED)
+    source_detail = models.CharField(max_length=200, blank=True, help_text="Where an imported measurement came from")
+    measured_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["device_type", "variant", "corunner", "partition_pct", "batch", "corunner_batch"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["variant", "corunner", "device_type", "partition_pct", "batch", "corunner_batch"], name="corun_unique_point",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        variant = str(self.variant) if self.variant_id else "?"
+        corunner = str(self.corunner) if self.corunner_id else "?"
+        return (f"{variant} b{self.batch} @ {self.device_type}/mps{self.partition_pct} "
+                f"beside {corunner} b{self.corunner_batch}")
+
+    def clean(self) -> None:
+        if not self.device_type:
+            return
+        if self.device_type.strip().lower() == CPU_DEVICE_TYPE:
+            raise ValidationError({"device_type": "Co-runs are MPS partitions of a GPU; a CPU has none."})
+        self.device_type = _gpu_device_type_canonical(self.device_type.strip())
 
 
 def profiling_batch_sizes_default() -> list[int]:

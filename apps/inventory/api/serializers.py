@@ -3,8 +3,8 @@ from rest_framework import serializers
 from apps.core.api.serializers import TesseraModelSerializer
 from apps.deployments.api.serializers import ReportedOperationSerializer, ReportedRuntimeSerializer
 
-from ..choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
-from ..models import Accelerator, GpuInstance, Host, RouterCredential
+from ..choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices, MpsPartitionStateChoices
+from ..models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
 
 
 class HostSerializer(TesseraModelSerializer):
@@ -31,12 +31,20 @@ class HostSerializer(TesseraModelSerializer):
 class AcceleratorSerializer(TesseraModelSerializer):
     simulated = serializers.BooleanField(source="host.simulated", read_only=True)
     gpu_model = serializers.SerializerMethodField(help_text="MIG catalogue key, when the catalogue knows this GPU")
+    mps_partitions = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=100), required=False, max_length=100,
+        help_text="The MPS partition sizes (percent of the SMs) allowed on this GPU; empty: the engine's default",
+    )
+    mps_partitions_allowed = serializers.ListField(
+        child=serializers.IntegerField(), read_only=True, help_text="mps_partitions, or the engine's default when empty",
+    )
 
     class Meta:
         model = Accelerator
         fields = [
             "id", "display", "host", "index", "kind", "uuid", "model_name", "gpu_model", "memory_mb",
-            "mig_capable", "mig_enabled", "cpu_cores", "simulated", "created", "last_updated",
+            "mig_capable", "mig_enabled", "mps_enabled", "mps_partitions", "mps_partitions_allowed", "cpu_cores", "simulated",
+            "created", "last_updated",
         ]
 
     def get_gpu_model(self, obj) -> str | None:
@@ -55,6 +63,20 @@ class GpuInstanceSerializer(TesseraModelSerializer):
             "state", "simulated", "created", "last_updated",
         ]
         read_only_fields = ["placement_size"]
+
+
+class MpsPartitionSerializer(TesseraModelSerializer):
+    slot = serializers.CharField(read_only=True, help_text='The partition\'s name in plans and runtime keys, e.g. "mps60@0"')
+    simulated = serializers.BooleanField(source="accelerator.host.simulated", read_only=True)
+
+    class Meta:
+        model = MpsPartition
+        fields = ["id", "display", "accelerator", "percent", "index", "slot", "state", "simulated", "created", "last_updated"]
+
+    def validate_accelerator(self, value):
+        if self.instance is not None and value.pk != self.instance.accelerator_id:
+            raise serializers.ValidationError("A partition cannot move to another GPU: delete it and create one there.")
+        return value
 
 
 class AgentTokenSerializer(serializers.Serializer):
@@ -95,6 +117,12 @@ class ReportedGpuInstanceSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=GpuInstanceStateChoices.choices, default=GpuInstanceStateChoices.READY)
 
 
+class ReportedMpsPartitionSerializer(serializers.Serializer):
+    percent = serializers.IntegerField(min_value=1, max_value=100, help_text="Share of the GPU's SMs")
+    index = serializers.IntegerField(min_value=0, max_value=99, help_text="Place in the GPU's layout, largest first")
+    state = serializers.ChoiceField(choices=MpsPartitionStateChoices.choices, default=MpsPartitionStateChoices.READY)
+
+
 class ReportedAcceleratorSerializer(serializers.Serializer):
     index = serializers.IntegerField(min_value=0, max_value=1023)
     kind = serializers.ChoiceField(choices=AcceleratorKindChoices.choices)
@@ -105,6 +133,14 @@ class ReportedAcceleratorSerializer(serializers.Serializer):
     mig_enabled = serializers.BooleanField(default=False)
     cpu_cores = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     instances = ReportedGpuInstanceSerializer(many=True, required=False, default=list)
+    mps_enabled = serializers.BooleanField(
+        required=False, help_text="The GPU is in MPS mode; left out, the stored value stays (false when MIG is reported on)",
+    )
+    mps_partitions = ReportedMpsPartitionSerializer(
+        many=True, required=False, max_length=100,
+        help_text="The GPU's MPS partitions whose processes run (they replace the stored ones); left out, the stored ones "
+        "stay unless MPS is off. During a reorganisation the old and the new ones together",
+    )
     placements = serializers.DictField(
         child=serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=7)), required=False,
         help_text="NVML backend: the starts NVML reports for each MIG profile. Accepted, not stored: the agent "
@@ -117,9 +153,18 @@ class ReportedAcceleratorSerializer(serializers.Serializer):
             raise serializers.ValidationError("Two instances reported at the same start.")
         return value
 
+    def validate_mps_partitions(self, value):
+        # The same index twice is a reorganisation in progress (old and new partitions both run); the same
+        # partition twice is not.
+        pairs = [(p["percent"], p["index"]) for p in value]
+        if len(pairs) != len(set(pairs)):
+            raise serializers.ValidationError("The same MPS partition is reported twice.")
+        return value
+
 
 class HostReportSerializer(serializers.Serializer):
-    """What an agent reports about its host: the devices it found and the MIG instances on them, and (the
+    """What an agent reports about its host: the devices it found and the MIG instances or MPS partitions on
+    them, and (the
     data plane, all optional: a part left out leaves what is stored alone) the desired-state version it has
     converged to, its runtimes (they replace the stored ones), its operations since its previous report and
     where NVML disagrees with the MIG catalogue."""

@@ -1,3 +1,4 @@
+from django.db import transaction
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -9,8 +10,8 @@ from apps.deployments.services import host_report_apply
 from apps.users.roles import RoleChoices, user_role
 from engine.geometry.catalogue import mig_catalogue_load
 
-from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet, RouterCredentialFilterSet
-from ..models import Accelerator, GpuInstance, Host, RouterCredential
+from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet, MpsPartitionFilterSet, RouterCredentialFilterSet
+from ..models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
 from ..services import host_agent_token_rotate, router_credential_issue, router_credential_revoke
 from .serializers import (
     AcceleratorSerializer,
@@ -18,6 +19,7 @@ from .serializers import (
     GpuInstanceSerializer,
     HostReportSerializer,
     HostSerializer,
+    MpsPartitionSerializer,
     RouterCredentialIssuedSerializer,
     RouterCredentialIssueSerializer,
     RouterCredentialSerializer,
@@ -119,6 +121,25 @@ class GpuInstanceViewSet(TesseraModelViewSet):
     serializer_class = GpuInstanceSerializer
     filterset_class = GpuInstanceFilterSet
     ordering_fields = ["accelerator", "placement_start"]
+
+
+class MpsPartitionViewSet(TesseraModelViewSet):
+    """MPS partitions of GPUs in MPS mode: a percent of the GPU's SMs each, largest first by index. Created
+    and deleted one at a time, every step a valid layout (so delete from the last index)."""
+
+    queryset = MpsPartition.objects.select_related("accelerator__host")
+    serializer_class = MpsPartitionSerializer
+    filterset_class = MpsPartitionFilterSet
+    ordering_fields = ["accelerator", "index"]
+
+    def perform_destroy(self, instance):
+        with transaction.atomic():
+            later = instance.accelerator.mps_partitions_set.filter(index__gt=instance.index).order_by("index")
+            if later.exists():
+                slots = ", ".join(p.slot for p in later)
+                raise exceptions.ValidationError({"index": [f"{instance.accelerator} has later partitions ({slots}); "
+                                                            "delete them first, so the indices stay 0..n-1."]})
+            instance.delete()
 
 
 class MigProfileSerializer(serializers.Serializer):

@@ -3,17 +3,20 @@ from rest_framework import serializers
 
 from apps.core.api.serializers import ChoiceTextField
 from engine.plans.problem import OBJECTIVES
-from engine.solvers.solve import PLANNERS
 
 from ..choices import PlanStatusChoices, PlanTriggerChoices
 from ..models import Plan
-from ..services import HEADROOM_MAX, PLAN_RUN_DEFAULTS, TIME_LIMIT_MAX_S
+from ..services import HEADROOM_MAX, PLAN_RUN_DEFAULTS, PLAN_RUN_SOLVERS, TIME_LIMIT_MAX_S
 
 
 class PlanRunOptionsSerializer(serializers.Serializer):
     """Options of a plan run; every one is optional (defaults in brackets)."""
 
-    solver = serializers.ChoiceField(choices=list(PLANNERS), required=False, help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]")
+    solver = serializers.ChoiceField(
+        choices=list(PLAN_RUN_SOLVERS), required=False,
+        help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]: proteus, joint or garrison plan the whole fleet; gpulets "
+        "(elastic MPS partitioning with interference), sbp, best-fit and ideal plan its MPS GPUs only",
+    )
     objective = serializers.ChoiceField(choices=list(OBJECTIVES), required=False, help_text=f"[{PLAN_RUN_DEFAULTS['objective']}]")
     time_limit_s = serializers.FloatField(
         required=False, min_value=0.001, max_value=TIME_LIMIT_MAX_S, help_text=f"The solver's time limit [{PLAN_RUN_DEFAULTS['time_limit_s']:g}]",

@@ -5,7 +5,7 @@ from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 from apps.jobs.api.serializers import JobSerializer
 
 from ..choices import PROFILING_BATCH_SIZE_MAX, ProfilingStatusChoices
-from ..models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
+from ..models import Application, Artifact, CorunMeasurement, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
 class PipelineSerializer(TesseraModelSerializer):
@@ -62,8 +62,20 @@ class ProfileSerializer(TesseraModelSerializer):
         model = Profile
         fields = [
             "id", "display", "variant", "device_type", "slice", "cpu_cores", "batch_size", "latency_p50_ms",
-            "latency_p99_ms", "throughput_rps", "memory_mb", "source", "source_detail", "measured_at",
-            "created", "last_updated",
+            "latency_p99_ms", "throughput_rps", "memory_mb", "l2_util_pct", "dram_util_pct", "source", "source_detail",
+            "measured_at", "created", "last_updated",
+        ]
+
+
+class CorunMeasurementSerializer(TesseraModelSerializer):
+    """A co-run measurement: the variant's batch latency on partition_pct % of the GPU beside the co-runner
+    on the rest."""
+
+    class Meta:
+        model = CorunMeasurement
+        fields = [
+            "id", "display", "variant", "corunner", "device_type", "batch", "partition_pct", "corunner_batch", "latency_ms",
+            "throughput_rps", "source", "source_detail", "measured_at", "created", "last_updated",
         ]
 
 
@@ -178,13 +190,15 @@ class ProfileImportRowSerializer(serializers.Serializer):
 
     variant = serializers.CharField(help_text='Its id, or "application/variant"')
     device_type = serializers.CharField(max_length=100)
-    slice = serializers.CharField(max_length=30, required=False, allow_blank=True, help_text='"full" or a MIG profile on GPUs; empty on CPUs')
+    slice = serializers.CharField(max_length=30, required=False, allow_blank=True, help_text='"full", a MIG profile or "mpsNN" on GPUs; empty on CPUs')
     cpu_cores = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     batch_size = serializers.IntegerField(min_value=1)
     latency_p50_ms = serializers.FloatField(min_value=0.0001)
     latency_p99_ms = serializers.FloatField(min_value=0.0001)
     throughput_rps = serializers.FloatField(min_value=0.0, required=False, allow_null=True, help_text="batch / p50 latency if omitted")
     memory_mb = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    l2_util_pct = serializers.FloatField(min_value=0.0, max_value=100.0, required=False, allow_null=True, help_text="GPUs: L2 utilisation (%)")
+    dram_util_pct = serializers.FloatField(min_value=0.0, max_value=100.0, required=False, allow_null=True, help_text="GPUs: DRAM bandwidth utilisation (%)")
     source_detail = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
 

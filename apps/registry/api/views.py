@@ -18,12 +18,13 @@ from apps.jobs.api.serializers import JobSerializer
 from ..filtersets import (
     ApplicationFilterSet,
     ArtifactFilterSet,
+    CorunMeasurementFilterSet,
     ModelVariantFilterSet,
     PipelineFilterSet,
     ProfileFilterSet,
     ProfilingRequestFilterSet,
 )
-from ..models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
+from ..models import Application, Artifact, CorunMeasurement, ModelVariant, Pipeline, Profile, ProfilingRequest
 from ..services.artifacts import artifact_create
 from ..services.profiles import profile_rows_from_csv, profiles_import
 from ..services.profiling import (
@@ -35,6 +36,7 @@ from ..services.profiling import (
 from .serializers import (
     ApplicationSerializer,
     ArtifactSerializer,
+    CorunMeasurementSerializer,
     ModelVariantSerializer,
     PipelineSerializer,
     ProfileImportFileSerializer,
@@ -240,6 +242,17 @@ class ProfileViewSet(TesseraModelViewSet):
         except DjangoValidationError as exc:
             raise validation_error_from_django(exc) from exc
         return Response({"created": result.created, "updated": result.updated})
+
+
+class CorunMeasurementViewSet(TesseraModelViewSet):
+    """Co-run interference measurements (gpulets): a variant's batch latency on an MPS partition while
+    another variant runs on the rest of the GPU. The planner fits its interference model to them; the
+    gpulets reference data is imported with `manage.py gpulet_import`."""
+
+    queryset = CorunMeasurement.objects.select_related("variant__application", "corunner__application")
+    serializer_class = CorunMeasurementSerializer
+    filterset_class = CorunMeasurementFilterSet
+    ordering_fields = ["device_type", "partition_pct", "batch", "latency_ms"]
 
 
 class ProfilingRequestViewSet(TesseraModelViewSet):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -34,7 +35,7 @@ def profile_upsert(*, profile: Profile) -> bool:
 PROFILE_IMPORT_MAX_ROWS = 50_000
 PROFILE_IMPORT_COLUMNS = (
     "variant", "device_type", "slice", "cpu_cores", "batch_size", "latency_p50_ms", "latency_p99_ms", "throughput_rps",
-    "memory_mb", "source_detail",
+    "memory_mb", "l2_util_pct", "dram_util_pct", "source_detail",
 )
 PROFILE_IMPORT_REQUIRED = ("variant", "device_type", "batch_size", "latency_p50_ms", "latency_p99_ms")
 
@@ -113,6 +114,9 @@ def _number(row: dict[str, Any], name: str, kind: type, errors: list[str], *, re
     except (TypeError, ValueError):
         errors.append(f"{name}: {value!r} is not a {'whole number' if kind is int else 'number'}")
         return None
+    if not math.isfinite(number):
+        errors.append(f"{name}: {value!r} is not a finite number")
+        return None
     if number < minimum:
         errors.append(f"{name}: must be at least {minimum:g}")
         return None
@@ -135,9 +139,10 @@ def _variant_resolve(value: Any, cache: dict[str, ModelVariant | None]) -> Model
 @transaction.atomic
 def profiles_import(*, rows: Sequence[tuple[str, dict[str, Any]]], source_detail: str = "") -> ProfileImportResult:
     """Upsert profiles measured elsewhere as `imported` Profile rows. Each row (labelled, e.g. "line 3")
-    names its variant by id or "application/variant", its device_type, slice ("full" or a MIG profile on
-    GPUs; empty on CPUs), cpu_cores (CPUs), batch_size, latency_p50_ms, latency_p99_ms, and optionally
-    throughput_rps (batch / p50 when empty), memory_mb and source_detail (`source_detail` otherwise). A
+    names its variant by id or "application/variant", its device_type, slice ("full", a MIG profile or
+    "mpsNN" on GPUs; empty on CPUs), cpu_cores (CPUs), batch_size, latency_p50_ms, latency_p99_ms, and
+    optionally throughput_rps (batch / p50 when empty), memory_mb, l2_util_pct and dram_util_pct (GPUs, 0..100)
+    and source_detail (`source_detail` otherwise). A
     point already stored (measured or imported) is updated in place. All or nothing: every bad row is
     reported under its label."""
     if not rows:
@@ -176,6 +181,8 @@ def profiles_import(*, rows: Sequence[tuple[str, dict[str, Any]]], source_detail
             "latency_p99_ms": _number(row, "latency_p99_ms", float, problems, required=True, minimum=0.0001),
             "throughput_rps": _number(row, "throughput_rps", float, problems, required=False, minimum=0.0),
             "memory_mb": _number(row, "memory_mb", int, problems, required=False, minimum=0),
+            "l2_util_pct": _number(row, "l2_util_pct", float, problems, required=False, minimum=0.0),
+            "dram_util_pct": _number(row, "dram_util_pct", float, problems, required=False, minimum=0.0),
         }
         detail = "" if _blank(row.get("source_detail")) else str(row["source_detail"]).strip()
         if len(detail) > 200:
