@@ -85,6 +85,7 @@ MAX_BODY_BYTES = 256 << 20
 FRAME_PREFIX = struct.Struct(">II")
 # The error code of a runtime asked for a model it does not serve (a stale route): the router tries another instance.
 WRONG_MODEL = "wrong_model"
+UNKNOWN_INSTANCE = "unknown_instance"  # a partition runtime asked for a model (key or instance) it does not serve
 
 
 class WireError(ValueError):

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.geometry import names
 from workers.client import ReportBacklog, report_backlog_capacity
 from workers.metrics import ReportBacklogCollector
 
 from .backends import DeviceBackend
 from .desired import DesiredState, DesiredStateError, desired_state_parse
-from .reconcile import Operation, ReconcileResult, Reconciler
-from .supervisor import RuntimeSupervisor
+from .reconcile import Operation, ReconcileResult, Reconciler, partition_record_parse, runtimes_missing
+from .supervisor import RuntimeProcess, RuntimeSupervisor
 
 __all__ = ["Agent", "AGENT_VERSION"]
 
@@ -78,7 +79,7 @@ class Agent:
         self.supervisor = RuntimeSupervisor(self.state_dir, bind=bind, advertise=advertise)
         self._operations: list[Operation] = []
         self._ops_lock = threading.Lock()
-        self._running_models: dict[str, tuple[str, int | None, bool]] = {}  # spec file -> what that runtime serves
+        self._specs: dict[str, dict | None] = {}  # spec file -> the spec a runtime process was started with
         self._extra_on_operation = on_operation
         self.reconciler = Reconciler(
             backend=backend, supervisor=self.supervisor, artifact_fetch=self._artifact_fetch,
@@ -172,13 +173,40 @@ class Agent:
     def _needs_reconcile(self, desired: DesiredState) -> bool:
         if self.converged_version != desired.version or self.last_result is None or not self.last_result.converged:
             return True
-        running = self.supervisor.observe()
-        return any(running.get(r.key) is None or running[r.key].fingerprint != r.fingerprint for r in desired.runtimes)
+        return bool(runtimes_missing(desired, self.supervisor.observe()))
+
+    def _served(self, running: dict[str, RuntimeProcess]) -> dict[str, tuple[RuntimeProcess, dict | None]]:
+        """Runtime key -> (the process serving it, its model's spec within an MPS partition's spec, else None).
+        A model of an MPS partition is served by its partition's process; while a partition is being replaced
+        two processes serve it, and the one the desired state wants (else the newer) stands for it."""
+        wanted = {p.key: p.fingerprint for p in (self._desired.partitions() if self._desired else ())}
+        served: dict[str, tuple[RuntimeProcess, dict | None]] = {}
+        partitions = []
+        for key, record in running.items():
+            parsed = partition_record_parse(key)
+            if parsed is None:
+                served[key] = (record, None)
+            else:
+                partitions.append((parsed[1] == wanted.get(parsed[0]), record.started_at, record))
+        for _wanted, _started, record in sorted(partitions, key=lambda item: (item[0], item[1])):
+            spec = self._spec(record.spec_path) or {}
+            for model in spec.get("models") or []:
+                if isinstance(model, dict) and isinstance(model.get("key"), str):
+                    served[model["key"]] = (record, model)  # sorted so that the preferred process comes last
+        return served
 
     # ------------------------------------------------------------------ reports
 
     def actual_state(self) -> dict:
         """The report of docs/dataplane.md, "Actual state"."""
+        running = self.supervisor.observe()
+        # MPS partitions whose processes run, per GPU: {"percent", "index"} (the contract of issue 17).
+        partitions: dict[int, set[tuple[int, int]]] = {}
+        for key in running:
+            parsed = partition_record_parse(key)
+            if parsed is not None:
+                rk = names.runtime_key_parse(parsed[0])
+                partitions.setdefault(rk.index, set()).add((rk.mps_percent or 0, rk.mps_index or 0))
         accelerators: list[dict] = []
         for gpu in self.backend.gpus():
             accelerators.append({
@@ -186,14 +214,26 @@ class Agent:
                 "memory_mb": gpu.memory_mb, "mig_capable": gpu.mig_capable, "mig_enabled": gpu.mig_enabled,
                 "instances": [{"profile": i.placement.profile, "start": i.placement.start, "uuid": i.uuid, "state": "ready"} for i in gpu.instances],
                 "placements": {name: list(starts) for name, starts in gpu.placements.items()},
+                "mps_enabled": gpu.mps_enabled,
+                # Only while MPS is on (a process left on a GPU whose daemon died is no partition of it).
+                "mps_partitions": [{"percent": percent, "index": index}
+                                   for percent, index in sorted(partitions.get(gpu.index, ()) if gpu.mps_enabled else (), key=lambda p: (p[1], -p[0]))],
             })
         accelerators.append({"index": 0, "kind": "cpu", "model_name": "cpu", "cpu_cores": self.backend.cpu_cores()})
         desired = {r.key: r for r in (self._desired.runtimes if self._desired else ())}
+        wanted_partitions = {p.key: p.fingerprint for p in (self._desired.partitions() if self._desired else ())}
         runtimes = []
-        running = self.supervisor.observe()
-        for key, record in sorted(running.items()):
+        served = self._served(running)
+        for key, (record, model) in sorted(served.items()):
             want = desired.get(key)
-            if want is not None and record.fingerprint == want.fingerprint:
+            if model is not None:
+                # A model of an MPS partition: reported as its own runtime, at its partition process's endpoint.
+                parsed = partition_record_parse(record.key)
+                if want is not None and parsed is not None and wanted_partitions.get(parsed[0]) == record.fingerprint:
+                    application, variant, simulated = want.application, want.variant.get("id"), self.backend.name == "simulated"
+                else:
+                    application, variant, simulated = str(model.get("application") or ""), model.get("variant_id"), bool(model.get("simulated"))
+            elif want is not None and record.fingerprint == want.fingerprint:
                 application, variant, simulated = want.application, want.variant.get("id"), want.device_kind == "gpu" and self.backend.name == "simulated"
             else:
                 # It still runs what an earlier desired state asked for (about to be replaced or stopped): report
@@ -205,7 +245,7 @@ class Agent:
                 "state": "ready", "endpoint": record.endpoint or "", "simulated": bool(simulated), "error": "",
             })
         for key, want in sorted(desired.items()):
-            if key not in running:
+            if key not in served:
                 error = next((e for e in (self.last_result.errors if self.last_result else []) if e.startswith(key + ":")), "not started")
                 runtimes.append({"key": key, "application": want.application, "variant": want.variant.get("id"), "state": "failed",
                                  "endpoint": "", "simulated": want.device_kind == "gpu" and self.backend.name == "simulated", "error": error})
@@ -217,20 +257,25 @@ class Agent:
             "catalogue_disagreements": self.backend.catalogue_disagreements(),
         }
 
-    def _running_model(self, spec_path: str) -> tuple[str, int | None, bool]:
-        """(application, variant id, simulated) of the spec a runtime process was started with; ("", None,
-        False) when the spec cannot be read (a record from an older agent has no variant id: None)."""
-        cached = self._running_models.get(spec_path)
-        if cached is None:
+    def _spec(self, spec_path: str) -> dict | None:
+        """The spec a runtime process was started with (None when it cannot be read)."""
+        if spec_path not in self._specs:
             try:
                 spec = json.loads(Path(spec_path).read_text())
             except (OSError, ValueError):
-                return "", None, False
-            cached = (str(spec.get("application") or ""), spec.get("variant_id"), bool(spec.get("simulated")))
-            if len(self._running_models) > 1024:  # spec files are per process start: forget the old ones
-                self._running_models.clear()
-            self._running_models[spec_path] = cached
-        return cached
+                return None
+            if len(self._specs) > 1024:  # spec files are per process start: forget the old ones
+                self._specs.clear()
+            self._specs[spec_path] = spec if isinstance(spec, dict) else None
+        return self._specs[spec_path]
+
+    def _running_model(self, spec_path: str) -> tuple[str, int | None, bool]:
+        """(application, variant id, simulated) of the spec a runtime process was started with; ("", None,
+        False) when the spec cannot be read (a record from an older agent has no variant id: None)."""
+        spec = self._spec(spec_path)
+        if spec is None:
+            return "", None, False
+        return str(spec.get("application") or ""), spec.get("variant_id"), bool(spec.get("simulated"))
 
     def report(self) -> bool:
         if self.client is None:
@@ -269,9 +314,10 @@ class Agent:
 
         snapshots = []
         desired = {r.key: r for r in (self._desired.runtimes if self._desired else ())}
-        for key, record in self.supervisor.observe().items():
+        mps_load: dict[int, float] = {}  # an MPS GPU's busy fraction: its models' busy time weighted by their partition's share
+        for key, (record, model) in sorted(self._served(self.supervisor.observe()).items()):
             try:
-                reply = self.supervisor.call(record, "stats", timeout_s=1.0)
+                reply = self.supervisor.call(record, "stats", timeout_s=1.0, key=key if model is not None else None)
             except (OSError, ValueError):
                 continue
             stats = dict(reply.get("stats") or {})
@@ -282,7 +328,12 @@ class Agent:
             snapshots.append(stats)
             if want is not None and want.device_kind == "gpu" and hasattr(self.backend, "set_load"):
                 busy = min(1.0, float(stats.get("busy_ms", 0.0)) / (interval_s * 1000.0))
-                self.backend.set_load(want.device_index, want.placement, busy)
+                if want.mps_percent is not None:
+                    mps_load[want.device_index] = mps_load.get(want.device_index, 0.0) + busy * want.mps_percent / 100.0
+                else:
+                    self.backend.set_load(want.device_index, want.placement, busy)
+        for index, busy in mps_load.items():
+            self.backend.set_load(index, None, min(1.0, busy))
         telemetry = self.backend.telemetry()
         payload = {
             "at": datetime.now(timezone.utc).isoformat(), "interval_s": interval_s,
@@ -308,11 +359,12 @@ class Agent:
         from .supervisor import frame_call
 
         texts = []
-        for record in self.supervisor.observe().values():
+        for key, (record, model) in sorted(self._served(self.supervisor.observe()).items()):
             if not record.endpoint:
                 continue
             try:
-                reply, body = frame_call(record.endpoint, {"op": "metrics"}, timeout_s=1.0)
+                header = {"op": "metrics", "key": key} if model is not None else {"op": "metrics"}
+                reply, body = frame_call(record.endpoint, header, timeout_s=1.0)
             except (OSError, ValueError):
                 continue
             if reply.get("status") == 200:

@@ -12,13 +12,15 @@ from .agent import Agent
 from .backends import backend_make
 from .reconcile import Operation
 
-__all__ = ["CRASH_ENV", "agent_build", "crash_failpoint_from_env"]
+__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "agent_build", "crash_failpoint_from_env"]
 
 log = logging.getLogger("tessera.agent")
 
 # Failpoint for crash-safety tests: with TESSERA_AGENT_CRASH_AFTER_OPS=N the agent kills itself with
 # SIGKILL right after its N-th operation (no clean-up of any kind, as a power cut or an OOM kill would).
 CRASH_ENV = "TESSERA_AGENT_CRASH_AFTER_OPS"
+# The MPS control program of the nvml backend (default: nvidia-cuda-mps-control on the PATH).
+MPS_CONTROL_ENV = "TESSERA_MPS_CONTROL"
 
 
 def crash_failpoint_from_env() -> Callable[[Operation], None] | None:
@@ -61,6 +63,12 @@ def agent_build(
         options = {"gpus": simulate, "state_file": state_dir / "simulated-gpus.json", "seed": seed}
     elif simulate:
         raise ValueError("--simulate is for --backend simulated")
+    else:
+        # MPS control daemons keep their pipes and logs under the state directory (one pair per GPU);
+        # TESSERA_MPS_CONTROL names another control program than nvidia-cuda-mps-control on the PATH.
+        options = {"mps_dir": state_dir / "mps"}
+        if os.environ.get(MPS_CONTROL_ENV):
+            options["mps_control"] = os.environ[MPS_CONTROL_ENV]
     device_backend = backend_make(backend, **options)
     client = None
     if control_plane:

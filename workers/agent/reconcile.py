@@ -15,6 +15,16 @@ Order within a pass (make before break where the GPU has room):
    remaining instances (`mig_layout_diff`: destroys before creates, every intermediate layout valid), and
    start the remaining runtimes.
 
+MPS GPUs (issue 17, gpulets §4.2 and §4.6): the models of one partition (`gpu0/mps60@0/0`, `/1`, ...) are
+served by ONE runtime process started with a partition spec (`partition_spec_build`) and the backend's MPS
+environment (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`). Its record is `<partition key>#<fingerprint>`, the
+fingerprint covering every model of the partition, so a partition whose models change, or a new
+partition, gets a new process beside the old one. Within a pass: the GPU's MPS control daemon is started
+before its first partition process; the new partitions' processes are started and ready (step 1) before
+the processes of partitions that are gone or changed are drained and stopped (step 2), so serving does not
+stop while a GPU is reorganised (the percents may add up to more than 100 % meanwhile, which MPS allows);
+a GPU taken out of MPS mode has its daemon stopped after its last partition process.
+
 Every action is an `Operation` (logged, and reported to the control plane). A runtime that fails to start
 is retried on a later pass with exponential backoff.
 """
@@ -27,14 +37,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from engine.geometry import names
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import Placement, mig_layout_diff, mig_layout_validate
 
 from .backends import BackendError, DeviceBackend, GpuInfo
-from .desired import DesiredRuntime, DesiredState, runtime_key_parse
+from .desired import DesiredPartition, DesiredRuntime, DesiredState, runtime_key_parse
 from .supervisor import RuntimeProcess, RuntimeStartError, RuntimeSupervisor
 
-__all__ = ["Operation", "ReconcileResult", "Reconciler", "runtime_spec_build"]
+__all__ = [
+    "Operation",
+    "ReconcileResult",
+    "Reconciler",
+    "partition_record_key",
+    "partition_record_parse",
+    "partition_spec_build",
+    "runtime_spec_build",
+    "runtimes_missing",
+]
 
 log = logging.getLogger("tessera.agent")
 
@@ -45,7 +65,7 @@ RESTART_BACKOFF_MAX_S = 60.0
 @dataclass(frozen=True)
 class Operation:
     at: str
-    action: str  # runtime.start | runtime.drain | runtime.stop | mig.create | mig.destroy | mig.mode
+    action: str  # runtime.start | runtime.drain | runtime.stop | mig.create | mig.destroy | mig.mode | mps.mode
     target: str
     outcome: str  # ok | failed
     detail: str = ""
@@ -84,6 +104,50 @@ def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, d
         },
         "profile": [{"batch": b, "latency_ms": ms} for b, ms in runtime.profile],
     }
+
+
+# The supervisor record of an MPS partition's process: "<partition key>#<fingerprint>".
+PARTITION_RECORD_SEP = "#"
+
+
+def partition_record_key(partition_key: str, fingerprint: str) -> str:
+    return f"{partition_key}{PARTITION_RECORD_SEP}{fingerprint}"
+
+
+def partition_record_parse(record_key: str) -> tuple[str, str] | None:
+    """("gpu0/mps60@0", fingerprint) for a partition process's record key; None for any other runtime's."""
+    if PARTITION_RECORD_SEP not in record_key:
+        return None
+    key, _, fingerprint = record_key.partition(PARTITION_RECORD_SEP)
+    return key, fingerprint
+
+
+def partition_spec_build(partition: DesiredPartition, *, host: str, artifact_paths: dict[str, Path | None], device_uuid: str | None, simulated: bool) -> dict:
+    """The partition spec of the MPS contract (issue 17): the partition's key, percent and duty cycle, and
+    one single-model runtime spec per model, each with its own key and fleet instance id."""
+
+    def instance(key: str) -> str | None:
+        return names.instance_id(host, key) if host else None  # without a host name the runtime uses the key
+
+    models = []
+    for runtime in partition.runtimes:
+        spec = runtime_spec_build(runtime, artifact_path=artifact_paths.get(runtime.key), device_uuid=device_uuid, simulated=simulated)
+        spec["instance"] = instance(runtime.key)
+        models.append(spec)
+    return {
+        "key": partition.key, "partition_percent": partition.percent, "duty_cycle_ms": partition.duty_cycle_ms,
+        "device_uuid": device_uuid, "instance": instance(partition.key), "models": models,
+    }
+
+
+def runtimes_missing(desired: DesiredState, running: dict[str, RuntimeProcess]) -> list[str]:
+    """Keys of the desired runtimes no process serves as desired (an MPS model counts as served when its
+    partition's process with the desired fingerprint runs)."""
+    missing = [r.key for r in desired.process_runtimes if running.get(r.key) is None or running[r.key].fingerprint != r.fingerprint]
+    for partition in desired.partitions():
+        if partition_record_key(partition.key, partition.fingerprint) not in running:
+            missing.extend(r.key for r in partition.runtimes)
+    return missing
 
 
 class Reconciler:
@@ -143,7 +207,8 @@ class Reconciler:
                     continue
             targets[want.index] = (spec, want.layout, want.mig_enabled)
 
-        # 1. Make before break: new instances that fit now, and runtimes whose instance exists.
+        # 1. Make before break: new instances that fit now, MPS daemons and the new partitions' processes
+        #    (each ready before anything is stopped), and runtimes whose instance exists.
         running = self.supervisor.observe()
         for index, (spec, layout, mig_enabled) in targets.items():
             gpu = gpus[index]
@@ -154,14 +219,16 @@ class Reconciler:
                 if mig_layout_validate(spec, current + [placement]).valid:
                     if self._instance_create(index, placement, result):
                         current.append(placement)
-        gpus = {g.index: g for g in self.backend.gpus()}
+        gpus = self._mps_make(desired, running, result)
         stopping = self._runtimes_to_stop(desired, running, gpus, targets)
         self._runtimes_start(desired, running, gpus, skip=set(stopping), result=result)
 
-        # 2. Break: stop what goes, reshape the GPUs, start the rest.
+        # 2. Break: stop what goes (runtimes, then MPS partitions and daemons), reshape the GPUs, start the rest.
         for record in stopping.values():
             self._runtime_stop(record)
+        self._mps_break(desired, result)
         running = self.supervisor.observe()
+        gpus = {g.index: g for g in self.backend.gpus()}
         for index, (spec, layout, mig_enabled) in targets.items():
             gpu = gpus[index]
             if gpu.mig_enabled != mig_enabled:
@@ -182,23 +249,109 @@ class Reconciler:
                 self._instance_destroy(index, placement, result)
             for placement in diff.create:
                 self._instance_create(index, placement, result)
-        gpus = {g.index: g for g in self.backend.gpus()}
+        gpus = self._mps_make(desired, running, result)
         self._runtimes_start(desired, running, gpus, skip=set(), result=result)
 
-        # Converged: every listed GPU has its layout and every desired runtime runs as desired.
+        # Converged: every listed GPU has its layout and MPS mode, and every desired runtime runs as desired.
         running = self.supervisor.observe()
         for index, (_spec, layout, mig_enabled) in targets.items():
             gpu = gpus[index]
             if gpu.mig_enabled != mig_enabled or tuple(sorted(i.placement for i in gpu.instances)) != tuple(sorted(layout)):
                 result.errors.append(f"gpu{index}: layout not reached")
-        for runtime in desired.runtimes:
-            record = running.get(runtime.key)
-            if record is None or record.fingerprint != runtime.fingerprint:
-                result.errors.append(f"{runtime.key}: not running")
-        for key in set(running) - {r.key for r in desired.runtimes}:
+            want = desired.gpu(index)
+            if want is not None and gpu.mps_enabled != want.mps_enabled:
+                result.errors.append(f"gpu{index}: MPS mode not reached")
+        for key in runtimes_missing(desired, running):
+            if not any(e.startswith(key + ":") for e in result.errors):
+                result.errors.append(f"{key}: not running")
+        wanted = {r.key for r in desired.process_runtimes} | {partition_record_key(p.key, p.fingerprint) for p in desired.partitions()}
+        for key in sorted(set(running) - wanted):
             result.errors.append(f"{key}: still running though not desired")
         result.converged = not result.errors
         return result
+
+    # ------------------------------------------------------------------ MPS
+
+    def _mps_make(self, desired: DesiredState, running: dict[str, RuntimeProcess], result: ReconcileResult) -> dict[int, GpuInfo]:
+        """MPS daemons on for the GPUs that want them (once MIG is off), then the desired partitions' processes
+        that do not run yet, each ready before the next. Returns the GPUs as they are now."""
+        gpus = {g.index: g for g in self.backend.gpus()}
+        changed = False
+        for want in desired.gpus:
+            gpu = gpus.get(want.index)
+            if not want.mps_enabled or gpu is None or gpu.mps_enabled or gpu.mig_enabled:
+                continue  # a GPU leaving MIG is switched in step 2 first
+            try:
+                self.backend.mps_mode_set(want.index, True)
+            except BackendError as exc:
+                self._op("mps.mode", f"gpu{want.index}", "failed", str(exc))
+                result.errors.append(f"gpu{want.index}: {exc}")
+                continue
+            self._op("mps.mode", f"gpu{want.index}", "ok", "enabled")
+            changed = True
+        if changed:
+            gpus = {g.index: g for g in self.backend.gpus()}
+        now = time.monotonic()
+        for partition in desired.partitions():
+            if self.stop_requested():
+                result.errors.append("stopped before finishing")
+                break
+            record_key = partition_record_key(partition.key, partition.fingerprint)
+            gpu = gpus.get(partition.device_index)
+            if record_key in running or gpu is None or not gpu.mps_enabled:
+                continue
+            failures, retry_at = self._failures.get(partition.key, (0, 0.0))
+            if now < retry_at:
+                result.errors.extend(f"{r.key}: start failed {failures}x; retrying in {retry_at - now:.0f} s" for r in partition.runtimes)
+                continue
+            simulated = self.backend.name == "simulated"
+            try:
+                paths = {r.key: (self.artifact_fetch(r.variant["artifact"]) if r.variant.get("artifact") else None) for r in partition.runtimes}
+                spec = partition_spec_build(partition, host=desired.host, artifact_paths=paths, device_uuid=gpu.uuid, simulated=simulated)
+                env = self.backend.mps_environment(partition.device_index, partition.percent)
+                record = self.supervisor.start(key=record_key, fingerprint=partition.fingerprint, spec=spec, env=env, ready_timeout_s=self.ready_timeout_s)
+                health = self.supervisor.call(record, "health", timeout_s=5.0)
+                if health.get("status") != 200:
+                    self.supervisor.stop(record, drain_timeout_s=0)
+                    raise RuntimeStartError(f"health check answered {health}")
+            except Exception as exc:  # artifacts, the environment, the process or its health: retried later
+                failures += 1
+                self._failures[partition.key] = (failures, now + min(RESTART_BACKOFF_MAX_S, 2.0 ** failures))
+                self._op("runtime.start", partition.key, "failed", str(exc)[:500])
+                result.errors.extend(f"{r.key}: {exc}" for r in partition.runtimes)
+                continue
+            self._failures.pop(partition.key, None)
+            running[record_key] = record
+            label = "simulated" if simulated else gpu.uuid
+            models = ", ".join(r.variant["name"] for r in partition.runtimes)
+            self._op("runtime.start", partition.key, "ok", f"{partition.percent} % for {models} at {record.endpoint} on {label}")
+        return gpus
+
+    def _mps_break(self, desired: DesiredState, result: ReconcileResult) -> None:
+        """Stop the partition processes no longer desired as they are (the new ones started in step 1), then
+        the MPS daemons of the GPUs leaving MPS mode, once none of their partitions runs."""
+        wanted = {partition_record_key(p.key, p.fingerprint) for p in desired.partitions()}
+        running = self.supervisor.observe()
+        for record_key, record in sorted(running.items()):
+            parsed = partition_record_parse(record_key)
+            if parsed is not None and record_key not in wanted:
+                self._runtime_stop(record, target=parsed[0])
+        gpus = {g.index: g for g in self.backend.gpus()}
+        left = {names.runtime_key_parse(parsed[0]).index for k in self.supervisor.observe() if (parsed := partition_record_parse(k))}
+        for want in desired.gpus:
+            gpu = gpus.get(want.index)
+            if want.mps_enabled or gpu is None or not gpu.mps_enabled:
+                continue
+            if want.index in left:
+                result.errors.append(f"gpu{want.index}: MPS partitions still run; MPS stays on")
+                continue
+            try:
+                self.backend.mps_mode_set(want.index, False)
+            except BackendError as exc:
+                self._op("mps.mode", f"gpu{want.index}", "failed", str(exc))
+                result.errors.append(f"gpu{want.index}: {exc}")
+                continue
+            self._op("mps.mode", f"gpu{want.index}", "ok", "disabled")
 
     # ------------------------------------------------------------------ MIG
 
@@ -215,6 +368,8 @@ class Reconciler:
     def _instance_destroy(self, index: int, placement: Placement, result: ReconcileResult) -> None:
         # Never destroy under a runtime: stop whatever runs on the instance first (found by its key).
         for record in self.supervisor.observe().values():
+            if partition_record_parse(record.key) is not None:
+                continue  # MPS partitions are stopped before MIG is enabled (step 2)
             kind, gpu_index, where, _ = runtime_key_parse(record.key)
             if kind == "gpu" and gpu_index == index and where in (placement, None):
                 self._runtime_stop(record)
@@ -231,6 +386,8 @@ class Reconciler:
     def _runtimes_to_stop(self, desired: DesiredState, running: dict[str, RuntimeProcess], gpus: dict[int, GpuInfo], targets: dict) -> dict[str, RuntimeProcess]:
         stop: dict[str, RuntimeProcess] = {}
         for key, record in running.items():
+            if partition_record_parse(key) is not None:
+                continue  # MPS partitions: _mps_break
             want = desired.runtime(key)
             kind, index, placement, _ = runtime_key_parse(key)
             on_gone_instance = False
@@ -249,11 +406,12 @@ class Reconciler:
                 stop[key] = record
         return stop
 
-    def _runtime_stop(self, record: RuntimeProcess) -> None:
+    def _runtime_stop(self, record: RuntimeProcess, target: str | None = None) -> None:
+        target = target or record.key
         drained = self.supervisor.drain(record, self.drain_timeout_s)
-        self._op("runtime.drain", record.key, "ok" if drained else "failed", "" if drained else "did not drain; stopping anyway")
+        self._op("runtime.drain", target, "ok" if drained else "failed", "" if drained else "did not drain; stopping anyway")
         self.supervisor.stop(record, drain_timeout_s=0)
-        self._op("runtime.stop", record.key, "ok")
+        self._op("runtime.stop", target, "ok")
 
     def _device_for(self, runtime: DesiredRuntime, gpus: dict[int, GpuInfo]) -> tuple[bool, str | None]:
         """(can start now, device uuid) for a runtime: its GPU instance must exist."""
@@ -269,7 +427,7 @@ class Reconciler:
 
     def _runtimes_start(self, desired: DesiredState, running: dict[str, RuntimeProcess], gpus: dict[int, GpuInfo], *, skip: set[str], result: ReconcileResult) -> None:
         now = time.monotonic()
-        for runtime in desired.runtimes:
+        for runtime in desired.process_runtimes:
             record = running.get(runtime.key)
             if self.stop_requested():
                 result.errors.append("stopped before finishing")

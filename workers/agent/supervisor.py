@@ -4,7 +4,9 @@ One process per runtime (`python -m workers.runtime.server`), in its own session
 restarts (an upgrade, a crash) leaves the runtimes serving. What the agent must find again after a restart
 is kept on disk under `<state dir>/runtimes/`:
 
-- `<key>.json`, the record: key, fingerprint, spec file, pid, endpoint. It is written *before* the process
+- `<key>.json`, the record: key, fingerprint, spec file, pid, endpoint. (The process of an MPS partition is
+  recorded as `<partition key>#<fingerprint>`, so that its replacement can start, under a record of its
+  own, while it still serves: reconcile.py, `partition_record_key`.) It is written *before* the process
   is started (without a pid) and again once it runs, each time atomically (temp file + rename).
 - The spec file's name carries a random nonce and is on the runtime's command line, so the agent can tell
   its own processes from any other (pid reuse) and find a runtime that was started but never recorded
@@ -284,11 +286,15 @@ class RuntimeSupervisor:
             break
         self._children.pop(pid, None)
 
-    def call(self, record: RuntimeProcess, op: str, timeout_s: float = 2.0) -> dict:
-        """A control call (`health`, `stats`) on a running runtime."""
+    def call(self, record: RuntimeProcess, op: str, timeout_s: float = 2.0, *, key: str | None = None) -> dict:
+        """A control call (`health`, `stats`) on a running runtime; `key` selects one model of an MPS
+        partition's process (without it, `health` answers for the whole process)."""
         if not record.endpoint:
             raise ConnectionError(f"runtime {record.key} has no endpoint yet")
-        reply, _ = frame_call(record.endpoint, {"op": op}, timeout_s=timeout_s)
+        header: dict[str, Any] = {"op": op}
+        if key is not None:
+            header["key"] = key
+        reply, _ = frame_call(record.endpoint, header, timeout_s=timeout_s)
         return reply
 
     def stop_all(self, *, drain_timeout_s: float = 0.0) -> None:

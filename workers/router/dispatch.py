@@ -10,7 +10,7 @@ from engine.dataplane.routing import NoRouteAvailable
 from workers.metrics import ApplicationStats
 from workers.router.table import Application, Route
 from workers.router.upstream import Upstream, UpstreamError
-from workers.wire import WRONG_MODEL
+from workers.wire import UNKNOWN_INSTANCE, WRONG_MODEL
 
 __all__ = ["DispatchError", "Dispatcher"]
 
@@ -37,7 +37,8 @@ class Dispatcher:
     no answer by the deadline + `upstream_grace_s` is a drop (504 `deadline_exceeded`).
 
     Each frame names the application and the variant of its route. An instance that serves another model
-    (a route the control plane is withdrawing) refuses with 409 `wrong_model`, or, if it does not check,
+    (a route the control plane is withdrawing) refuses with 409 `wrong_model` (a partition runtime that no
+    longer holds the model: 404 `unknown_instance`), or, if it does not check,
     answers as another model: either way nothing is relayed, the instance is `stale` for that application
     until its table's version changes, and the query goes to another instance (not counted in
     `_MAX_ATTEMPTS`: each refusal leaves one instance fewer to draw); none left is 503 `no_route`."""
@@ -156,8 +157,10 @@ class Dispatcher:
                     continue
                 stats.no_route()
                 raise DispatchError(503, "no_route", f"{application}: the instances tried are draining")
-            if (status == 409 and reply.get("code") == WRONG_MODEL) or not _serves(reply, application, route.variant):
-                # A stale route: never relay another model's answer; leave the instance out until a new table.
+            if ((status == 409 and reply.get("code") == WRONG_MODEL) or (status == 404 and reply.get("code") == UNKNOWN_INSTANCE)
+                    or not _serves(reply, application, route.variant)):
+                # A stale route: never relay another model's answer (nor a partition's "no such model", a route
+                # to a model its partition no longer holds); leave the instance out until a new table.
                 self.stale[(application, instance)] = app.version
                 attempts -= 1
                 continue

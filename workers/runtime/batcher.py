@@ -28,6 +28,16 @@ wakes a little late, or a batch that runs a little slower than its profiled p50,
 every such wait into a drop. The margin covers timer wake-up jitter, run-time variance and the time a
 query spends outside the model (decoding, the answer's way back).
 
+Several batchers sharing one device (the models of an MPS partition, time-shared: workers/runtime/
+partition.py) pass `turn`, a context-manager factory without arguments (one model's `PartitionTurns.turn`):
+a batch is decided and popped as above, then its `execute` runs inside `with turn():`, so that at most one
+batch of the partition runs at a time. The service time the policy observes (and `batches` records) runs
+from when the turn is granted to when the batch ends: the profile the policy plans with is the model's run
+time on the partition, and the wait for the turn is queueing behind the other models' batches, not the
+model running slower (an AIMD policy that compares the observed latency with the SLO would otherwise back
+off because of a neighbour's batch). Deadlines and the late count still judge the real clock: a batch that
+waited for its turn and ends past its deadline is late, and the policy hears it through `late`.
+
 `clock` returns seconds (`time.monotonic`); a clock with a `now_ms()` method (`VirtualClock`) is read in
 milliseconds directly, so replayed times stay exact. With `record_batches=True` the batcher keeps
 `batches`, one `(start_ms, [query ids], end_ms)` per batch, and `drops`, one `(query id, time_ms)` per
@@ -39,7 +49,7 @@ import math
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 from engine.dataplane.batching import DEADLINE_TOLERANCE_MS, DROP_RULES, BatchingPolicy, QueryQueue
 
@@ -106,6 +116,7 @@ class InstanceBatcher:
         service_ms: Callable[[int], float] | None = None,
         record_batches: bool = False,
         margin_ms: float = 0.0,
+        turn: Callable[[], ContextManager[Any]] | None = None,
     ) -> None:
         if drop_rule not in DROP_RULES:
             raise ValueError(f"drop_rule must be one of {DROP_RULES}, not {drop_rule!r}")
@@ -122,6 +133,7 @@ class InstanceBatcher:
         self.margin_ms = float(margin_ms)
         self.queue = QueryQueue(queue_order)  # validates the order
         self.service_ms = service_ms
+        self.turn = turn  # shared-device turns around `execute` (see the module docstring)
         self.record_batches = record_batches
         self.batches: list[tuple[float, list[int], float]] = []
         self.drops: list[tuple[int, float]] = []
@@ -297,7 +309,11 @@ class InstanceBatcher:
         return results, error, (time.perf_counter() - started) * 1000.0
 
     def _dispatch_stepped(self, batch: list[tuple[int, float, float]], now: float) -> None:
-        results, error, measured = self._run(self._payloads(batch))
+        if self.turn is None:
+            results, error, measured = self._run(self._payloads(batch))
+        else:
+            with self.turn():
+                results, error, measured = self._run(self._payloads(batch))
         service = float(self.service_ms(len(batch))) if self.service_ms is not None else measured
         self._outcome = (results, error, service)
         self._busy_end = now + service
@@ -357,9 +373,17 @@ class InstanceBatcher:
                         continue
                     timeout = None if self._timer_at == _INF else max(0.0, (self._timer_at - now) / 1000.0)
                     cond.wait(timeout)
-            results, error, _measured = self._run(payloads)  # outside the lock: submissions keep coming
-            with cond:
+            # Outside the lock: submissions keep coming.
+            if self.turn is None:
+                results, error, _measured = self._run(payloads)
                 end = self._now_ms()
+            else:
+                with self.turn():  # the device is shared: wait for this batcher's turn, run, give it back
+                    now = self._now_ms()
+                    results, error, _measured = self._run(payloads)
+                    end = self._now_ms()
+            with cond:
+                self._inflight_start = now
                 self._outcome = (results, error, end - now)
                 self._complete(end)
                 self._kick_needed = True

@@ -1,5 +1,6 @@
-"""The runtime process: one serving instance (a GPU, a MIG instance, or a CPU allotment) behind the router's
-frame protocol (docs/dataplane.md, "Router <-> runtime frames").
+"""The runtime process: one serving instance (a GPU, a MIG instance, or a CPU allotment), or the models that
+time-share one MPS partition, behind the router's frame protocol (docs/dataplane.md, "Router <-> runtime
+frames").
 
     python -m workers.runtime.server --spec SPEC.json --listen 127.0.0.1:0 --ready-file PATH
 
@@ -10,6 +11,24 @@ SLO, the profile as the policy's latency function), bind the TCP server, and onl
 it listens on, `tcp://HOST:PORT` (the real port when 0 was asked), to the ready file, atomically (a temp
 file renamed over it): the agent polls for that file. A runtime that cannot start writes no ready file,
 prints `tessera-runtime: error: ...` on stderr and exits with status 2.
+
+A spec with "models" is a partition spec (`PartitionSpec`): the models of one MPS partition (`key`
+`gpu<i>/mps<NN>@<k>`, `partition_percent` NN, `duty_cycle_ms`, `device_uuid`, `instance`), each an ordinary
+runtime spec keyed `<key>/<slot>`. One process serves them all (temporal sharing, gpulets ATC'22 §4.2-4.3):
+one session and one batcher per model, each with its own queue, policy, drop rule and SLO, and
+`PartitionTurns` between the batchers, so that at most one batch runs on the partition at a time and models
+with a batch ready take turns round-robin (workers/runtime/partition.py). The agent starts the process with
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and the MPS daemon's directories in its environment; the runtime does not
+read them. A partition's frames name their model by "key" (`<key>/<slot>`), else by "instance" (the model's
+fleet instance id, what the router sends): `infer`, and `health`, `stats`, `metrics` naming a model, answer
+for that model in exactly the single-model shape below; a key or instance the partition does not serve is
+answered 404 `unknown_instance` (nothing runs), and so is an infer frame naming no model. Without a key,
+`health` answers for the partition (`key`, `instance`, `partition_percent`, `duty_cycle_ms`, `device_uuid`,
+`state`, `simulated`, `queue_length`, `in_flight`, `running`, `waiting`, `pid`, `uptime_s`, and `models`: each
+model's keyed health without `id` and `status`, plus its `turns`: turns, wait_ms_total, wait_ms_max,
+run_ms_total, over_duty_cycle), `stats` answers `{"status": 200, "models": [one stats item per model]}`, and
+`metrics` every model's series (labelled by its instance). `drain` drains the whole process. A single-model
+runtime takes every frame as its model's, whatever key or instance the frame names.
 
 Frames (one JSON header and a body each; any number in flight on a connection, answered as they finish,
 matched by `id`, which is echoed back):
@@ -49,11 +68,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import gc
 import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import struct
@@ -67,12 +88,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from engine.dataplane.batching import batching_policy_make, policy_latency_function
-from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats
+from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats, exposition_merge
 from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
+from workers.runtime.partition import PartitionTurns
 from workers.runtime.simulated import SimulatedSession, profile_points
-from workers.wire import FRAME_PREFIX, WRONG_MODEL, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
+from workers.wire import FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
 
-__all__ = ["BatchingSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ready_file_write", "main", "session_load"]
+__all__ = ["UNKNOWN_INSTANCE", "BatchingSpec", "PartitionSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ServedModel",
+           "ready_file_write", "main", "session_load", "spec_from_dict", "spec_load"]
 
 log = logging.getLogger("tessera.runtime")
 
@@ -180,13 +203,7 @@ class RuntimeSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> "RuntimeSpec":
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise RuntimeSpecError(f"cannot read the spec {path}: {exc}") from None
-        except ValueError as exc:
-            raise RuntimeSpecError(f"the spec {path} is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(_spec_read(path))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -195,6 +212,124 @@ class RuntimeSpec:
         path = Path(path)
         _atomic_write(path, json.dumps(self.to_dict(), indent=1))
         return path
+
+
+_SLOT = re.compile(r"0|[1-9][0-9]*")
+_MPS_PLACEMENT = re.compile(r"mps([0-9]+)@([0-9]+)")
+
+
+@dataclass
+class PartitionSpec:
+    """What a partition runtime process serves: the models that time-share one MPS partition (gpulets,
+    ATC'22 §4.2-4.3; workers/runtime/partition.py), one `RuntimeSpec` each. The JSON file holds these fields,
+    `models` a list of single-model specs (RuntimeSpec's JSON, each with its own key `<key>/<slot>` and
+    instance); a spec with `models` is a partition spec (`spec_load`). `partition_percent` is the partition's
+    share of the GPU's SMs (the process is started with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set to it; the
+    runtime only reports it), `duty_cycle_ms` the plan's round (None: not planned as one). The models run on
+    one GPU: a model without `device_uuid` takes the partition's, and the partition takes the models' when
+    it names none. A model without `instance` gets `<instance>/<slot>` when the partition has an instance."""
+
+    key: str
+    partition_percent: int
+    models: list[RuntimeSpec]
+    duty_cycle_ms: float | None = None
+    device_uuid: str | None = None
+    instance: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PartitionSpec":
+        if not isinstance(data, Mapping):
+            raise RuntimeSpecError(f"the spec must be a JSON object, got {type(data).__name__}")
+        key = data.get("key")
+        if not isinstance(key, str) or not key:
+            raise RuntimeSpecError(f"partition spec field 'key' must be a non-empty string, got {key!r}")
+        percent = data.get("partition_percent")
+        if isinstance(percent, bool) or not isinstance(percent, int) or not 1 <= percent <= 100:
+            raise RuntimeSpecError(f"partition spec field 'partition_percent' must be an integer in 1..100, got {percent!r}")
+        placement = _MPS_PLACEMENT.fullmatch(key.rsplit("/", 1)[-1])
+        if placement is not None and int(placement.group(1)) != percent:
+            raise RuntimeSpecError(f"partition spec: key {key!r} names mps{placement.group(1)} but 'partition_percent' is {percent}")
+        duty = data.get("duty_cycle_ms")
+        if duty is not None and (isinstance(duty, bool) or not isinstance(duty, (int, float)) or not math.isfinite(duty) or duty <= 0):
+            raise RuntimeSpecError(f"partition spec field 'duty_cycle_ms' must be a finite number > 0 or null, got {duty!r}")
+        for name in ("device_uuid", "instance"):
+            if data.get(name) is not None and not isinstance(data[name], str):
+                raise RuntimeSpecError(f"partition spec field {name!r} must be a string or null, got {data[name]!r}")
+        raw_models = data.get("models")
+        if not isinstance(raw_models, list) or not raw_models:
+            raise RuntimeSpecError(f"partition spec field 'models' must be a non-empty list of runtime specs, got {raw_models!r}")
+        instance = data.get("instance") or None
+        models: list[RuntimeSpec] = []
+        seen_keys: dict[str, int] = {}
+        for i, raw in enumerate(raw_models):
+            try:
+                model = RuntimeSpec.from_dict(raw)
+            except RuntimeSpecError as exc:
+                raise RuntimeSpecError(f"partition spec models[{i}]: {exc}") from None
+            parent, _, slot = model.key.rpartition("/")
+            if parent != key or not _SLOT.fullmatch(slot):
+                raise RuntimeSpecError(f"partition spec models[{i}]: key {model.key!r} is not {key + '/<slot>'!r} (slot 0, 1, 2, ...)")
+            if model.key in seen_keys:
+                raise RuntimeSpecError(f"partition spec: models[{seen_keys[model.key]}] and models[{i}] have the same key {model.key!r}")
+            seen_keys[model.key] = i
+            for name, want in (("mps_percent", percent), ("duty_cycle_ms", duty)):
+                # Fields of the desired state's runtime documents the agent may pass on: they must agree.
+                if name in raw and raw[name] is not None and raw[name] != want:
+                    raise RuntimeSpecError(f"partition spec models[{i}] ({model.key}): {name} {raw[name]!r} is not the partition's {want!r}")
+            if model.instance is None and instance is not None:
+                model.instance = f"{instance}/{slot}"
+            models.append(model)
+        uuids = {m.device_uuid for m in models if m.device_uuid} | ({data["device_uuid"]} if data.get("device_uuid") else set())
+        if len(uuids) > 1:
+            named = [f"{m.key}: {m.device_uuid}" for m in models if m.device_uuid]
+            if data.get("device_uuid"):
+                named.insert(0, f"partition: {data['device_uuid']}")
+            raise RuntimeSpecError(f"partition spec: the models of a partition run on one GPU, but they name {len(uuids)} "
+                                   f"({', '.join(named)})")
+        device_uuid = next(iter(uuids), None)
+        for model in models:
+            model.device_uuid = device_uuid
+        instances: dict[str, str] = {}
+        for model in models:
+            served_as = model.instance or model.key
+            if served_as in instances:
+                raise RuntimeSpecError(f"partition spec: {instances[served_as]} and {model.key} have the same instance {served_as!r}")
+            instances[served_as] = model.key
+        return cls(key=key, partition_percent=percent, models=models, duty_cycle_ms=None if duty is None else float(duty),
+                   device_uuid=device_uuid, instance=instance)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PartitionSpec":
+        return cls.from_dict(_spec_read(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def dump(self, path: str | Path) -> Path:
+        path = Path(path)
+        _atomic_write(path, json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+def _spec_read(path: str | Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise RuntimeSpecError(f"cannot read the spec {path}: {exc}") from None
+    except ValueError as exc:
+        raise RuntimeSpecError(f"the spec {path} is not valid JSON: {exc}") from None
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> RuntimeSpec | PartitionSpec:
+    """A partition spec when `data` has "models", else a single-model spec."""
+    if isinstance(data, Mapping) and "models" in data:
+        return PartitionSpec.from_dict(data)
+    return RuntimeSpec.from_dict(data)
+
+
+def spec_load(path: str | Path) -> RuntimeSpec | PartitionSpec:
+    """The spec file `path` (what `--spec` names): a partition spec when it has "models", else a single-model spec."""
+    return spec_from_dict(_spec_read(path))
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -341,21 +476,26 @@ _RECV_BYTES = 1 << 18
 _SEND_TIMEOUT_S = 10.0
 
 
-class RuntimeServer:
-    """The frame server around one session and its batcher (see the module docstring). `start(host, port)`
-    binds and returns the endpoint; `wait_closed()` returns once a shutdown finished."""
+class ServedModel:
+    """One model a runtime process serves: its spec, session, batcher and stats, and the way of its queries
+    (checks, the batch run on the batcher's worker thread, the answers). A single-model runtime has one; a
+    partition runtime one per model, their batchers taking turns on the partition (`turns`)."""
 
-    def __init__(self, spec: RuntimeSpec, session: Any | None = None) -> None:
+    def __init__(self, server: "RuntimeServer", spec: RuntimeSpec, session: Any | None = None, turns: PartitionTurns | None = None,
+                 *, field_prefix: str = "") -> None:
+        self.server = server
         self.spec = spec
+        self.instance = spec.instance or spec.key
         self.session = session if session is not None else session_load(spec)
         self.simulated = bool(getattr(self.session, "simulated", False))
         self.signature = _input_signature(self.session)
         self._run_direct = getattr(self.session, "run", None) if self.signature else None
         profile = spec.profile or _measured_profile(self.session, spec.max_batch, self.signature)
         latency_ms, _ = policy_latency_function(profile_points(profile), spec.max_batch)
+        # One registry per model: `metrics` with a key answers for that model alone, as a single-model runtime.
         self.stats = RuntimeStats()
         self.instance_stats = self.stats.instance(
-            key=spec.key, application=spec.application, variant=spec.variant, instance=spec.instance or spec.key, simulated=self.simulated)
+            key=spec.key, application=spec.application, variant=spec.variant, instance=self.instance, simulated=self.simulated)
         b = spec.batching
         try:
             policy = batching_policy_make(b.policy, **b.params)
@@ -363,92 +503,22 @@ class RuntimeServer:
                 policy, latency_ms=latency_ms, max_batch=spec.max_batch, execute=self._execute, drop_rule=b.drop_rule,
                 slo_ms=b.slo_ms, queue_order=b.queue_order,
                 margin_ms=b.margin_ms if b.margin_ms is not None else batching_margin_ms(b.slo_ms),
+                turn=None if turns is None else functools.partial(turns.turn, spec.key),
             )
         except (ValueError, TypeError) as exc:
-            raise RuntimeSpecError(f"spec field 'batching': {exc}") from None
+            raise RuntimeSpecError(f"spec field '{field_prefix}batching': {exc}") from None
         self.instance_stats.queue_length_source(self.batcher.__len__)
-        self.draining = False
-        self._in_flight = 0
+        self.turns = turns
+        self.in_flight = 0
         self._count_lock = threading.Lock()
-        self.started = time.monotonic()
-        self._drain_waiters: list[tuple[_Connection, Any, asyncio.TimerHandle | None]] = []
-        self._connections: set[_Connection] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._listener: socket.socket | None = None
-        self._closed: asyncio.Event | None = None
-        instance = spec.instance or spec.key
-        self._params_default = {"variant": spec.variant, "instance": instance, "simulated": self.simulated}
+        self._params_default = {"variant": spec.variant, "instance": self.instance, "simulated": self.simulated}
         self._reply_head = ('{"status":200,"application":%s,"variant":%s,"simulated":%s,"content_type":' % (
             json.dumps(spec.application), json.dumps(spec.variant), "true" if self.simulated else "false")).encode()
-        self.endpoint: str | None = None
-
-    @property
-    def in_flight(self) -> int:
-        """Queries taken and not answered yet (queued or in a batch)."""
-        return self._in_flight
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Start the batcher, bind, serve; returns the endpoint `tcp://HOST:PORT`."""
-        self._loop = asyncio.get_running_loop()
-        self._closed = asyncio.Event()
-        self.batcher.start()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-        listener.listen(128)
-        listener.setblocking(False)
-        self._listener = listener
-        self._loop.add_reader(listener.fileno(), self._accept)
-        sockname = listener.getsockname()
-        self.endpoint = f"tcp://{_host_str(sockname[0])}:{sockname[1]}"
-        return self.endpoint
-
-    def _accept(self) -> None:
-        assert self._listener is not None and self._loop is not None
-        while True:
-            try:
-                sock, _addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE and the like: try again on the next readiness
-                log.warning("accept failed: %s", exc)
-                return
-            # Blocking for sendall, with a kernel send timeout (not settimeout: that polls before every
-            # send); reads never wait (MSG_DONTWAIT, on readiness).
-            sock.setblocking(True)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(_SEND_TIMEOUT_S), 0))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Connection(self, sock)
-            self._connections.add(conn)
-            self._loop.add_reader(conn.fd, conn.readable)
-
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        """Stop taking queries, wait (at most `drain_timeout_s`) for what is queued and in flight, close."""
-        self.draining = True
-        deadline = time.monotonic() + drain_timeout_s
-        while self._in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        if self._listener is not None and self._loop is not None:
-            self._loop.remove_reader(self._listener.fileno())
-            self._listener.close()
-            self._listener = None
-        for conn in list(self._connections):
-            conn.close()
-        self.batcher.close(timeout=5.0)
-        if self._closed is not None:
-            self._closed.set()
-
-    async def wait_closed(self) -> None:
-        assert self._closed is not None
-        await self._closed.wait()
 
     # ------------------------------------------------------------------ the batcher's side (worker thread)
 
     def _execute(self, queries: list[_Query]) -> list[Any]:
-        start = time.monotonic()
+        start = time.monotonic()  # on a partition: once the turn is granted (the batcher takes it around this call)
         if len(queries) == 1 and queries[0].batched and self._run_direct is not None:
             # One query that already has its batch axis: the model takes its arrays as they are
             # (run_batch would stack and split for nothing).
@@ -467,99 +537,50 @@ class RuntimeServer:
 
     # ------------------------------------------------------------------ frames (event loop thread)
 
-    def frame_handle(self, conn: _Connection, header: dict, body: bytes) -> None:
-        op = header.get("op")
-        if op == "infer":
-            self._infer(conn, header, body)
-        elif op == "health":
-            conn.send(self._health(header.get("id")))
-        elif op == "stats":
-            conn.send({"id": header.get("id"), "status": 200, "stats": self.instance_stats.snapshot_and_reset()})
-        elif op == "metrics":
-            conn.send({"id": header.get("id"), "status": 200, "content_type": PROMETHEUS_CONTENT_TYPE}, self.stats.exposition())
-        elif op == "drain":
-            self._drain(conn, header)
-        else:
-            self._error(conn, header.get("id"), 400, "unknown_op", f"unknown op {op!r}; known: infer, health, stats, metrics, drain")
-
-    def _error(self, conn: _Connection, rid: Any, status: int, code: str, message: str) -> None:
+    def error(self, conn: _Connection, rid: Any, status: int, code: str, message: str) -> None:
         conn.send({"id": rid, "status": status, "code": code, "message": message, "application": self.spec.application,
                    "variant": self.spec.variant, "simulated": self.simulated, "content_type": JSON_CT}, error_body(status, code, message))
 
-    def _health(self, rid: Any) -> dict:
+    def health(self, rid: Any) -> dict:
         return {
-            "id": rid, "status": 200, "state": "draining" if self.draining else "ready", "key": self.spec.key,
-            "application": self.spec.application, "variant": self.spec.variant, "instance": self.spec.instance or self.spec.key,
+            "id": rid, "status": 200, "state": "draining" if self.server.draining else "ready", "key": self.spec.key,
+            "application": self.spec.application, "variant": self.spec.variant, "instance": self.instance,
             "simulated": self.simulated, "providers": list(getattr(self.session, "providers", [])), "max_batch": self.spec.max_batch,
-            "queue_length": len(self.batcher), "in_flight": self._in_flight, "pid": os.getpid(),
-            "uptime_s": round(time.monotonic() - self.started, 3), "counters": self.instance_stats.totals(),
+            "queue_length": len(self.batcher), "in_flight": self.in_flight, "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.server.started, 3), "counters": self.instance_stats.totals(),
         }
 
-    def _drain(self, conn: _Connection, header: dict) -> None:
-        self.draining = True
-        rid = header.get("id")
-        if self._in_flight == 0:
-            conn.send({"id": rid, "status": 200, "state": "drained"})
-            return
-        timer = None
-        entry: list = []
-        timeout_ms = header.get("timeout_ms")
-        if isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool) and timeout_ms >= 0:
-            timer = self._loop.call_later(timeout_ms / 1000.0, self._drain_timeout, entry)  # type: ignore[union-attr]
-        waiter = (conn, rid, timer)
-        entry.append(waiter)
-        self._drain_waiters.append(waiter)
-        if self._in_flight == 0:  # answered meanwhile (the worker thread)
-            self._drained()
-
-    def _drain_timeout(self, entry: list) -> None:
-        waiter = entry[0]
-        if waiter in self._drain_waiters:
-            self._drain_waiters.remove(waiter)
-            conn, rid, _ = waiter
-            conn.send({"id": rid, "status": 504, "code": "drain_timeout", "state": "draining", "in_flight": self._in_flight,
-                       "message": f"{self._in_flight} queries still queued or in flight"})
-
-    def _drained(self) -> None:
-        if self._in_flight:
-            return
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for conn, rid, timer in waiters:
-            if timer is not None:
-                timer.cancel()
-            conn.send({"id": rid, "status": 200, "state": "drained"})
-
-    def _infer(self, conn: _Connection, header: dict, body: bytes) -> None:
+    def infer(self, conn: _Connection, header: dict, body: bytes) -> None:
         rid = header.get("id")
         application, variant = header.get("application"), header.get("variant")
         if (application and application != self.spec.application) or (variant and variant != self.spec.variant):
             # The router's route is stale (the slot now serves another model): refuse before anything runs.
-            self._error(conn, rid, 409, WRONG_MODEL, f"instance {self.spec.instance or self.spec.key} serves "
-                        f"{self.spec.application}/{self.spec.variant}, not {application or '?'}/{variant or '?'}")
+            self.error(conn, rid, 409, WRONG_MODEL, f"instance {self.instance} serves "
+                       f"{self.spec.application}/{self.spec.variant}, not {application or '?'}/{variant or '?'}")
             return
-        if self.draining:
-            self._error(conn, rid, 503, "draining", f"instance {self.spec.instance or self.spec.key} is draining")
+        if self.server.draining:
+            self.error(conn, rid, 503, "draining", f"instance {self.instance} is draining")
             return
         arrival_ms = time.monotonic() * 1000.0
         try:
             request_id, inputs, binary = request_decode(body, header.get("header_length"))
             batched = self._inputs_check(inputs) if self.signature else False
         except WireError as exc:
-            self._error(conn, rid, 400, "malformed", str(exc))
+            self.error(conn, rid, 400, "malformed", str(exc))
             return
         budget = header.get("deadline_ms")
         deadline_ms = arrival_ms + (float(budget) if budget is not None else self.spec.batching.slo_ms)
         query = _Query(inputs, batched, arrival_ms, deadline_ms)
         self.instance_stats.arrival()
         with self._count_lock:
-            self._in_flight += 1
+            self.in_flight += 1
         try:
             future = self.batcher.submit(query, deadline_ms=deadline_ms)
         except BatcherClosed:
             with self._count_lock:
-                self._in_flight -= 1
+                self.in_flight -= 1
             self.instance_stats.failed()
-            self._error(conn, rid, 503, "draining", "the instance is shutting down")
+            self.error(conn, rid, 503, "draining", "the instance is shutting down")
             return
         context = (conn, rid, request_id, binary, query, header)
         # The answer is encoded and sent from the thread that resolves the future (the batcher's worker).
@@ -614,7 +635,7 @@ class RuntimeServer:
                                                           model_version=self.spec.variant, parameters=params, binary=binary)
                 except WireError as err:
                     stats.failed(latency)
-                    self._error(conn, rid, 500, "internal", f"cannot encode the outputs: {err}")
+                    self.error(conn, rid, 500, "internal", f"cannot encode the outputs: {err}")
                 else:
                     stats.served(latency, query.start_ms - query.arrival_ms, query.compute_ms, query.end_ms > query.deadline_ms + 1e-6)
                     if header_length is None:
@@ -625,21 +646,248 @@ class RuntimeServer:
                     conn.send_bytes(b"".join((FRAME_PREFIX.pack(len(head), len(body)), head, body)))
             elif isinstance(exc, DeadlineExceeded):
                 stats.dropped(latency, latency)
-                self._error(conn, rid, 504, "deadline_exceeded", f"the query cannot meet its deadline ({exc.rule!r} drop rule at the instance)")
+                self.error(conn, rid, 504, "deadline_exceeded", f"the query cannot meet its deadline ({exc.rule!r} drop rule at the instance)")
             elif isinstance(exc, BatcherClosed):
                 stats.failed(latency)
-                self._error(conn, rid, 503, "draining", "the instance shut down before serving the query")
+                self.error(conn, rid, 503, "draining", "the instance shut down before serving the query")
             else:
                 stats.failed(latency)
-                self._error(conn, rid, 500, "internal", f"the model failed: {type(exc).__name__}: {exc}")
+                self.error(conn, rid, 500, "internal", f"the model failed: {type(exc).__name__}: {exc}")
         finally:
             with self._count_lock:
-                self._in_flight -= 1
-                idle = self._in_flight == 0
-            if idle and self._drain_waiters:
-                loop = self._loop
+                self.in_flight -= 1
+            server = self.server
+            if server._drain_waiters and server.in_flight == 0:
+                loop = server._loop
                 if loop is not None and not loop.is_closed():
-                    loop.call_soon_threadsafe(self._drained)
+                    loop.call_soon_threadsafe(server._drained)
+
+
+class RuntimeServer:
+    """The frame server around the process's models (see the module docstring): one `ServedModel` for a
+    single-model spec, one per model for a partition spec, with the partition's `turns`. `sessions`
+    (partition) or `session` (single model) replace what the spec would load (tests); `record_turns` keeps
+    the partition's turn timeline. `start(host, port)` binds and returns the endpoint; `wait_closed()`
+    returns once a shutdown finished."""
+
+    def __init__(self, spec: RuntimeSpec | PartitionSpec, session: Any | None = None, *, sessions: Mapping[str, Any] | None = None,
+                 record_turns: bool = False) -> None:
+        self.spec = spec
+        self.started = time.monotonic()
+        self.draining = False
+        self._drain_waiters: list[tuple[_Connection, Any, asyncio.TimerHandle | None]] = []
+        if isinstance(spec, PartitionSpec):
+            self.partition: PartitionSpec | None = spec
+            self.turns: PartitionTurns | None = PartitionTurns([m.key for m in spec.models], spec.duty_cycle_ms, record=record_turns)
+            sessions = sessions or {}
+            self.models = [ServedModel(self, m, sessions.get(m.key), self.turns, field_prefix=f"models[{i}].")
+                           for i, m in enumerate(spec.models)]
+        else:
+            self.partition = None
+            self.turns = None
+            self.models = [ServedModel(self, spec, session)]
+        self._by_key = {m.spec.key: m for m in self.models}
+        self._by_instance = {m.instance: m for m in self.models}
+        self.simulated = all(m.simulated for m in self.models)
+        self._connections: set[_Connection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: socket.socket | None = None
+        self._closed: asyncio.Event | None = None
+        self.endpoint: str | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Queries taken and not answered yet (queued or in a batch), every model's."""
+        return sum(m.in_flight for m in self.models)
+
+    def model(self, key: str) -> ServedModel:
+        """The model served under `key` (KeyError: none)."""
+        return self._by_key[key]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start the batchers, bind, serve; returns the endpoint `tcp://HOST:PORT`."""
+        self._loop = asyncio.get_running_loop()
+        self._closed = asyncio.Event()
+        for model in self.models:
+            model.batcher.start()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+        listener.setblocking(False)
+        self._listener = listener
+        self._loop.add_reader(listener.fileno(), self._accept)
+        sockname = listener.getsockname()
+        self.endpoint = f"tcp://{_host_str(sockname[0])}:{sockname[1]}"
+        return self.endpoint
+
+    def _accept(self) -> None:
+        assert self._listener is not None and self._loop is not None
+        while True:
+            try:
+                sock, _addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: try again on the next readiness
+                log.warning("accept failed: %s", exc)
+                return
+            # Blocking for sendall, with a kernel send timeout (not settimeout: that polls before every
+            # send); reads never wait (MSG_DONTWAIT, on readiness).
+            sock.setblocking(True)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(_SEND_TIMEOUT_S), 0))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(self, sock)
+            self._connections.add(conn)
+            self._loop.add_reader(conn.fd, conn.readable)
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop taking queries, wait (at most `drain_timeout_s`) for what is queued and in flight, close."""
+        self.draining = True
+        deadline = time.monotonic() + drain_timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._listener is not None and self._loop is not None:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+        for conn in list(self._connections):
+            conn.close()
+        for model in self.models:
+            model.batcher.close(timeout=5.0)
+        if self._closed is not None:
+            self._closed.set()
+
+    async def wait_closed(self) -> None:
+        assert self._closed is not None
+        await self._closed.wait()
+
+    # ------------------------------------------------------------------ frames (event loop thread)
+
+    def frame_handle(self, conn: _Connection, header: dict, body: bytes) -> None:
+        op = header.get("op")
+        rid = header.get("id")
+        if op == "drain":  # the whole process, whatever the frame names
+            self._drain(conn, header)
+            return
+        if op not in _MODEL_OPS:
+            self._error(conn, rid, 400, "unknown_op", f"unknown op {op!r}; known: infer, health, stats, metrics, drain")
+            return
+        model, unknown = self._select(header)
+        if model is None:
+            if unknown is not None:
+                self._error(conn, rid, 404, UNKNOWN_INSTANCE, unknown)
+            elif op == "health":
+                conn.send(self._partition_health(rid))
+            elif op == "stats":
+                conn.send({"id": rid, "status": 200, "models": [m.instance_stats.snapshot_and_reset() for m in self.models]})
+            elif op == "metrics":
+                text = exposition_merge(m.stats.exposition() for m in self.models)
+                conn.send({"id": rid, "status": 200, "content_type": PROMETHEUS_CONTENT_TYPE}, text)
+            else:
+                self._error(conn, rid, 404, UNKNOWN_INSTANCE, f"partition {self.spec.key} serves {len(self.models)} models: an infer "
+                            f"frame names one by 'key' ({', '.join(self._by_key)}) or 'instance' ({', '.join(self._by_instance)})")
+            return
+        if op == "infer":
+            model.infer(conn, header, body)
+        elif op == "health":
+            conn.send(model.health(rid))
+        elif op == "stats":
+            conn.send({"id": rid, "status": 200, "stats": model.instance_stats.snapshot_and_reset()})
+        else:
+            conn.send({"id": rid, "status": 200, "content_type": PROMETHEUS_CONTENT_TYPE}, model.stats.exposition())
+
+    def _select(self, header: dict) -> tuple[ServedModel | None, str | None]:
+        """(the model a frame is for, None); (None, why) when it names a model not served here; (None, None)
+        when a partition's frame names none. A single-model runtime takes every frame as its model's,
+        whatever key or instance it names (as it always has). A partition's frame names its model by "key"
+        (the runtime key, `<partition key>/<slot>`), else by "instance" (the fleet instance id; for a model
+        whose spec has no instance, any `<host>/<model key>`)."""
+        if self.partition is None:
+            return self.models[0], None
+        key = header.get("key")
+        if key:
+            model = self._by_key.get(key)
+            if model is None:
+                return None, f"partition {self.spec.key} serves no model {key!r}; it serves {', '.join(self._by_key)}"
+            return model, None
+        instance = header.get("instance")
+        if instance:
+            model = self._by_instance.get(instance)
+            if model is None and isinstance(instance, str):
+                suffixed = [m for k, m in self._by_key.items() if m.spec.instance is None and instance.endswith("/" + k)]
+                model = suffixed[0] if len(suffixed) == 1 else None
+            if model is None:
+                return None, f"partition {self.spec.key} serves no instance {instance!r}; it serves {', '.join(self._by_instance)}"
+            return model, None
+        return None, None
+
+    def _error(self, conn: _Connection, rid: Any, status: int, code: str, message: str) -> None:
+        """An error frame not about one model (a single-model runtime's names its model, as always)."""
+        if self.partition is None:
+            self.models[0].error(conn, rid, status, code, message)
+            return
+        conn.send({"id": rid, "status": status, "code": code, "message": message, "application": None, "variant": None,
+                   "simulated": self.simulated, "content_type": JSON_CT}, error_body(status, code, message))
+
+    def _partition_health(self, rid: Any) -> dict:
+        """`health` without a key on a partition runtime: the partition, and each model as its keyed health
+        answers it (without id and status), with its turns on the partition."""
+        assert self.partition is not None and self.turns is not None
+        models = []
+        for model in self.models:
+            item = model.health(None)
+            del item["id"], item["status"]
+            item["turns"] = self.turns.counters(model.spec.key)
+            models.append(item)
+        return {
+            "id": rid, "status": 200, "state": "draining" if self.draining else "ready", "key": self.partition.key,
+            "instance": self.partition.instance or self.partition.key, "partition_percent": self.partition.partition_percent,
+            "duty_cycle_ms": self.partition.duty_cycle_ms, "device_uuid": self.partition.device_uuid, "simulated": self.simulated,
+            "queue_length": sum(item["queue_length"] for item in models), "in_flight": sum(item["in_flight"] for item in models),
+            "running": self.turns.holder, "waiting": self.turns.waiting(), "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started, 3), "models": models,
+        }
+
+    def _drain(self, conn: _Connection, header: dict) -> None:
+        self.draining = True
+        rid = header.get("id")
+        if self.in_flight == 0:
+            conn.send({"id": rid, "status": 200, "state": "drained"})
+            return
+        timer = None
+        entry: list = []
+        timeout_ms = header.get("timeout_ms")
+        if isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool) and timeout_ms >= 0:
+            timer = self._loop.call_later(timeout_ms / 1000.0, self._drain_timeout, entry)  # type: ignore[union-attr]
+        waiter = (conn, rid, timer)
+        entry.append(waiter)
+        self._drain_waiters.append(waiter)
+        if self.in_flight == 0:  # answered meanwhile (the worker threads)
+            self._drained()
+
+    def _drain_timeout(self, entry: list) -> None:
+        waiter = entry[0]
+        if waiter in self._drain_waiters:
+            self._drain_waiters.remove(waiter)
+            conn, rid, _ = waiter
+            in_flight = self.in_flight
+            conn.send({"id": rid, "status": 504, "code": "drain_timeout", "state": "draining", "in_flight": in_flight,
+                       "message": f"{in_flight} queries still queued or in flight"})
+
+    def _drained(self) -> None:
+        if self.in_flight:
+            return
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for conn, rid, timer in waiters:
+            if timer is not None:
+                timer.cancel()
+            conn.send({"id": rid, "status": 200, "state": "drained"})
+
+
+_MODEL_OPS = frozenset(("infer", "health", "stats", "metrics"))
 
 
 def _host_str(host: str) -> str:
@@ -662,6 +910,13 @@ def _event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+def _served_str(spec: RuntimeSpec | PartitionSpec) -> str:
+    if isinstance(spec, PartitionSpec):
+        models = ", ".join(f"{m.key} {m.application}/{m.variant}" for m in spec.models)
+        return f"MPS partition {spec.partition_percent}%: {models}"
+    return f"{spec.application}/{spec.variant}"
+
+
 async def _serve(server: RuntimeServer, host: str, port: int, ready_file: str | None, drain_timeout_s: float) -> None:
     endpoint = await server.start(host, port)
     loop = asyncio.get_running_loop()
@@ -679,14 +934,13 @@ async def _serve(server: RuntimeServer, host: str, port: int, ready_file: str | 
             pass
     if ready_file:
         ready_file_write(ready_file, endpoint)
-    log.info("runtime %s (%s/%s%s) serving on %s", server.spec.key, server.spec.application, server.spec.variant,
-             ", simulated" if server.simulated else "", endpoint)
+    log.info("runtime %s (%s%s) serving on %s", server.spec.key, _served_str(server.spec), ", simulated" if server.simulated else "", endpoint)
     await server.wait_closed()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.runtime.server", description="A Tessera runtime process (one serving instance).")
-    parser.add_argument("--spec", required=True, help="the runtime spec (JSON, RuntimeSpec's fields)")
+    parser.add_argument("--spec", required=True, help="the runtime spec (JSON: RuntimeSpec's fields, or PartitionSpec's with 'models')")
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to listen on (port 0: any free port)")
     parser.add_argument("--ready-file", default=None, help="where to write tcp://HOST:PORT once serving")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0, help="how long SIGTERM waits for queued queries")
@@ -697,10 +951,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # just finished from waiting behind the loop for the default 5 ms.
     sys.setswitchinterval(0.0005)
     try:
-        spec = RuntimeSpec.load(args.spec)
+        spec = spec_load(args.spec)
         host, port = _listen_parse(args.listen)
-        log.info("runtime %s starting: %s/%s, %s", spec.key, spec.application, spec.variant,
-                 "simulated" if spec.simulated else f"model {spec.artifact_path}")
+        models = spec.models if isinstance(spec, PartitionSpec) else [spec]
+        log.info("runtime %s starting: %s (%s)", spec.key, _served_str(spec),
+                 ", ".join("simulated" if m.simulated else f"model {m.artifact_path}" for m in models))
         server = RuntimeServer(spec)
     except Exception as exc:  # the spec, the artifact (checksum), the model, the policy: the agent reports it
         print(f"tessera-runtime: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

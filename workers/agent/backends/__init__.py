@@ -9,6 +9,11 @@ same reconciliation code runs on real GPUs and on declared ones:
   (``"2xA100-SXM4-40GB"``), with the MIG rules of the catalogue, every record labelled simulated, so a
   fleet can be rehearsed on machines without GPUs.
 
+MPS (issue 17, gpulets): a GPU is partitioned with MIG or with MPS, never both. `mps_mode_set` starts or
+stops the GPU's MPS control daemon (backends/mps.py on real GPUs; state only on simulated ones), and
+`mps_environment` is what a runtime process on one of its partitions gets in its environment
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` and the daemon's pipe and log directories).
+
 Placements are written as the planning engine writes them (``Placement("3g.20gb", 4)``, the start counted
 in memory slices as ``nvidia-smi mig -lgipp`` prints it), so a layout read from a backend feeds
 `mig_layout_diff` directly. CPUs are always real: both backends count the cores this process may use.
@@ -81,6 +86,7 @@ class GpuInfo:
     instances: tuple[MigInstanceInfo, ...] = ()
     placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
     simulated: bool = False
+    mps_enabled: bool = False  # the GPU's MPS control daemon runs (simulated: the mode is set)
 
     @property
     def layout(self) -> tuple[Placement, ...]:
@@ -145,6 +151,19 @@ class DeviceBackend(Protocol):
     def mig_instance_destroy(self, index: int, placement: Placement) -> None:
         """Destroy the instance's compute instances, then the GPU instance. Destroying an absent
         instance is a no-op, so the agent may retry after a crash."""
+        ...
+
+    def mps_mode_set(self, index: int, enabled: bool) -> None:
+        """Put the GPU in MPS mode (start its MPS control daemon) or take it out (stop the daemon).
+        Idempotent. Refused (BackendError) while MIG is enabled, and when the daemon does not start or
+        stop."""
+        ...
+
+    def mps_environment(self, index: int, percent: int) -> dict[str, str]:
+        """The environment of a runtime process on a partition of `percent` % of the GPU's SMs:
+        ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_VISIBLE_DEVICES`` and, on real GPUs, the GPU's
+        daemon's ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY``. BackendError when the GPU is
+        not in MPS mode."""
         ...
 
     def telemetry(self) -> list[GpuTelemetry]:

@@ -21,6 +21,10 @@ How NVML is used, and why:
   (``NVML_GPM_METRIC_GRAPHICS_UTIL`` between two samples, Hopper and newer). Where GPM is missing the
   backend reports None, never an estimate.
 
+- MPS (issue 17). NVML has no MPS switch: MPS mode is the GPU's MPS control daemon running
+  (backends/mps.py), one per GPU under `mps_dir`, refused while MIG is enabled (a GPU is partitioned one
+  way), and a partition is a runtime process started with the daemon's environment.
+
 MIG management needs root (NVML answers NO_PERMISSION otherwise); errors become `BackendError` with
 NVML's own error name, and the refusals the agent meets in practice (an illegal start, an overlap, a
 mode change pending a GPU reset) get a sentence of their own.
@@ -32,6 +36,7 @@ import ctypes
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.geometry.catalogue import MigCatalogue, mig_catalogue_load
@@ -47,6 +52,7 @@ from . import (
     host_cpu_cores,
     placement_coerce,
 )
+from .mps import MPS_CONTROL, MpsControl
 
 __all__ = ["NvmlBackend"]
 
@@ -95,12 +101,21 @@ class _MigDevice:
 
 class NvmlBackend:
     """GPUs through NVML. `nvml` is the pynvml module (a fake one in tests); `catalogue` the MIG
-    catalogue profiles are named and compared with. NVML is initialised here and shut down by
-    `close()`."""
+    catalogue profiles are named and compared with; `mps_dir` where the GPUs' MPS control daemons keep
+    their pipes and logs (None: no MPS on this host) and `mps_control` the control program. NVML is
+    initialised here and shut down by `close()`."""
 
     name = "nvml"
 
-    def __init__(self, nvml: Any | None = None, *, catalogue: MigCatalogue | None = None) -> None:
+    def __init__(
+        self,
+        nvml: Any | None = None,
+        *,
+        catalogue: MigCatalogue | None = None,
+        mps_dir: Path | str | None = None,
+        mps_control: str = MPS_CONTROL,
+    ) -> None:
+        self._mps = MpsControl(mps_dir, mps_control) if mps_dir is not None else None
         if nvml is None:
             try:
                 import pynvml as nvml
@@ -146,6 +161,8 @@ class NvmlBackend:
                 raise BackendError(f"gpu{index} ({name}) does not support MIG")
             if current == enabled and pending == enabled:
                 return
+            if enabled and self._mps is not None and self._mps.running(index):
+                raise BackendError(f"gpu{index} ({name}): cannot enable MIG while MPS is on; disable MPS first")
             if current and not enabled:
                 instances = self._gpu_instances(handle, self._profile_table(uuid, name, handle))
                 if instances:
@@ -165,6 +182,35 @@ class NvmlBackend:
                     f"after a GPU reset (nvidia-smi --gpu-reset -i {index}, or a reboot where resets are "
                     f"not allowed, e.g. GPU pass-through); NVML activation status: {self._code_text(status)}"
                 )
+
+    def mps_mode_set(self, index: int, enabled: bool) -> None:
+        mps = self._mps_control()
+        word = "enabling" if enabled else "disabling"
+        with self._lock, self._reported(f"gpu{index}: {word} MPS"):
+            handle = self._handle(index)
+            if not enabled:
+                mps.stop(index)
+                return
+            _capable, current, pending = self._mig_mode(handle)
+            if current or pending:
+                raise BackendError(
+                    f"gpu{index} ({self._nvml.nvmlDeviceGetName(handle)}): cannot enable MPS while MIG is enabled"
+                    f"{'' if current else ' (pending a GPU reset)'}; disable MIG first"
+                )
+            mps.start(index, self._nvml.nvmlDeviceGetUUID(handle))
+
+    def mps_environment(self, index: int, percent: int) -> dict[str, str]:
+        mps = self._mps_control()
+        with self._lock, self._reported(f"gpu{index}: MPS environment"):
+            handle = self._handle(index)
+            if not mps.running(index):
+                raise BackendError(f"gpu{index}: MPS is not enabled (its control daemon does not run)")
+            return mps.client_environment(index, percent, self._nvml.nvmlDeviceGetUUID(handle))
+
+    def _mps_control(self) -> MpsControl:
+        if self._mps is None:
+            raise BackendError("MPS is not set up on this host (the nvml backend was given no MPS directory)")
+        return self._mps
 
     def mig_instance_create(self, index: int, placement: Placement | str) -> MigInstanceInfo:
         placement = placement_coerce(placement)
@@ -426,6 +472,7 @@ class NvmlBackend:
             instances=instances,
             placements=placements,
             simulated=False,
+            mps_enabled=self._mps is not None and self._mps.running(index),
         )
 
     def _forget_gpu(self, uuid: str) -> None:

@@ -4,6 +4,11 @@ A simulated GPU follows the MIG rules of the catalogue (the same `mig_layout_val
 so a placement NVML would refuse is refused here too, with the reason), and every record it produces is
 labelled ``simulated``. MIG mode changes take effect at once (there is no GPU to reset).
 
+MPS mode (issue 17, gpulets) is state only: there is no control daemon to start, and a runtime process on
+a partition gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (and an empty ``CUDA_VISIBLE_DEVICES``) like on a
+real GPU, but serves a simulated session sleeping its profiled latency. A GPU without MIG (``2xRTX-2080Ti``,
+the gpulets paper's GPU) is the usual MPS host; MIG GPUs may be put in MPS mode too, with MIG disabled.
+
 With a `state_file`, the GPUs' state (MIG mode and instances) is written after every change, atomically
 (a temporary file, fsync, then ``os.replace``), and read back at start: a real GPU keeps its MIG
 instances when the agent dies, so a killed and restarted agent must find the instances it made before.
@@ -49,6 +54,7 @@ STATE_VERSION = 1
 _NON_MIG_MODELS: dict[str, tuple[str, int]] = {
     "T4": ("Tesla T4", 15360),
     "L4": ("NVIDIA L4", 23034),
+    "RTX-2080Ti": ("NVIDIA GeForce RTX 2080 Ti", 11264),  # gpulets' GPU (engine.reference: GPULET_GPU_MODEL)
 }
 
 # Illustrative (idle W, full-load W) per model, near the boards' idle draw and power limits; only for
@@ -61,6 +67,7 @@ _POWER_W: dict[str, tuple[float, float]] = {
     "H200-141GB": (75.0, 700.0),
     "T4": (10.0, 70.0),
     "L4": (16.0, 72.0),
+    "RTX-2080Ti": (20.0, 250.0),
 }
 _POWER_DEFAULT_W = (50.0, 300.0)
 # Illustrative memory use of a slice: a context's reserve when idle, plus activations when busy.
@@ -93,11 +100,13 @@ class _Gpu:
     mig_enabled: bool = False
     instances: dict[Placement, _Instance] = field(default_factory=dict)
     created: int = 0  # instances ever created here: numbers the MIG uuids, so none is reused
+    mps_enabled: bool = False
 
 
 def simulated_gpus_parse(spec: str | Sequence[str], catalogue: MigCatalogue | None = None) -> list[_Model]:
     """``"2xA100-SXM4-40GB,1xH100-SXM5-80GB"`` (or a list of such items): one entry per GPU, in index
-    order. Model names are the catalogue's, any of their NVML names, or a GPU without MIG (T4, L4)."""
+    order. Model names are the catalogue's, any of their NVML names, or a GPU without MIG (T4, L4,
+    RTX-2080Ti)."""
     catalogue = catalogue if catalogue is not None else mig_catalogue_load()
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     models: list[_Model] = []
@@ -123,9 +132,10 @@ def _model_resolve(name: str, catalogue: MigCatalogue) -> _Model:
         return _Model(spec.name, nvml_name, spec.memory_mib, spec)
     folded = re.sub(r"^(NVIDIA|TESLA)[\s-]+", "", name.strip().upper())
     folded = re.sub(r"^(NVIDIA|TESLA)[\s-]+", "", folded)
-    if folded in _NON_MIG_MODELS:
-        nvml_name, memory_mb = _NON_MIG_MODELS[folded]
-        return _Model(folded, nvml_name, memory_mb, None)
+    known_key = next((k for k in _NON_MIG_MODELS if _name_squash(k) == _name_squash(folded)), None)
+    if known_key is not None:
+        nvml_name, memory_mb = _NON_MIG_MODELS[known_key]
+        return _Model(known_key, nvml_name, memory_mb, None)
     known = [*catalogue.gpu_model_names, *(f"{k} (no MIG)" for k in _NON_MIG_MODELS)]
     raise ValueError(f"unknown GPU model {name!r} to simulate; known models: {', '.join(known)}")
 
@@ -179,6 +189,8 @@ class SimulatedBackend:
                 raise BackendError(f"gpu{index} ({gpu.model.nvml_name}) does not support MIG")
             if gpu.mig_enabled == bool(enabled):
                 return
+            if enabled and gpu.mps_enabled:
+                raise BackendError(f"gpu{index}: cannot enable MIG while MPS is on; disable MPS first")
             if not enabled and gpu.instances:
                 listed = ", ".join(str(p) for p in sorted(gpu.instances))
                 raise BackendError(
@@ -186,6 +198,26 @@ class SimulatedBackend:
                 )
             with self._change(gpu):
                 gpu.mig_enabled = bool(enabled)
+
+    def mps_mode_set(self, index: int, enabled: bool) -> None:
+        with self._lock:
+            gpu = self._gpu(index)
+            if gpu.mps_enabled == bool(enabled):
+                return
+            if enabled and gpu.mig_enabled:
+                raise BackendError(f"gpu{index} ({gpu.model.nvml_name}): cannot enable MPS while MIG is enabled; disable MIG first")
+            with self._change(gpu):
+                gpu.mps_enabled = bool(enabled)
+
+    def mps_environment(self, index: int, percent: int) -> dict[str, str]:
+        if isinstance(percent, bool) or not isinstance(percent, int) or not 1 <= percent <= 100:
+            raise ValueError(f"an MPS partition is 1..100 % of the GPU, got {percent!r}")
+        with self._lock:
+            gpu = self._gpu(index)
+            if not gpu.mps_enabled:
+                raise BackendError(f"gpu{index}: MPS is not enabled")
+        # No daemon, so no pipe directory: the simulated runtime sees no GPU and only the partition's share.
+        return {"CUDA_VISIBLE_DEVICES": "", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)}
 
     def mig_instance_create(self, index: int, placement: Placement | str) -> MigInstanceInfo:
         placement = placement_coerce(placement)
@@ -275,6 +307,7 @@ class SimulatedBackend:
             # What NVML would report: the catalogue's starts, and only while MIG is on.
             placements={p.name: p.starts for p in spec.profiles} if spec is not None and gpu.mig_enabled else {},
             simulated=True,
+            mps_enabled=gpu.mps_enabled,
         )
 
     def _gpu_telemetry(self, gpu: _Gpu) -> GpuTelemetry:
@@ -336,6 +369,7 @@ class SimulatedBackend:
                     "model": gpu.model.key,
                     "uuid": gpu.uuid,
                     "mig_enabled": gpu.mig_enabled,
+                    "mps_enabled": gpu.mps_enabled,
                     "created": gpu.created,
                     "instances": [
                         {
@@ -405,6 +439,9 @@ class SimulatedBackend:
                     if not verdict.valid:
                         raise ValueError(f"gpu{gpu.index}: {verdict.reason}")
                 gpu.mig_enabled = bool(raw["mig_enabled"])
+                gpu.mps_enabled = bool(raw.get("mps_enabled", False))  # absent in files written before MPS
+                if gpu.mig_enabled and gpu.mps_enabled:
+                    raise ValueError(f"gpu{gpu.index} has both MIG and MPS enabled")
                 gpu.created = int(raw["created"])
                 gpu.instances = instances
         except BackendError:
@@ -420,6 +457,10 @@ def _instance_info(placement: Placement, instance: _Instance) -> MigInstanceInfo
         gpu_instance_id=instance.gpu_instance_id,
         compute_instance_id=instance.compute_instance_id,
     )
+
+
+def _name_squash(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name).upper()
 
 
 def _name_fold(name: str) -> str:
