@@ -31,7 +31,7 @@ paper's §5.2 (Figures 16 and 17) and §3.2 do:
     .venv/bin/python benches/gpulets.py            # about 10 minutes on 2 cores
     .venv/bin/python benches/gpulets.py --quick    # under 3 minutes
     options: --out DIR (default bench-results), --scenarios N, --all (every scenario), --seed N, --jobs N,
-             --sim-seconds S (trace length per simulated rate; default 30, 12 with --quick), --mixes scen2,game
+             --sim-seconds S (trace length per simulated rate; default 30, 8 with --quick), --mixes scen2,game
 
 Writes DIR/gpulets.csv (one row per scenario), DIR/gpulets_summary.csv, DIR/gpulets_throughput.csv (one row
 per mix and policy) and DIR/gpulets.png.
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="150 scenarios (under 3 minutes)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--sim-seconds", type=float, default=None, help="trace length per simulated rate (default 30, 12 with --quick)")
+    parser.add_argument("--sim-seconds", type=float, default=None, help="trace length per simulated rate (default 30, 8 with --quick)")
     parser.add_argument("--mixes", default=None, help="simulate only these mixes: comma-separated name prefixes, e.g. scen2,game")
     args = parser.parse_args(argv)
     mixes = list(SIM_MIXES)
@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--mixes: no mix named {', '.join(unknown) or args.mixes!r}; mixes: {', '.join(m.split(' ')[0] for m in SIM_MIXES)}")
     if args.scenarios < 1:
         parser.error("--scenarios must be at least 1")
-    sim_seconds = args.sim_seconds if args.sim_seconds is not None else (12.0 if args.quick else 30.0)
+    sim_seconds = args.sim_seconds if args.sim_seconds is not None else (8.0 if args.quick else 30.0)
     if not sim_seconds > 0:
         parser.error("--sim-seconds must be > 0")
     started = time.perf_counter()
