@@ -469,7 +469,7 @@ class _RuntimeChecker:
             if given:
                 self.fail(where, f"{' and '.join(given)}: only for a model in an MPS partition ('gpu<i>/mps<NN>@<k>/<slot>').")
                 return None
-        if rk.kind == AcceleratorKindChoices.GPU and mps:
+        if rk.kind == AcceleratorKindChoices.GPU:
             geometry = self.geometry.get(rk.index)
             if geometry is None:
                 self.fail(where, f"the host has no {rk.device} (its GPUs: {', '.join(f'gpu{g}' for g in sorted(self.geometry)) or 'none'}).")
@@ -478,30 +478,23 @@ class _RuntimeChecker:
             if cpu_threads is not None:
                 self.fail(where, "'cpu_threads' is only for CPU runtimes.")
                 return None
-            ok, mps_fields = self._mps(where, rk, item, geometry)
+            if mps:
+                ok, mps_fields = self._mps(where, rk, item, geometry)
+                placement = rk.placement
+            else:
+                ok, placement = self._placement(where, rk, item, accelerator)
             if not ok:
                 return None
-            placement = rk.placement
-        elif rk.kind == AcceleratorKindChoices.GPU:
-            geometry = self.geometry.get(rk.index)
-            if geometry is None:
-                self.fail(where, f"the host has no {rk.device} (its GPUs: {', '.join(f'gpu{g}' for g in sorted(self.geometry)) or 'none'}).")
-                return None
-            accelerator = geometry.accelerator
-            if cpu_threads is not None:
-                self.fail(where, "'cpu_threads' is only for CPU runtimes.")
-                return None
-            ok, placement = self._placement(where, rk, item, accelerator)
-            if not ok:
-                return None
-            if placement is None and geometry.mig_enabled:
+            if mps:
+                pass  # its partition and fields were checked by _mps
+            elif placement is None and geometry.mig_enabled:
                 self.fail(where, f"a whole-GPU runtime needs MIG disabled on {rk.device}, and this version has it enabled.")
                 return None
-            if placement is None and geometry.mps_enabled:
+            elif placement is None and geometry.mps_enabled:
                 self.fail(where, f"a whole-GPU runtime needs MPS disabled on {rk.device}, and this version has it enabled "
                                  f"(give it a partition instead: {rk.device}/mps100@0/0 with mps_layout ['mps100@0']).")
                 return None
-            if placement is not None:
+            elif placement is not None:
                 if not geometry.mig_enabled:
                     self.fail(where, f"MIG is disabled on {rk.device} in this version; a MIG instance cannot run there.")
                     return None

@@ -16,7 +16,6 @@ from engine.reference.profiles import (
     gpulet_inference_read,
     gpulet_interference_read,
     gpulet_mem_util_read,
-    shared_data_dir,
 )
 from tests.factories import ApplicationFactory, ModelVariantFactory
 
@@ -225,10 +224,6 @@ def test_management_command(small_data, gpulet_variants):
 
 
 def test_import_of_the_shared_reference_data():
-    try:
-        shared_data_dir()
-    except FileNotFoundError:
-        pytest.skip("shared/data is not here")
     application = ApplicationFactory(name="gpulet")
     models = sorted({p.model for p in gpulet_inference_read()})
     for name in models:

@@ -21,7 +21,6 @@ from engine.reference.profiles import (
     gpulet_inference_read,
     gpulet_interference_read,
     gpulet_mem_util_read,
-    shared_data_dir,
 )
 from engine.sharing.interference import INTERFERENCE_FORM_DEFAULT, interference_model_fit, interference_samples_build
 from engine.solvers.solve import PLANNERS, SHARING, plan_solve
@@ -124,10 +123,6 @@ def test_mps_planner_solves_the_snapshot(mps_fleet):
 
 
 def test_interference_is_fitted_to_the_stored_coruns():
-    try:
-        shared_data_dir()
-    except FileNotFoundError:
-        pytest.skip("shared/data is not here")
     application = ApplicationFactory(name="gpulet")
     SloPolicyFactory(application=application, latency_p99_ms=200.0)
     for name in sorted({p.model for p in gpulet_inference_read()}):
