@@ -54,7 +54,7 @@ GPU_KEYS = frozenset({"index", "mig_enabled", "layout", "mps_enabled", "mps_layo
 MAX_BATCH_LIMIT = 2**31 - 1
 RUNTIME_KEYS = frozenset({
     "key", "device", "placement", "cpu_threads", "application", "variant", "max_batch", "batching", "profile",
-    "mps_percent", "duty_cycle_ms",  # models in an MPS partition only
+    "mps_percent", "duty_cycle_ms", "turn_ms",  # models in an MPS partition only
 })
 BATCHING_KEYS = frozenset({"policy", "params", "drop_rule", "queue_order", "slo_ms"})
 
@@ -393,7 +393,8 @@ class _RuntimeChecker:
     def _mps(self, where: str, rk: RuntimeKey, item: dict, geometry: _GpuGeometry) -> tuple[bool, dict]:
         """A model in an MPS partition (`gpu0/mps60@0/1`): its partition in the GPU's MPS layout as this
         version leaves it, `mps_percent` the key's, `duty_cycle_ms` > 0 or null and the same for every model
-        of the partition. Returns (ok, the MPS fields of the document)."""
+        of the partition, `turn_ms` (its planned turn in the round) > 0 or null. Returns (ok, the MPS fields
+        of the document)."""
         if rk.slot is None:
             self.fail(where, f"{rk.key} is an MPS partition's own key; a runtime is one model in it: '{rk.key}/<slot>' "
                              "(slot 0, 1, ... its position in the partition).")
@@ -425,9 +426,13 @@ class _RuntimeChecker:
             self.fail(where, f"duty_cycle_ms {duty!r} differs from {other}'s ({other_duty!r}); the models of partition "
                              f"{partition} take turns in one round, so they all carry the same duty cycle.")
             return False, {}
+        turn = item.get("turn_ms")
+        if turn is not None and (not _is_number(turn) or turn <= 0):
+            self.fail(where, f"'turn_ms' must be a finite number of milliseconds > 0, or null; got {turn!r}.")
+            return False, {}
         self.duty_cycles.setdefault(partition, (duty, rk.key))
         self.mps_gpus.add(rk.index)
-        return True, {"mps_percent": rk.mps_percent, "duty_cycle_ms": duty}
+        return True, {"mps_percent": rk.mps_percent, "duty_cycle_ms": duty, "turn_ms": float(turn) if turn is not None else None}
 
     def _mps_variant_once(self, where: str, rk: RuntimeKey, variant: ModelVariant) -> bool:
         served = self.partition_variants[rk.partition_key]
@@ -465,7 +470,7 @@ class _RuntimeChecker:
         mps = getattr(rk, "mps_percent", None) is not None
         mps_fields: dict = {}
         if not mps:
-            given = [name for name in ("mps_percent", "duty_cycle_ms") if item.get(name) is not None]
+            given = [name for name in ("mps_percent", "duty_cycle_ms", "turn_ms") if item.get(name) is not None]
             if given:
                 self.fail(where, f"{' and '.join(given)}: only for a model in an MPS partition ('gpu<i>/mps<NN>@<k>/<slot>').")
                 return None

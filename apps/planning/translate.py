@@ -152,7 +152,9 @@ def plan_translate(
                 "batching": {"policy": "nexus" if mps_percent is not None else "proteus"},
             }
             if mps_percent is not None:
-                runtime.update(mps_percent=mps_percent, duty_cycle_ms=inst.duty_cycle_ms)
+                # Its slot in the round comes after the planned turns (batch latency, interference included)
+                # of the models before it: the live rounds time them as the simulator does.
+                runtime.update(mps_percent=mps_percent, duty_cycle_ms=inst.duty_cycle_ms, turn_ms=round(float(inst.latency_ms), 6))
             spec["runtimes"].append(runtime)
             targets[inst.id] = _Target(instance_id(host.name, key), variant_id)
     for spec in specs.values():

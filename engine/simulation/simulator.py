@@ -33,11 +33,12 @@ its testbed mainly to that variance (§6.1.5, §6.2).
   then `decide`. A batch of b takes the profiled latency at b (interpolated, `capacity.profile_interpolate`)
   times a mean-preserving log-normal noise exp(sigma z - sigma^2 / 2).
 - MPS partitions (gpulets, ATC'22 §4.2-§4.4). Instances on one MPS partition (same device and `mpsNN@k`
-  slot) time-share it: one batch runs on a partition at a time and, when it ends, the partition's models
-  are offered it round-robin from the one after the model that just ran (each still decides its batch with
-  its own policy, as above; a model whose turn it is but which waits for more queries lets the next one
-  run). That is the duty-cycle round made work-conserving: a model waits at most for one batch of each
-  other model, which the plan keeps within the duty cycle. A batch on one partition runs slower while a
+  slot) time-share it, one batch at a time, in the plan's duty-cycle rounds (engine/dataplane/rounds.py,
+  `DutyCycleRound`, the round the live partition runtime runs too): each model has a fixed slot in the
+  round, and at its slot its policy sizes a batch from what it has queued and it runs at once (the round
+  is the timer), up to `round_batch_cap`; a model with nothing queued passes. A partition written without
+  a duty cycle takes work-conserving turns instead: when a batch ends the next model round-robin that
+  starts one runs. A batch on one partition runs slower while a
   batch runs on another partition of the same GPU: its remaining work is re-timed whenever the co-runner
   starts or ends, at the factor `interference.factor(model, batch, percent, co-runner, its batch, its
   percent)` (1 with nothing co-running), so a batch is slowed only for the part of it that overlapped.
@@ -78,6 +79,7 @@ from engine.dataplane.batching import (
     batching_policy_make,
     policy_latency_function,
 )
+from engine.dataplane.rounds import END as ROUND_END, WAIT as ROUND_WAIT, DutyCycleRound, round_batch_cap
 from engine.dataplane.routing import alias_table_build, queries_match_instances, routing_tables_from_plan
 from engine.geometry.layout import layout_parse, mig_layout_diff
 from engine.plans.problem import Plan, PlanInstance, Problem, device_slot_id
@@ -621,12 +623,10 @@ class _Simulation:
                 self.p_device.append(inst.device)
                 self.p_oracle.append(self.oracles.get(dtype))
                 self.p_duty.append(None)
-                self.p_round_start.append(0.0)
-                self.p_turn.append(0)
-                self.p_round_on.append(False)
+                self.p_round.append(None)
                 self.gpu_parts.setdefault(inst.device, []).append(part)
             self.p_members[part].append(k)
-            self.p_duty[part] = inst.duty_cycle_ms
+            self._partition_duty_set(part, inst.duty_cycle_ms)
             self.p_round_pending.append(part)
         self.i_part.append(part)
         self.i_pct.append(percent or 100)
@@ -636,8 +636,18 @@ class _Simulation:
         self.i_factor.append(1.0)
         self.i_tlast.append(0.0)
         self.i_solo_ms.append(0.0)
-        self.i_round_cap.append(max(max(1, int(inst.batch)), max(p.batch for p in problem.profiles_for(inst.variant, dtype, inst.slice))))
+        self.i_round_cap.append(round_batch_cap(inst.batch, (p.batch for p in problem.profiles_for(inst.variant, dtype, inst.slice))))
         return k
+
+    def _partition_duty_set(self, part: int, duty_cycle_ms: float | None) -> None:
+        """A plan gives the partition its round (None: work-conserving turns, no rounds)."""
+        self.p_duty[part] = duty_cycle_ms
+        if duty_cycle_ms is None:
+            return
+        if self.p_round[part] is None:
+            self.p_round[part] = DutyCycleRound(duty_cycle_ms)
+        else:
+            self.p_round[part].duty_cycle_set(duty_cycle_ms)
 
     def _routing_build(self, now_ms: float) -> None:
         """Alias tables of every application over its available instances (alive and ready), with the
@@ -720,9 +730,9 @@ class _Simulation:
                 new_current[inst.id] = k
                 self.i_maxb[k] = max(1, int(inst.batch))
                 if self.i_part[k] >= 0:  # the partition's round may have changed with the plan
-                    self.p_duty[self.i_part[k]] = inst.duty_cycle_ms
+                    self._partition_duty_set(self.i_part[k], inst.duty_cycle_ms)
                     self.i_plan_latency[k] = float(inst.latency_ms)
-                    self.i_round_cap[k] = max(self.i_round_cap[k], self.i_maxb[k])
+                    self.i_round_cap[k] = max(self.i_round_cap[k], self.i_maxb[k])  # (round_batch_cap's rule)
                     self.p_round_pending.append(self.i_part[k])
                 kept += 1
             else:
@@ -767,7 +777,7 @@ class _Simulation:
         for name in ("i_id", "i_variant", "i_app", "i_accuracy", "i_queue", "i_policy", "i_lat", "i_lat1", "i_maxb", "i_rule",
                      "i_slo", "i_busy", "i_busy_end", "i_timer", "i_inflight", "i_service", "i_alive", "i_ready", "i_stopped",
                      "i_busy_ms", "i_batches", "i_served", "i_part", "i_pct", "i_plan_factor", "i_work", "i_factor", "i_tlast",
-                     "i_solo_ms", "i_round_cap", "i_plan_latency", "p_members", "p_running", "p_device", "p_oracle", "p_duty", "p_round_start", "p_turn", "p_round_on"):
+                     "i_solo_ms", "i_round_cap", "i_plan_latency", "p_members", "p_running", "p_device", "p_oracle", "p_duty", "p_round"):
             setattr(self, name, [])
         self.part_of: dict[tuple[str, str], int] = {}
         self.p_round_pending: list[int] = []
@@ -822,7 +832,7 @@ class _Simulation:
         i_work, i_factor, i_tlast, i_solo = self.i_work, self.i_factor, self.i_tlast, self.i_solo_ms
         p_running, p_members, p_device, p_oracle, gpu_parts = self.p_running, self.p_members, self.p_device, self.p_oracle, self.gpu_parts
         factor_cache = self._factor_cache
-        p_duty, p_round_start, p_turn, p_round_on = self.p_duty, self.p_round_start, self.p_turn, self.p_round_on
+        p_duty, p_round = self.p_duty, self.p_round
         round_caps, i_plan_latency = self.i_round_cap, self.i_plan_latency
         log_at: dict[int, int] = {}  # instance -> its running batch's entry in batch_log (re-timed batches end later)
 
@@ -886,8 +896,8 @@ class _Simulation:
             """The instance is idle: drop what expired, ask the policy, start a batch or set its timer."""
             part = i_part[k]
             if part >= 0 and p_duty[part] is not None:  # the partition's rounds decide when it runs (turn())
-                if not p_round_on[part] and len(queues[k]):  # rounds stopped while nothing was queued: restart
-                    p_round_on[part] = True
+                if not p_round[part].on and len(queues[k]):  # rounds stopped while nothing was queued: restart
+                    p_round[part].on = True  # (the round begins at the event)
                     heappush(heap, (now, _ROUND, part))
                 return
             expire(k, now)
@@ -938,29 +948,31 @@ class _Simulation:
                 corunners_retime(part, now)
 
         def turn(part: int, now: float) -> None:
-            """The next model of the partition's round runs what it has queued (up to its planned batch, after
-            the drop rule); a model with nothing queued passes its turn. When every model has had its turn,
-            the next round starts a duty cycle after this one started (at once if this one overran), or, with
-            nothing queued, when the next query arrives."""
+            """The partition's round (engine/dataplane/rounds.py, the live runtime's too) offers the next
+            model its slot: it runs what it has queued (its policy sizes the batch, up to its round cap, after
+            the drop rule), or passes. When every model had its turn the next round begins a duty cycle after
+            this one began (at once if this one overran), or, with nothing queued, when a query arrives."""
             members = p_members[part]
-            while p_turn[part] < len(members):  # (a plan applied mid-round may skip or repeat one turn)
-                m = members[p_turn[part]]
-                # Its slot: the round's start plus the planned latencies of the models before it, so its
-                # batches start a duty cycle apart whatever the others ran (Nexus's bound: wait <= duty cycle).
-                slot_at = p_round_start[part] + sum(i_plan_latency[x] for x in members[:p_turn[part]])
-                if slot_at > now + eps:
-                    heappush(heap, (slot_at, _TURN, part))
+            rnd = p_round[part]
+            while True:
+                kind, at, j = rnd.next(now, [i_plan_latency[x] for x in members])
+                if kind == ROUND_WAIT:
+                    heappush(heap, (at, _TURN, part))
                     return
-                p_turn[part] += 1
+                if kind == ROUND_END:
+                    if any(len(queues[m]) for m in members if alive[m]):
+                        heappush(heap, (at, _ROUND, part))
+                    else:
+                        rnd.stop()
+                    return
+                m = members[j]
                 if busy[m] or not alive[m]:
                     continue
                 expire(m, now)
                 q = queues[m]
                 if not q:
                     continue
-                # Its policy sizes the batch, now (the round is the timer), up to the largest profiled batch:
-                # the plan's batch is what a round collects on average (rate x duty cycle), and a round that
-                # collected more runs it while the earliest deadline allows, rather than carrying it over.
+                # The round is the timer: the policy's batch runs now (its `at` is not waited for).
                 b, _at = policies[m].decide(now, q, lats[m], round_caps[m])
                 if early_drops:
                     for qid in q.drop_expired(now, "never", 0.0, 0.0):
@@ -970,23 +982,20 @@ class _Simulation:
                 if b > 0 and len(q):
                     batch_start(m, min(b, len(q)), now)
                     return
-            if any(len(queues[m]) for m in members if alive[m]):
-                heappush(heap, (max(p_round_start[part] + p_duty[part], now), _ROUND, part))
-            else:  # nothing queued: the rounds stop until the next arrival (kick) starts one
-                p_round_on[part] = False
 
         def rounds_start(now: float) -> None:
             """Partitions with a duty cycle that a plan just filled start their rounds."""
             for part in self.p_round_pending:
-                if not p_round_on[part] and p_members[part] and p_duty[part] is not None:
-                    p_round_on[part] = True
+                if p_round[part] is not None and not p_round[part].on and p_members[part]:
+                    p_round[part].on = True
                     heappush(heap, (now, _ROUND, part))
             self.p_round_pending.clear()
 
         def event(t: float, kind: int, k: int) -> None:
             if kind == _ROUND:
-                p_round_start[k] = t
-                p_turn[k] = 0
+                if p_duty[k] is None:  # a plan took the partition's round away since
+                    return
+                p_round[k].begin(t)
                 if p_running[k] < 0:  # else a batch of the last round (or of a stopped model) ends first
                     turn(k, t)
                 return

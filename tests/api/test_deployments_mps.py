@@ -57,7 +57,7 @@ def url(host):
 
 def test_mps_runtimes_on_the_inventory_layout(clients, fleet):
     f = fleet
-    spec = {"runtimes": [rt(f, "gpu0/mps60@0/0", duty_cycle_ms=40), rt(f, "gpu0/mps60@0/1", f.resnet, duty_cycle_ms=40.0, mps_percent=60),
+    spec = {"runtimes": [rt(f, "gpu0/mps60@0/0", duty_cycle_ms=40, turn_ms=12), rt(f, "gpu0/mps60@0/1", f.resnet, duty_cycle_ms=40.0, mps_percent=60),
                          rt(f, "gpu0/mps40@1/0", f.resnet, placement="mps40@1")]}
     created = clients["operator"].post(url(f.host), spec, format="json")
     assert created.status_code == 201, created.content
@@ -68,6 +68,7 @@ def test_mps_runtimes_on_the_inventory_layout(clients, fleet):
     assert list(runtimes) == ["gpu0/mps40@1/0", "gpu0/mps60@0/0", "gpu0/mps60@0/1"]
     first = runtimes["gpu0/mps60@0/0"]
     assert (first["device"], first["placement"], first["mps_percent"], first["duty_cycle_ms"]) == ("gpu0", "mps60@0", 60, 40.0)
+    assert first["turn_ms"] == 12.0 and runtimes["gpu0/mps60@0/1"]["turn_ms"] is None  # its slot in the round; null: its profile's
     assert first["profile"] == [{"batch": 1, "latency_ms": 15.0}, {"batch": 4, "latency_ms": 60.0}]  # vgg19 on mps60
     assert runtimes["gpu0/mps40@1/0"]["profile"][0] == {"batch": 1, "latency_ms": 10.0}  # resnet50 on mps40
     assert runtimes["gpu0/mps40@1/0"]["duty_cycle_ms"] is None
@@ -128,6 +129,8 @@ BAD = [
     ("placement", {"runtimes": [("gpu0/mps60@0/0", {"placement": "mps40@1"})]}, "'placement' must be 'mps60@0'"),
     ("whole-gpu", {"runtimes": [("gpu0", {})]}, "a whole-GPU runtime needs MPS disabled on gpu0"),
     ("mps-fields-on-mig", {"runtimes": [("gpu3/3g.20gb@4", {"duty_cycle_ms": 10})]}, "duty_cycle_ms: only for a model in an MPS partition"),
+    ("turn-on-mig", {"runtimes": [("gpu3/3g.20gb@4", {"turn_ms": 10})]}, "turn_ms: only for a model in an MPS partition"),
+    ("turn-zero", {"runtimes": [("gpu0/mps60@0/0", {"turn_ms": 0})]}, "'turn_ms' must be a finite number of milliseconds > 0"),
     ("mig-slot", {"runtimes": [("gpu3/3g.20gb@4/1", {})]}, "not a runtime key"),
     ("no-profile", {"runtimes": [("gpu0/mps40@1/0", {"variant": "mobile"})]}, "no profile of classify/mobilenet on RTX-2080Ti/mps40"),
 ]

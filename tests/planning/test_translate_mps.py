@@ -61,6 +61,10 @@ def test_a_gpulets_plan_becomes_mps_partitions_the_deployments_service_accepts(g
     for models in by_partition.values():
         assert sorted(runtime_key_parse(r["key"]).slot for r in models) == list(range(len(models)))
         assert len({r["duty_cycle_ms"] for r in models}) == 1
+        # Each model's turn in the round is the plan's latency of its batch there; the turns fit the round.
+        assert all(r["turn_ms"] > 0 for r in models)
+        if models[0]["duty_cycle_ms"] is not None:
+            assert sum(r["turn_ms"] for r in models) <= models[0]["duty_cycle_ms"] + 1e-6
     # Every application is routed to its own model's instances on this host.
     for app, routes in translation.routing.items():
         assert routes and abs(sum(r["weight"] for r in routes) - 1.0) < 1e-9

@@ -49,7 +49,8 @@ def mps_doc(version: int, layout: list[str], runtimes: list[dict], *, host: str 
 
 
 V1 = mps_doc(1, ["mps60@0", "mps40@1"], [
-    model("gpu0/mps60@0/0", "resnet50"), model("gpu0/mps60@0/1", "bert", variant_id=2), model("gpu0/mps40@1/0", "mobilenet", variant_id=3),
+    model("gpu0/mps60@0/0", "resnet50", turn_ms=12.5), model("gpu0/mps60@0/1", "bert", variant_id=2),
+    model("gpu0/mps40@1/0", "mobilenet", variant_id=3),
 ])
 # Reorganised: 50 + 50, the models moved around.
 V2 = mps_doc(2, ["mps50@0", "mps50@1"], [
@@ -106,6 +107,8 @@ def broken(change) -> dict:
     (lambda d: d["runtimes"][0].update(mps_percent=50), "mps_percent 50 does not match key 'gpu0/mps60@0/0'"),
     (lambda d: d["runtimes"][1].update(duty_cycle_ms=25.0), "a partition has one duty cycle"),
     (lambda d: d["runtimes"][1].update(duty_cycle_ms=-1), r"duty_cycle_ms: expected a number of milliseconds > 0"),
+    (lambda d: d["runtimes"][1].update(turn_ms=0), r"turn_ms: expected a number of milliseconds > 0"),
+    (lambda d: d["runtimes"][1].update(turn_ms="5"), r"turn_ms: expected a number of milliseconds > 0"),
     (lambda d: d["runtimes"][0].update(placement="3g.20gb@0"), "does not match key"),
     (lambda d: d["runtimes"][0].update(key="gpu0/mps60@0"), "an MPS partition's own key"),
     (lambda d: d["runtimes"][0].update(key="gpu0/3g.20gb@0/1"), "a slot .* is only for models in an MPS partition"),
@@ -128,7 +131,10 @@ def test_mps_fields_are_for_mps_runtimes_only() -> None:
     doc["runtimes"][0].update(mps_percent=None, duty_cycle_ms=10.0)
     with pytest.raises(DesiredStateError, match="duty_cycle_ms is for models in an MPS partition only"):
         desired_state_parse(doc)
-    doc["runtimes"][0]["duty_cycle_ms"] = None
+    doc["runtimes"][0].update(duty_cycle_ms=None, turn_ms=3.0)
+    with pytest.raises(DesiredStateError, match="turn_ms is for models in an MPS partition only"):
+        desired_state_parse(doc)
+    doc["runtimes"][0]["turn_ms"] = None
     assert desired_state_parse(doc).runtime("gpu0").mps_percent is None
 
 
@@ -369,9 +375,11 @@ def test_one_process_per_partition_with_the_partition_spec_and_the_mps_environme
         ("gpu0/mps60@0/0", "sim-mps-01/gpu0/mps60@0/0", "resnet50", False, uuid, "/nonexistent"),
         ("gpu0/mps60@0/1", "sim-mps-01/gpu0/mps60@0/1", "bert", False, uuid, "/nonexistent"),
     ]
-    # Each model spec is exactly the single-model spec the agent builds for any runtime.
+    # Each model spec is the single-model spec the agent builds for any runtime, with its turn in the
+    # partition's round (the plan's, else null: the runtime takes its profile at max_batch).
     assert set(spec["models"][0]) == {"key", "application", "variant", "variant_id", "artifact_path", "sha256", "simulated", "device_uuid",
-                                      "cpu_threads", "max_batch", "batching", "profile", "instance"}
+                                      "cpu_threads", "max_batch", "batching", "profile", "instance", "turn_ms"}
+    assert [m["turn_ms"] for m in spec["models"]] == [12.5, None]
     assert ("health", partition_record_key("gpu0/mps60@0", desired.partition("gpu0/mps60@0").fingerprint), None) in supervisor.calls
     # Converged: nothing to do on the next pass.
     ops.clear()
@@ -380,7 +388,7 @@ def test_one_process_per_partition_with_the_partition_spec_and_the_mps_environme
     # MPS off (the GPU serves one model whole): the whole-GPU runtime starts first, the partitions stop,
     # and the daemon is stopped after the last of them.
     off = {"host": "sim-mps-01", "version": 2, "gpus": [{"index": 0, "mig_enabled": False, "mps_enabled": False, "mps_layout": []}],
-           "runtimes": [{**doc["runtimes"][0], "key": "gpu0", "mps_percent": None, "duty_cycle_ms": None}]}
+           "runtimes": [{**doc["runtimes"][0], "key": "gpu0", "mps_percent": None, "duty_cycle_ms": None, "turn_ms": None}]}
     result = reconciler.reconcile(desired_state_parse(off))
     assert result.converged, result.errors
     actions = [(op.action, op.target) for op in ops]

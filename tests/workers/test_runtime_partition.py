@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from pathlib import Path
@@ -19,10 +20,11 @@ from tests.onnx_builders import onnx_mlp_bytes
 from tests.workers.dataplane_helpers import FrameClient, RuntimeProcess, frame_call, runtime_spec, runtime_start
 from tests.workers.test_router import TableSource, serve, table  # noqa: F401 (serve is a fixture)
 from tests.workers.test_router import query as router_query
-from workers.runtime.partition import PartitionTurns
+from workers.runtime.partition import PartitionRounds, PartitionTurns
 from workers.runtime.server import PartitionSpec, RuntimeServer, RuntimeSpec, RuntimeSpecError, spec_from_dict, spec_load
 from workers.runtime.session import OnnxSession
 from workers.runtime.simulated import SimulatedSession
+from engine.simulation.simulator import DROPPED_EXPIRED
 from workers.wire import request_encode, response_decode
 
 pytestmark = pytest.mark.timeout(240)
@@ -222,14 +224,18 @@ class _ObservingPolicy:
         self.policy.observe(batch, latency_ms, late)
 
 
-def test_a_partition_runs_one_batch_at_a_time_round_robin_and_observes_run_times(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rounds", [True, False], ids=["duty-cycle-rounds", "work-conserving-turns"])
+def test_a_partition_runs_one_batch_at_a_time_round_robin_and_observes_run_times(rounds: bool) -> None:
     """Two simulated models, 30 ms per batch of one, five queries each, A's first, B's once A runs: the runs
     never overlap and alternate A, B, A, B; the policies observe each run's time, not the wait for the turn
     (about as long again) on top; B's queries, given 45 ms, wait for A's batches and are late on the real
     clock. A run starts only once the other model is in line (or has nothing left), so the order is the
-    scheduler's, not the worker threads' timing."""
+    scheduler's, not the worker threads' timing. With a duty cycle (60 ms) the plan's rounds drive the
+    batchers: A's batches start a round apart, B's at its slot 30 ms (A's planned turn) into each round;
+    without one the turns are work-conserving, and a model waits for the other's batch."""
     run_ms, n = 30.0, 5
-    spec = PartitionSpec.from_dict(partition_spec([simulated_model(0, run_ms), simulated_model(1, run_ms)], duty_cycle_ms=2 * run_ms))
+    spec = PartitionSpec.from_dict(partition_spec([simulated_model(0, run_ms), simulated_model(1, run_ms)],
+                                                  duty_cycle_ms=2 * run_ms if rounds else None))
     runs: list[tuple[str, float, float]] = []  # (key, called, ended) per batch, in the order they ran
     ran = {A: 0, B: 0}
 
@@ -278,7 +284,17 @@ def test_a_partition_runs_one_batch_at_a_time_round_robin_and_observes_run_times
         # The policy observed each batch's run, not the wait for the turn before it (>= most of a batch).
         run_times = [(e - c) * 1000.0 for k, c, e in runs if k == key]
         assert all(latency < run + 0.5 * run_ms for (_b, latency, _late), run in zip(observed, run_times)), (observed, run_times)
-        assert turns[key]["turns"] == n and turns[key]["wait_ms_max"] >= 0.8 * run_ms
+        assert turns[key]["turns"] == n
+        if not rounds:  # work-conserving: the turn waited for the other model's batch
+            assert turns[key]["wait_ms_max"] >= 0.8 * run_ms
+    if rounds:
+        assert isinstance(server.turns, PartitionRounds) and server.turns.rounds >= n
+        starts = {key: [c for k, c, _e in runs if k == key] for key in (A, B)}
+        # Slots are lower bounds on a loaded machine: a turn never comes before its slot (it may come late).
+        assert all(b - a >= run_ms / 1000.0 - 0.002 for a, b in zip(starts[A], starts[B])), starts
+        assert all(a2 - a1 >= 2 * run_ms / 1000.0 - 0.002 for a1, a2 in zip(starts[A], starts[A][1:])), starts
+    else:
+        assert isinstance(server.turns, PartitionTurns)
     # Deadlines on the real clock: B waited for A's batches and missed its 45 ms; A had a minute.
     assert sum(late for _b, _l, late in policies[A].observed) == 0
     assert sum(late for _b, _l, late in policies[B].observed) == n
@@ -506,3 +522,90 @@ def test_a_route_to_an_instance_the_partition_does_not_serve_is_left_out_like_a_
     for _ in range(10):
         response = client.post("/v1/infer/app-0", content=router_query(), headers={"content-type": "application/json"})
         assert response.status_code == 200, response.text
+
+
+
+
+# --------------------------------------------------------------------------- the simulator's rounds, live
+
+
+def _rounds_replay(rates: dict[str, float], instances: list, seconds: float, seed: int = 3):
+    """One 3-model partition, simulated, and served by the live rounds stepped on a virtual clock (each
+    batch taking the latency the simulator uses). Returns (simulator result, live batches as (instance,
+    start, global query ids, end) in start order, live drops as (global query id, time), rounds)."""
+    from engine.dataplane.batching import batching_policy_make, policy_latency_function
+    from engine.dataplane.rounds import round_batch_cap
+    from engine.reference.gpulet_problem import gpulet_mps_problem
+    from engine.simulation.simulator import SimulationConfig, simulate
+    from engine.simulation.workload import arrivals_poisson
+    from tests.engine.test_simulator_mps import _plan
+    from workers.runtime.batcher import InstanceBatcher, VirtualClock
+    from workers.runtime.partition import RoundMember
+
+    problem = gpulet_mps_problem(rates, gpus=1)
+    plan = _plan(problem, instances)
+    trace = None
+    for i, (model, rate) in enumerate(rates.items()):
+        t = arrivals_poisson(rate, seconds, seed=seed + i, application=model)
+        trace = t if trace is None else trace.merge(t)
+    config = SimulationConfig(batching="nexus", replan_interval_s=None, burst_factor=None, initial_demand="problem",
+                              noise_sigma=0.0, record_batches=True)
+    sim = simulate(problem, trace, planner=lambda p: plan, config=config, interference=None)
+    assert np.array_equal(sim.queries["arrival_ms"], trace.time_s * 1000.0)
+
+    clock = VirtualClock()
+    dtype = problem.devices[0].type
+    members, member_of = [], {}
+    for inst in plan.instances:
+        points = problem.profiles_for(inst.variant, dtype, inst.slice)
+        latency, _ = policy_latency_function(points, inst.batch)
+        application = problem.variant(inst.variant).application
+        batcher = InstanceBatcher(
+            batching_policy_make("nexus"), latency_ms=latency, max_batch=inst.batch, execute=lambda payloads: payloads,
+            drop_rule=config.drop_rule_for(application), slo_ms=problem.application(application).slo_ms,
+            queue_order=config.queue_order, clock=clock, service_ms=latency, record_batches=True, round_driven=True)
+        members.append(RoundMember(inst.id, batcher, inst.latency_ms, round_batch_cap(inst.batch, (p.batch for p in points))))
+        member_of[application] = members[-1]
+    rounds = PartitionRounds(members, instances[0].duty_cycle_ms, record=True)
+    rounds.begin()  # at 0, when the simulator applies the plan
+    global_ids: dict[str, list[int]] = {m.key: [] for m in members}  # per model: local query id -> global id
+    futures = []
+    for qid, (t, app) in enumerate(zip(sim.queries["arrival_ms"].tolist(), trace.application.tolist())):
+        member = member_of[trace.applications[app]]
+        global_ids[member.key].append(qid)
+        futures.append(rounds.submit(member.key, qid, t))
+    rounds.step_until(math.inf)
+    rounds.close()
+    batches, drops = [], []
+    for m in members:
+        m.batcher.close()
+        ids = global_ids[m.key]
+        batches += [(m.key, start, [ids[q] for q in local], end) for start, local, end in m.batcher.batches]
+        drops += [(ids[q], t) for q, t in m.batcher.drops]
+    assert all(f.done() for f in futures)
+    batches.sort(key=lambda b: (b[1], b[0]))
+    return sim, batches, sorted(drops), rounds
+
+
+def test_the_live_rounds_make_the_simulators_decisions() -> None:
+    """One implementation of the round (engine/dataplane/rounds.py): the live partition's rounds, stepped on
+    a virtual clock, start the same batches of the same queries at the same times as the simulator, and
+    drop the same queries, on three models time-sharing one partition at a load that makes Nexus drop."""
+    from engine.plans.problem import PlanInstance
+
+    rates = {"resnet50": 150.0, "mobilenet": 250.0, "vgg19": 60.0}
+    duty = 80.0  # longer than the SLOs allow for some of the queries: Nexus drops those it cannot serve
+    instances = [
+        PlanInstance("gpu0", "mps100", 0, "resnet50", 8, 14.0, 160.0, rates["resnet50"], duty_cycle_ms=duty),
+        PlanInstance("gpu0", "mps100", 0, "mobilenet", 16, 12.0, 320.0, rates["mobilenet"], duty_cycle_ms=duty),
+        PlanInstance("gpu0", "mps100", 0, "vgg19", 4, 20.0, 80.0, rates["vgg19"], duty_cycle_ms=duty),
+    ]
+    sim, live, drops, rounds = _rounds_replay(rates, instances, seconds=4.0)
+    sim_batches = sorted(((i, s, list(q), e) for i, s, q, e in sim.batches), key=lambda b: (b[1], b[0]))
+    assert len(sim_batches) > 100 and rounds.rounds > 40
+    assert live == sim_batches
+    outcome = sim.queries["outcome"]
+    sim_drops = sorted((q, sim.queries["done_ms"][q]) for q in np.flatnonzero(outcome == DROPPED_EXPIRED).tolist())
+    assert sim_drops and drops == sim_drops  # the replay is only a strong check if some queries are dropped
+    # One batch at a time on the partition.
+    assert all(s2 >= e1 - 1e-9 for (_i, _s, _q, e1), (_i2, s2, _q2, _e2) in zip(live, live[1:]))

@@ -62,6 +62,7 @@ class DesiredRuntime:
     document: dict[str, Any] = field(compare=False, repr=False)
     mps_percent: int | None = None  # set on a model in an MPS partition (gpu0/mps60@0/1): the key's 60
     duty_cycle_ms: float | None = None  # the partition's round (the same for every model of the partition)
+    turn_ms: float | None = None  # the model's planned turn in the round (None: its profile at max_batch)
 
     @property
     def device(self) -> str:
@@ -236,7 +237,7 @@ def _runtime_parse(raw: Any, where: str) -> DesiredRuntime:
             matches = False
         if not matches:
             raise DesiredStateError(f"{where}: placement {declared!r} does not match key {key!r}")
-    mps_percent, duty_cycle_ms = raw.get("mps_percent"), raw.get("duty_cycle_ms")
+    mps_percent, duty_cycle_ms, turn_ms = raw.get("mps_percent"), raw.get("duty_cycle_ms"), raw.get("turn_ms")
     if parsed.is_mps:
         if mps_percent is None:
             mps_percent = parsed.mps_percent
@@ -246,8 +247,12 @@ def _runtime_parse(raw: Any, where: str) -> DesiredRuntime:
             if isinstance(duty_cycle_ms, bool) or not isinstance(duty_cycle_ms, (int, float)) or not 0 < duty_cycle_ms < float("inf"):
                 raise DesiredStateError(f"{where}.duty_cycle_ms: expected a number of milliseconds > 0 or null, got {duty_cycle_ms!r}")
             duty_cycle_ms = float(duty_cycle_ms)
+        if turn_ms is not None:
+            if isinstance(turn_ms, bool) or not isinstance(turn_ms, (int, float)) or not 0 < turn_ms < float("inf"):
+                raise DesiredStateError(f"{where}.turn_ms: expected a number of milliseconds > 0 or null, got {turn_ms!r}")
+            turn_ms = float(turn_ms)
     else:
-        for name, value in (("mps_percent", mps_percent), ("duty_cycle_ms", duty_cycle_ms)):
+        for name, value in (("mps_percent", mps_percent), ("duty_cycle_ms", duty_cycle_ms), ("turn_ms", turn_ms)):
             if value is not None:
                 raise DesiredStateError(f"{where}: {name} is for models in an MPS partition only ('gpu<i>/mps<NN>@<k>/<slot>')")
     threads = raw.get("cpu_threads")
@@ -286,6 +291,7 @@ def _runtime_parse(raw: Any, where: str) -> DesiredRuntime:
         key=key, device_kind=kind, device_index=index, placement=placement, cpu_threads=threads,
         application=application, variant=variant, max_batch=max_batch, batching=batching,
         profile=tuple(sorted(profile)), document=raw, mps_percent=mps_percent, duty_cycle_ms=duty_cycle_ms,
+        turn_ms=turn_ms,
     )
 
 

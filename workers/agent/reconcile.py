@@ -133,6 +133,7 @@ def partition_spec_build(partition: DesiredPartition, *, host: str, artifact_pat
     for runtime in partition.runtimes:
         spec = runtime_spec_build(runtime, artifact_path=artifact_paths.get(runtime.key), device_uuid=device_uuid, simulated=simulated)
         spec["instance"] = instance(runtime.key)
+        spec["turn_ms"] = runtime.turn_ms  # its slot in the partition's rounds (workers/runtime/partition.py)
         models.append(spec)
     return {
         "key": partition.key, "partition_percent": partition.percent, "duty_cycle_ms": partition.duty_cycle_ms,

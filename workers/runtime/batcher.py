@@ -38,6 +38,13 @@ model running slower (an AIMD policy that compares the observed latency with the
 off because of a neighbour's batch). Deadlines and the late count still judge the real clock: a batch that
 waited for its turn and ends past its deadline is late, and the policy hears it through `late`.
 
+A partition planned in duty-cycle rounds (gpulets §2.2/§4.3, a `duty_cycle_ms`) drives its batchers
+instead (`round_driven=True`, workers/runtime/partition.py `PartitionRounds`, on the round of
+engine/dataplane/rounds.py that the simulator runs too): the batcher has no worker thread and decides
+nothing by itself; a submission only queues the query and calls `arrival_hook`, and at the model's slot
+the round calls `turn_take(now, cap)` (the drop rule, then the policy's batch, run now: the round is the
+timer; None when there is nothing to run), `turn_run` and `turn_complete`.
+
 `clock` returns seconds (`time.monotonic`); a clock with a `now_ms()` method (`VirtualClock`) is read in
 milliseconds directly, so replayed times stay exact. With `record_batches=True` the batcher keeps
 `batches`, one `(start_ms, [query ids], end_ms)` per batch, and `drops`, one `(query id, time_ms)` per
@@ -117,6 +124,7 @@ class InstanceBatcher:
         record_batches: bool = False,
         margin_ms: float = 0.0,
         turn: Callable[[], ContextManager[Any]] | None = None,
+        round_driven: bool = False,
     ) -> None:
         if drop_rule not in DROP_RULES:
             raise ValueError(f"drop_rule must be one of {DROP_RULES}, not {drop_rule!r}")
@@ -134,6 +142,11 @@ class InstanceBatcher:
         self.queue = QueryQueue(queue_order)  # validates the order
         self.service_ms = service_ms
         self.turn = turn  # shared-device turns around `execute` (see the module docstring)
+        if round_driven and turn is not None:
+            raise ValueError("a batcher is either round-driven or takes turns, not both")
+        self.round_driven = bool(round_driven)
+        self.arrival_hook: Callable[[], None] | None = None  # round-driven: told after each queued query
+        self._started = False
         self.record_batches = record_batches
         self.batches: list[tuple[float, list[int], float]] = []
         self.drops: list[tuple[int, float]] = []
@@ -160,24 +173,16 @@ class InstanceBatcher:
         """Queue one query; the future resolves with its result or fails with `DeadlineExceeded`.
         `arrival_ms` defaults to now; `deadline_ms` to arrival + slo_ms. Stepped mode: virtual time first
         advances to `arrival_ms`."""
+        if self.round_driven:
+            return self._submit_queued(payload, arrival_ms, deadline_ms)
         stepped = self._thread is None
         if stepped and hasattr(self.clock, "advance_to"):
             # Completions and timers due by the arrival go first (also those due exactly now).
             now = self._now_ms()
             self.step_until(now if arrival_ms is None or arrival_ms < now else arrival_ms)
         with self._cond:
-            if self._closed:
-                raise BatcherClosed("the batcher is closed")
             now = self._now_ms()
-            arrival = now if arrival_ms is None else float(arrival_ms)
-            deadline = arrival + self.slo_ms if deadline_ms is None else float(deadline_ms)
-            deadline -= self.margin_ms  # the policy plans against the earlier deadline (see the module docstring)
-            query_id = self._next_id
-            self._next_id += 1
-            future: Future = Future()
-            future.query_id = query_id  # type: ignore[attr-defined]
-            self._pending[query_id] = (future, payload, deadline)
-            self.queue.push(query_id, arrival, deadline)
+            future = self._enqueue(payload, now, arrival_ms, deadline_ms)
             if not stepped:
                 self._kick_needed = True
                 self._cond.notify()
@@ -188,6 +193,61 @@ class InstanceBatcher:
             if batch is not None:
                 self._dispatch_stepped(batch, now)
         return future
+
+    def _submit_queued(self, payload: Any, arrival_ms: float | None, deadline_ms: float | None) -> Future:
+        """Round-driven: queue the query, then tell the round (which owns the clock when stepped)."""
+        with self._cond:
+            future = self._enqueue(payload, self._now_ms(), arrival_ms, deadline_ms)
+        hook = self.arrival_hook
+        if hook is not None:
+            hook()
+        return future
+
+    def _enqueue(self, payload: Any, now: float, arrival_ms: float | None, deadline_ms: float | None) -> Future:
+        """Queue one query (lock held): its id, future and deadline."""
+        if self._closed:
+            raise BatcherClosed("the batcher is closed")
+        arrival = now if arrival_ms is None else float(arrival_ms)
+        deadline = arrival + self.slo_ms if deadline_ms is None else float(deadline_ms)
+        deadline -= self.margin_ms  # the policy plans against the earlier deadline (see the module docstring)
+        query_id = self._next_id
+        self._next_id += 1
+        future: Future = Future()
+        future.query_id = query_id  # type: ignore[attr-defined]
+        self._pending[query_id] = (future, payload, deadline)
+        self.queue.push(query_id, arrival, deadline)
+        return future
+
+    # ------------------------------------------------------------------ round-driven turns
+
+    def turn_take(self, now: float, cap: int) -> list[tuple[int, float, float]] | None:
+        """The model's slot in the round came at `now`: drop what expired, let the policy size a batch of at
+        most `cap` and pop it to run now (None: nothing to run, the turn passes)."""
+        with self._cond:
+            if self._closed or self._busy:
+                return None
+            return self._kick(now, max_batch=cap, immediate=True)
+
+    def turn_run(self, batch: list[tuple[int, float, float]], now: float) -> tuple[tuple[Sequence[Any] | None, BaseException | None, float], float]:
+        """Run a batch `turn_take` popped, begun at `now`: (outcome, end). The service time is measured on the
+        clock, or `service_ms(b)` stepped on a virtual clock (the end is then in the future)."""
+        with self._cond:
+            payloads = self._payloads(batch)
+        results, error, measured = self._run(payloads)
+        if self.service_ms is not None and hasattr(self.clock, "advance_to"):
+            service = float(self.service_ms(len(batch)))
+            end = now + service
+        else:
+            end = self._now_ms()
+            service = end - now
+        return (results, error, service), end
+
+    def turn_complete(self, outcome: tuple[Sequence[Any] | None, BaseException | None, float], start: float, end: float) -> None:
+        """The batch `turn_run` ran ended at `end`: resolve its futures and tell the policy."""
+        with self._cond:
+            self._outcome = outcome
+            self._inflight_start = start
+            self._complete(end)
 
     def step_until(self, t_ms: float) -> None:
         """Stepped mode: process every completion and timer due at or before `t_ms` in time order, then
@@ -216,11 +276,14 @@ class InstanceBatcher:
                 advance(t_ms)
 
     def start(self) -> "InstanceBatcher":
-        """Threaded mode: start the worker thread (idempotent)."""
+        """Threaded mode: start the worker thread (idempotent). Round-driven: nothing to start (the round
+        drives the batcher)."""
         with self._cond:
             if self._closed:
                 raise BatcherClosed("the batcher is closed")
-            if self._thread is None:
+            if self.round_driven:
+                self._started = True
+            elif self._thread is None:
                 self._thread = threading.Thread(target=self._worker, name="tessera-batcher", daemon=True)
                 self._thread.start()
         return self
@@ -237,7 +300,7 @@ class InstanceBatcher:
                 thread.join(timeout)
             return
         with self._cond:
-            if self._busy:
+            if self._busy and not self.round_driven:  # round-driven: the round completes its batch in flight
                 self._complete(self._busy_end)
             self._fail_queued()
 
@@ -247,6 +310,10 @@ class InstanceBatcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def now_ms(self) -> float:
+        """The batcher's clock, in milliseconds."""
+        return self._now_ms()
+
     def __len__(self) -> int:
         """Queries queued (not counting a batch in flight)."""
         with self._cond:
@@ -254,8 +321,10 @@ class InstanceBatcher:
 
     # ------------------------------------------------------------------ the contract (lock held)
 
-    def _kick(self, now: float) -> list[tuple[int, float, float]] | None:
-        """The instance is idle: drop what expired, ask the policy, pop a batch (returned) or set the timer."""
+    def _kick(self, now: float, *, max_batch: int | None = None, immediate: bool = False) -> list[tuple[int, float, float]] | None:
+        """The instance is idle: drop what expired, ask the policy, pop a batch (returned) or set the timer.
+        A round's turn passes its cap as `max_batch` and runs the batch now (`immediate`: no timer)."""
+        cap = self.max_batch if max_batch is None else int(max_batch)
         q = self.queue
         # The drop rule judges the real deadline: shifting now back by the margin undoes the planning shift.
         dropped = q.drop_expired(now - self.margin_ms, self.drop_rule, self.slo_ms, self._lat1)
@@ -264,21 +333,21 @@ class InstanceBatcher:
         if not q:
             self._timer_at = _INF
             return None
-        b, at = self.policy.decide(now, q, self.latency_ms, self.max_batch)
+        b, at = self.policy.decide(now, q, self.latency_ms, cap)
         early = q.drop_expired(now, "never", 0.0, 0.0)  # the policy's early drops (Nexus), if any
         if early:
             self._fail_dropped(early, now)
-        if b <= 0:
+        size = len(q)
+        if b <= 0 or size == 0:
             self._timer_at = _INF
             return None
-        if at > now + AT_EPSILON_MS:
+        if at > now + AT_EPSILON_MS and not immediate:
             self._timer_at = at
             return None
-        size = len(q)
         if b > size:
             b = size
-        if b > self.max_batch:
-            b = self.max_batch
+        if b > cap:
+            b = cap
         batch = q.pop(b)
         self._busy = True
         self._inflight = batch

@@ -11,16 +11,22 @@ after the other, and each model's batch size is chosen so that building a batch 
 running it in the next meets its SLO. The planner writes that round as the partition's `duty_cycle_ms`
 (engine/solvers/gpulets.py: "capacity is a batch per round").
 
-`PartitionTurns` is that rule at run time, work-conserving: at most one batch runs on the partition at a
-time, and a model's batcher asks for the turn (`with turns.turn(key):`) around its batch's run. Turns are
-granted in the order they were asked for (first come, first served, handed over directly to the next in
-line). Each batcher has one worker thread and so at most one batch waiting for the turn: when several
-models have a batch ready they run one batch each in turn, round-robin, and a model's wait for the turn
-is bounded by one batch of each other model, which the plan keeps within the duty cycle. Nothing idles
-to fill a round: a model alone with work runs back to back, and the batching policies (the same as on a
-dedicated instance) decide the batch sizes. The duty cycle is checked, not imposed: a wait longer than
-it (the plan's promise broken, e.g. a model running slower than profiled) is counted per model
-(`over_duty_cycle`).
+Two schedulers, one per kind of partition spec:
+
+- `PartitionRounds`, a partition with a duty cycle: the round of engine/dataplane/rounds.py
+  (`DutyCycleRound`), the one the simulator runs, so the live partition makes the simulator's decisions.
+  Each model has a fixed slot in the round (the round's start plus the planned turns, `turn_ms`, of the
+  models before it); at its slot the model's policy sizes a batch from what is queued, up to the round's
+  cap, and it runs at once; a model with nothing queued passes; rounds stop while nothing is queued and
+  the next arrival begins one. The batchers are round-driven (no worker thread of their own); one thread
+  per partition runs the rounds on the real clock, or, on a `VirtualClock` with the batchers' service
+  times, `submit` and `step_until` replay a trace exactly as the simulator would (tests). A turn that
+  comes later than its slot (an earlier batch ran longer than planned) is counted (`wait_ms`), and one
+  later than a duty cycle is the plan's promise broken (`over_duty_cycle`).
+- `PartitionTurns`, a partition written without a duty cycle: work-conserving turns, first come first
+  served. A model's batcher asks for the turn (`with turns.turn(key):`) around its batch's run; each
+  batcher has one worker thread and so at most one batch waiting, so models with a batch ready run one
+  batch each in turn, and the batching policies (the same as on a dedicated instance) decide when.
 
 Why turns and not the models' batches running side by side on the partition's SMs: the latency the plan
 holds each model to (its profile L(b, p) on the partition, interference from the GPU's other partitions
@@ -28,13 +34,18 @@ included) is one batch at a time on the partition, and so is the paper's tempora
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["PartitionTurns"]
+from engine.dataplane.rounds import END, WAIT, DutyCycleRound
+from workers.runtime.batcher import InstanceBatcher
+
+__all__ = ["PartitionRounds", "PartitionTurns", "RoundMember"]
 
 
 class _TurnCounters:
@@ -132,3 +143,259 @@ class PartitionTurns:
             c = self._counters[key]
             return {"turns": c.turns, "wait_ms_total": round(c.wait_ms_total, 3), "wait_ms_max": round(c.wait_ms_max, 3),
                     "run_ms_total": round(c.run_ms_total, 3), "over_duty_cycle": c.over_duty_cycle}
+
+
+@dataclass(frozen=True)
+class RoundMember:
+    """A model of a partition run in rounds: its key, its round-driven batcher, its planned turn (ms, the
+    plan's latency of its batch on the partition) and the largest batch a turn may run
+    (engine.dataplane.rounds.round_batch_cap)."""
+
+    key: str
+    batcher: InstanceBatcher
+    turn_ms: float
+    cap: int
+
+
+_BEGIN, _COMPLETE = 1, 2  # what the pending wake-up does besides asking the round (stepped and threaded)
+
+
+class PartitionRounds:
+    """One partition's duty-cycle rounds (see the module docstring). `start()` runs them on a thread (the
+    batchers' clock is read, in ms); without it, on a `VirtualClock`, `submit` and `step_until` step them.
+    The same interface as `PartitionTurns` for health: `holder`, `waiting()`, `counters(key)`, `timeline`
+    (`record=True`: one `(key, begun_ms, ended_ms)` per batch)."""
+
+    def __init__(self, members: Sequence[RoundMember], duty_cycle_ms: float, *, record: bool = False) -> None:
+        if not members:
+            raise ValueError("a partition needs at least one model")
+        for m in members:
+            if not m.batcher.round_driven:
+                raise ValueError(f"model {m.key}: its batcher must be round-driven")
+            if not (math.isfinite(m.turn_ms) and m.turn_ms > 0):
+                raise ValueError(f"model {m.key}: turn_ms must be a finite number > 0, not {m.turn_ms!r}")
+            if m.cap < 1:
+                raise ValueError(f"model {m.key}: cap must be >= 1, not {m.cap!r}")
+        self.members = list(members)
+        self.round = DutyCycleRound(duty_cycle_ms)
+        self.duty_cycle_ms = self.round.duty_cycle_ms
+        self.record = record
+        self.timeline: list[tuple[str, float, float]] = []
+        self._turn_ms = [m.turn_ms for m in self.members]
+        self._by_key = {m.key: m for m in self.members}
+        self._counters = {m.key: _TurnCounters() for m in self.members}
+        self._rounds = 0
+        first = self.members[0].batcher
+        if any(m.batcher.clock is not first.clock for m in self.members):
+            raise ValueError("the batchers of a partition must share one clock")
+        self._now_ms = first.now_ms
+        self._advance = getattr(first.clock, "advance_to", None)
+        self._cond = threading.Condition()
+        self._wake_at = math.inf  # when the round is next asked (a slot, the next round, a batch's end)
+        self._wake_kind = 0
+        self._inflight: tuple[RoundMember, Any, float, float] | None = None  # stepped: member, outcome, begun, ends
+        self._holder: str | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        for m in self.members:
+            m.batcher.arrival_hook = self._arrived
+
+    @property
+    def holder(self) -> str | None:
+        """The key of the model whose batch runs now (None: none)."""
+        return self._holder
+
+    def waiting(self) -> list[str]:
+        """The keys with queries queued, in round order."""
+        return [m.key for m in self.members if len(m.batcher)]
+
+    def counters(self, key: str) -> dict[str, float | int]:
+        """`key`'s turns since the start: turns (batches run), wait_ms_total and wait_ms_max (how much later
+        than its slot a turn came), run_ms_total, over_duty_cycle (turns later than a duty cycle)."""
+        with self._cond:
+            c = self._counters[key]
+            return {"turns": c.turns, "wait_ms_total": round(c.wait_ms_total, 3), "wait_ms_max": round(c.wait_ms_max, 3),
+                    "run_ms_total": round(c.run_ms_total, 3), "over_duty_cycle": c.over_duty_cycle}
+
+    @property
+    def rounds(self) -> int:
+        """Rounds begun since the start."""
+        return self._rounds
+
+    # ------------------------------------------------------------------ the round (lock held)
+
+    def _begin(self, at: float) -> None:
+        self.round.begin(at)
+        self._rounds += 1
+
+    def _next_offer(self, now: float) -> RoundMember | None:
+        """Ask the round at `now`: the member whose turn it is, or None (the wake-up is set, or the rounds
+        stopped)."""
+        kind, at, j = self.round.next(now, self._turn_ms)
+        if kind == WAIT:
+            self._wake_at, self._wake_kind = at, 0
+            return None
+        if kind == END:
+            if any(len(m.batcher) for m in self.members):
+                self._wake_at, self._wake_kind = at, _BEGIN
+            else:
+                self.round.stop()
+                self._wake_at, self._wake_kind = math.inf, 0
+            return None
+        member = self.members[j]
+        # How late the turn comes against its slot (an earlier batch ran over its planned turn).
+        wait = max(0.0, now - self.round.slot_ms(j, self._turn_ms))
+        c = self._counters[member.key]
+        c.wait_ms_total += wait
+        c.wait_ms_max = max(c.wait_ms_max, wait)
+        if wait > self.duty_cycle_ms:
+            c.over_duty_cycle += 1
+        return member
+
+    def _ran(self, member: RoundMember, begun: float, ended: float) -> None:
+        c = self._counters[member.key]
+        c.turns += 1
+        c.run_ms_total += ended - begun
+        if self.record:
+            self.timeline.append((member.key, begun, ended))
+
+    def begin(self) -> None:
+        """The partition starts serving: a round begins now, as the simulator begins a partition's rounds
+        when a plan fills it (its turns pass while nothing is queued, and the rounds stop at its end)."""
+        with self._cond:
+            if self._closed or self.round.on:
+                return
+            now = self._now_ms()
+            self._begin(now)
+            self._wake_at, self._wake_kind = now, 0
+            if self._thread is None and self._advance is not None:
+                self._pump(now)
+            self._cond.notify()
+
+    def _arrived(self) -> None:
+        """A batcher queued a query: with the rounds stopped, one begins now."""
+        with self._cond:
+            if self._closed or self.round.on:
+                self._cond.notify()
+                return
+            now = self._now_ms()
+            self._begin(now)
+            self._wake_at, self._wake_kind = now, 0
+            if self._thread is not None:
+                self._cond.notify()
+                return
+            if self._advance is not None:  # stepped: the round's turns due now run now
+                self._pump(now)
+
+    # ------------------------------------------------------------------ stepped (virtual clock)
+
+    def _pump(self, now: float) -> None:
+        """Stepped: offer turns at `now` until one runs a batch (its end is the next wake-up) or the round
+        waits."""
+        while True:
+            member = self._next_offer(now)
+            if member is None:
+                return
+            batch = member.batcher.turn_take(now, member.cap)
+            if batch is None:
+                continue
+            self._holder = member.key
+            outcome, end = member.batcher.turn_run(batch, now)
+            self._inflight = (member, outcome, now, end)
+            self._wake_at, self._wake_kind = end, _COMPLETE
+            return
+
+    def submit(self, key: str, payload: Any, arrival_ms: float, deadline_ms: float | None = None):
+        """Stepped: move to `arrival_ms` (what is due by then goes first), then queue the query on `key`'s
+        batcher. Returns its future."""
+        if self._advance is None or self._thread is not None:
+            raise RuntimeError("submit is for rounds stepped on a VirtualClock")
+        self.step_until(arrival_ms)
+        return self._by_key[key].batcher.submit(payload, arrival_ms=arrival_ms, deadline_ms=deadline_ms)
+
+    def step_until(self, t_ms: float) -> None:
+        """Stepped: process every slot, round and batch end due at or before `t_ms`, then move the clock to
+        `t_ms` (not when it is infinite)."""
+        if self._advance is None:
+            raise TypeError("step_until needs the batchers' clock to be a VirtualClock")
+        with self._cond:
+            while self._wake_at <= t_ms and self._wake_at != math.inf and not self._closed:
+                at, kind = self._wake_at, self._wake_kind
+                self._wake_at, self._wake_kind = math.inf, 0
+                self._advance(at)
+                if kind == _COMPLETE:
+                    self._complete_inflight()
+                elif kind == _BEGIN:
+                    self._begin(at)
+                self._pump(at)
+            if t_ms != math.inf and t_ms > self._now_ms():
+                self._advance(t_ms)
+
+    def _complete_inflight(self) -> None:
+        assert self._inflight is not None
+        member, outcome, begun, end = self._inflight
+        self._inflight = None
+        self._holder = None
+        member.batcher.turn_complete(outcome, begun, end)
+        self._ran(member, begun, end)
+
+    # ------------------------------------------------------------------ threaded (real clock)
+
+    def start(self) -> "PartitionRounds":
+        """Run the rounds on a thread, the first beginning now (idempotent); the batchers must be started
+        too."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the partition's rounds are closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="tessera-partition-rounds", daemon=True)
+                self._thread.start()
+                self.begin()
+        return self
+
+    def _loop(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while True:
+                    if self._closed:
+                        return
+                    now = self._now_ms()
+                    if self._wake_at > now:
+                        cond.wait(None if self._wake_at == math.inf else (self._wake_at - now) / 1000.0)
+                        continue
+                    at, kind = self._wake_at, self._wake_kind
+                    self._wake_at, self._wake_kind = math.inf, 0
+                    if kind == _BEGIN:
+                        self._begin(at)  # on the round's cadence, even if this thread woke a little late
+                    member = self._next_offer(now)
+                    if member is not None:
+                        self._wake_at, self._wake_kind = now, 0  # ask again when the turn is over
+                        break
+            # Outside the lock: arrivals keep coming (their hook takes it) while the batch runs.
+            batch = member.batcher.turn_take(now, member.cap)
+            if batch is None:
+                continue
+            self._holder = member.key
+            try:
+                outcome, end = member.batcher.turn_run(batch, now)
+                member.batcher.turn_complete(outcome, now, end)
+            finally:
+                self._holder = None
+            with cond:
+                self._ran(member, now, end)
+                self._wake_at = min(self._wake_at, end)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the rounds: a batch in flight finishes (stepped: it completes now, at its end); the batchers'
+        queued queries are theirs to fail (`InstanceBatcher.close`)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+            if thread is None and self._inflight is not None:
+                if self._advance is not None and self._inflight[3] > self._now_ms():
+                    self._advance(self._inflight[3])
+                self._complete_inflight()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

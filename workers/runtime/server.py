@@ -15,9 +15,11 @@ prints `tessera-runtime: error: ...` on stderr and exits with status 2.
 A spec with "models" is a partition spec (`PartitionSpec`): the models of one MPS partition (`key`
 `gpu<i>/mps<NN>@<k>`, `partition_percent` NN, `duty_cycle_ms`, `device_uuid`, `instance`), each an ordinary
 runtime spec keyed `<key>/<slot>`. One process serves them all (temporal sharing, gpulets ATC'22 §4.2-4.3):
-one session and one batcher per model, each with its own queue, policy, drop rule and SLO, and
-`PartitionTurns` between the batchers, so that at most one batch runs on the partition at a time and models
-with a batch ready take turns round-robin (workers/runtime/partition.py). The agent starts the process with
+one session and one batcher per model, each with its own queue, policy, drop rule and SLO, and at most one
+batch running on the partition at a time (workers/runtime/partition.py): with a `duty_cycle_ms`, the plan's
+rounds drive the batchers (`PartitionRounds`, the simulator's round: each model at its fixed slot, its
+planned turn `turn_ms` long, sizes and runs a batch); without one, models with a batch ready take
+work-conserving turns (`PartitionTurns`). The agent starts the process with
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and the MPS daemon's directories in its environment; the runtime does not
 read them. A partition's frames name their model by "key" (`<key>/<slot>`), else by "instance" (the model's
 fleet instance id, what the router sends): `infer`, and `health`, `stats`, `metrics` naming a model, answer
@@ -26,7 +28,7 @@ answered 404 `unknown_instance` (nothing runs), and so is an infer frame naming 
 `health` answers for the partition (`key`, `instance`, `partition_percent`, `duty_cycle_ms`, `device_uuid`,
 `state`, `simulated`, `queue_length`, `in_flight`, `running`, `waiting`, `pid`, `uptime_s`, and `models`: each
 model's keyed health without `id` and `status`, plus its `turns`: turns, wait_ms_total, wait_ms_max,
-run_ms_total, over_duty_cycle), `stats` answers `{"status": 200, "models": [one stats item per model]}`, and
+run_ms_total, over_duty_cycle; in rounds, the wait is how much later than its slot a turn came), `stats` answers `{"status": 200, "models": [one stats item per model]}`, and
 `metrics` every model's series (labelled by its instance). `drain` drains the whole process. A single-model
 runtime takes every frame as its model's, whatever key or instance the frame names.
 
@@ -88,9 +90,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from engine.dataplane.batching import batching_policy_make, policy_latency_function
+from engine.dataplane.rounds import round_batch_cap
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats, exposition_merge
 from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
-from workers.runtime.partition import PartitionTurns
+from workers.runtime.partition import PartitionRounds, PartitionTurns, RoundMember
 from workers.runtime.simulated import SimulatedSession, profile_points
 from workers.wire import FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
 
@@ -141,6 +144,7 @@ class RuntimeSpec:
     batching: BatchingSpec = field(default_factory=BatchingSpec)
     profile: list[dict[str, Any]] = field(default_factory=list)
     instance: str | None = None
+    turn_ms: float | None = None  # a partition's model: its planned turn in the round (None: its profile at max_batch)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeSpec":
@@ -193,12 +197,15 @@ class RuntimeSpec:
         for name in ("sha256", "device_uuid", "instance"):
             if data.get(name) is not None and not isinstance(data[name], str):
                 raise RuntimeSpecError(f"spec field {name!r} must be a string or null, got {data[name]!r}")
+        turn = data.get("turn_ms")
+        if turn is not None and (isinstance(turn, bool) or not isinstance(turn, (int, float)) or not math.isfinite(turn) or turn <= 0):
+            raise RuntimeSpecError(f"spec field 'turn_ms' must be a finite number > 0 or null, got {turn!r}")
         return cls(
             key=data["key"], application=data["application"], variant=data["variant"], artifact_path=artifact,
             sha256=data.get("sha256") or None, simulated=simulated, device_uuid=data.get("device_uuid") or None,
             cpu_threads=ints["cpu_threads"], max_batch=ints["max_batch"], batching=batching,
             profile=[dict(p) if isinstance(p, Mapping) else {"batch": p[0], "latency_ms": p[1]} for p in profile],
-            instance=data.get("instance") or None,
+            instance=data.get("instance") or None, turn_ms=None if turn is None else float(turn),
         )
 
     @classmethod
@@ -479,10 +486,11 @@ _SEND_TIMEOUT_S = 10.0
 class ServedModel:
     """One model a runtime process serves: its spec, session, batcher and stats, and the way of its queries
     (checks, the batch run on the batcher's worker thread, the answers). A single-model runtime has one; a
-    partition runtime one per model, their batchers taking turns on the partition (`turns`)."""
+    partition runtime one per model, their batchers taking turns on the partition (`turns`, work-conserving)
+    or driven by its duty-cycle rounds (`round_driven`; `round_member` is what the rounds need)."""
 
     def __init__(self, server: "RuntimeServer", spec: RuntimeSpec, session: Any | None = None, turns: PartitionTurns | None = None,
-                 *, field_prefix: str = "") -> None:
+                 *, field_prefix: str = "", round_driven: bool = False) -> None:
         self.server = server
         self.spec = spec
         self.instance = spec.instance or spec.key
@@ -491,7 +499,8 @@ class ServedModel:
         self.signature = _input_signature(self.session)
         self._run_direct = getattr(self.session, "run", None) if self.signature else None
         profile = spec.profile or _measured_profile(self.session, spec.max_batch, self.signature)
-        latency_ms, _ = policy_latency_function(profile_points(profile), spec.max_batch)
+        points = profile_points(profile)
+        latency_ms, _ = policy_latency_function(points, spec.max_batch)
         # One registry per model: `metrics` with a key answers for that model alone, as a single-model runtime.
         self.stats = RuntimeStats()
         self.instance_stats = self.stats.instance(
@@ -503,10 +512,15 @@ class ServedModel:
                 policy, latency_ms=latency_ms, max_batch=spec.max_batch, execute=self._execute, drop_rule=b.drop_rule,
                 slo_ms=b.slo_ms, queue_order=b.queue_order,
                 margin_ms=b.margin_ms if b.margin_ms is not None else batching_margin_ms(b.slo_ms),
-                turn=None if turns is None else functools.partial(turns.turn, spec.key),
+                turn=None if turns is None else functools.partial(turns.turn, spec.key), round_driven=round_driven,
             )
         except (ValueError, TypeError) as exc:
             raise RuntimeSpecError(f"spec field '{field_prefix}batching': {exc}") from None
+        # In a round: the plan's turn (its batch's latency on the partition, interference included), else
+        # the profile's at the planned batch; a turn may run up to the largest profiled batch.
+        self.round_member = RoundMember(
+            key=spec.key, batcher=self.batcher, turn_ms=spec.turn_ms if spec.turn_ms is not None else float(latency_ms(spec.max_batch)),
+            cap=round_batch_cap(spec.max_batch, (p.batch for p in points)))
         self.instance_stats.queue_length_source(self.batcher.__len__)
         self.turns = turns
         self.in_flight = 0
@@ -676,12 +690,18 @@ class RuntimeServer:
         self.started = time.monotonic()
         self.draining = False
         self._drain_waiters: list[tuple[_Connection, Any, asyncio.TimerHandle | None]] = []
+        self.turns: PartitionTurns | PartitionRounds | None
         if isinstance(spec, PartitionSpec):
             self.partition: PartitionSpec | None = spec
-            self.turns: PartitionTurns | None = PartitionTurns([m.key for m in spec.models], spec.duty_cycle_ms, record=record_turns)
             sessions = sessions or {}
-            self.models = [ServedModel(self, m, sessions.get(m.key), self.turns, field_prefix=f"models[{i}].")
-                           for i, m in enumerate(spec.models)]
+            if spec.duty_cycle_ms is None:  # work-conserving turns
+                self.turns = PartitionTurns([m.key for m in spec.models], None, record=record_turns)
+                self.models = [ServedModel(self, m, sessions.get(m.key), self.turns, field_prefix=f"models[{i}].")
+                               for i, m in enumerate(spec.models)]
+            else:  # the plan's duty-cycle rounds drive the batchers
+                self.models = [ServedModel(self, m, sessions.get(m.key), field_prefix=f"models[{i}].", round_driven=True)
+                               for i, m in enumerate(spec.models)]
+                self.turns = PartitionRounds([m.round_member for m in self.models], spec.duty_cycle_ms, record=record_turns)
         else:
             self.partition = None
             self.turns = None
@@ -712,6 +732,8 @@ class RuntimeServer:
         self._closed = asyncio.Event()
         for model in self.models:
             model.batcher.start()
+        if isinstance(self.turns, PartitionRounds):
+            self.turns.start()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -755,6 +777,8 @@ class RuntimeServer:
             self._listener = None
         for conn in list(self._connections):
             conn.close()
+        if isinstance(self.turns, PartitionRounds):
+            self.turns.close(timeout=5.0)  # first: its batch in flight completes before the batchers fail the rest
         for model in self.models:
             model.batcher.close(timeout=5.0)
         if self._closed is not None:
