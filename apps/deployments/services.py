@@ -36,7 +36,7 @@ from apps.telemetry.models import ApplicationSample
 from engine.dataplane.batching import BATCHING_POLICIES, DROP_RULES, QUEUE_ORDERS, batching_policy_make
 from engine.dataplane.routing import RoutingError
 from engine.dataplane.routing import RoutingTable as EngineRoutingTable
-from engine.geometry.catalogue import GpuModelSpec
+from engine.geometry.catalogue import GpuModelSpec, gpu_model_canonical
 from engine.geometry.layout import Placement, layout_parse, mig_layout_validate, placement_parse
 from engine.geometry.names import RuntimeKey, instance_id_parse, mps_placement_parse, runtime_key_parse
 from engine.sharing.partitions import mps_slice_name
@@ -246,10 +246,7 @@ def _artifact_document(variant: ModelVariant) -> dict | None:
 def _gpu_device_types(accelerator: Accelerator) -> list[str]:
     """The spellings a GPU's profiles may be stored under: the catalogue name (what Profile normalises to),
     else the NVML name with and without its vendor prefix."""
-    names = []
-    spec = _gpu_spec(accelerator)
-    if spec is not None:
-        names.append(spec.name)
+    names = [gpu_model_canonical(accelerator.model_name) or ""]
     names += [accelerator.model_name, accelerator.model_name.removeprefix("NVIDIA ").strip()]
     return list(dict.fromkeys(n for n in names if n))
 

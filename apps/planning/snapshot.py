@@ -43,7 +43,7 @@ from apps.inventory.choices import AcceleratorKindChoices, HostStatusChoices
 from apps.inventory.models import Accelerator, Host
 from apps.policies.models import SloPolicy
 from apps.registry.models import CorunMeasurement, ModelVariant, Profile
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load
 from engine.geometry.names import mps_placement_parse, runtime_key_parse
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, problem_from_dict
 from engine.reference.profiles import GpuletCorun, GpuletMemUtil, GpuletPoint
@@ -90,10 +90,10 @@ def variant_engine_name(application: str, variant: str) -> str:
 
 
 def gpu_device_type(model_name: str) -> str:
-    """The device type of a GPU in problems and profiles: its MIG catalogue name, else its NVML name
-    without the vendor prefix."""
-    spec = mig_catalogue_load().gpu_model_find(model_name)
-    return spec.name if spec is not None else model_name.removeprefix("NVIDIA ").strip()
+    """The device type of a GPU in problems and profiles: its MIG catalogue name or that of a known GPU
+    without MIG (NVML's "NVIDIA GeForce RTX 2080 Ti" is RTX-2080Ti), else its NVML name without the vendor
+    prefix."""
+    return gpu_model_canonical(model_name) or model_name.removeprefix("NVIDIA ").strip()
 
 
 def _profile_device_type(device_type: str) -> str:

@@ -11,7 +11,7 @@ from django.db import models
 from apps.core.models import ChangeLoggedModel
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, Host, name_validator
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load
 from engine.geometry.layout import mig_layout_validate, placement_parse
 from engine.geometry.names import device_parse
 from engine.sharing.partitions import mps_slice_percent
@@ -166,9 +166,8 @@ def _utilisation_field(what: str) -> models.FloatField:
 
 
 def _gpu_device_type_canonical(device_type: str) -> str:
-    """One spelling per GPU model: the MIG catalogue's name where it knows the GPU, else as given."""
-    spec = mig_catalogue_load().gpu_model_find(device_type)
-    return spec.name if spec is not None else device_type
+    """One spelling per GPU model: the catalogue's name where it knows the GPU (MIG or not), else as given."""
+    return gpu_model_canonical(device_type) or device_type
 
 
 class Profile(ChangeLoggedModel):
@@ -357,8 +356,7 @@ class ProfilingRequest(ChangeLoggedModel):
         accelerator = self.accelerator
         if accelerator is None or accelerator.kind == AcceleratorKindChoices.CPU:
             return CPU_DEVICE_TYPE
-        spec = mig_catalogue_load().gpu_model_find(accelerator.model_name)
-        return spec.name if spec else accelerator.model_name
+        return gpu_model_canonical(accelerator.model_name) or accelerator.model_name
 
     @property
     def profile_slice(self) -> str:

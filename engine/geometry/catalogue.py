@@ -24,7 +24,11 @@ __all__ = [
     "MigProfileSpec",
     "UnknownGpuModel",
     "UnknownMigProfile",
+    "PLAIN_GPU_MODELS",
+    "PlainGpuModel",
+    "gpu_model_canonical",
     "gpu_model_resolve",
+    "plain_gpu_model_find",
     "mig_catalogue_load",
     "profile_name_normalise",
 ]
@@ -323,3 +327,41 @@ def gpu_model_resolve(gpu_model: GpuModelSpec | str) -> GpuModelSpec:
     if isinstance(gpu_model, str):
         return mig_catalogue_load().gpu_model_get(gpu_model)
     raise TypeError(f"gpu_model must be a GpuModelSpec or a model name, got {type(gpu_model).__name__}")
+
+
+# --------------------------------------------------------------------------- GPUs without MIG
+
+
+@dataclass(frozen=True)
+class PlainGpuModel:
+    """A GPU model without MIG that Tessera knows by name (served whole or shared with MPS): the name
+    profiles and problems use, the names NVML reports for it, its memory."""
+
+    name: str
+    nvml_names: tuple[str, ...]
+    memory_mib: int
+
+
+# The names profiles are keyed by (gpulets' measurements: engine.reference.profiles.GPULET_GPU_MODEL) and
+# what NVML reports for the board, so an agent's inventory and the registry's profiles meet.
+PLAIN_GPU_MODELS: tuple[PlainGpuModel, ...] = (
+    PlainGpuModel("T4", ("Tesla T4", "NVIDIA T4"), 15360),
+    PlainGpuModel("L4", ("NVIDIA L4",), 23034),
+    PlainGpuModel("RTX-2080Ti", ("NVIDIA GeForce RTX 2080 Ti", "GeForce RTX 2080 Ti"), 11264),
+)
+_PLAIN_INDEX = {_model_key(alias): m for m in PLAIN_GPU_MODELS for alias in (m.name, *m.nvml_names)}
+
+
+def plain_gpu_model_find(name: str) -> PlainGpuModel | None:
+    """The GPU without MIG `name` names (its name or an NVML name, spelt loosely), or None."""
+    return _PLAIN_INDEX.get(_model_key(name)) if isinstance(name, str) else None
+
+
+def gpu_model_canonical(name: str, catalogue: MigCatalogue | None = None) -> str | None:
+    """The one spelling of a known GPU model in profiles and problems: the MIG catalogue's name, else the
+    name of a known GPU without MIG; None for a GPU Tessera does not know (callers keep its name)."""
+    spec = (catalogue or mig_catalogue_load()).gpu_model_find(name)
+    if spec is not None:
+        return spec.name
+    plain = plain_gpu_model_find(name)
+    return plain.name if plain is not None else None

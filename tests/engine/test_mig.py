@@ -30,7 +30,9 @@ from engine.geometry.catalogue import (
     MigProfileSpec,
     UnknownGpuModel,
     UnknownMigProfile,
+    gpu_model_canonical,
     mig_catalogue_load,
+    plain_gpu_model_find,
 )
 from engine.geometry.layout import (
     InvalidLayout,
@@ -182,6 +184,21 @@ def test_default_catalogue_is_cached_and_explicit_path_is_not(catalogue):
 def test_gpu_model_lookup(catalogue, name, expected):
     assert catalogue.gpu_model_get(name).name == expected
     assert catalogue.gpu_model_find(name).name == expected
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB"),  # MIG: the catalogue's name
+    ("NVIDIA GeForce RTX 2080 Ti", "RTX-2080Ti"),  # what NVML reports for gpulets' GPU: the profiles' name
+    ("GeForce RTX 2080 Ti", "RTX-2080Ti"),
+    ("rtx-2080ti", "RTX-2080Ti"),
+    ("Tesla T4", "T4"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA L40S", None),  # unknown: the caller keeps its name
+])
+def test_gpu_model_canonical_meets_inventory_and_profiles(name, expected):
+    assert gpu_model_canonical(name) == expected
+    if expected in ("RTX-2080Ti", "T4", "L4"):
+        assert plain_gpu_model_find(name).name == expected and mig_catalogue_load().gpu_model_find(name) is None
 
 
 @pytest.mark.parametrize("name", ["A100", "NVIDIA A10", "H100", "", "NVIDIA L40S"])

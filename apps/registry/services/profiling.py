@@ -21,7 +21,7 @@ from apps.inventory.models import Accelerator, Host
 from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import TransientJobError, job_checkpoint_set, job_create, job_enqueue, job_progress, job_targets
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load
 
 from ..choices import (
     CPU_DEVICE_TYPE,
@@ -264,17 +264,15 @@ class ProfilingJobStart:
 
 
 def _gpu_device_type(accelerator: Accelerator) -> str:
-    """As ProfilingRequest.profile_device_type: the catalogue name, else the NVML name."""
-    spec = mig_catalogue_load().gpu_model_find(accelerator.model_name)
-    return spec.name if spec else accelerator.model_name
+    """As ProfilingRequest.profile_device_type: the catalogue name (MIG or not), else the NVML name."""
+    return gpu_model_canonical(accelerator.model_name) or accelerator.model_name
 
 
 def _device_type_normalise(name: str) -> str:
     text = str(name).strip()
     if text.lower() == CPU_DEVICE_TYPE:
         return CPU_DEVICE_TYPE
-    spec = mig_catalogue_load().gpu_model_find(text)
-    return spec.name if spec else text
+    return gpu_model_canonical(text) or text
 
 
 def _hosts_text(hosts: Iterable[Host], *, status: bool = False, limit: int = 5) -> str:

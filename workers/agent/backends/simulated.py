@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.geometry.catalogue import GpuModelSpec, MigCatalogue, mig_catalogue_load
+from engine.geometry.catalogue import PLAIN_GPU_MODELS, GpuModelSpec, MigCatalogue, mig_catalogue_load, plain_gpu_model_find
 from engine.geometry.layout import Placement, mig_layout_validate, placement_parse
 
 from . import (
@@ -51,11 +51,8 @@ STATE_VERSION = 1
 
 # GPUs without MIG that can be declared too (whole-GPU runtimes): the name NVML reports and the memory
 # in MiB nvidia-smi prints for them.
-_NON_MIG_MODELS: dict[str, tuple[str, int]] = {
-    "T4": ("Tesla T4", 15360),
-    "L4": ("NVIDIA L4", 23034),
-    "RTX-2080Ti": ("NVIDIA GeForce RTX 2080 Ti", 11264),  # gpulets' GPU (engine.reference: GPULET_GPU_MODEL)
-}
+# (engine.geometry.catalogue.PLAIN_GPU_MODELS; RTX-2080Ti is gpulets' GPU, engine.reference's GPULET_GPU_MODEL.)
+_NON_MIG_MODELS: dict[str, tuple[str, int]] = {m.name: (m.nvml_names[0], m.memory_mib) for m in PLAIN_GPU_MODELS}
 
 # Illustrative (idle W, full-load W) per model, near the boards' idle draw and power limits; only for
 # plausible telemetry.
@@ -132,7 +129,8 @@ def _model_resolve(name: str, catalogue: MigCatalogue) -> _Model:
         return _Model(spec.name, nvml_name, spec.memory_mib, spec)
     folded = re.sub(r"^(NVIDIA|TESLA)[\s-]+", "", name.strip().upper())
     folded = re.sub(r"^(NVIDIA|TESLA)[\s-]+", "", folded)
-    known_key = next((k for k in _NON_MIG_MODELS if _name_squash(k) == _name_squash(folded)), None)
+    plain = plain_gpu_model_find(name)
+    known_key = plain.name if plain is not None else next((k for k in _NON_MIG_MODELS if _name_squash(k) == _name_squash(folded)), None)
     if known_key is not None:
         nvml_name, memory_mb = _NON_MIG_MODELS[known_key]
         return _Model(known_key, nvml_name, memory_mb, None)
