@@ -40,6 +40,7 @@ from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_checkpoint_set, job_create, job_enqueue, job_progress
 from apps.policies.models import ReplanPolicy, SloPolicy
+from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.plans.problem import (
     OBJECTIVES,
     Problem,
@@ -420,7 +421,8 @@ def _variant_ids(job: Job, problem: Problem) -> dict[str, int]:
 
 def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, float], *, seconds: float, seed: int) -> dict[str, Any]:
     """Replay a Poisson trace at the observed demand (not the headroom) against the plan, with the SLO
-    policies' drop rules and the proteus batching policy the desired states use; the plan is fixed (no
+    policies' drop rules and the batching policies the desired states use (proteus; Nexus's on MPS
+    partitions, `ROUND_BATCHING_POLICY`); the plan is fixed (no
     re-planning). The simulator routes with `routing_tables_from_plan`, as the translation does: the
     prediction is for the routing tables that applying the plan publishes."""
     rates = {name: rps for name, rps in observed.items() if rps > 0}
@@ -443,7 +445,7 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
         return engine_plan
 
     config = SimulationConfig(batching="proteus", drop_rule=rules or "deadline", seed=seed, replan_interval_s=None, burst_factor=None,
-                              initial_demand="problem")
+                              initial_demand="problem", mps_batching=ROUND_BATCHING_POLICY)
     summary = simulate(replay, trace, planner=planned, config=config).summary
     return {
         "trace": "poisson", "seed": seed, "duration_s": round(duration, 3), "demand_rps": observed,

@@ -42,10 +42,13 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
-__all__ = ["END", "OFFER", "ROUND_EPSILON_MS", "WAIT", "DutyCycleRound", "round_batch_cap"]
+__all__ = ["END", "OFFER", "ROUND_BATCHING_POLICY", "ROUND_EPSILON_MS", "WAIT", "DutyCycleRound", "round_batch_cap"]
 
 # A slot this close to now counts as now (the batching contract's at-epsilon).
 ROUND_EPSILON_MS = 1e-9
+# The batching policy of a round's models: Nexus's (a turn sizes its batch from what is queued and drops
+# from the head what cannot make it), as plans translate it and the simulator predicts it.
+ROUND_BATCHING_POLICY = "nexus"
 WAIT, OFFER, END = 0, 1, 2
 
 

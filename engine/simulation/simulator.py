@@ -157,6 +157,9 @@ class SimulationConfig:
     demand_headroom: float = 1.0
     carry_layouts: bool = True
     record_batches: bool = False  # opt-in: SimulationResult.batches lists every batch started
+    # The batching policy of instances on MPS partitions (None: `batching`, with its params); the live
+    # fleet's is engine.dataplane.rounds.ROUND_BATCHING_POLICY (what plans translate to).
+    mps_batching: str | None = None
 
     def __post_init__(self) -> None:
         if self.queue_order not in QUEUE_ORDERS:
@@ -454,6 +457,8 @@ class _Simulation:
     def __init__(self, problem: Problem, trace: TraceLike, planner: str | Callable[[Problem], Plan], config: SimulationConfig,
                  interference: InterferenceOracle | str | None = INTERFERENCE_FROM_PROBLEM) -> None:
         batching_policy_make(config.batching, **dict(config.batching_params))  # fail early on a bad name or parameter
+        if config.mps_batching is not None:
+            batching_policy_make(config.mps_batching)
         self.problem = problem
         self.config = config
         self.oracles, self.interference_label = _interference_oracles(problem, interference)
@@ -593,7 +598,11 @@ class _Simulation:
         self.i_app.append(app)
         self.i_accuracy.append(variant.accuracy)
         self.i_queue.append(QueryQueue(self.config.queue_order))
-        self.i_policy.append(batching_policy_make(self.config.batching, **dict(self.config.batching_params)))
+        percent = mps_slice_percent(inst.slice)
+        policy = self.config.mps_batching if percent is not None and self.config.mps_batching else self.config.batching
+        params = dict(self.config.batching_params) if policy == self.config.batching else {}
+        self.i_policy.append(batching_policy_make(policy, **params))
+        self.i_early.append(policy in EARLY_DROP_POLICIES)  # Nexus drops from the head inside decide
         self.i_lat.append(cached[0])
         self.i_lat1.append(cached[1])
         self.i_maxb.append(max(1, int(inst.batch)))
@@ -611,7 +620,6 @@ class _Simulation:
         self.i_batches.append(0)
         self.i_served.append(0)
         # MPS: the partition this instance time-shares (-1: none), its percent, the plan's predicted factor.
-        percent = mps_slice_percent(inst.slice)
         part = -1
         if percent is not None:
             slot = (inst.device, f"{inst.slice}@{inst.start}")
@@ -777,7 +785,7 @@ class _Simulation:
         for name in ("i_id", "i_variant", "i_app", "i_accuracy", "i_queue", "i_policy", "i_lat", "i_lat1", "i_maxb", "i_rule",
                      "i_slo", "i_busy", "i_busy_end", "i_timer", "i_inflight", "i_service", "i_alive", "i_ready", "i_stopped",
                      "i_busy_ms", "i_batches", "i_served", "i_part", "i_pct", "i_plan_factor", "i_work", "i_factor", "i_tlast",
-                     "i_solo_ms", "i_round_cap", "i_plan_latency", "p_members", "p_running", "p_device", "p_oracle", "p_duty", "p_round"):
+                     "i_solo_ms", "i_round_cap", "i_plan_latency", "i_early", "p_members", "p_running", "p_device", "p_oracle", "p_duty", "p_round"):
             setattr(self, name, [])
         self.part_of: dict[tuple[str, str], int] = {}
         self.p_round_pending: list[int] = []
@@ -823,7 +831,7 @@ class _Simulation:
         eps = _AT_EPSILON_MS
         inf = _INF
         tolerance = DEADLINE_TOLERANCE_MS  # the batching module's slack in every "finishes by its deadline" test
-        early_drops = cfg.batching in EARLY_DROP_POLICIES
+        i_early = self.i_early
         record_batches = cfg.record_batches
         batch_log: list[tuple[str, float, list[int], float]] = []
         i_id = self.i_id
@@ -908,7 +916,7 @@ class _Simulation:
             if part >= 0 and p_running[part] >= 0:  # another model's batch holds the partition: wait for the turn
                 return
             b, at = policies[k].decide(now, q, lats[k], maxbs[k])
-            if early_drops:  # Nexus drops from the head inside decide; the queue reports them on the next call
+            if i_early[k]:  # Nexus drops from the head inside decide; the queue reports them on the next call
                 for qid in q.drop_expired(now, "never", 0.0, 0.0):
                     outcome[qid] = DROPPED_EXPIRED
                     done[qid] = now
@@ -974,7 +982,7 @@ class _Simulation:
                     continue
                 # The round is the timer: the policy's batch runs now (its `at` is not waited for).
                 b, _at = policies[m].decide(now, q, lats[m], round_caps[m])
-                if early_drops:
+                if i_early[m]:
                     for qid in q.drop_expired(now, "never", 0.0, 0.0):
                         outcome[qid] = DROPPED_EXPIRED
                         done[qid] = now

@@ -154,3 +154,22 @@ def test_measured_interference_reads_the_co_runs_and_falls_back_elsewhere():
     assert fallback.calls == [("inception", 8, 60, "vgg19", 8, 40)]
     with pytest.raises(ValueError, match="no co-run"):
         InterferenceMeasured(build.samples).factor("inception", 8, 60, "vgg19", 8, 40)
+
+
+def test_models_on_partitions_take_the_mps_batching_policy():
+    """`mps_batching` gives instances on MPS partitions their own policy (the live fleet runs Nexus's there,
+    engine.dataplane.rounds.ROUND_BATCHING_POLICY), the others keep `batching`: batches of one leave a
+    400 req/s partition hopelessly behind, Nexus's batches at each turn keep it on time."""
+    problem = gpulet_mps_problem({"resnet50": 400.0, "mobilenet": 400.0}, gpus=1)
+    plan = _plan(problem, [
+        PlanInstance("gpu0", "mps100", 0, "resnet50", 8, 20.0, 200.0, 400.0, duty_cycle_ms=40.0),
+        PlanInstance("gpu0", "mps100", 0, "mobilenet", 8, 15.0, 200.0, 400.0, duty_cycle_ms=40.0),
+    ])
+    trace = _trace({"resnet50": 400.0, "mobilenet": 400.0}, 3.0)
+    base = dataclasses.replace(CONFIG, batching="fixed", batching_params={"size": 1}, drop_rule="never", record_batches=False)
+    fixed = simulate(problem, trace, planner=lambda p: plan, config=base)
+    nexus = simulate(problem, trace, planner=lambda p: plan, config=dataclasses.replace(base, mps_batching="nexus"))
+    assert fixed.summary["late"] > 0.9 * fixed.summary["queries"]  # a batch of one per turn, never dropped: late
+    assert nexus.summary["on_time"] == nexus.summary["queries"]
+    with pytest.raises(ValueError):
+        simulate(problem, trace, planner=lambda p: plan, config=dataclasses.replace(base, mps_batching="no-such-policy"))
