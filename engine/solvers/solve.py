@@ -50,7 +50,9 @@ def plan_solve(
     """Plan with `solver` (proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier |
     infaas, or an MPS planner: gpulets | sbp | best-fit | ideal). `objective`, `time_limit_s`, `mip_gap` and `backend`
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
-    at all can be served still comes back as a Plan, with status `infeasible` and notes saying why."""
+    at all can be served still comes back as a Plan, with status `infeasible` and notes saying why.
+    A fleet with MPS GPUs and other devices both is planned in two stages, `solver` taking the devices
+    of its kind and the other kind's default the rest (engine/solvers/mixed.py)."""
     overrides: dict[str, object] = {}
     if objective is not None:
         if objective not in OBJECTIVES:
@@ -71,4 +73,8 @@ def plan_solve(
     planner = _planner_get(solver)
     if overrides:
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
+    from engine.solvers.mixed import fleet_is_mixed, mixed_plan_solve
+
+    if fleet_is_mixed(problem):
+        return mixed_plan_solve(problem, solver, sharing_solvers=SHARING, planner_get=_planner_get)
     return planner(problem)

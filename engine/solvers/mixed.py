@@ -1,0 +1,157 @@
+"""Planning a mixed fleet: MPS GPUs beside MIG GPUs, whole GPUs and CPUs, in one plan.
+
+The planners split by what they can partition: the MIG planners (proteus, joint, garrison and the
+allocation baselines) place variants on MIG instances, whole GPUs and CPU cores and leave MPS GPUs alone;
+the MPS planners (gpulets and its evaluation's baselines, solvers/gpulets.py) place models on MPS
+partitions and leave the rest alone. A fleet with both would lose one half to whichever planner ran, so a
+plan for it is composed of both, in two stages, one planner on its devices after the other:
+
+- MPS first: the MPS planner on the MPS GPUs with each application's whole demand (gpulets' Algorithm 2,
+  ATC'22 §4.5, takes the fewest MPS GPUs that keep every SLO, up to all of them, and reports what it could
+  not schedule), then the MIG planner on every other device with what that left unserved.
+- Other first: the MIG planner on the MIG GPUs, whole GPUs and CPUs with the whole demand (its priorities
+  and fair shares applied), then the MPS planner with what that left.
+
+Both orders are solved and the better composition is kept: more demand served, then the better objective
+(served-weighted accuracy over the demand for max-accuracy, GPUs used for min-gpus), then fewer GPUs,
+then MPS first (the older or smaller cards put to use, the larger ones left free). Neither order alone is
+right: MPS first gives an application gpulets' variant (its most accurate one with MPS profiles) where a
+MIG GPU could have served a more accurate one, and empties the MIG GPUs at light load; other first leaves
+the MPS GPUs idle until the rest is full. Choosing by the plan's own objective keeps the more accurate
+plan at light load and puts the MPS GPUs to work on the overflow at heavy load. The cost: each planner
+runs twice.
+
+The chosen solver names the planner of its kind; the other kind gets the default (gpulets for MPS,
+proteus otherwise). The plan is the union of both stages: instances, layouts (MIG and MPS ones, each
+keyed by its device), served rates added, each application's routes weighted by the share of its traffic
+each stage serves, the shortfall what neither served. Its objective is recomputed on the whole plan; no
+bound or gap, since a composition proves no optimum. The independent validator checks the composed plan
+as any other. Departure from gpulets, stated: the paper plans a homogeneous MPS cluster; the two-stage
+composition with a choice of order is ours.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from engine.plans.problem import DeviceSpec, Plan, Problem, RouteEntry
+
+__all__ = ["MPS_DEFAULT_SOLVER", "OTHER_DEFAULT_SOLVER", "fleet_is_mixed", "mixed_plan_solve"]
+
+MPS_DEFAULT_SOLVER = "gpulets"
+OTHER_DEFAULT_SOLVER = "proteus"
+_RPS_EPS = 1e-6
+
+
+def _is_mps(device: DeviceSpec) -> bool:
+    return device.mps and not device.mig and not device.is_cpu
+
+
+def fleet_is_mixed(problem: Problem) -> bool:
+    """True when the fleet has MPS GPUs and other devices (MIG or whole GPUs, CPUs) both."""
+    kinds = {_is_mps(d) for d in problem.devices}
+    return kinds == {True, False}
+
+
+def _stage_problem(problem: Problem, devices: list[DeviceSpec], demand: dict[str, float]) -> Problem:
+    applications = tuple(dataclasses.replace(a, demand_rps=demand[a.name]) for a in problem.applications)
+    return dataclasses.replace(problem, devices=tuple(devices), applications=applications)
+
+
+def mixed_plan_solve(problem: Problem, solver: str, *, sharing_solvers: tuple[str, ...],
+                     planner_get: Callable[[str], Callable[[Problem], Plan]]) -> Plan:
+    """The better of the two compositions of a mixed fleet's plan (see the module docstring). `solver`
+    picks the planner of its kind (one of `sharing_solvers` for the MPS GPUs, else for the rest);
+    `planner_get(name)` gives a planner."""
+    started = time.perf_counter()
+    mps_solver = solver if solver in sharing_solvers else MPS_DEFAULT_SOLVER
+    other_solver = OTHER_DEFAULT_SOLVER if solver in sharing_solvers else solver
+    mps_devices = [d for d in problem.devices if _is_mps(d)]
+    other_devices = [d for d in problem.devices if not _is_mps(d)]
+    demand = {a.name: a.demand_rps for a in problem.applications}
+
+    def staged(first_solver: str, first_devices: list[DeviceSpec], second_solver: str, second_devices: list[DeviceSpec]):
+        first = planner_get(first_solver)(_stage_problem(problem, first_devices, demand))
+        remainder = {name: max(0.0, rps - first.served_rps.get(name, 0.0)) for name, rps in demand.items()}
+        remainder = {name: (0.0 if rps <= _RPS_EPS else rps) for name, rps in remainder.items()}
+        return first, planner_get(second_solver)(_stage_problem(problem, second_devices, remainder))
+
+    mps_plan, other_plan = staged(mps_solver, mps_devices, other_solver, other_devices)
+    mps_first = _plans_compose(problem, mps_plan, other_plan, mps_solver, other_solver, "MPS first")
+    other_plan, mps_plan = staged(other_solver, other_devices, mps_solver, mps_devices)
+    other_first = _plans_compose(problem, mps_plan, other_plan, mps_solver, other_solver, "other first")
+    # max() keeps the first of equals: MPS first on a tie.
+    best = max((mps_first, other_first), key=lambda plan: _composition_rank(problem, plan))
+    rejected = other_first if best is mps_first else mps_first
+    best.notes.insert(1, f"kept {_order_of(best)} ({_composition_text(best)}) over {_order_of(rejected)} "
+                         f"({_composition_text(rejected)})")
+    best.solve_seconds = time.perf_counter() - started
+    return best
+
+
+def _order_of(plan: Plan) -> str:
+    return "MPS first" if "MPS first" in plan.notes[0] else "other first"
+
+
+def _composition_rank(problem: Problem, plan: Plan) -> tuple[float, float, int]:
+    """Larger is better: demand served (to a millionth of the total, so rounding does not decide), the
+    objective (negated for min-gpus), fewer GPUs."""
+    scale = max(problem.total_demand_rps, 1.0) * 1e-6
+    served = round(plan.total_served_rps / scale)
+    objective = plan.objective if plan.objective is not None else float("-inf")
+    if problem.options.objective == "min-gpus":
+        objective = -objective
+    return (served, round(objective, 9), -plan.gpus_used)
+
+
+def _composition_text(plan: Plan) -> str:
+    objective = "none" if plan.objective is None else f"{plan.objective:.6g}"
+    return f"{plan.total_served_rps:.6g} req/s served, objective {objective}, {plan.gpus_used} GPUs"
+
+
+def _plans_compose(problem: Problem, first: Plan, second: Plan, mps_solver: str, other_solver: str, order: str) -> Plan:
+    """One plan of `first` (the MPS GPUs' plan) and `second` (the other devices'), solved in `order`."""
+    served: dict[str, float] = {}
+    routing: dict[str, list[RouteEntry]] = {}
+    accuracy: dict[str, float] = {}
+    for app in problem.applications:
+        a, b = first.served_rps.get(app.name, 0.0), second.served_rps.get(app.name, 0.0)
+        total = a + b
+        served[app.name] = total
+        entries: list[RouteEntry] = []
+        for plan, share in ((first, a), (second, b)):
+            if share <= 0 or total <= 0:
+                continue
+            routes = plan.routing.get(app.name, [])
+            weight_sum = sum(r.weight for r in routes)
+            entries += [RouteEntry(r.instance, r.weight / weight_sum * share / total) for r in routes if weight_sum > 0]
+        routing[app.name] = entries
+        if total > 0:  # the served-weighted accuracy of the stages that serve it
+            accuracy[app.name] = sum(share * plan.accuracy_by_application.get(app.name, 0.0)
+                                     for plan, share in ((first, a), (second, b)) if share > 0) / total
+    shortfall = {}
+    for app in problem.applications:
+        missing = app.demand_rps - served[app.name]
+        shortfall[app.name] = missing if missing > max(_RPS_EPS, 1e-6 * app.demand_rps) else 0.0
+    total_served = sum(served.values())
+    effective = sum(served[a] * acc for a, acc in accuracy.items()) / total_served if total_served > 0 else None
+    gpus_used = first.gpus_used + second.gpus_used
+    if problem.options.objective == "min-gpus":
+        objective: float | None = float(gpus_used)
+    else:
+        demand = problem.total_demand_rps
+        objective = sum(served[a] * acc for a, acc in accuracy.items()) / demand if demand > 0 else 0.0
+    status = "feasible" if total_served > 0 or problem.total_demand_rps == 0 else "infeasible"
+    if order == "MPS first":
+        how = f"{mps_solver} on the MPS GPUs first, then {other_solver} on the other devices with the demand left unserved"
+    else:
+        how = f"{other_solver} on the non-MPS devices first, then {mps_solver} on the MPS GPUs with the demand left unserved"
+    notes = [f"mixed fleet, {order}: {how} (engine/solvers/mixed.py); no optimality bound for the composition"]
+    notes += [f"{mps_solver}: {n}" for n in first.notes] + [f"{other_solver}: {n}" for n in second.notes]
+    return Plan(
+        status=status, solver=f"{mps_solver}+{other_solver}", objective_kind=problem.options.objective, objective=objective,
+        bound=None, gap=None, solve_seconds=0.0, effective_accuracy=effective, served_rps=served, shortfall_rps=shortfall,
+        instances=list(first.instances) + list(second.instances), routing=routing, layouts={**second.layouts, **first.layouts},
+        accuracy_by_application=accuracy, gpus_used=gpus_used, notes=notes,
+    )
