@@ -4,6 +4,10 @@ what it is:
 - GPU profiles are *derived* from the gpulets measurements in shared/data (RTX 2080 Ti under MPS), scaled
   to each MIG slice and GPU model by the stated rule and factors of `engine.reference.profiles.gpulet_profiles_derive`;
   each row says so in `source_detail`;
+- the RTX 2080 Ti host runs its GPUs in MPS mode (gpulets): its profiles per partition, the models' L2/DRAM
+  utilisations and the co-run measurements are the shared measurements themselves, imported as
+  `manage.py gpulet_import` does (`apps.registry.services.gpulet`), and its partitions serve pairs of models
+  time-sharing them in duty-cycle rounds;
 - the CPU application's two variants are real ONNX models trained at seed time, uploaded through the
   same validation as any artifact, and profiled for real on this machine's CPU with onnxruntime."""
 from __future__ import annotations
@@ -21,15 +25,17 @@ from django.utils import timezone
 
 from apps.core.context import change_context
 from apps.inventory.choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostBackendChoices
-from apps.inventory.models import Accelerator, GpuInstance, Host
+from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition
 from apps.policies.choices import DropRuleChoices
 from apps.policies.models import ReplanPolicy, SloPolicy
 from apps.registry.choices import CPU_DEVICE_TYPE, ProfileSourceChoices, TaskChoices
 from apps.registry.models import Application, ModelVariant, Profile
 from apps.registry.services.artifacts import artifact_create
+from apps.registry.services.gpulet import gpulet_import
 from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.dataplane.rounds import ROUND_BATCHING_POLICY
+from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load, plain_gpu_model_find
 from engine.reference.profiles import (
     GPULET_DERIVED_SPEEDUP,
     GPULET_TOP1_ACCURACY,
@@ -59,15 +65,17 @@ DEMO_APPLICATIONS = {
 @dataclass(frozen=True)
 class DemoHost:
     name: str
-    gpu_model: str | None  # catalogue key; None for the CPU host
-    layouts: tuple[tuple[str, ...] | None, ...]  # per GPU: MIG layout, or None for a whole GPU
+    gpu_model: str | None  # catalogue key (MIG) or a GPU without MIG (engine.geometry.catalogue.PLAIN_GPU_MODELS); None for the CPU host
+    layouts: tuple[tuple[str, ...] | None, ...]  # per GPU: MIG layout (MPS layout when `mps`), or None for a whole GPU
     cpu_cores: int = 0
+    mps: bool = False  # GPUs in MPS mode, `layouts` their partitions
 
 
 DEMO_FLEET = (
     DemoHost("sim-a100-01", "A100-SXM4-40GB", (("4g.20gb@0", "3g.20gb@4"), ("2g.10gb@0", "2g.10gb@2", "3g.20gb@4"))),
     DemoHost("sim-a100-02", "A100-SXM4-80GB", (("1g.10gb@0", "1g.10gb@1", "1g.10gb@2", "1g.10gb@3", "1g.10gb@4", "1g.10gb@5", "1g.10gb@6"), None)),
     DemoHost("sim-h100-01", "H100-SXM5-80GB", (("4g.40gb@0", "3g.40gb@4"), None)),
+    DemoHost("sim-2080ti-01", "RTX-2080Ti", (("mps60@0", "mps40@1"), ("mps50@0", "mps50@1")), mps=True),
     DemoHost("sim-cpu-01", None, (), cpu_cores=16),
 )
 
@@ -134,6 +142,9 @@ def _fleet_seed() -> None:
         if demo.gpu_model is None:
             Accelerator.objects.create(host=host, index=0, kind=AcceleratorKindChoices.CPU, model_name="cpu", cpu_cores=demo.cpu_cores)
             continue
+        if demo.mps:
+            _mps_host_seed(host, demo)
+            continue
         spec = catalogue.gpu_model_get(demo.gpu_model)
         for index, layout in enumerate(demo.layouts):
             accelerator = Accelerator(
@@ -148,6 +159,25 @@ def _fleet_seed() -> None:
                 instance = GpuInstance(accelerator=accelerator, profile=profile, placement_start=int(start), state=GpuInstanceStateChoices.PENDING)
                 instance.full_clean()
                 instance.save()
+
+
+def _mps_host_seed(host: Host, demo: DemoHost) -> None:
+    """GPUs without MIG in MPS mode, their partitions declared (pending until the agent reports them)."""
+    plain = plain_gpu_model_find(demo.gpu_model or "")
+    if plain is None:
+        raise ValueError(f"{demo.name}: {demo.gpu_model!r} is not a known GPU without MIG")
+    for index, layout in enumerate(demo.layouts):
+        accelerator = Accelerator(
+            host=host, index=index, kind=AcceleratorKindChoices.GPU, uuid=f"GPU-sim-{demo.name}-{index}",
+            model_name=plain.nvml_names[0], memory_mb=plain.memory_mib, mig_capable=False, mig_enabled=False, mps_enabled=True,
+        )
+        accelerator.full_clean()
+        accelerator.save()
+        for slot in layout or ():
+            percent, start = slot.removeprefix("mps").split("@")
+            partition = MpsPartition(accelerator=accelerator, percent=int(percent), index=int(start), state=GpuInstanceStateChoices.PENDING)
+            partition.full_clean()
+            partition.save()
 
 
 def _registry_seed(admin) -> None:
@@ -173,6 +203,8 @@ def _registry_seed(admin) -> None:
             application=application, latency_p99_ms=slo_ms, min_accuracy=min_accuracy, priority=priority,
             drop_rule=DropRuleChoices.DEADLINE,
         )
+    # The MPS host's profiles and co-runs: the shared measurements, onto the variants named like their models.
+    gpulet_import()
 
     application = Application.objects.create(
         name="tabular-cpu", task=TaskChoices.OTHER,
@@ -232,7 +264,8 @@ def demo_seed(*, admin_password: str | None = None) -> DemoSeedResult:
 # Until a plan is applied (the control loop), the demo runs a hand-made placement: every GPU instance of
 # the demo fleet serves one application, taken in turn, with the most accurate variant whose profiled
 # p50 latency at batch 1 fits half the SLO there, and the largest batch that still does; each
-# application's traffic is split in proportion to its instances' capacity at that batch.
+# application's traffic is split in proportion to its instances' capacity at that batch. An MPS GPU's
+# partitions each serve two applications time-sharing it (`_mps_gpu_placement`).
 
 
 def _batch_fitting(rows: list[Profile], budget_ms: float) -> tuple[int, float] | None:
@@ -251,6 +284,39 @@ def _demo_runtime(application: Application, device_type: str, slice_name: str, c
             best = (variant, fit[0], fit[0] * 1000.0 / fit[1])
             break
     return best
+
+
+def _mps_gpu_placement(host: Host, accelerator: Accelerator, gpu_apps: list[Application], turn: int, *, gpus: list, runtimes: list,
+                       routes: dict) -> int:
+    """An MPS GPU's hand-made placement: each partition is time-shared by two applications taken in turn,
+    each with its most accurate variant whose batch of one on the partition fits a quarter of the pair's
+    tighter SLO, at the largest batch that does. The round (duty cycle) is the two turns, so a query waits
+    at most a round for its batch and runs in the next: within three quarters of the SLO (Nexus's rule,
+    gpulets §2.2). Returns the next turn."""
+    device_type = gpu_model_canonical(accelerator.model_name) or accelerator.model_name
+    partitions = list(accelerator.mps_partitions_set.order_by("index"))
+    gpus.append({"index": accelerator.index, "mig_enabled": False, "layout": [], "mps_enabled": True,
+                 "mps_layout": [p.slot for p in partitions]})
+    for partition in partitions:
+        pair = [gpu_apps[(turn + j) % len(gpu_apps)] for j in range(2)]
+        turn += 2
+        budget = min(a.slo_policy.latency_p99_ms for a in pair) / 4
+        chosen = []
+        for application in pair:
+            for variant in application.variants.order_by("-accuracy", "name"):
+                fit = _batch_fitting(list(variant.profiles.filter(device_type=device_type, slice=f"mps{partition.percent}")), budget)
+                if fit is not None:
+                    chosen.append((application, variant, fit[0], fit[1]))
+                    break
+        duty = sum(latency for *_, latency in chosen) if len(chosen) > 1 else None
+        for slot, (application, variant, batch, latency) in enumerate(chosen):
+            key = f"gpu{accelerator.index}/{partition.slot}/{slot}"
+            runtimes.append({"key": key, "application": application.name, "variant": variant.pk, "max_batch": batch,
+                             "batching": {"policy": ROUND_BATCHING_POLICY}, "mps_percent": partition.percent, "duty_cycle_ms": duty,
+                             "turn_ms": latency})
+            routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk,
+                                        "weight": batch * 1000.0 / (duty or latency)})
+    return turn
 
 
 def _deployment_seed(admin) -> None:
@@ -274,6 +340,9 @@ def _deployment_seed(admin) -> None:
                     runtimes.append({"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
                                      "max_batch": fit[0], "batching": {"policy": "proteus"}})
                     routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
+                continue
+            if accelerator.mps_enabled:
+                turn = _mps_gpu_placement(host, accelerator, gpu_apps, turn, gpus=gpus, runtimes=runtimes, routes=routes)
                 continue
             spec = catalogue.gpu_model_get(accelerator.model_name)
             layout = [gi.placement for gi in accelerator.gpu_instances.order_by("placement_start")]
@@ -310,7 +379,7 @@ def _simulate_option(host: Host) -> str:
     counts: dict[str, int] = {}
     catalogue = mig_catalogue_load()
     for accelerator in host.accelerators.filter(kind=AcceleratorKindChoices.GPU).order_by("index"):
-        name = catalogue.gpu_model_get(accelerator.model_name).name
+        name = gpu_model_canonical(accelerator.model_name, catalogue) or accelerator.model_name
         counts[name] = counts.get(name, 0) + 1
     return ",".join(f"{n}x{name}" for name, n in counts.items())
 

@@ -2,9 +2,9 @@ import pytest
 from django.contrib.auth import authenticate
 
 from apps.core.context import change_context
-from apps.inventory.models import Accelerator, GpuInstance, Host
+from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition
 from apps.policies.models import SloPolicy
-from apps.registry.models import Application, Artifact, ModelVariant, Profile
+from apps.registry.models import Application, Artifact, CorunMeasurement, ModelVariant, Profile
 from controlplane.demo import DEMO_FLEET, demo_seed
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import layout_parse, mig_layout_validate
@@ -21,14 +21,24 @@ def test_demo_seed_builds_a_valid_labelled_fleet():
     assert any("A100" in m for m in gpu_models) and any("H100" in m for m in gpu_models)
     assert Accelerator.objects.filter(kind="cpu").count() == 1
     catalogue = mig_catalogue_load()
+    # The MPS host: GPUs without MIG in MPS mode, their partitions declared (pending until its agent reports).
+    mps_gpus = Accelerator.objects.filter(host__name="sim-2080ti-01").order_by("index")
+    assert [(g.model_name, g.mig_capable, g.mps_enabled) for g in mps_gpus] == [("NVIDIA GeForce RTX 2080 Ti", False, True)] * 2
+    assert [[p.slot for p in g.mps_partitions_set.order_by("index")] for g in mps_gpus] == [["mps60@0", "mps40@1"], ["mps50@0", "mps50@1"]]
+    assert set(MpsPartition.objects.values_list("state", flat=True)) == {"pending"}
     for gpu in Accelerator.objects.filter(mig_enabled=True):
         layout = layout_parse([gi.placement for gi in gpu.gpu_instances.all()])
         assert layout and mig_layout_validate(catalogue.gpu_model_get(gpu.model_name), layout).valid
     assert GpuInstance.objects.exclude(state="pending").count() == 0, "declared, not reported by an agent"
     assert Application.objects.count() >= 4 and SloPolicy.objects.count() == Application.objects.count()
-    # GPU profiles say they are derived; CPU profiles are measured on real ONNX artifacts.
-    gpu_rows = Profile.objects.exclude(device_type="cpu")
+    # GPU profiles say they are derived, except the MPS host's, which are the shared measurements imported;
+    # CPU profiles are measured on real ONNX artifacts.
+    gpu_rows = Profile.objects.exclude(device_type__in=["cpu", "RTX-2080Ti"])
     assert gpu_rows.count() > 100 and all(p.source_detail.startswith("derived:") for p in gpu_rows)
+    mps_rows = Profile.objects.filter(device_type="RTX-2080Ti")
+    assert mps_rows.count() == 420 and set(mps_rows.values_list("source", flat=True)) == {"imported"}
+    assert all(p.slice.startswith("mps") and "shared/data/gpulet" in p.source_detail for p in mps_rows)
+    assert CorunMeasurement.objects.count() > 3000
     cpu_rows = Profile.objects.filter(device_type="cpu")
     assert cpu_rows.count() == 14 and set(cpu_rows.values_list("source", flat=True)) == {"measured"}
     assert Artifact.objects.count() == 2 and ModelVariant.objects.filter(artifact__isnull=False).count() == 2
@@ -42,3 +52,30 @@ def test_demo_seed_is_idempotent():
     with change_context(source="test"):
         again = demo_seed()
     assert not again.created and counts == (Host.objects.count(), Profile.objects.count(), Artifact.objects.count())
+
+
+def test_the_demo_mps_host_serves_pairs_of_models_in_rounds():
+    """The hand-made placement of the MPS host: each partition time-shared by up to two applications, one
+    round (duty cycle) per partition that is the models' turns, within the pair's SLOs; the routes reach
+    each model's instance."""
+    from apps.deployments.models import HostDesiredState, RoutingTable
+    from engine.geometry.names import runtime_key_parse
+
+    demo_seed()
+    spec = HostDesiredState.objects.filter(host__name="sim-2080ti-01").latest("version").spec
+    assert [g["mps_layout"] for g in spec["gpus"]] == [["mps60@0", "mps40@1"], ["mps50@0", "mps50@1"]]
+    assert all(g["mps_enabled"] and not g["mig_enabled"] for g in spec["gpus"])
+    by_partition: dict[str, list[dict]] = {}
+    for runtime in spec["runtimes"]:
+        by_partition.setdefault(runtime_key_parse(runtime["key"]).partition_key, []).append(runtime)
+    assert max(len(models) for models in by_partition.values()) == 2  # temporal sharing happens
+    slos = {a.name: a.slo_policy.latency_p99_ms for a in Application.objects.all()}
+    for models in by_partition.values():
+        duty = models[0]["duty_cycle_ms"]
+        assert all(m["duty_cycle_ms"] == duty and m["batching"]["policy"] == "nexus" for m in models)
+        if len(models) > 1:
+            assert duty == pytest.approx(sum(m["turn_ms"] for m in models))
+            # A query waits at most a round and runs in the next: within its SLO.
+            assert all(duty + m["turn_ms"] <= slos[m["application"]] for m in models)
+    routed = {r["instance"] for t in RoutingTable.objects.filter(active=True) for r in t.routes}
+    assert {f"sim-2080ti-01/{r['key']}" for r in spec["runtimes"]} <= routed

@@ -1,5 +1,5 @@
 """Chart data for variant profiles: per variant, p99 latency against batch size, one series per device type
-and slice (MIG profile, whole GPU, or CPU core count). Only stored Profile rows are used; a batch size a
+and slice (MIG profile, MPS partition percent, whole GPU, or CPU core count). Only stored Profile rows are used; a batch size a
 series was not measured at is None, never interpolated. One query for any number of variants."""
 from __future__ import annotations
 
@@ -10,17 +10,22 @@ from django.db.models import QuerySet
 
 from apps.registry.choices import CPU_DEVICE_TYPE, FULL_SLICE, ProfileSourceChoices
 from apps.registry.models import ModelVariant, Profile
+from engine.sharing.partitions import mps_slice_percent
 
 _MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb", re.IGNORECASE)
 _SOURCE_LABELS = dict(ProfileSourceChoices.choices)
 
 
-def slice_rank(slice_name: str) -> tuple[int, int]:
-    """Sort key for slices, smallest first: "1g.5gb" < "1g.10gb" < "2g.10gb" < ... < "full"."""
+def slice_rank(slice_name: str) -> tuple:
+    """Sort key for slices, smallest first: "1g.5gb" < "1g.10gb" < "2g.10gb" < ... < MPS partitions by
+    percent ("mps20" < "mps40" < ...) < "full". Distinct slices get distinct keys (a series each)."""
     if slice_name == FULL_SLICE:
         return (1_000, 0)
+    percent = mps_slice_percent(slice_name)
+    if percent is not None:
+        return (500, percent)
     match = _MIG_PROFILE.match(slice_name or "")
-    return (int(match[1]), int(match[2])) if match else (999, 0)
+    return (int(match[1]), int(match[2])) if match else (999, 0, slice_name or "")
 
 
 def _series_key(device_type: str, slice_name: str, cpu_cores: int | None) -> tuple:
@@ -34,7 +39,10 @@ def _labels(device_type: str, slice_name: str, cpu_cores: int | None) -> tuple[s
     if device_type == CPU_DEVICE_TYPE:
         cores = cpu_cores or 0
         return "CPU", f"{cores} core{'' if cores == 1 else 's'}"
-    return device_type, "full GPU" if slice_name == FULL_SLICE else slice_name
+    if slice_name == FULL_SLICE:
+        return device_type, "full GPU"
+    percent = mps_slice_percent(slice_name)
+    return device_type, f"MPS {percent} %" if percent is not None else slice_name
 
 
 def variant_profile_series(variants: Iterable[int | ModelVariant] | QuerySet, profiles: QuerySet | None = None) -> dict[int, dict]:

@@ -2,8 +2,6 @@
 diff), its idempotence, the one-at-a-time rule, and auto-apply."""
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.db import OperationalError
 
@@ -17,6 +15,7 @@ from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
 from apps.policies.models import ReplanPolicy
+from engine.geometry.names import runtime_key_parse
 from engine.plans.problem import problem_from_dict, problem_to_dict
 from engine.plans.schema import json_validate, problem_schema
 
@@ -88,10 +87,7 @@ def test_snapshot_leaves_out_hosts_and_applications_it_cannot_plan(small_fleet):
 
 def test_plan_run_on_the_demo_fleet_stores_a_validated_plan(demo_fleet, fake_demand):
     demand = fake_demand(DEMO_DEMAND, method="ewma", window_s=300)
-    started = time.perf_counter()
-    job, plan = _run()
-    elapsed = time.perf_counter() - started
-    assert elapsed < 10, f"a plan run on the demo fleet took {elapsed:.1f} s"
+    job, plan = _run()  # how long it takes is measured by benches/planning.py, not asserted here
     assert demand.calls == [None]
     assert plan.status == "validated" and plan.job_id == job.pk and plan.trigger == "manual"
     assert plan.solver == "proteus" and plan.solver_status in ("optimal", "feasible") and plan.effective_accuracy > 0.7
@@ -110,7 +106,9 @@ def test_plan_run_on_the_demo_fleet_stores_a_validated_plan(demo_fleet, fake_dem
         gpus = host.accelerators.filter(kind="gpu").count()
         assert [g["index"] for g in spec["gpus"]] == list(range(gpus))
         for runtime in spec["runtimes"]:
-            assert runtime["batching"] == {"policy": "proteus"} and runtime["max_batch"] >= 1
+            # Models on MPS partitions (sim-2080ti-01) take turns in rounds with Nexus's policy.
+            policy = "nexus" if runtime_key_parse(runtime["key"]).is_mps else "proteus"
+            assert runtime["batching"] == {"policy": policy} and runtime["max_batch"] >= 1
             if runtime["key"].startswith("cpu"):
                 assert runtime["cpu_threads"] >= 1
     # Routing: every served application, to instances the desired states run, weights = the plan's shares.

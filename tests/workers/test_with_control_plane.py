@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from apps.deployments.models import Runtime
-from apps.inventory.models import GpuInstance, Host
+from apps.inventory.models import GpuInstance, Host, MpsPartition
 from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 from apps.registry.models import ModelVariant, Profile, ProfilingRequest
 from apps.telemetry.models import ApplicationSample, GpuSample, RuntimeSample
@@ -34,7 +34,7 @@ def fleet(live_server, tmp_path):
     demo_seed(admin_password="Admin-demo-pass-1")
     agents, threads = [], []
     tokens = {}
-    for name, gpus in (("sim-a100-01", "2xA100-SXM4-40GB"), ("sim-cpu-01", "")):
+    for name, gpus in (("sim-a100-01", "2xA100-SXM4-40GB"), ("sim-2080ti-01", "2xRTX-2080Ti"), ("sim-cpu-01", "")):
         host = Host.objects.get(name=name)
         tokens[name] = host_agent_token_rotate(host=host)
         client = ControlPlaneClient(live_server.url, tokens[name])
@@ -52,7 +52,7 @@ def fleet(live_server, tmp_path):
 
 
 def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
-    for name in ("sim-a100-01", "sim-cpu-01"):
+    for name in ("sim-a100-01", "sim-2080ti-01", "sim-cpu-01"):
         wait_for(lambda: Host.objects.get(name=name).converged_version == 1, what=f"{name} to converge")
     host = Host.objects.get(name="sim-a100-01")
     assert host.status == "online" and host.backend == "simulated"
@@ -96,6 +96,25 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
         response = httpx.post(f"{handle.url}/v1/infer/classify-resnet", json={"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]}, timeout=10)
         assert response.status_code == 200, response.text
         assert response.json()["parameters"]["simulated"] is True
+
+        # The MPS host (gpulets): its partitions reported ready, one runtime per model time-sharing one, and
+        # the router reaches a model on a partition (simulated, labelled so).
+        mps_host = Host.objects.get(name="sim-2080ti-01")
+        partitions = MpsPartition.objects.filter(accelerator__host=mps_host)
+        assert sorted(p.slot for p in partitions) == ["mps40@1", "mps50@0", "mps50@1", "mps60@0"]
+        assert set(partitions.values_list("state", flat=True)) == {"ready"}
+        mps_runtimes = Runtime.objects.filter(host=mps_host)
+        assert mps_runtimes.count() == 6 and set(mps_runtimes.values_list("state", flat=True)) == {"ready"}
+        assert mps_host.operations.filter(action="mps.mode", outcome="ok").count() == 2
+        mps_instances = {f"sim-2080ti-01/{key}" for key in mps_runtimes.values_list("key", flat=True)}
+        answered_by = set()
+        for _ in range(300):
+            response = httpx.post(f"{handle.url}/v1/infer/classify-vgg", json={"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]}, timeout=10)
+            assert response.status_code == 200, response.text
+            answered_by.add(response.json()["parameters"]["instance"])
+            if answered_by & mps_instances:
+                break
+        assert answered_by & mps_instances, answered_by
 
         # Router reports and agent metrics reach the control plane every second.
         wait_for(lambda: ApplicationSample.objects.filter(application__name="tabular-cpu", served__gt=0).exists(), what="router reports")
