@@ -5,14 +5,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
 
-from apps.deployments.models import Runtime
+from apps.deployments.models import HostDesiredState, Runtime
 from apps.inventory.choices import AcceleratorKindChoices
-from apps.inventory.models import Accelerator, GpuInstance, Host, RouterCredential
+from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
 from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.names import runtime_key_parse
 
 from .profile_charts import variant_profile_series
 
@@ -22,6 +23,15 @@ SVG_SLICE_WIDTH = 60  # SVG user units per memory slice; the drawing scales to i
 SVG_HEIGHT = 56
 SVG_SUB_FONT = {True: 10, False: 12}  # the variant label's font size (svg.mig .sub, .narrow) on a narrow block or not
 SVG_CHAR_WIDTH = 0.6  # an average glyph's advance, in font sizes (system sans-serif)
+# An MPS GPU is drawn taller: under its partition's percent, a block lists the models time-sharing it.
+MPS_SVG_HEIGHT = 92
+MPS_BLOCK_HEIGHT = 78  # a partition block's height (from y=3); the GPU's utilisation bar is drawn under the blocks
+MPS_MODEL_LINES = 3  # model lines a partition block has room for; more are "+N more"
+MPS_LINE_FONT = 11  # svg.mig .model (px in SVG units)
+MPS_LABEL_FONT = 15  # svg.mig .label
+MPS_LINE_FIRST_Y, MPS_LINE_STEP = 40, 14
+MPS_LINE_SQUEEZE = 0.75  # a model line may be squeezed to this share of its natural width before it is shortened
+MIXED_COLOUR = "#52606d"  # a partition time-shared by models of several applications
 
 
 GOLDEN_ANGLE = 137.508  # successive applications get hues as far apart as possible
@@ -84,6 +94,78 @@ class BlockView:
 
 
 @dataclass
+class ModelLineView:
+    """One line of an MPS partition block: a model time-sharing it ("application: variant", shortened to
+    fit), or "+N more" (no colour) when the block has no room for every model."""
+
+    text: str
+    colour: str | None
+    y: int
+    text_length: int | None = None  # squeeze the text into this width (None: it fits as it is)
+    key: str | None = None  # the model's runtime key ("gpu0/mps60@0/1"); None for "+N more"
+
+
+@dataclass
+class PartitionView:
+    """One MPS partition drawn as a share of its GPU's width (SVG coordinates precomputed), with the
+    models time-sharing it (by slot) and its duty cycle (the round its models take turns in)."""
+
+    slot: str  # "mps60@0"
+    percent: int
+    index: int
+    state: str
+    runtimes: list[RuntimeView]
+    duty_cycle_ms: float | None
+    x: int
+    width: int
+    text_x: int
+    colour: str
+    lines: list[ModelLineView]
+    change: str = ""  # on the plan page: "created" or "destroyed" by the plan
+
+    @property
+    def label(self) -> str:
+        """ "60 % · round 23.4 ms" where the block is wide enough, else "60 %" (the round is in its title)."""
+        label = f"{self.percent} %"
+        if self.duty_cycle_ms is None:
+            return label
+        longer = f"{label} · round {self.duty_cycle_ms:.3g} ms"
+        return longer if len(longer) * SVG_CHAR_WIDTH * MPS_LABEL_FONT <= self.width - 8 else label
+
+    @property
+    def applications(self) -> str:
+        """The applications served in it, space separated (for data-applications)."""
+        return " ".join(sorted({r.application for r in self.runtimes if r.application}))
+
+    @property
+    def duty_cycle_text(self) -> str:
+        """ "round 40 ms" ("" when the partition has no duty cycle)."""
+        return f"round {self.duty_cycle_ms:g} ms" if self.duty_cycle_ms is not None else ""
+
+    @property
+    def line_x(self) -> int:
+        return self.x + 16
+
+    @property
+    def swatch_x(self) -> int:
+        return self.x + 6
+
+
+@dataclass
+class FreeShareView:
+    """The share of an MPS GPU no partition holds, drawn as empty."""
+
+    percent: int
+    x: int
+    width: int
+    text_x: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.percent} % free" if self.width >= 60 else f"{self.percent} %"
+
+
+@dataclass
 class AcceleratorView:
     name: str
     kind: str
@@ -95,6 +177,9 @@ class AcceleratorView:
     whole_runtime: RuntimeView | None = None  # a runtime on the whole GPU (MIG off)
     cpu_cores: int | None = None
     cpu_runtimes: list[RuntimeView] = field(default_factory=list)
+    mps_enabled: bool = False
+    partitions: list[PartitionView] = field(default_factory=list)  # an MPS GPU's partitions, by index
+    mps_free: FreeShareView | None = None  # the share no partition holds (None: none free, or MPS off)
 
     @property
     def svg_width(self) -> int:
@@ -102,7 +187,27 @@ class AcceleratorView:
 
     @property
     def svg_height(self) -> int:
-        return SVG_HEIGHT
+        return MPS_SVG_HEIGHT if self.mps_enabled else SVG_HEIGHT
+
+    @property
+    def mode_label(self) -> str:
+        if self.mps_enabled:
+            return "MPS on"
+        return "MIG on" if self.mig_enabled else "MIG off"
+
+    @property
+    def mps_block_height(self) -> int:
+        return MPS_BLOCK_HEIGHT
+
+    @property
+    def mps_bar_y(self) -> int:
+        """Where the GPU's utilisation bar is drawn, under its partitions."""
+        return 3 + MPS_BLOCK_HEIGHT + 4
+
+    @property
+    def mps_runtimes(self) -> list[RuntimeView]:
+        """The models on its MPS partitions, by partition and slot."""
+        return [r for p in self.partitions for r in p.runtimes]
 
     @property
     def slice_ticks(self) -> list[dict]:
@@ -153,17 +258,134 @@ def block_view(*, placement: str, profile: str, start: int, size: int, state: st
     )
 
 
+def _model_line_fit(candidates: list[str], room: int) -> tuple[str, int | None]:
+    """The first of `candidates` that fits `room` SVG units (squeezed to MPS_LINE_SQUEEZE at most), else
+    the last one shortened with an ellipsis: (text, textLength or None when it fits as it is)."""
+    advance = SVG_CHAR_WIDTH * MPS_LINE_FONT
+    for text in candidates:
+        natural = len(text) * advance
+        if natural <= room:
+            return text, None
+        if natural * MPS_LINE_SQUEEZE <= room:
+            return text, max(room, 1)
+    text = candidates[-1]
+    keep = max(1, int(room / (advance * MPS_LINE_SQUEEZE)) - 1)
+    short = text[:keep] + "…"
+    return short, (max(room, 1) if len(short) * advance > room else None)
+
+
+def mps_model_lines(*, runtimes: list[RuntimeView], width: int) -> list[ModelLineView]:
+    """A partition block's model lines: "application: variant" each (the variant alone, or shortened, where
+    the block is too narrow; the block's <title> has them in full), or "+N more" on the last line when
+    there are more than MPS_MODEL_LINES models."""
+    room = width - 22  # 16 for the swatch before the text, 6 after it
+    shown = runtimes if len(runtimes) <= MPS_MODEL_LINES else runtimes[:MPS_MODEL_LINES - 1]
+    lines = []
+    for i, runtime in enumerate(shown):
+        variant = runtime.variant or runtime.key
+        candidates = [f"{runtime.application}: {variant}", variant] if runtime.application else [variant]
+        text, length = _model_line_fit(candidates, room)
+        lines.append(ModelLineView(text=text, colour=runtime.colour, y=MPS_LINE_FIRST_Y + i * MPS_LINE_STEP, text_length=length,
+                                   key=runtime.key))
+    if len(shown) < len(runtimes):
+        text, length = _model_line_fit([f"+{len(runtimes) - len(shown)} more"], room)
+        lines.append(ModelLineView(text=text, colour=None, y=MPS_LINE_FIRST_Y + len(shown) * MPS_LINE_STEP, text_length=length))
+    return lines
+
+
+def _share_edges(start_percent: int, percent: int, gpu_width: int) -> tuple[int, int]:
+    """The SVG x of a share's left and right edges, rounded so that adjacent shares meet exactly."""
+    return round(start_percent * gpu_width / 100), round(min(100, start_percent + percent) * gpu_width / 100)
+
+
+def partition_view(*, slot: str, percent: int, index: int, start_percent: int, gpu_width: int, state: str,
+                   runtimes: list[RuntimeView], duty_cycle_ms: float | None, change: str = "") -> PartitionView:
+    """An MPS partition of `percent` % drawn from `start_percent` % of a GPU drawing `gpu_width` wide: the
+    one drawing geometry of MPS partitions (the fleet page and the plan page's before/after drawings).
+    Coloured by its application, or MIXED_COLOUR when it time-shares models of several."""
+    left, right = _share_edges(start_percent, percent, gpu_width)
+    width = right - left
+    applications = {r.application for r in runtimes if r.application}
+    if len(applications) > 1:
+        colour = MIXED_COLOUR
+    else:
+        colour = application_colour(next(iter(applications), None))
+    return PartitionView(
+        slot=slot, percent=percent, index=index, state=state, runtimes=runtimes, duty_cycle_ms=duty_cycle_ms,
+        x=left + 2, width=width - 4, text_x=left + width // 2, colour=colour,
+        lines=mps_model_lines(runtimes=runtimes, width=width - 4), change=change,
+    )
+
+
+def mps_free_share(*, partitions: list[PartitionView], gpu_width: int) -> FreeShareView | None:
+    """The share of the GPU its partitions leave free, after them (None when they hold it all)."""
+    used = sum(p.percent for p in partitions)
+    if used >= 100:
+        return None
+    left, right = _share_edges(used, 100 - used, gpu_width)
+    return FreeShareView(percent=100 - used, x=left + 2, width=right - left - 4, text_x=left + (right - left) // 2)
+
+
+def mps_partitions_draw(view: AcceleratorView, partitions: list[dict]) -> None:
+    """Draw an MPS GPU's partitions on `view`: each of `partitions` {slot, percent, index, state, runtimes,
+    duty_cycle_ms, change} by index, side by side from the left, then the free share."""
+    view.mps_enabled = True
+    start = 0
+    view.partitions = []
+    for p in sorted(partitions, key=lambda p: p["index"]):
+        view.partitions.append(partition_view(start_percent=start, gpu_width=view.svg_width, **p))
+        start += p["percent"]
+    view.mps_free = mps_free_share(partitions=view.partitions, gpu_width=view.svg_width)
+
+
+def _duty_cycles_of(spec: dict) -> dict[tuple[int, str], float]:
+    """{(gpu index, partition slot): duty cycle ms} from a desired state's MPS runtimes."""
+    out: dict[tuple[int, str], float] = {}
+    for runtime in spec.get("runtimes") or []:
+        try:
+            key = runtime_key_parse(runtime.get("key"))
+        except ValueError:
+            continue
+        duty = runtime.get("duty_cycle_ms")
+        if key.is_mps and isinstance(duty, (int, float)) and not isinstance(duty, bool):
+            out.setdefault((key.index, key.placement), float(duty))
+    return out
+
+
 def _block_view(instance: GpuInstance, runtime: RuntimeView | None) -> BlockView:
     return block_view(placement=instance.placement, profile=instance.profile, start=instance.placement_start,
                       size=instance.placement_size, state=instance.get_state_display(), runtime=runtime)
 
 
+def _mps_partitions_of(acc: Accelerator, partitions: list[MpsPartition], runtime_by_key: dict,
+                       duty_cycles: dict[tuple[int, str], float]) -> list[dict]:
+    """An MPS GPU's partitions as `mps_partitions_draw` takes them: the models its agent reports in each
+    (keys gpu<i>/<slot>/<n>, by n) and the duty cycle its host's latest desired state gives it."""
+    models: dict[str, list[tuple[int, RuntimeView]]] = {}
+    for (host_id, key), view in runtime_by_key.items():
+        if host_id != acc.host_id or not key.startswith(f"gpu{acc.index}/mps"):
+            continue
+        try:
+            parsed = runtime_key_parse(key)
+        except ValueError:
+            continue
+        if parsed.is_mps and parsed.index == acc.index and parsed.slot is not None:
+            models.setdefault(parsed.placement, []).append((parsed.slot, view))
+    return [
+        {"slot": partition.slot, "percent": partition.percent, "index": partition.index, "state": partition.get_state_display(),
+         "runtimes": [view for _, view in sorted(models.get(partition.slot, []), key=lambda sv: sv[0])],
+         "duty_cycle_ms": duty_cycles.get((acc.index, partition.slot))}
+        for partition in partitions
+    ]
+
+
 def fleet_overview(user) -> list[HostView]:
-    """Every host the user may see, with its GPUs (MIG layouts on memory slices) and CPU devices, and the
-    runtimes its agent last reported on each."""
+    """Every host the user may see, with its GPUs (MIG layouts on memory slices, MPS partitions as shares
+    of the GPU with the models time-sharing each) and CPU devices, and the runtimes its agent last reported
+    on each."""
     catalogue = mig_catalogue_load()
     hosts = list(Host.objects.restrict(user, "view").order_by("name"))
-    accelerators = Accelerator.objects.restrict(user, "view").filter(host__in=hosts).order_by("kind", "index")
+    accelerators = list(Accelerator.objects.restrict(user, "view").filter(host__in=hosts).order_by("kind", "index"))
     instances = GpuInstance.objects.restrict(user, "view").filter(accelerator__host__in=hosts).order_by("placement_start")
     runtimes = (
         Runtime.objects.restrict(user, "view").filter(host__in=hosts).select_related("application", "variant")
@@ -172,6 +394,19 @@ def fleet_overview(user) -> list[HostView]:
     instances_by_accelerator: dict[int, list[GpuInstance]] = {}
     for instance in instances:
         instances_by_accelerator.setdefault(instance.accelerator_id, []).append(instance)
+    # MPS GPUs: their partitions, and their duty cycles from each such host's latest desired state (two
+    # queries, only where there is an MPS GPU).
+    mps = [a for a in accelerators if a.kind == AcceleratorKindChoices.GPU and a.mps_enabled]
+    partitions_by_accelerator: dict[int, list[MpsPartition]] = {}
+    duty_cycles_by_host: dict[int, dict[tuple[int, str], float]] = {}
+    if mps:
+        for partition in MpsPartition.objects.restrict(user, "view").filter(accelerator__in=mps).order_by("index"):
+            partitions_by_accelerator.setdefault(partition.accelerator_id, []).append(partition)
+        latest = HostDesiredState.objects.filter(host=OuterRef("host")).order_by("-version").values("version")[:1]
+        states = HostDesiredState.objects.restrict(user, "view").filter(
+            host_id__in={a.host_id for a in mps}, version=Subquery(latest),
+        )
+        duty_cycles_by_host = {state.host_id: _duty_cycles_of(state.spec or {}) for state in states}
     accelerators_by_host: dict[int, list[AcceleratorView]] = {}
     for acc in accelerators:
         view = AcceleratorView(
@@ -180,7 +415,11 @@ def fleet_overview(user) -> list[HostView]:
         )
         if acc.kind == AcceleratorKindChoices.GPU:
             view.memory_slices = gpu_memory_slices(catalogue, acc.model_name)
-            if acc.mig_enabled:
+            if acc.mps_enabled:
+                mps_partitions_draw(view, _mps_partitions_of(
+                    acc, partitions_by_accelerator.get(acc.pk, []), runtime_by_key, duty_cycles_by_host.get(acc.host_id, {}),
+                ))
+            elif acc.mig_enabled:
                 view.blocks = [
                     _block_view(gi, runtime_by_key.get((acc.host_id, f"gpu{acc.index}/{gi.placement}")))
                     for gi in instances_by_accelerator.get(acc.pk, [])
@@ -239,10 +478,42 @@ def diff_summary(diff: dict) -> str:
         return "—"
     if not s.get("changes"):
         return "no change"
-    parts = [f"+{s.get('mig_created', 0)}/−{s.get('mig_destroyed', 0)} MIG",
-             f"+{s.get('runtimes_added', 0)}/−{s.get('runtimes_removed', 0)}/~{s.get('runtimes_changed', 0)} runtimes",
-             f"{s.get('applications_rerouted', 0)} rerouted"]
+    parts = [f"+{s.get('mig_created', 0)}/−{s.get('mig_destroyed', 0)} MIG"]
+    if s.get("mps_created") or s.get("mps_destroyed") or s.get("mps_mode_changes"):
+        parts.append(f"+{s.get('mps_created', 0)}/−{s.get('mps_destroyed', 0)} MPS")
+    parts += [f"+{s.get('runtimes_added', 0)}/−{s.get('runtimes_removed', 0)}/~{s.get('runtimes_changed', 0)} runtimes",
+              f"{s.get('applications_rerouted', 0)} rerouted"]
     return ", ".join(parts)
+
+
+def _ms_text(value) -> str:
+    return f"{float(value):g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "none"
+
+
+def _timing_change_text(before: dict, after: dict) -> str:
+    """ " (round 40 → 25 ms, turn 12 → 9 ms)" for a model on an MPS partition whose duty cycle or turn
+    changes ("" otherwise, and for every other runtime)."""
+    parts = [f"{label} {_ms_text(before.get(k))} → {_ms_text(after.get(k))} ms"
+             for k, label in (("duty_cycle_ms", "round"), ("turn_ms", "turn"))
+             if (k in before or k in after) and before.get(k) != after.get(k)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _gpu_diff_rows(gpus: dict) -> list[dict]:
+    """A host's GPU changes as the plan page's Diff lists them: MIG mode and instances; MPS mode, partitions
+    created and destroyed, and the duty cycles of kept partitions that change (absent from diffs made
+    before MPS: then nothing)."""
+    rows = []
+    for gpu, c in sorted(gpus.items()):
+        partitions = c.get("partitions") or {}
+        rows.append({
+            "name": gpu, "create": c.get("create", []), "destroy": c.get("destroy", []), "mode": c.get("mig_enabled", {}),
+            "mps_mode": c.get("mps_enabled") or {}, "partitions_create": partitions.get("create", []),
+            "partitions_destroy": partitions.get("destroy", []),
+            "duty_cycles": [{"partition": d.get("partition"), "text": f"round {_ms_text(d.get('before'))} → {_ms_text(d.get('after'))} ms"}
+                            for d in c.get("duty_cycles") or []],
+        })
+    return rows
 
 
 @dataclass
@@ -306,12 +577,12 @@ def plan_detail(plan) -> dict:
         label = lambda r: f"{r.get('key')} {r.get('application') or ''} {names.get(r.get('variant'), r.get('variant') or '')}".strip()  # noqa: E731
         hosts.append({
             "name": name, "baseline": host.get("baseline", ""), "changed": host.get("changed", False),
-            "gpus": [{"name": gpu, "create": c.get("create", []), "destroy": c.get("destroy", []),
-                      "mode": c.get("mig_enabled", {})} for gpu, c in sorted((host.get("gpus") or {}).items())],
+            "gpus": _gpu_diff_rows(host.get("gpus") or {}),
             "added": [label(r) for r in rts.get("added", [])],
             "removed": [label(r) for r in rts.get("removed", [])],
             "changed_runtimes": [f"{c.get('key')}: {names.get(c['before'].get('variant'), c['before'].get('variant'))} → "
-                                 f"{names.get(c['after'].get('variant'), c['after'].get('variant'))}" for c in rts.get("changed", [])],
+                                 f"{names.get(c['after'].get('variant'), c['after'].get('variant'))}"
+                                 f"{_timing_change_text(c['before'], c['after'])}" for c in rts.get("changed", [])],
             "kept": rts.get("kept", 0),
         })
     return {

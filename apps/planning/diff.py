@@ -1,6 +1,11 @@
 """The diff of a plan against what runs now: what applying it changes, per host (MIG instances kept,
-destroyed and created, MIG mode changes; runtimes added, removed, changed in variant or batch, kept) and
-per application (routes added, removed and re-weighted), with a summary of counts.
+destroyed and created, MIG mode changes; MPS partitions kept, destroyed and created, MPS mode changes and
+the duty cycles of kept partitions; runtimes added, removed, changed in variant, batch, duty cycle or turn,
+kept) and per application (routes added, removed and re-weighted), with a summary of counts.
+
+An MPS partition is named by its slot (`mps60@0`): it is kept when the same slot is in both layouts (its
+process keeps serving), else destroyed and created. A partition's duty cycle is its models' `duty_cycle_ms`
+(one value per partition; null when none of its models gives one).
 
 The baseline is the active plan where it covers a host or an application, else the host's latest desired
 state (else its GPUs as they are) and the active routing tables. Route weights are compared as shares of
@@ -14,6 +19,7 @@ from apps.deployments.models import HostDesiredState, RoutingTable
 from apps.inventory.models import Accelerator, Host
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import mig_layout_diff
+from engine.geometry.names import mps_placement_parse, runtime_key_parse
 
 from .models import Plan
 from .selectors import plan_active_get
@@ -32,9 +38,32 @@ def _variant_of(runtime: Mapping[str, Any]) -> int | None:
     return variant if isinstance(variant, int) and not isinstance(variant, bool) else None
 
 
+def _milliseconds(value: Any) -> float | None:
+    """A duration in ms as the diff compares and records it (None when not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return round(float(value), 6)
+
+
+def _is_mps_key(key: Any) -> bool:
+    try:
+        return runtime_key_parse(key).is_mps
+    except ValueError:
+        return False
+
+
 def _runtime_summary(runtime: Mapping[str, Any]) -> dict[str, Any]:
-    return {"key": runtime.get("key"), "application": runtime.get("application"), "variant": _variant_of(runtime),
-            "max_batch": runtime.get("max_batch")}
+    """What the diff compares of a runtime; a model on an MPS partition also has its partition's duty
+    cycle and its own turn (ms, None where not given)."""
+    summary = {"key": runtime.get("key"), "application": runtime.get("application"), "variant": _variant_of(runtime),
+               "max_batch": runtime.get("max_batch")}
+    if _is_mps_key(runtime.get("key")):
+        summary.update(duty_cycle_ms=_milliseconds(runtime.get("duty_cycle_ms")), turn_ms=_milliseconds(runtime.get("turn_ms")))
+    return summary
+
+
+def _runtime_signature(summary: Mapping[str, Any]) -> tuple:
+    return (summary["variant"], summary["max_batch"], summary["application"], summary.get("duty_cycle_ms"), summary.get("turn_ms"))
 
 
 def _layout_diff(model_name: str, before: dict, after: dict) -> dict[str, Any]:
@@ -54,6 +83,52 @@ def _layout_diff(model_name: str, before: dict, after: dict) -> dict[str, Any]:
     return out
 
 
+def _partition_order(slot: str) -> tuple[int, str]:
+    """Partitions by their index in the layout (a malformed slot last)."""
+    try:
+        return mps_placement_parse(slot)[1], slot
+    except ValueError:
+        return 1_000, slot
+
+
+def _mps_layout(gpu: Mapping[str, Any]) -> list[str]:
+    """A GPU entry's MPS partitions (slots such as "mps60@0"), by index; [] when MPS is off."""
+    if not gpu.get("mps_enabled"):
+        return []
+    return sorted((str(p) for p in gpu.get("mps_layout") or []), key=_partition_order)
+
+
+def _duty_cycles(runtimes: list[Mapping[str, Any]]) -> dict[tuple[int, str], float | None]:
+    """{(gpu index, partition slot): duty cycle in ms} from the runtimes of the models in MPS partitions
+    (the first model, by key, that gives one; None when none does)."""
+    out: dict[tuple[int, str], float | None] = {}
+    for runtime in sorted(runtimes, key=lambda r: str(r.get("key"))):
+        try:
+            key = runtime_key_parse(runtime.get("key"))
+        except ValueError:
+            continue
+        if not key.is_mps:
+            continue
+        duty = _milliseconds(runtime.get("duty_cycle_ms"))
+        if out.get((key.index, key.placement)) is None:
+            out[(key.index, key.placement)] = duty
+    return out
+
+
+def _partitions_diff(index: int, before: Mapping[str, Any], after: Mapping[str, Any],
+                     duty_before: Mapping[tuple[int, str], float | None], duty_after: Mapping[tuple[int, str], float | None]) -> dict[str, Any]:
+    """A GPU's MPS change: mode, partitions kept/destroyed/created (by slot), duty cycles of kept ones."""
+    old, new = _mps_layout(before), _mps_layout(after)
+    keep = [p for p in new if p in old]
+    duty_cycles = [
+        {"partition": p, "before": duty_before.get((index, p)), "after": duty_after.get((index, p))}
+        for p in keep if duty_before.get((index, p)) != duty_after.get((index, p))
+    ]
+    return {"mps_enabled": {"before": bool(before.get("mps_enabled")), "after": bool(after.get("mps_enabled"))},
+            "partitions": {"keep": keep, "destroy": [p for p in old if p not in new], "create": [p for p in new if p not in old]},
+            "duty_cycles": duty_cycles}
+
+
 def _routes_by_instance(routes: list[Mapping[str, Any]]) -> dict[str, tuple[int | None, float]]:
     total = sum(max(0.0, float(r.get("weight") or 0.0)) for r in routes)
     return {
@@ -65,7 +140,11 @@ def _routes_by_instance(routes: list[Mapping[str, Any]]) -> dict[str, tuple[int 
 def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mapping[str, list]) -> dict[str, Any]:
     """What applying `desired_states` and `routing` (the plan's translation) changes, against the active plan
     where it covers a host or an application, else against the host's latest desired state and the active
-    routing tables: {"against": {plan, description}, "summary": {counts}, "hosts": {...}, "routing": {...}}."""
+    routing tables: {"against": {plan, description}, "summary": {counts}, "hosts": {...}, "routing": {...}}.
+
+    A host's "gpus" lists each GPU that changes: {"mig_enabled": {before, after}, "keep", "destroy", "create"
+    (MIG placements), "mps_enabled": {before, after}, "partitions": {"keep", "destroy", "create"} (MPS slots),
+    "duty_cycles": [{"partition", "before", "after"}] (kept partitions whose duty cycle changes)}."""
     active = plan_active_get()
     if active is not None and active.pk == plan.pk:
         active = None
@@ -73,7 +152,10 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
     latest: dict[int, dict] = {}
     for state in HostDesiredState.objects.filter(host__in=hosts.values()).order_by("host_id", "-version"):
         latest.setdefault(state.host_id, state.spec)
-    accelerators = {(a.host_id, a.index): a for a in Accelerator.objects.filter(host__in=hosts.values(), kind="gpu").prefetch_related("gpu_instances")}
+    accelerators = {
+        (a.host_id, a.index): a
+        for a in Accelerator.objects.filter(host__in=hosts.values(), kind="gpu").prefetch_related("gpu_instances", "mps_partitions_set")
+    }
     summary = defaultdict(int)
     host_diffs: dict[str, Any] = {}
     for host_name, after_spec in sorted(desired_states.items()):
@@ -87,6 +169,8 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
         else:
             before_spec, baseline = {"gpus": [], "runtimes": []}, "nothing (no desired state yet)"
         before_gpus = {g["index"]: g for g in before_spec.get("gpus", [])}
+        duty_before = _duty_cycles(before_spec.get("runtimes", []))
+        duty_after = _duty_cycles(after_spec.get("runtimes", []))
         gpus: dict[str, Any] = {}
         for gpu in after_spec.get("gpus", []):
             accelerator = accelerators.get((host.pk, gpu["index"]))
@@ -94,10 +178,18 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
                 continue
             before = before_gpus.get(gpu["index"]) or gpu_spec_current(accelerator=accelerator)
             change = _layout_diff(accelerator.model_name, before, gpu)
+            change.update(_partitions_diff(gpu["index"], before, gpu, duty_before, duty_after))
+            mig_mode_changed = change["mig_enabled"]["before"] != change["mig_enabled"]["after"]
+            mps_mode_changed = change["mps_enabled"]["before"] != change["mps_enabled"]["after"]
+            partitions = change["partitions"]
             summary["mig_created"] += len(change["create"])
             summary["mig_destroyed"] += len(change["destroy"])
-            summary["mig_mode_changes"] += int(change["mig_enabled"]["before"] != change["mig_enabled"]["after"])
-            if change["create"] or change["destroy"] or change["mig_enabled"]["before"] != change["mig_enabled"]["after"]:
+            summary["mig_mode_changes"] += int(mig_mode_changed)
+            summary["mps_created"] += len(partitions["create"])
+            summary["mps_destroyed"] += len(partitions["destroy"])
+            summary["mps_mode_changes"] += int(mps_mode_changed)
+            if (change["create"] or change["destroy"] or mig_mode_changed or mps_mode_changed or partitions["create"]
+                    or partitions["destroy"] or change["duty_cycles"]):
                 gpus[f"gpu{gpu['index']}"] = change
         old = {r["key"]: _runtime_summary(r) for r in before_spec.get("runtimes", []) if r.get("key")}
         new = {r["key"]: _runtime_summary(r) for r in after_spec.get("runtimes", [])}
@@ -106,7 +198,7 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
         changed = [
             {"key": k, "before": old[k], "after": new[k]}
             for k in sorted(set(old) & set(new))
-            if (old[k]["variant"], old[k]["max_batch"], old[k]["application"]) != (new[k]["variant"], new[k]["max_batch"], new[k]["application"])
+            if _runtime_signature(old[k]) != _runtime_signature(new[k])
         ]
         kept = len(set(old) & set(new)) - len(changed)
         summary["runtimes_added"] += len(added)
@@ -145,11 +237,13 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
         summary["applications_rerouted"] += int(changed)
         routing_diffs[application] = {"changed": changed, "added": added, "removed": removed, "reweighted": reweighted}
     summary = {k: summary.get(k, 0) for k in (
-        "hosts_changed", "mig_created", "mig_destroyed", "mig_mode_changes", "runtimes_added", "runtimes_removed",
-        "runtimes_changed", "runtimes_kept", "applications_rerouted", "routes_added", "routes_removed", "routes_reweighted",
+        "hosts_changed", "mig_created", "mig_destroyed", "mig_mode_changes", "mps_created", "mps_destroyed", "mps_mode_changes",
+        "runtimes_added", "runtimes_removed", "runtimes_changed", "runtimes_kept", "applications_rerouted", "routes_added",
+        "routes_removed", "routes_reweighted",
     )}
-    summary["changes"] = sum(summary[k] for k in ("mig_created", "mig_destroyed", "mig_mode_changes", "runtimes_added", "runtimes_removed",
-                                                   "runtimes_changed", "routes_added", "routes_removed", "routes_reweighted"))
+    summary["changes"] = sum(summary[k] for k in ("mig_created", "mig_destroyed", "mig_mode_changes", "mps_created", "mps_destroyed",
+                                                   "mps_mode_changes", "runtimes_added", "runtimes_removed", "runtimes_changed",
+                                                   "routes_added", "routes_removed", "routes_reweighted"))
     against = {"plan": active.pk if active is not None else None,
                "description": f"active plan {active.pk}" if active is not None else "the hosts' latest desired states and the active routing tables"}
     return {"against": against, "summary": summary, "hosts": host_diffs, "routing": routing_diffs}
@@ -161,7 +255,8 @@ def plan_diff_summary_text(*, summary: Mapping[str, int]) -> str:
         return "no change"
     parts = [f"{summary[k]} {label}" for k, label in (
         ("mig_destroyed", "MIG instances destroyed"), ("mig_created", "MIG instances created"),
-        ("mig_mode_changes", "MIG mode changes"), ("runtimes_added", "runtimes added"), ("runtimes_removed", "runtimes removed"),
+        ("mig_mode_changes", "MIG mode changes"), ("mps_destroyed", "MPS partitions destroyed"),
+        ("mps_created", "MPS partitions created"), ("mps_mode_changes", "MPS mode changes"), ("runtimes_added", "runtimes added"), ("runtimes_removed", "runtimes removed"),
         ("runtimes_changed", "runtimes changed"), ("applications_rerouted", "applications rerouted"),
     ) if summary.get(k)]
     return ", ".join(parts)

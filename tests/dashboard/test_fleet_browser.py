@@ -48,7 +48,8 @@ def test_viewer_logs_in_and_sees_the_mig_layouts(asgi_live_server, demo_fleet, b
     page.wait_for_url(f"{asgi_live_server.url}/fleet/")
     page.wait_for_selector("[data-placement]")
 
-    assert page.locator("[data-placement]").count() == demo_fleet["gpu_instances"] > 0
+    # MIG instances (MPS partitions are "g.block.partition", tests/dashboard/test_fleet_mps.py)
+    assert page.locator("g.block[data-placement]:not(.partition)").count() == demo_fleet["gpu_instances"] > 0
     host = page.locator('[data-host="sim-a100-01"]')
     gpu0 = host.locator('[data-accelerator="sim-a100-01/gpu0"]')
     big = gpu0.locator('[data-placement="4g.20gb@0"]')

@@ -4,7 +4,7 @@ import re
 import pytest
 
 from apps.deployments.models import Runtime
-from apps.inventory.models import GpuInstance, Host
+from apps.inventory.models import GpuInstance, Host, MpsPartition
 from apps.registry.models import Application
 from apps.users.choices import RoleChoices
 from controlplane.demo import demo_seed
@@ -38,9 +38,11 @@ def test_viewer_sees_every_host_and_one_block_per_gpu_instance(client, demo):
     for host in Host.objects.all():
         assert f'data-host="{host.name}"' in html
     assert html.count("simulated</span>") == Host.objects.count()
-    placements = re.findall(r'data-placement="([^"]+)"', html)
+    found = re.findall(r'data-placement="([^"]+)"', html)
+    placements = [p for p in found if not p.startswith("mps")]  # MIG instances; "mps60@0" are MPS partitions
     assert len(placements) == GpuInstance.objects.count()
     assert sorted(placements) == sorted(gi.placement for gi in GpuInstance.objects.all())
+    assert sorted(p for p in found if p.startswith("mps")) == sorted(p.slot for p in MpsPartition.objects.all())
     assert 'data-placement="4g.20gb@0"' in html and 'data-placement="3g.40gb@4"' in html
     assert html.count("data-whole-gpu=") == 2  # sim-a100-02 gpu1 and sim-h100-01 gpu1 run MIG off
     assert "16 cores" in html

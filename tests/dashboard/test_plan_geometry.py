@@ -33,11 +33,26 @@ def _demo_plan(solver: str = "garrison") -> Plan:
     return plan
 
 
-def _layout(gpu: dict | None) -> list[str]:
+def _mig_layout(gpu: dict | None) -> list[str]:
     return sorted(gpu["layout"]) if gpu and gpu["mig_enabled"] else []
 
 
+def _mps_layout(gpu: dict | None) -> list[str]:
+    return sorted(gpu.get("mps_layout") or []) if gpu and gpu.get("mps_enabled") else []
+
+
+def _layout(gpu: dict | None) -> list[str]:
+    """What a GPU is drawn as: its MIG instances, or its MPS partitions ("mps60@0")."""
+    return _mig_layout(gpu) or _mps_layout(gpu)
+
+
+def _mode(gpu: dict) -> tuple[bool, bool]:
+    return bool(gpu["mig_enabled"]), bool(gpu.get("mps_enabled"))
+
+
 def _drawn(view) -> list[str]:
+    if view.mps_enabled:
+        return sorted(p.slot for p in view.partitions)
     return sorted(b.placement for b in view.blocks) if view.mig_enabled else []
 
 
@@ -77,11 +92,15 @@ def test_before_and_after_are_the_stored_states(demo):
             assert _drawn(gpu.after) == _layout(after), gpu.accelerator
             assert gpu.before is not None and _drawn(gpu.before) == _layout(before), gpu.accelerator
             assert (gpu.before.mig_enabled, gpu.after.mig_enabled) == (before["mig_enabled"], after["mig_enabled"])
-            changed = _layout(before) != _layout(after) or before["mig_enabled"] != after["mig_enabled"]
+            assert (gpu.before.mps_enabled, gpu.after.mps_enabled) == (_mode(before)[1], _mode(after)[1])
+            changed = _layout(before) != _layout(after) or _mode(before) != _mode(after)
             assert gpu.layout_changed == changed, gpu.accelerator
             layout_changes += changed
-            assert gpu.created == sorted(set(_layout(after)) - set(_layout(before)), key=lambda p: int(p.split("@")[1]))
-            assert gpu.destroyed == sorted(set(_layout(before)) - set(_layout(after)), key=lambda p: int(p.split("@")[1]))
+            by_start = lambda p: int(p.split("@")[1])  # noqa: E731
+            assert gpu.created == sorted(set(_mig_layout(after)) - set(_mig_layout(before)), key=by_start)
+            assert gpu.destroyed == sorted(set(_mig_layout(before)) - set(_mig_layout(after)), key=by_start)
+            assert gpu.partitions_created == sorted(set(_mps_layout(after)) - set(_mps_layout(before)), key=by_start)
+            assert gpu.partitions_destroyed == sorted(set(_mps_layout(before)) - set(_mps_layout(after)), key=by_start)
             # Each block carries the runtime its side runs there (application and variant), and the marks.
             for view, spec, mark, other in ((gpu.before, before_spec, "destroyed", after), (gpu.after, after_spec, "created", before)):
                 runtimes = {r["key"]: r for r in spec["runtimes"]}
@@ -92,14 +111,26 @@ def test_before_and_after_are_the_stored_states(demo):
                         variant = runtime["variant"]["id"] if isinstance(runtime["variant"], dict) else runtime["variant"]
                         assert block.runtime.variant == variant_names[variant]
                     assert block.change == (mark if block.placement not in _layout(other) else "")
+                for partition in view.partitions:  # an MPS GPU: the models of each partition, by slot
+                    models = sorted((r for r in spec["runtimes"] if r["key"].startswith(f"{gpu.name}/{partition.slot}/")),
+                                    key=lambda r: int(r["key"].rsplit("/", 1)[1]))
+                    assert [r.key for r in partition.runtimes] == [r["key"] for r in models]
+                    duty = models[0].get("duty_cycle_ms") if models else None
+                    assert partition.duty_cycle_ms == (pytest.approx(duty, abs=1e-6) if duty is not None else None)
+                    assert partition.change == (mark if partition.slot not in _layout(other) else "")
                 if not view.mig_enabled:
                     whole = runtimes.get(gpu.name)
                     assert (view.whole_runtime.application if view.whole_runtime else None) == (whole["application"] if whole else None)
     assert layout_changes == sum(h.layout_changes for h in geometry.hosts) == geometry.layout_changes > 0
-    # The garrison plan turns MIG on on the H100's whole GPU and reshapes its gpu0.
+    # At this load the composition with gpulets on the 2080 Tis first serves everything at a higher
+    # accuracy than garrison on the MIG GPUs (engine/solvers/mixed.py): it repartitions the 2080 Tis and
+    # empties the H100's MIG instances.
+    assert plan.result["solver"] == "gpulets+garrison" and "kept MPS first" in plan.result["notes"][1]
     h100 = {g.name: g for g in next(h for h in geometry.hosts if h.name == "sim-h100-01").gpus}
-    assert not h100["gpu1"].before.mig_enabled and h100["gpu1"].after.mig_enabled and h100["gpu1"].layout_changed
-    assert set(h100["gpu0"].destroyed) == {"4g.40gb@0", "3g.40gb@4"}
+    assert set(h100["gpu0"].destroyed) == {"4g.40gb@0", "3g.40gb@4"} and h100["gpu0"].layout_changed
+    rtx = {g.name: g for g in next(h for h in geometry.hosts if h.name == "sim-2080ti-01").gpus}
+    assert rtx["gpu0"].partitions_destroyed == ["mps60@0", "mps40@1"] and rtx["gpu0"].partitions_created
+    assert all(p.runtimes and p.duty_cycle_ms for p in rtx["gpu0"].after.partitions)
     # The legend names every application drawn, each in its fleet-page colour.
     drawn = {b.application for h in geometry.hosts for g in h.gpus for v in (g.before, g.after) for b in v.blocks if b.application}
     assert {e.name for e in geometry.legend} >= drawn and drawn
@@ -115,16 +146,23 @@ def test_plan_page_draws_before_and_after_and_flags_changes(client, demo):
     expected_after = {f"{h}/gpu{g['index']}": _layout(g) for h, s in plan.desired_states.items() for g in s["gpus"]}
     expected_before = {f"{h}/gpu{g['index']}": _layout(g) for h, s in baseline.items() if h in plan.desired_states for g in s["gpus"]}
     assert after == expected_after and before == expected_before
-    modes = {f"{h}/gpu{g['index']}": g["mig_enabled"] for h, s in baseline.items() if h in plan.desired_states for g in s["gpus"]}
+    modes = {f"{h}/gpu{g['index']}": _mode(g) for h, s in baseline.items() if h in plan.desired_states for g in s["gpus"]}
     flags = dict(re.findall(r'data-geometry-gpu="([^"]+)" data-layout-changed="(true|false)"', html))
     assert flags == {
-        gpu: "true" if expected_before[gpu] != layout or modes[gpu] != g["mig_enabled"] else "false"
+        gpu: "true" if expected_before[gpu] != layout or modes[gpu] != _mode(g) else "false"
         for h, s in plan.desired_states.items() for g in s["gpus"] for gpu, layout in [(f"{h}/gpu{g['index']}", _layout(g))]
     }
-    assert flags["sim-h100-01/gpu1"] == "true" and "false" in flags.values()
-    # Changed GPUs are open and highlighted; created and destroyed blocks are marked.
+    assert flags["sim-2080ti-01/gpu0"] == "true" and "false" in flags.values()
+    # Changed GPUs are open and highlighted; created and destroyed blocks and partitions are marked.
     assert re.search(r'<details class="geo-gpu layout-changed" data-geometry-gpu="sim-h100-01/gpu0"[^>]* open>', html)
-    assert '<g class="block destroyed" data-placement="4g.40gb@0"' in html and '<g class="block created" data-placement="1g.10gb@0"' in html
+    assert '<g class="block destroyed" data-placement="4g.40gb@0"' in html
+    assert '<g class="block partition destroyed" data-placement="mps60@0"' in html
+    created = plan_geometry(plan).hosts[0].gpus[0].partitions_created  # sim-2080ti-01/gpu0, first by name
+    assert created and all(f'<g class="block partition created" data-placement="{p}"' in html for p in created)
+    # The Diff lists the partition changes too.
+    assert 'data-partition-destroyed="mps60@0"' in html and f'data-partition-created="{created[0]}"' in html
+    summary = plan.diff["summary"]
+    assert f"+{summary['mps_created']}/−{summary['mps_destroyed']} MPS" in html and summary["mps_destroyed"] == 4
     assert 'class="geo-legend"' in html and "data-legend=" in html
 
 
@@ -134,14 +172,14 @@ def test_geometry_queries_are_bounded(demo):
     with CaptureQueriesContext(connection) as queries:
         geometry = plan_geometry(plan)
     assert len(queries) == 2, [q["sql"] for q in queries.captured_queries]  # the hosts' GPUs; the variants' names
-    assert sum(len(h.gpus) for h in geometry.hosts) == 6
+    assert sum(len(h.gpus) for h in geometry.hosts) == 8  # 6 MIG-capable GPUs, 2 RTX 2080 Ti in MPS mode
 
 
 @pytest.mark.django_db
 def test_fleet_page_still_draws_every_instance(client, demo):
     assert client.login(username="viewer", password=demo["seeded"].logins["viewer"])
     html = client.get("/fleet/").content.decode()
-    placements = re.findall(r'data-placement="([^"]+)"', html)
+    placements = [p for p in re.findall(r'data-placement="([^"]+)"', html) if not p.startswith("mps")]
     assert sorted(placements) == sorted(gi.placement for gi in GpuInstance.objects.all())
     assert 'data-accelerator="sim-a100-01/gpu0"' in html and '<g class="block" data-placement="4g.20gb@0"' in html
     assert "geo-side" not in html
