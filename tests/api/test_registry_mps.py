@@ -169,6 +169,12 @@ def test_import_is_idempotent_and_reports_counts(small_data, gpulet_variants):
     assert (vgg.device_type, vgg.latency_p50_ms, vgg.latency_p99_ms, vgg.throughput_rps) == (GPULET_GPU_MODEL, 10.0, 10.0, 100.0)
     assert (vgg.l2_util_pct, vgg.dram_util_pct, vgg.source) == (12.0, 10.0, "imported")
     assert Profile.objects.get(variant=gpulet_variants["resnet50"], slice="mps60").l2_util_pct is None
+    # Created in bulk, each row still has its own audit record with what was stored.
+    created = ObjectChange.objects.filter(action="create", changed_object_type__model="profile")
+    assert sorted(int(c.changed_object_id) for c in created) == sorted(Profile.objects.values_list("pk", flat=True))
+    audited = created.get(changed_object_id=str(vgg.pk))
+    assert audited.postchange_data["latency_p50_ms"] == 10.0 and audited.postchange_data["slice"] == "mps40"
+    assert ObjectChange.objects.filter(action="create", changed_object_type__model="corunmeasurement").count() == 2
     corun = CorunMeasurement.objects.get(variant=gpulet_variants["vgg19"])
     assert (corun.corunner, corun.partition_pct, corun.batch, corun.corunner_batch, corun.latency_ms) == (
         gpulet_variants["resnet50"], 40, 1, 1, 12.5)

@@ -12,7 +12,8 @@ the registry, for the variants named like its models ("resnet50", "vgg16", ...):
 
 The files are read by engine.reference.profiles (the readers the benches use). All or nothing, in one
 transaction; idempotent: a row already stored with the same values is left alone (no audit entry), one
-with other values is updated in place."""
+with other values is updated in place. New rows are created in bulk, each with its audit record
+(`apps.core.signals.objects_bulk_create_audited`): row by row, the 4,095 rows took 3.4 s of every demo seed."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -23,6 +24,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from apps.core.signals import objects_bulk_create_audited
 from engine.reference.profiles import (
     GPULET_GPU_MODEL,
     gpulet_inference_read,
@@ -110,9 +112,10 @@ def _clean(obj: Profile | CorunMeasurement, exclude: list[str], label: str) -> N
         raise ValidationError({label: [f"{k}: {m}" if k != "__all__" else m for k, ms in exc.message_dict.items() for m in ms]}) from exc
 
 
-def _upsert(obj: Any, existing: Any, fields: tuple[str, ...], counts: dict[str, int]) -> None:
+def _upsert(obj: Any, existing: Any, fields: tuple[str, ...], counts: dict[str, int], new: list) -> None:
+    """Update `existing` to `obj`'s `fields` (audited, by save), or queue `obj` in `new` for the bulk create."""
     if existing is None:
-        obj.save()
+        new.append(obj)
         counts["created"] += 1
         return
     changed = [name for name in fields if getattr(existing, name) != getattr(obj, name)]
@@ -121,7 +124,8 @@ def _upsert(obj: Any, existing: Any, fields: tuple[str, ...], counts: dict[str, 
         return
     for name in changed:
         setattr(existing, name, getattr(obj, name))
-    existing.save()
+    if existing.pk is not None:  # else a row listed twice in the file: the queued first one takes the values
+        existing.save()
     counts["updated"] += 1
 
 
@@ -145,6 +149,7 @@ def gpulet_import(*, data_dir: Path | str | None = None, application: str | None
     stored = {(p.variant_id, p.slice, p.batch_size): p
               for p in Profile.objects.filter(variant_id__in=ids, device_type=device_type, cpu_cores=None)}
     profile_counts = {"created": 0, "updated": 0, "unchanged": 0}
+    new_profiles: list[Profile] = []
     with_utilisation = 0
     for point in inference:
         variant = variants.get(point.model)
@@ -160,12 +165,14 @@ def gpulet_import(*, data_dir: Path | str | None = None, application: str | None
         )
         _clean(profile, ["variant"], f"inference.csv {point.model} b{point.batch} {point.partition_pct}%")
         key = (variant.pk, profile.slice, profile.batch_size)
-        _upsert(profile, stored.get(key), _PROFILE_FIELDS, profile_counts)
+        _upsert(profile, stored.get(key), _PROFILE_FIELDS, profile_counts, new_profiles)
         stored.setdefault(key, profile)  # a point listed twice in the file updates the first
+    objects_bulk_create_audited(new_profiles)
 
     stored_coruns = {(c.variant_id, c.corunner_id, c.partition_pct, c.batch, c.corunner_batch): c
                      for c in CorunMeasurement.objects.filter(variant_id__in=ids, device_type=device_type)}
     corun_counts = {"created": 0, "updated": 0, "unchanged": 0}
+    new_coruns: list[CorunMeasurement] = []
     for row in coruns:
         variant, corunner = variants.get(row.model), variants.get(row.corunner)
         if variant is None or corunner is None:
@@ -178,8 +185,9 @@ def gpulet_import(*, data_dir: Path | str | None = None, application: str | None
         label = f"interference.csv {row.model} b{row.batch} {row.partition_pct}% beside {row.corunner} b{row.corunner_batch}"
         _clean(corun, ["variant", "corunner"], label)
         key = (variant.pk, corunner.pk, row.partition_pct, row.batch, row.corunner_batch)
-        _upsert(corun, stored_coruns.get(key), _CORUN_FIELDS, corun_counts)
+        _upsert(corun, stored_coruns.get(key), _CORUN_FIELDS, corun_counts, new_coruns)
         stored_coruns.setdefault(key, corun)  # a row listed twice in the file updates the first
+    objects_bulk_create_audited(new_coruns)
 
     return GpuletImportResult(
         profiles_created=profile_counts["created"], profiles_updated=profile_counts["updated"],
