@@ -34,7 +34,8 @@ def fleet(live_server, tmp_path):
     demo_seed(admin_password="Admin-demo-pass-1")
     agents, threads = [], []
     tokens = {}
-    for name, gpus in (("sim-a100-01", "2xA100-SXM4-40GB"), ("sim-2080ti-01", "2xRTX-2080Ti"), ("sim-cpu-01", "")):
+    hosts = {"sim-a100-01": "2xA100-SXM4-40GB", "sim-2080ti-01": "2xRTX-2080Ti", "sim-cpu-01": ""}
+    for name, gpus in hosts.items():
         host = Host.objects.get(name=name)
         tokens[name] = host_agent_token_rotate(host=host)
         client = ControlPlaneClient(live_server.url, tokens[name])
@@ -44,7 +45,7 @@ def fleet(live_server, tmp_path):
         thread.start()
         agents.append(agent)
         threads.append(thread)
-    yield {"url": live_server.url, "tokens": tokens, "agents": agents}
+    yield {"url": live_server.url, "tokens": tokens, "agents": dict(zip(hosts, agents))}
     for agent in agents:
         agent.stop(stop_runtimes=True)
     for thread in threads:
@@ -130,7 +131,7 @@ def test_profiling_request_on_the_real_cpu_posts_measured_profiles(fleet) -> Non
     variant = ModelVariant.objects.get(application__name="tabular-cpu", name="linear")
     host = Host.objects.get(name="sim-cpu-01")
     request = ProfilingRequest.objects.create(variant=variant, host=host, device="cpu0", batch_sizes=[1, 4], cpu_threads=[1])
-    agent = fleet["agents"][1]
+    agent = fleet["agents"]["sim-cpu-01"]
     listed = agent.client.profiling_requests("pending")
     assert [r["id"] for r in listed] == [request.pk]
     before = {p.batch_size: p.measured_at for p in Profile.objects.filter(variant=variant, device_type="cpu", cpu_cores=1)}
@@ -146,7 +147,7 @@ def test_profiling_request_on_the_real_cpu_posts_measured_profiles(fleet) -> Non
     gpu_variant = ModelVariant.objects.filter(application__name="classify-resnet").first()
     gpu_host = Host.objects.get(name="sim-a100-01")
     failing = ProfilingRequest.objects.create(variant=gpu_variant, host=gpu_host, device="gpu0", placement="3g.20gb@4")
-    gpu_agent = fleet["agents"][0]
+    gpu_agent = fleet["agents"]["sim-a100-01"]
     listed = [r for r in gpu_agent.client.profiling_requests("pending") if r["id"] == failing.pk]
     profiling_request_run(listed[0], client=gpu_agent.client, backend=gpu_agent.backend, cache_dir=gpu_agent.state_dir / "artifacts")
     failing.refresh_from_db()
