@@ -5,7 +5,7 @@ exhaustive ideal partitioner, squishy bin packing (SBP) and greedy best-fit, at 
 paper's §5.2 (Figures 16 and 17) and §3.2 do:
 
 - scenarios: per model a rate from {0, 100, 200} req/s (all 3^10 - 1 = 59,048, or a seeded random sample:
-  2,000 by default, 150 with --quick), 4 GPUs, SLOs from the paper's Table 3 by model family
+  2,000 by default, 100 with --quick), 4 GPUs, SLOs from the paper's Table 3 by model family
   (engine/reference/gpulet_problem.py);
 - schedulable: the share of scenarios each scheduler serves in full (the paper: gpulet+int schedules 2.6 %
   fewer of its 19,682 than the ideal);
@@ -31,7 +31,7 @@ paper's §5.2 (Figures 16 and 17) and §3.2 do:
     .venv/bin/python benches/gpulets.py            # about 10 minutes on 2 cores
     .venv/bin/python benches/gpulets.py --quick    # under 3 minutes
     options: --out DIR (default bench-results), --scenarios N, --all (every scenario), --seed N, --jobs N,
-             --sim-seconds S (trace length per simulated rate; default 30, 8 with --quick), --mixes scen2,game
+             --sim-seconds S (trace length per simulated rate; default 30, 6 with --quick), --mixes scen2,game
 
 Writes DIR/gpulets.csv (one row per scenario), DIR/gpulets_summary.csv, DIR/gpulets_throughput.csv (one row
 per mix and policy) and DIR/gpulets.png.
@@ -384,10 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
     parser.add_argument("--scenarios", type=int, default=2000)
     parser.add_argument("--all", action="store_true", help="every one of the 3^10 - 1 scenarios (hours)")
-    parser.add_argument("--quick", action="store_true", help="150 scenarios (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="100 scenarios and 6 s traces (under 3 minutes: 148-159 s on 2 idle cores)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--sim-seconds", type=float, default=None, help="trace length per simulated rate (default 30, 8 with --quick)")
+    parser.add_argument("--sim-seconds", type=float, default=None, help="trace length per simulated rate (default 30, 6 with --quick)")
     parser.add_argument("--mixes", default=None, help="simulate only these mixes: comma-separated name prefixes, e.g. scen2,game")
     args = parser.parse_args(argv)
     mixes = list(SIM_MIXES)
@@ -399,13 +399,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--mixes: no mix named {', '.join(unknown) or args.mixes!r}; mixes: {', '.join(m.split(' ')[0] for m in SIM_MIXES)}")
     if args.scenarios < 1:
         parser.error("--scenarios must be at least 1")
-    sim_seconds = args.sim_seconds if args.sim_seconds is not None else (8.0 if args.quick else 30.0)
+    sim_seconds = args.sim_seconds if args.sim_seconds is not None else (6.0 if args.quick else 30.0)
     if not sim_seconds > 0:
         parser.error("--sim-seconds must be > 0")
     started = time.perf_counter()
     problems = base_problems()
     models = [m.name for m in problems["int"].models]
-    n = None if args.all else (150 if args.quick else args.scenarios)
+    n = None if args.all else (100 if args.quick else args.scenarios)
     scenarios = scenarios_draw(n, args.seed, models)
     print(f"gpulets bench on shared/data/gpulet: {len(scenarios)} rate scenarios over {{0, 100, 200}} req/s x {len(models)} models "
           f"({'all' if n is None else f'random sample, seed {args.seed}'}), {GPUS} GPUs, {args.jobs} job(s)")

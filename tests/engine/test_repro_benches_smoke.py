@@ -80,7 +80,7 @@ def test_gpulets_interference_bench(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_gpulets_bench_small_sample(tmp_path: Path) -> None:
-    """benches/gpulets.py on 4 scenarios (its --quick takes 150, about 90 s on 2 cores): every policy's
+    """benches/gpulets.py on 4 scenarios (its --quick takes 100, about 150 s on 2 cores): every policy's
     schedules are valid and the paper's figures are printed beside the measured ones."""
     result = subprocess.run(
         [sys.executable, str(REPO / "benches" / "gpulets.py"), "--scenarios", "4", "--jobs", "1", "--out", str(tmp_path),
