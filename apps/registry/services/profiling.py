@@ -48,7 +48,10 @@ def _log_append(log: str, line: str) -> str:
 
 
 def _profiling_request_lock(profiling_request: ProfilingRequest) -> ProfilingRequest:
-    locked = ProfilingRequest.objects.select_for_update().select_related("host", "variant__application").get(pk=profiling_request.pk)
+    # Only the request's row (of="self"): FOR UPDATE over the join would also lock its host, variant and
+    # application, and an agent's report locking the host first deadlocked with a progress update (seen in CI).
+    locked = (ProfilingRequest.objects.select_for_update(of=("self",)).select_related("host", "variant__application")
+              .get(pk=profiling_request.pk))
     if locked.status in PROFILING_FINISHED:
         raise ValidationError({"status": f"Profiling request {locked.pk} has already {locked.status}."})
     return locked
