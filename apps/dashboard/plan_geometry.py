@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator
+from apps.planning.diff import milliseconds, mps_layout_slots, partition_order
 from apps.registry.models import ModelVariant
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import placement_parse
@@ -103,20 +104,6 @@ def _active_layout(gpu: Mapping[str, Any] | None) -> list[str]:
     return [str(p) for p in gpu.get("layout") or []]
 
 
-def _partition_index(slot: str) -> int:
-    try:
-        return mps_placement_parse(slot)[1]
-    except ValueError:
-        return 1_000
-
-
-def _mps_layout(gpu: Mapping[str, Any] | None) -> list[str]:
-    """A GPU entry's MPS partitions by index ([] when MPS is off)."""
-    if not gpu or not gpu.get("mps_enabled"):
-        return []
-    return sorted((str(p) for p in gpu.get("mps_layout") or []), key=_partition_index)
-
-
 def _before_state(after: Mapping[str, Any], host_diff: Mapping[str, Any], *, mps_recorded: bool = True,
                   ) -> tuple[dict[int, dict | None], list[dict]]:
     """({gpu index: {"mig_enabled", "layout", "mps_enabled", "mps_layout"} or None where not recorded},
@@ -130,7 +117,7 @@ def _before_state(after: Mapping[str, Any], host_diff: Mapping[str, Any], *, mps
                 gpus[gpu["index"]] = None
                 continue
             gpus[gpu["index"]] = {"mig_enabled": bool(gpu.get("mig_enabled")), "layout": list(gpu.get("layout") or []),
-                                  "mps_enabled": bool(gpu.get("mps_enabled")), "mps_layout": _mps_layout(gpu)}
+                                  "mps_enabled": bool(gpu.get("mps_enabled")), "mps_layout": mps_layout_slots(gpu)}
         elif change.get("error") or ("mps_enabled" not in change and gpu.get("mps_enabled")):
             gpus[gpu["index"]] = None
         else:
@@ -138,7 +125,7 @@ def _before_state(after: Mapping[str, Any], host_diff: Mapping[str, Any], *, mps
             layout = list(change.get("keep", [])) + list(change.get("destroy", [])) if mig else []
             mps = bool((change.get("mps_enabled") or {}).get("before"))
             partitions = change.get("partitions") or {}
-            mps_layout = sorted(list(partitions.get("keep", [])) + list(partitions.get("destroy", [])), key=_partition_index) if mps else []
+            mps_layout = sorted(list(partitions.get("keep", [])) + list(partitions.get("destroy", [])), key=partition_order) if mps else []
             gpus[gpu["index"]] = {"mig_enabled": mig, "layout": layout, "mps_enabled": mps, "mps_layout": mps_layout}
     rts = host_diff.get("runtimes") or {}
     added = {r.get("key") for r in rts.get("added", [])}
@@ -164,12 +151,8 @@ def _runtimes_by_gpu(runtimes: list[Mapping[str, Any]]) -> dict[int, dict[str | 
     return out
 
 
-def _ms(value: Any) -> float | None:
-    return round(float(value), 6) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _runtime_signature(slots: Mapping[str | None, Mapping[str, Any]]) -> set[tuple]:
-    return {(slot, r.get("application"), _variant_id(r), r.get("max_batch"), _ms(r.get("duty_cycle_ms")), _ms(r.get("turn_ms")))
+    return {(slot, r.get("application"), _variant_id(r), r.get("max_batch"), milliseconds(r.get("duty_cycle_ms")), milliseconds(r.get("turn_ms")))
             for slot, r in slots.items()}
 
 
@@ -180,7 +163,7 @@ def _runtime_view(runtime: Mapping[str, Any] | None, variant_names: Mapping[int,
     variant = variant_names.get(_variant_id(runtime))
     batch = runtime.get("max_batch")
     state = f"max batch {batch}" if batch else ""
-    turn = _ms(runtime.get("turn_ms"))
+    turn = milliseconds(runtime.get("turn_ms"))
     if turn is not None:  # a model in an MPS partition: its turn in the partition's round
         state = f"{state}, turn {turn:g} ms" if state else f"turn {turn:g} ms"
     return RuntimeView(key=str(runtime.get("key")), application=application, variant=variant,
@@ -198,16 +181,16 @@ def _partition_models(slots: Mapping[str | None, Mapping[str, Any]], slot: str) 
 
 def _duty_cycle(models: list[Mapping[str, Any]]) -> float | None:
     """A partition's duty cycle: its models' `duty_cycle_ms` (the first that gives one)."""
-    return next((d for d in (_ms(m.get("duty_cycle_ms")) for m in models) if d is not None), None)
+    return next((d for d in (milliseconds(m.get("duty_cycle_ms")) for m in models) if d is not None), None)
 
 
 def _mps_partitions(*, gpu: Mapping[str, Any], slots: Mapping[str | None, Mapping[str, Any]], other: Mapping[str, Any] | None,
                     change: str, variant_names: Mapping[int, str]) -> list[dict]:
     """One side's MPS partitions as `selectors.mps_partitions_draw` takes them; those missing from `other`
     (the other side) are marked `change`."""
-    other_layout = set(_mps_layout(other)) if other is not None else None
+    other_layout = set(mps_layout_slots(other)) if other is not None else None
     partitions = []
-    for slot in _mps_layout(gpu):
+    for slot in mps_layout_slots(gpu):
         try:
             percent, index = mps_placement_parse(slot)
         except ValueError:
@@ -310,7 +293,7 @@ def plan_geometry(plan, user=None) -> PlanGeometry:
             if before_gpu is not None:
                 before_view = _gpu_view(gpu=before_gpu, slots=before_slots.get(index, {}), other=gpu, change="destroyed", **common)
             after_layout, before_layout = _active_layout(gpu), _active_layout(before_gpu)
-            after_partitions, before_partitions = _mps_layout(gpu), _mps_layout(before_gpu)
+            after_partitions, before_partitions = mps_layout_slots(gpu), mps_layout_slots(before_gpu)
             layout_changed = before_gpu is None or (
                 bool(gpu.get("mig_enabled")) != bool(before_gpu.get("mig_enabled")) or set(after_layout) != set(before_layout)
                 or bool(gpu.get("mps_enabled")) != bool(before_gpu.get("mps_enabled")) or set(after_partitions) != set(before_partitions)

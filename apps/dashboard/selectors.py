@@ -10,6 +10,7 @@ from django.db.models import Count, OuterRef, Subquery
 from apps.deployments.models import HostDesiredState, Runtime
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
+from apps.planning.diff import partition_duty_cycles
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
 from engine.geometry.catalogue import mig_catalogue_load
@@ -338,20 +339,6 @@ def mps_partitions_draw(view: AcceleratorView, partitions: list[dict]) -> None:
     view.mps_free = mps_free_share(partitions=view.partitions, gpu_width=view.svg_width)
 
 
-def _duty_cycles_of(spec: dict) -> dict[tuple[int, str], float]:
-    """{(gpu index, partition slot): duty cycle ms} from a desired state's MPS runtimes."""
-    out: dict[tuple[int, str], float] = {}
-    for runtime in spec.get("runtimes") or []:
-        try:
-            key = runtime_key_parse(runtime.get("key"))
-        except ValueError:
-            continue
-        duty = runtime.get("duty_cycle_ms")
-        if key.is_mps and isinstance(duty, (int, float)) and not isinstance(duty, bool):
-            out.setdefault((key.index, key.placement), float(duty))
-    return out
-
-
 def _block_view(instance: GpuInstance, runtime: RuntimeView | None) -> BlockView:
     return block_view(placement=instance.placement, profile=instance.profile, start=instance.placement_start,
                       size=instance.placement_size, state=instance.get_state_display(), runtime=runtime)
@@ -406,7 +393,7 @@ def fleet_overview(user) -> list[HostView]:
         states = HostDesiredState.objects.restrict(user, "view").filter(
             host_id__in={a.host_id for a in mps}, version=Subquery(latest),
         )
-        duty_cycles_by_host = {state.host_id: _duty_cycles_of(state.spec or {}) for state in states}
+        duty_cycles_by_host = {state.host_id: partition_duty_cycles((state.spec or {}).get("runtimes") or []) for state in states}
     accelerators_by_host: dict[int, list[AcceleratorView]] = {}
     for acc in accelerators:
         view = AcceleratorView(

@@ -38,7 +38,7 @@ def _variant_of(runtime: Mapping[str, Any]) -> int | None:
     return variant if isinstance(variant, int) and not isinstance(variant, bool) else None
 
 
-def _milliseconds(value: Any) -> float | None:
+def milliseconds(value: Any) -> float | None:
     """A duration in ms as the diff compares and records it (None when not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -58,7 +58,7 @@ def _runtime_summary(runtime: Mapping[str, Any]) -> dict[str, Any]:
     summary = {"key": runtime.get("key"), "application": runtime.get("application"), "variant": _variant_of(runtime),
                "max_batch": runtime.get("max_batch")}
     if _is_mps_key(runtime.get("key")):
-        summary.update(duty_cycle_ms=_milliseconds(runtime.get("duty_cycle_ms")), turn_ms=_milliseconds(runtime.get("turn_ms")))
+        summary.update(duty_cycle_ms=milliseconds(runtime.get("duty_cycle_ms")), turn_ms=milliseconds(runtime.get("turn_ms")))
     return summary
 
 
@@ -83,7 +83,7 @@ def _layout_diff(model_name: str, before: dict, after: dict) -> dict[str, Any]:
     return out
 
 
-def _partition_order(slot: str) -> tuple[int, str]:
+def partition_order(slot: str) -> tuple[int, str]:
     """Partitions by their index in the layout (a malformed slot last)."""
     try:
         return mps_placement_parse(slot)[1], slot
@@ -91,14 +91,14 @@ def _partition_order(slot: str) -> tuple[int, str]:
         return 1_000, slot
 
 
-def _mps_layout(gpu: Mapping[str, Any]) -> list[str]:
+def mps_layout_slots(gpu: Mapping[str, Any] | None) -> list[str]:
     """A GPU entry's MPS partitions (slots such as "mps60@0"), by index; [] when MPS is off."""
-    if not gpu.get("mps_enabled"):
+    if not gpu or not gpu.get("mps_enabled"):
         return []
-    return sorted((str(p) for p in gpu.get("mps_layout") or []), key=_partition_order)
+    return sorted((str(p) for p in gpu.get("mps_layout") or []), key=partition_order)
 
 
-def _duty_cycles(runtimes: list[Mapping[str, Any]]) -> dict[tuple[int, str], float | None]:
+def partition_duty_cycles(runtimes: list[Mapping[str, Any]]) -> dict[tuple[int, str], float | None]:
     """{(gpu index, partition slot): duty cycle in ms} from the runtimes of the models in MPS partitions
     (the first model, by key, that gives one; None when none does)."""
     out: dict[tuple[int, str], float | None] = {}
@@ -109,7 +109,7 @@ def _duty_cycles(runtimes: list[Mapping[str, Any]]) -> dict[tuple[int, str], flo
             continue
         if not key.is_mps:
             continue
-        duty = _milliseconds(runtime.get("duty_cycle_ms"))
+        duty = milliseconds(runtime.get("duty_cycle_ms"))
         if out.get((key.index, key.placement)) is None:
             out[(key.index, key.placement)] = duty
     return out
@@ -118,7 +118,7 @@ def _duty_cycles(runtimes: list[Mapping[str, Any]]) -> dict[tuple[int, str], flo
 def _partitions_diff(index: int, before: Mapping[str, Any], after: Mapping[str, Any],
                      duty_before: Mapping[tuple[int, str], float | None], duty_after: Mapping[tuple[int, str], float | None]) -> dict[str, Any]:
     """A GPU's MPS change: mode, partitions kept/destroyed/created (by slot), duty cycles of kept ones."""
-    old, new = _mps_layout(before), _mps_layout(after)
+    old, new = mps_layout_slots(before), mps_layout_slots(after)
     keep = [p for p in new if p in old]
     duty_cycles = [
         {"partition": p, "before": duty_before.get((index, p)), "after": duty_after.get((index, p))}
@@ -169,8 +169,8 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
         else:
             before_spec, baseline = {"gpus": [], "runtimes": []}, "nothing (no desired state yet)"
         before_gpus = {g["index"]: g for g in before_spec.get("gpus", [])}
-        duty_before = _duty_cycles(before_spec.get("runtimes", []))
-        duty_after = _duty_cycles(after_spec.get("runtimes", []))
+        duty_before = partition_duty_cycles(before_spec.get("runtimes", []))
+        duty_after = partition_duty_cycles(after_spec.get("runtimes", []))
         gpus: dict[str, Any] = {}
         for gpu in after_spec.get("gpus", []):
             accelerator = accelerators.get((host.pk, gpu["index"]))
