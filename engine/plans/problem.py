@@ -38,6 +38,8 @@ SolverName = Literal["highs", "cbc"]
 PlanStatus = Literal["optimal", "feasible", "infeasible"]
 OBJECTIVES: tuple[str, ...] = ("max-accuracy", "min-gpus")
 SOLVERS: tuple[str, ...] = ("highs", "cbc")
+SpareCapacity = Literal["fill", "idle"]
+SPARE_CAPACITY: tuple[str, ...] = ("fill", "idle")
 
 
 class ProblemError(ValueError):
@@ -149,6 +151,10 @@ class SolveOptions:
     variant_change_penalty: float = 1e-6
     # Capacity model: the largest batch whose latency fits this fraction of the SLO (Proteus, after Nexus).
     latency_budget_fraction: float = 0.5
+    # MILP planners, max-accuracy: "fill" gives every device the solver left idle an instance and spreads
+    # each application's traffic to keep its busiest instance furthest from full, at the solver's accuracy
+    # (engine/solvers/spare.py, as Proteus's artefact does); "idle" leaves them idle (the paper's Eq. (1)).
+    spare_capacity: SpareCapacity = "fill"
 
 
 @dataclass(frozen=True)
@@ -312,6 +318,8 @@ def _options_from_dict(raw: Any) -> SolveOptions:
     _number(opts.reconfiguration_penalty, "options.reconfiguration_penalty", minimum=0)
     _number(opts.variant_change_penalty, "options.variant_change_penalty", minimum=0)
     _number(opts.latency_budget_fraction, "options.latency_budget_fraction", minimum=0, maximum=1, strict=True)
+    if opts.spare_capacity not in SPARE_CAPACITY:
+        raise ProblemError(f"options.spare_capacity: one of {SPARE_CAPACITY}, got {opts.spare_capacity!r}")
     return opts
 
 

@@ -21,6 +21,10 @@ the MPS GPUs idle until the rest is full. Choosing by the plan's own objective k
 plan at light load and puts the MPS GPUs to work on the overflow at heavy load. The cost: each planner
 runs twice.
 
+With `spare_capacity: fill` (the MILP planners' default, solvers/spare.py) the stages are solved without
+it, so that the order needing fewer GPUs can still be told apart, and the kept composition's non-MPS
+stage is filled afterwards: same traffic, no less accuracy, so the choice stands.
+
 The chosen solver names the planner of its kind; the other kind gets the default (gpulets for MPS,
 proteus otherwise). The plan is the union of both stages: instances, layouts (MIG and MPS ones, each
 keyed by its device), served rates added, each application's routes weighted by the share of its traffic
@@ -36,12 +40,15 @@ import time
 from typing import Callable
 
 from engine.plans.problem import DeviceSpec, Plan, Problem, RouteEntry
+from engine.solvers.spare import plan_spare_fill
 
 __all__ = ["MPS_DEFAULT_SOLVER", "OTHER_DEFAULT_SOLVER", "fleet_is_mixed", "mixed_plan_solve"]
 
 MPS_DEFAULT_SOLVER = "gpulets"
 OTHER_DEFAULT_SOLVER = "proteus"
 _RPS_EPS = 1e-6
+# The planners whose own plans fill idle devices (model.fleet_solve): the composition does it for them.
+_FILLED_SOLVERS = ("proteus", "joint")
 
 
 def _is_mps(device: DeviceSpec) -> bool:
@@ -56,7 +63,11 @@ def fleet_is_mixed(problem: Problem) -> bool:
 
 def _stage_problem(problem: Problem, devices: list[DeviceSpec], demand: dict[str, float]) -> Problem:
     applications = tuple(dataclasses.replace(a, demand_rps=demand[a.name]) for a in problem.applications)
-    return dataclasses.replace(problem, devices=tuple(devices), applications=applications)
+    # No spare-capacity fill inside a stage (solvers/spare.py): a stage that spread its traffic over every
+    # idle device would use all GPUs of its kind, and the composition could no longer prefer the order
+    # that needs fewer. The kept composition's non-MPS stage is filled afterwards (mixed_plan_solve).
+    options = dataclasses.replace(problem.options, spare_capacity="idle")
+    return dataclasses.replace(problem, devices=tuple(devices), applications=applications, options=options)
 
 
 def mixed_plan_solve(problem: Problem, solver: str, *, sharing_solvers: tuple[str, ...],
@@ -72,18 +83,29 @@ def mixed_plan_solve(problem: Problem, solver: str, *, sharing_solvers: tuple[st
     demand = {a.name: a.demand_rps for a in problem.applications}
 
     def staged(first_solver: str, first_devices: list[DeviceSpec], second_solver: str, second_devices: list[DeviceSpec]):
-        first = planner_get(first_solver)(_stage_problem(problem, first_devices, demand))
+        first_problem = _stage_problem(problem, first_devices, demand)
+        first = planner_get(first_solver)(first_problem)
         remainder = {name: max(0.0, rps - first.served_rps.get(name, 0.0)) for name, rps in demand.items()}
         remainder = {name: (0.0 if rps <= _RPS_EPS else rps) for name, rps in remainder.items()}
-        return first, planner_get(second_solver)(_stage_problem(problem, second_devices, remainder))
+        second_problem = _stage_problem(problem, second_devices, remainder)
+        return (first, first_problem), (planner_get(second_solver)(second_problem), second_problem)
 
-    mps_plan, other_plan = staged(mps_solver, mps_devices, other_solver, other_devices)
+    (mps_plan, _), (other_plan, other_problem) = staged(mps_solver, mps_devices, other_solver, other_devices)
     mps_first = _plans_compose(problem, mps_plan, other_plan, mps_solver, other_solver, "MPS first")
-    other_plan, mps_plan = staged(other_solver, other_devices, mps_solver, mps_devices)
+    stages = {"MPS first": (mps_plan, other_plan, other_problem)}
+    (other_plan, other_problem), (mps_plan, _) = staged(other_solver, other_devices, mps_solver, mps_devices)
     other_first = _plans_compose(problem, mps_plan, other_plan, mps_solver, other_solver, "other first")
+    stages["other first"] = (mps_plan, other_plan, other_problem)
     # max() keeps the first of equals: MPS first on a tie.
     best = max((mps_first, other_first), key=lambda plan: _composition_rank(problem, plan))
     rejected = other_first if best is mps_first else mps_first
+    if problem.options.spare_capacity == "fill" and problem.options.objective == "max-accuracy" and other_solver in _FILLED_SOLVERS:
+        # The order is chosen; now the non-MPS stage's idle devices take spare capacity (solvers/spare.py),
+        # which serves the same traffic at no less accuracy, so the choice stands.
+        order = _order_of(best)
+        stage_mps, stage_other, stage_problem = stages[order]
+        filled = plan_spare_fill(stage_problem, stage_other)
+        best = _plans_compose(problem, stage_mps, filled, mps_solver, other_solver, order, filled_spare=True)
     best.notes.insert(1, f"kept {_order_of(best)} ({_composition_text(best)}) over {_order_of(rejected)} "
                          f"({_composition_text(rejected)})")
     best.solve_seconds = time.perf_counter() - started
@@ -110,7 +132,7 @@ def _composition_text(plan: Plan) -> str:
     return f"{plan.total_served_rps:.6g} req/s served, objective {objective}, {plan.gpus_used} GPUs"
 
 
-def _plans_compose(problem: Problem, first: Plan, second: Plan, mps_solver: str, other_solver: str, order: str) -> Plan:
+def _plans_compose(problem: Problem, first: Plan, second: Plan, mps_solver: str, other_solver: str, order: str, *, filled_spare: bool = False) -> Plan:
     """One plan of `first` (the MPS GPUs' plan) and `second` (the other devices'), solved in `order`."""
     served: dict[str, float] = {}
     routing: dict[str, list[RouteEntry]] = {}
@@ -147,7 +169,8 @@ def _plans_compose(problem: Problem, first: Plan, second: Plan, mps_solver: str,
         how = f"{mps_solver} on the MPS GPUs first, then {other_solver} on the other devices with the demand left unserved"
     else:
         how = f"{other_solver} on the non-MPS devices first, then {mps_solver} on the MPS GPUs with the demand left unserved"
-    notes = [f"mixed fleet, {order}: {how} (engine/solvers/mixed.py); no optimality bound for the composition"]
+    notes = [f"mixed fleet, {order}: {how} (engine/solvers/mixed.py); no optimality bound for the composition"
+             + ("; then the non-MPS devices left idle were given spare capacity" if filled_spare else "")]
     notes += [f"{mps_solver}: {n}" for n in first.notes] + [f"{other_solver}: {n}" for n in second.notes]
     return Plan(
         status=status, solver=f"{mps_solver}+{other_solver}", objective_kind=problem.options.objective, objective=objective,

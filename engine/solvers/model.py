@@ -44,6 +44,7 @@ from engine.geometry.layout import Layout
 from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
 from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
 from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
+from engine.solvers.spare import plan_spare_fill
 from engine.solvers.milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
 
 # (device type, device memory, slice); CPUs use ("cpu", memory, "<cores>c") and pick the slice per variant.
@@ -616,10 +617,14 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     notes.extend(realise_notes)
     if penalty > 0:
         notes.append(f"reconfiguration: {solution.instances_changed(fleet)} MIG instances destroyed or created, penalty {penalty:g} each in the objective")
-    return plan_assemble(
+    plan = plan_assemble(
         problem, assignments, status=status_combine(*states), solver=solver_name, objective=objective, bound=bound, gap=gap,
         solve_seconds=time.perf_counter() - started, layouts=layouts, notes=notes,
     )
+    if options.spare_capacity == "fill" and objective_kind == "max-accuracy":
+        plan = plan_spare_fill(problem, plan)
+        plan.solve_seconds = time.perf_counter() - started
+    return plan
 
 
 def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[str]]) -> tuple[dict[str, float], list[SolveState], FleetSolution | None, list[str]]:

@@ -93,3 +93,26 @@ def test_at_light_load_the_more_accurate_composition_is_kept() -> None:
     assert any("kept other first" in n for n in plan.notes), plan.notes
     by_kind = _served_by_kind(problem, plan)
     assert sum(by_kind["other"].values()) + sum(by_kind["mps"].values()) == pytest.approx(sum(light.values()))
+
+
+def test_the_kept_compositions_idle_whole_gpus_get_spare_capacity() -> None:
+    """One MPS GPU and four big GPUs, of which the plan needs one beside the MPS GPU: the order is chosen
+    without the spare-capacity fill, then the non-MPS stage's idle GPUs are filled (solvers/spare.py); with
+    `idle` they stay idle."""
+    raw = mixed_problem_dict({"resnet50": 1500.0, "mobilenet": 1500.0}, big_gpus=4)
+    problem = problem_from_dict(raw)
+    plan = plan_solve(problem, "proteus", time_limit_s=20)
+    assert plan_validate(problem, plan).valid
+    raw["options"] = {**raw.get("options", {}), "spare_capacity": "idle"}
+    idle_problem = problem_from_dict(raw)
+    idle = plan_solve(idle_problem, "proteus", time_limit_s=20)
+    assert plan_validate(idle_problem, idle).valid
+    bigs = lambda p: {i.device for i in p.instances if i.device.startswith("big")}  # noqa: E731
+    assert bigs(plan) == {"big0", "big1", "big2", "big3"} and bigs(idle) == {"big0"}
+    assert _order_of_note(plan) == _order_of_note(idle) and "given spare capacity" in plan.notes[0]
+    for app in problem.applications:
+        assert math.isclose(plan.served_rps[app.name], idle.served_rps[app.name], rel_tol=1e-9)
+
+
+def _order_of_note(plan) -> str:
+    return "MPS first" if "MPS first" in plan.notes[0] else "other first"
