@@ -8,7 +8,8 @@ import typer
 from ._common import EXIT_INVALID, PLANNERS, fail, number, problem_read
 
 SIMULATE_PLANNERS = PLANNERS
-SIMULATE_BATCHING = ("proteus", "aimd", "nexus", "max-delay", "fixed")
+# engine.dataplane.batching.BATCHING_POLICIES, spelt out so that `--help` loads no engine module (a test keeps them equal).
+SIMULATE_BATCHING = ("proteus", "quantile", "aimd", "nexus", "max-delay", "fixed")
 
 
 def _batching_params(pairs: list[str] | None) -> dict:

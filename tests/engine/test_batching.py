@@ -23,6 +23,7 @@ from engine.dataplane.batching import (
     MaxDelayBatching,
     NexusBatching,
     ProteusBatching,
+    QuantileBatching,
     QueryQueue,
     batching_policy_make,
 )
@@ -412,6 +413,9 @@ def test_batching_policy_make_parameters():
         ("max-delay", {"preferred_batch_sizes": [0]}),
         ("aimd", {"backoff": 1.0}),
         ("aimd", {"initial": 0}),
+        ("quantile", {"quantile": 0}),
+        ("quantile", {"window": 0}),
+        ("quantile", {"initial_scale": 10.0}),
     ]:
         with pytest.raises(ValueError):
             batching_policy_make(name, **params)
@@ -426,6 +430,42 @@ def test_proteus_decisions():
     assert policy.decide(0.0, queue, lin, 1) == Dispatch(1, 0.0)  # q == max_batch: now
     # Head late even alone: run what is queued.
     assert policy.decide(25.0, queue, lin, 4) == Dispatch(1, 25.0)
+
+
+def test_quantile_learns_the_tail_of_measured_service_time():
+    """After `refresh` batches whose service took 1.2x the profile, the policy times the batch for 1.2x:
+    it waits until 30 - 1.2 lat(2) = 19.2 where Proteus waits until 21."""
+    policy = QuantileBatching(refresh=4, window=8)
+    queue = QueryQueue()
+    queue.push(0, 0.0, 30.0)
+    assert policy.decide(0.0, queue, lin, 4) == Dispatch(1, 21.0)  # scale 1 until it has measurements
+    for b in (1, 2, 3, 4):
+        policy.observe(b, 1.2 * lin(b), 0)
+    assert policy.scale == pytest.approx(1.2)
+    decision = policy.decide(0.0, queue, lin, 4)
+    assert decision.batch == 1 and decision.at_ms == pytest.approx(30.0 - 1.2 * lin(2))
+    # The tail, not the mean: one slow batch in eight sets a p99 scale.
+    policy = QuantileBatching(quantile=0.99, refresh=8, window=8)
+    policy.decide(0.0, queue, lin, 4)
+    for k in range(8):
+        policy.observe(2, (1.5 if k == 3 else 1.0) * lin(2), 0)
+    assert policy.scale == pytest.approx(1.5)
+    # Clamped: an absurd measurement cannot stall the instance.
+    for _ in range(8):
+        policy.observe(2, 100.0 * lin(2), 0)
+    assert policy.scale == QuantileBatching.SCALE_MAX
+
+
+def test_quantile_falls_back_to_the_profile_when_the_tail_misses_even_alone():
+    """Head at 30, now 22, scale 1.2: one query takes 8.4 ms at the tail (misses), 7 by the profile (fits):
+    run the largest batch that fits by the profile, as Proteus would, rather than a whole late batch."""
+    policy = QuantileBatching(initial_scale=1.2)
+    queue = QueryQueue()
+    for k in range(4):
+        queue.push(k, 0.0, 30.0)
+    assert policy.decide(22.0, queue, lin, 4) == ProteusBatching().decide(22.0, queue, lin, 4) == Dispatch(1, 22.0)
+    assert policy.decide(19.0, queue, lin, 4) == Dispatch(2, 19.0)  # 19 + 1.2 x 9 <= 30 < 19 + 1.2 x 11 (Proteus: 3)
+    assert ProteusBatching().decide(19.0, queue, lin, 4) == Dispatch(3, 19.0)
 
 
 # --------------------------------------------------------------------------- properties
@@ -541,3 +581,14 @@ def test_nexus_fifo_checks_the_earliest_deadline_in_the_batch_not_only_the_heads
     run = drive(batching_policy_make("nexus"), arrivals, lambda b: 7.0 if b == 1 else 11.0, 2, "fifo", "never", 10.0)
     assert sorted(run.popped + run.dropped) == [0, 1, 2]
     assert run.finish and all(run.finish[q] <= d + 1e-6 for q, _, d in arrivals if q in run.finish)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from(["fifo", "edf"]), st.sampled_from(["never", "deadline"]))
+def test_quantile_with_exact_service_times_decides_as_proteus(workload, order, rule):
+    """Service exactly as profiled (scale stays 1): every decision equals Proteus's."""
+    latency, max_batch, slo, times = workload
+    arrivals = with_slo(times, slo)
+    ours = drive(QuantileBatching(refresh=1), arrivals, latency, max_batch, order, rule, slo, record=True)
+    theirs = drive(ProteusBatching(), arrivals, latency, max_batch, order, rule, slo, record=True)
+    assert ours.batches == theirs.batches and ours.dropped == theirs.dropped

@@ -252,6 +252,13 @@ def test_plan_validate_malformed_plan_exits_2(problem_file: Path, tmp_path: Path
     assert "instances[0]: 'slice' is a required property" in result.stderr
 
 
+def test_simulate_offers_every_batching_policy() -> None:
+    from controlplane.cli.simulate import SIMULATE_BATCHING
+    from engine.dataplane.batching import BATCHING_POLICIES
+
+    assert SIMULATE_BATCHING == BATCHING_POLICIES
+
+
 def test_engine_commands_do_not_set_up_django() -> None:
     # `controlplane/__init__` loads Celery (which touches django.conf); the engine commands must add
     # nothing Django on top of that, must not configure settings, and --help must not load the solvers.

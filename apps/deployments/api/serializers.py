@@ -5,6 +5,7 @@ from rest_framework import serializers
 from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 from apps.policies.choices import DropRuleChoices
 from apps.registry.models import Application
+from engine.dataplane.batching import BATCHING_POLICIES
 from engine.geometry.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
 
 from ..choices import ROUTE_STATE_UNKNOWN, OperationOutcomeChoices, RuntimeStateChoices
@@ -22,7 +23,7 @@ class DesiredGpuSerializer(serializers.Serializer):
 
 
 class BatchingSerializer(serializers.Serializer):
-    policy = serializers.ChoiceField(choices=["proteus", "aimd", "nexus", "max-delay", "fixed"])
+    policy = serializers.ChoiceField(choices=list(BATCHING_POLICIES))
     params = serializers.DictField(required=False, help_text="The policy's parameters ({} by default)")
     drop_rule = serializers.ChoiceField(
         choices=DropRuleChoices.choices, required=False, help_text="Default: the SLO policy's, else deadline"
