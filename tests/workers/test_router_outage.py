@@ -136,5 +136,7 @@ def test_queries_meet_deadlines_and_reports_survive_an_outage(runtime, fault) ->
     assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     assert router.report_backlog.dropped_total == 0 and router.report_backlog.sent_late_total > 0
     times = [r["at"] for r in control_plane.reports]
-    assert len(set(times)) == len(times) or fault == "frozen"  # a frozen request may arrive as well as its resend
+    # A frozen request may arrive as well as its resend. Refused: the proxy resets the connections open when
+    # the outage starts, so a report already forwarded whose answer was cut is sent again: at most that one.
+    assert len(times) - len(set(times)) <= 1 or fault == "frozen"
     assert "tessera_router_reports_dropped_total 0.0" in scrape and "tessera_router_reports_pending 0.0" in scrape
