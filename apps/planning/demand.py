@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from apps.policies.models import ReplanPolicy, SloPolicy
 from apps.telemetry.models import ApplicationSample
-from engine.forecasting.holt import forecast_fit_predict
+from engine.forecasting.holt import peak_forecast_estimate
 
 from .choices import PlanStatusChoices
 from .models import Plan
@@ -163,11 +163,10 @@ def demand_for_planning(*, now: datetime | None = None, window_s: float | None =
         series, last, observed = _per_second_series(per_router)
         # The last second's rates cover [base + last, base + last + 1): the forecast looks from its end.
         behind_s = max((now - (base + timedelta(seconds=last + 1))).total_seconds(), 0.0)
-        forecast = forecast_fit_predict(series, horizon_s + behind_s)
-        peak = max(series)
+        peak, forecast, estimate = peak_forecast_estimate(series, horizon_s + behind_s)
         result["samples"][name] = observed
         result["recent_peak"][name] = round(peak, 3)
         result["recent_mean"][name] = round(sum(series) / len(series), 3)
         result["forecast"][name] = round(forecast, 3)
-        result["rps"][name] = round(max(peak, forecast), 3)
+        result["rps"][name] = round(estimate, 3)
     return result

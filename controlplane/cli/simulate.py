@@ -43,6 +43,9 @@ def simulate(
     reconfig_delay: float = typer.Option(5.0, "--reconfig-delay", help="Seconds a newly created instance serves nothing"),
     initial_demand: str = typer.Option("trace", "--initial-demand", help="trace (first interval of the trace) | problem"),
     headroom: float = typer.Option(1.0, "--headroom", help="Plan for observed demand times this (e.g. 1.25 keeps instances off 100% load)"),
+    demand_estimate: str = typer.Option("mean", "--demand-estimate", help="mean (rate over the window) | peak (max of the window's busiest second and a Holt forecast, as the live control loop)"),
+    demand_window: float = typer.Option(0.0, "--demand-window", help="Seconds of arrivals a re-plan looks at (0: the re-planning interval)"),
+    forecast_horizon: float = typer.Option(0.0, "--forecast-horizon", help="peak: also the Holt forecast this many seconds ahead"),
     seed: int = typer.Option(1, "--seed"),
     out: Path = typer.Option(None, "--out", help="Write summary.json, per_second.csv and plots.png here"),
 ) -> None:
@@ -61,6 +64,7 @@ def simulate(
             batching=batching, batching_params=_batching_params(batching_param), queue_order=queue_order, drop_rule=drop_rule,
             noise_sigma=noise, seed=seed, replan_interval_s=replan_every or None, burst_factor=burst_factor or None,
             reconfiguration_delay_s=reconfig_delay, routing=routing, initial_demand=initial_demand, demand_headroom=headroom,
+            demand_estimate=demand_estimate, demand_window_s=demand_window or None, forecast_horizon_s=forecast_horizon,
         )
     except ValueError as exc:
         raise fail(str(exc)) from exc

@@ -57,6 +57,7 @@ __all__ = [
     "HoltState",
     "forecast_fit_predict",
     "holt_fit",
+    "peak_forecast_estimate",
 ]
 
 DEFAULT_ALPHA = 0.1
@@ -191,3 +192,16 @@ def forecast_fit_predict(
         raise ValueError(f"horizon_s must be a non-negative number, got {horizon_s!r}")
     params = HoltParams(alpha=alpha, beta=beta, phi=phi).for_step(step_s)
     return holt_fit(series, params).predict(horizon_s / float(step_s))
+
+
+def peak_forecast_estimate(series: Sequence[Optional[float]], horizon_s: float) -> tuple[float, float, float]:
+    """The demand a plan is sized for from a window of per-second rates, oldest first: (peak of the window,
+    Holt forecast `horizon_s` ahead (0: the smoothed level now), max of the two). The one estimate of the live
+    control loop (apps.planning.demand) and the simulator's "peak" demand estimate. Gaps are skipped for the
+    peak; an empty or all-gap window gives zeros."""
+    values = [v for v in (_clean(x) for x in series) if v is not None]
+    if not values:
+        return 0.0, 0.0, 0.0
+    peak = max(values)
+    forecast = forecast_fit_predict(series, horizon_s)
+    return peak, forecast, max(peak, forecast)

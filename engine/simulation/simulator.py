@@ -81,6 +81,7 @@ from engine.dataplane.batching import (
 )
 from engine.dataplane.rounds import END as ROUND_END, WAIT as ROUND_WAIT, DutyCycleRound, round_batch_cap
 from engine.dataplane.routing import alias_table_build, queries_match_instances, routing_tables_from_plan
+from engine.forecasting.holt import peak_forecast_estimate
 from engine.geometry.layout import layout_parse, mig_layout_diff
 from engine.plans.problem import Plan, PlanInstance, Problem, device_slot_id
 from engine.sharing.partitions import mps_slice_percent
@@ -99,6 +100,7 @@ __all__ = [
 RoutingMode = Literal["weights", "matching"]
 ROUTING_MODES: tuple[str, ...] = ("weights", "matching")
 INITIAL_DEMANDS: tuple[str, ...] = ("trace", "problem")
+DEMAND_ESTIMATES: tuple[str, ...] = ("mean", "peak")
 
 # Query outcomes (per query id).
 PENDING, ON_TIME, LATE, DROPPED_EXPIRED, DROPPED_NO_CAPACITY, DROPPED_UNFINISHED = 0, 1, 2, 3, 4, 5
@@ -155,6 +157,12 @@ class SimulationConfig:
     matching_interval_ms: float = 2.0
     initial_demand: str = "trace"
     demand_headroom: float = 1.0
+    # What a re-plan sizes each application for: "mean" (its arrival rate over the demand window, Proteus's
+    # observed demand) or "peak" (max of the window's busiest second and a Holt forecast
+    # `forecast_horizon_s` ahead: engine.forecasting.holt.peak_forecast_estimate, the live control loop's
+    # estimate). Either is then scaled by `demand_headroom`.
+    demand_estimate: str = "mean"
+    forecast_horizon_s: float = 0.0
     carry_layouts: bool = True
     record_batches: bool = False  # opt-in: SimulationResult.batches lists every batch started
     # The batching policy of instances on MPS partitions (None: `batching`, with its params); the live
@@ -186,6 +194,10 @@ class SimulationConfig:
             raise ValueError(f"matching_interval_ms must be > 0, got {self.matching_interval_ms!r}")
         if not (math.isfinite(self.demand_headroom) and self.demand_headroom > 0):
             raise ValueError(f"demand_headroom must be > 0, got {self.demand_headroom!r}")
+        if self.demand_estimate not in DEMAND_ESTIMATES:
+            raise ValueError(f"demand_estimate must be one of {DEMAND_ESTIMATES}, got {self.demand_estimate!r}")
+        if not (isinstance(self.forecast_horizon_s, (int, float)) and math.isfinite(self.forecast_horizon_s) and self.forecast_horizon_s >= 0):
+            raise ValueError(f"forecast_horizon_s must be a finite number >= 0, got {self.forecast_horizon_s!r}")
 
     def drop_rule_for(self, application: str) -> str:
         if isinstance(self.drop_rule, Mapping):
@@ -536,6 +548,14 @@ class _Simulation:
 
     def _observed_demand(self, now_s: float, burst: bool) -> np.ndarray:
         window = self.config.demand_window_s or self.config.replan_interval_s or 1.0
+        if self.config.demand_estimate == "peak":
+            # The whole seconds of the window that have ended, as the live loop's per-second series.
+            end = min(int(math.floor(now_s + 1e-9)), self.n_seconds_trace)
+            first = max(0, end - int(math.ceil(window)))
+            series = self.counts[first:end].astype(float)
+            horizon = self.config.forecast_horizon_s
+            demand = np.array([peak_forecast_estimate(series[:, j].tolist(), horizon)[2] for j in range(len(self.apps))])
+            return demand * self.config.demand_headroom
         start = max(0.0, now_s - window)
         i0 = int(np.searchsorted(self.arr_np, start * 1000.0, side="left"))
         i1 = int(np.searchsorted(self.arr_np, now_s * 1000.0, side="left"))

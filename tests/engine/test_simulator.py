@@ -237,6 +237,25 @@ def test_replanning_happens_every_interval_on_the_observed_demand() -> None:
     check_conservation(result)
 
 
+def test_peak_demand_estimate_plans_for_the_busiest_second_of_the_window() -> None:
+    """demand_estimate "peak": each re-plan sizes for max(busiest whole second of the window, Holt forecast
+    ahead) x headroom, the live control loop's estimate (engine.forecasting.holt.peak_forecast_estimate)."""
+    times = [0.1] * 5 + [1.5] * 40 + [2.2] * 10 + [3.5] * 5 + [4.5] * 5 + [5.5] * 5 + [6.5]
+    trace = trace_of(times)
+    planner = RecordingPlanner(*[fixed_planner(("g0", "full", "v0", None, 50))] * 2)
+    config = SimulationConfig(replan_interval_s=3.0, burst_factor=None, demand_estimate="peak", demand_window_s=3.0,
+                              demand_headroom=1.5, seed=1)
+    simulate(tiny_problem(), trace, planner=planner, config=config)
+    # At 3 s the window holds seconds 0..2 (5, 40, 10 arrivals): peak 40; the Holt level is below it.
+    assert planner.demands[1]["app0"] == pytest.approx(40 * 1.5)
+    # At 6 s: seconds 3..5, 5 each.
+    assert planner.demands[2]["app0"] == pytest.approx(5 * 1.5)
+    with pytest.raises(ValueError, match="demand_estimate"):
+        SimulationConfig(demand_estimate="median")
+    with pytest.raises(ValueError, match="forecast_horizon_s"):
+        SimulationConfig(forecast_horizon_s=-1.0)
+
+
 def test_a_burst_triggers_a_replan_once() -> None:
     # 100 q/s, then 400 q/s from t = 6 s: the second [6, 7) is seen at t = 7 s.
     low = arrivals_poisson(100, 12.0, seed=1, application="app0")

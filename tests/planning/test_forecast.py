@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.forecasting.holt import HoltParams, forecast_fit_predict, holt_fit
+from engine.forecasting.holt import HoltParams, forecast_fit_predict, holt_fit, peak_forecast_estimate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,3 +116,14 @@ def test_forecast_bench_quick(tmp_path):
         for h in ("10", "30", "60"):
             assert by[(scenario, h, "max(peak, holt)")] >= max(by[(scenario, h, "holt")], by[(scenario, h, "window peak")])
     assert (tmp_path / "forecast.png").exists() or "PNG skipped" in result.stdout
+
+
+def test_peak_forecast_estimate_is_the_larger_of_the_window_peak_and_the_forecast() -> None:
+    flat = [10.0, 30.0, 10.0, 10.0]
+    peak, forecast, estimate = peak_forecast_estimate(flat, 5.0)
+    assert peak == 30.0 and forecast == pytest.approx(forecast_fit_predict(flat, 5.0)) and estimate == 30.0
+    ramp = [float(10 * k) for k in range(60)]
+    peak, forecast, estimate = peak_forecast_estimate(ramp, 30.0)
+    assert peak == 590.0 and forecast > peak and estimate == forecast
+    assert peak_forecast_estimate([], 10.0) == (0.0, 0.0, 0.0)
+    assert peak_forecast_estimate([None, float("nan")], 10.0) == (0.0, 0.0, 0.0)
