@@ -22,8 +22,9 @@ and on bursts, in these configurations:
   (at most one variant per device, devices without traffic left idle): what Tessera did before.
 - "tessera (b)": Tessera's defaults (what `tessera simulate`, the control loop and the demo use): 5 s model
   load, 5 % log-normal service-time noise, spare capacity filled.
-- "(b) + quantile, 1.3x": the same with the candidate next defaults: `quantile` batching (Proteus's rule
-  timed against the p99 of measured service time) and planning for 1.3x the observed demand.
+- "(b) candidate defaults": the same fleet assumptions (5 s load, 5 % noise) with what is to become the
+  defaults: `quantile` batching (Proteus's rule timed against the p99 of measured service time), planning
+  for 1.2x the busiest second of the last 60 s, and a variant change costing 1e-4 of effective accuracy.
 Metrics are Proteus's (plotting/endtoend.py): with D queries that arrived, S answered (late ones included),
 L answered after their deadline, SLO violation ratio = (D - S + L) / D, effective accuracy = mean accuracy
 of the answered queries (normalised, best variant of a family = 100), throughput = S / trace seconds.
@@ -60,8 +61,13 @@ from engine.simulation.workload import Trace, trace_write  # noqa: E402
 
 REPLAN_S = 10.0
 # The candidate for Tessera's next defaults (not yet the defaults): batching against the p99 of measured
-# service time (engine/dataplane/batching.py QuantileBatching) and planning for 1.3x the observed demand.
-CANDIDATE_HEADROOM = 1.3
+# service time (engine/dataplane/batching.py QuantileBatching); planning for 1.2x the busiest second of the
+# last 60 s (the live control loop's recent peak, without its Holt forecast: on these square bursts the
+# trend overshoots the fleet); a variant change costs 1e-4 of effective accuracy, so that a re-plan keeps
+# instances that still serve instead of reloading models for a marginal gain.
+CANDIDATE_HEADROOM = 1.2
+CANDIDATE_WINDOW_S = 60.0
+CANDIDATE_CHANGE_PENALTY = 1e-4
 QUICK_SECONDS = 60.0
 # Goals of the issue: (a) within 1.3x of Proteus's violations and 0.5 points of its accuracy; (b) at most
 # 0.5x its violations at equal or higher accuracy.
@@ -74,6 +80,7 @@ class System:
     planner: str
     config: SimulationConfig
     spare_capacity: str = "fill"
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # problem option overrides
     cli: str = ""  # the `tessera simulate` options that reproduce it
 
 
@@ -85,9 +92,12 @@ def systems(seed: int) -> list[System]:
         System("proteus (a), idle devices", "proteus", SimulationConfig(**artefact), spare_capacity="idle",
                cli="(as above, with options.spare_capacity = \"idle\" in the problem)"),
         System("tessera (b)", "proteus", SimulationConfig(replan_interval_s=REPLAN_S, seed=seed), cli=f"--replan-every {REPLAN_S:g} --seed {seed}"),
-        System("(b) + quantile, 1.3x", "proteus",
-               SimulationConfig(batching="quantile", demand_headroom=CANDIDATE_HEADROOM, replan_interval_s=REPLAN_S, seed=seed),
-               cli=f"--batching quantile --headroom {CANDIDATE_HEADROOM:g} --replan-every {REPLAN_S:g} --seed {seed}"),
+        System("(b) candidate defaults", "proteus",
+               SimulationConfig(batching="quantile", demand_estimate="peak", demand_window_s=CANDIDATE_WINDOW_S,
+                                demand_headroom=CANDIDATE_HEADROOM, replan_interval_s=REPLAN_S, seed=seed),
+               options={"variant_change_penalty": CANDIDATE_CHANGE_PENALTY},
+               cli=f"--batching quantile --demand-estimate peak --demand-window {CANDIDATE_WINDOW_S:g} --headroom {CANDIDATE_HEADROOM:g} "
+                   f"--replan-every {REPLAN_S:g} --seed {seed} (and options.variant_change_penalty = {CANDIDATE_CHANGE_PENALTY:g})"),
     ]
 
 
@@ -105,7 +115,7 @@ def run_one(task: tuple[str, int]) -> dict[str, Any]:
     scenario, index = task
     problem: Problem = _INPUTS["problem"]
     system = _INPUTS["systems"][index]
-    problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, spare_capacity=system.spare_capacity))
+    problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, spare_capacity=system.spare_capacity, **system.options))
     trace: Trace = _INPUTS["traces"][scenario]
     started = time.perf_counter()
     result = simulate(problem, trace, planner=system.planner, config=system.config)
@@ -201,15 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("Goals (Proteus's recorded figures as the peer):")
     for s in scenarios:
-        a = next(r for r in rows if r["scenario"] == s and r["system"] == "proteus (a)")
-        b = next(r for r in rows if r["scenario"] == s and r["system"] == "tessera (b)")
         ref = recorded[(s, "proteus")]
-        a_met = a["violations_vs_proteus"] <= GOAL_A_VIOLATIONS and abs(a["accuracy_vs_proteus_points"]) <= GOAL_A_ACCURACY_POINTS
-        b_met = b["violations_vs_proteus"] <= GOAL_B_VIOLATIONS and b["effective_accuracy"] >= ref.effective_accuracy
-        print(f"  {s:<7} (a) {a['violations_vs_proteus']:.2f}x violations, {a['accuracy_vs_proteus_points']:+.2f} accuracy points "
-              f"(goal <= {GOAL_A_VIOLATIONS}x, within {GOAL_A_ACCURACY_POINTS}): {'met' if a_met else 'MISSED'};   "
-              f"(b) {b['violations_vs_proteus']:.2f}x violations, {b['effective_accuracy'] - ref.effective_accuracy:+.2f} points "
-              f"(goal <= {GOAL_B_VIOLATIONS}x, >= 0): {'met' if b_met else 'MISSED'}")
+        verdicts = []
+        for label, system, goal in (("(a)", "proteus (a)", "a"), ("(b)", "tessera (b)", "b"), ("(b) candidate", "(b) candidate defaults", "b")):
+            r = next(r for r in rows if r["scenario"] == s and r["system"] == system)
+            points = r["accuracy_vs_proteus_points"]
+            if goal == "a":
+                met = r["violations_vs_proteus"] <= GOAL_A_VIOLATIONS and abs(points) <= GOAL_A_ACCURACY_POINTS
+            else:
+                met = r["violations_vs_proteus"] <= GOAL_B_VIOLATIONS and points >= 0
+            verdicts.append(f"{label} {r['violations_vs_proteus']:.2f}x, {points:+.2f} pts: {'met' if met else 'MISSED'}")
+        print(f"  {s:<7} " + ";  ".join(verdicts))
+    print(f"  (goal (a): <= {GOAL_A_VIOLATIONS}x Proteus's violations, accuracy within {GOAL_A_ACCURACY_POINTS} points; "
+          f"goal (b): <= {GOAL_B_VIOLATIONS}x, accuracy >= Proteus's)")
     print()
     print("Reproduce a row: write the inputs with --write-inputs, then")
     for system in _INPUTS["systems"]:
