@@ -456,16 +456,20 @@ def test_quantile_learns_the_tail_of_measured_service_time():
     assert policy.scale == QuantileBatching.SCALE_MAX
 
 
-def test_quantile_falls_back_to_the_profile_when_the_tail_misses_even_alone():
-    """Head at 30, now 22, scale 1.2: one query takes 8.4 ms at the tail (misses), 7 by the profile (fits):
-    run the largest batch that fits by the profile, as Proteus would, rather than a whole late batch."""
+def test_quantile_scales_the_wait_not_the_batch_size():
+    """Head at 30, scale 1.2. Waiting: with one query queued the wait ends at 30 - 1.2 lat(2) = 19.2, not
+    Proteus's 21. Running now (the queue is full, or the wait is over): the batch size is Proteus's, by the
+    profile, so a tail estimate does not shrink batches and cost throughput."""
     policy = QuantileBatching(initial_scale=1.2)
     queue = QueryQueue()
-    for k in range(4):
+    queue.push(0, 0.0, 30.0)
+    decision = policy.decide(0.0, queue, lin, 4)
+    assert decision.batch == 1 and decision.at_ms == pytest.approx(19.2)
+    for k in range(1, 4):
         queue.push(k, 0.0, 30.0)
-    assert policy.decide(22.0, queue, lin, 4) == ProteusBatching().decide(22.0, queue, lin, 4) == Dispatch(1, 22.0)
-    assert policy.decide(19.0, queue, lin, 4) == Dispatch(2, 19.0)  # 19 + 1.2 x 9 <= 30 < 19 + 1.2 x 11 (Proteus: 3)
-    assert ProteusBatching().decide(19.0, queue, lin, 4) == Dispatch(3, 19.0)
+    for now in (19.0, 22.0):
+        assert policy.decide(now, queue, lin, 4) == ProteusBatching().decide(now, queue, lin, 4)
+    assert policy.decide(19.0, queue, lin, 4) == Dispatch(3, 19.0)  # 19 + lat(3) = 30 <= 30 < 19 + lat(4)
 
 
 # --------------------------------------------------------------------------- properties
