@@ -34,6 +34,7 @@ from apps.registry.services.artifacts import artifact_create
 from apps.registry.services.gpulet import gpulet_import
 from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
+from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load, plain_gpu_model_find
 from engine.reference.profiles import (
@@ -338,7 +339,7 @@ def _deployment_seed(admin) -> None:
                         continue
                     key = f"cpu{accelerator.index}/{slot}"
                     runtimes.append({"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
-                                     "max_batch": fit[0], "batching": {"policy": "proteus"}})
+                                     "max_batch": fit[0], "batching": {"policy": DEFAULT_BATCHING_POLICY}})
                     routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
                 continue
             if accelerator.mps_enabled:
@@ -360,7 +361,7 @@ def _deployment_seed(admin) -> None:
                 variant, max_batch, capacity = chosen
                 key = f"gpu{accelerator.index}/{placement}" if placement else f"gpu{accelerator.index}"
                 runtimes.append({"key": key, "application": application.name, "variant": variant.pk, "max_batch": max_batch,
-                                 "batching": {"policy": "proteus"}})
+                                 "batching": {"policy": DEFAULT_BATCHING_POLICY}})
                 routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": capacity})
         host_desired_state_set(host=host, spec={"gpus": gpus, "runtimes": runtimes}, actor=admin)
     routing_tables_publish(tables={a: r for a, r in routes.items() if r}, actor=admin)

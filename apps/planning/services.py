@@ -40,6 +40,7 @@ from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_checkpoint_set, job_create, job_enqueue, job_progress
 from apps.policies.models import ReplanPolicy, SloPolicy
+from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.plans.problem import (
     OBJECTIVES,
@@ -444,7 +445,7 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
     def planned(_problem: Problem) -> EnginePlan:
         return engine_plan
 
-    config = SimulationConfig(batching="proteus", drop_rule=rules or "deadline", seed=seed, replan_interval_s=None, burst_factor=None,
+    config = SimulationConfig(batching=DEFAULT_BATCHING_POLICY, drop_rule=rules or "deadline", seed=seed, replan_interval_s=None, burst_factor=None,
                               initial_demand="problem", mps_batching=ROUND_BATCHING_POLICY)
     summary = simulate(replay, trace, planner=planned, config=config).summary
     return {

@@ -26,6 +26,7 @@ from django.core.exceptions import ValidationError
 from apps.deployments.services import host_desired_state_validate
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, Host
+from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.dataplane.routing import routing_tables_from_plan
 from engine.geometry.names import instance_id
@@ -150,7 +151,7 @@ def plan_translate(
                 "application": problem.variant(inst.variant).application, "variant": variant_id, "max_batch": int(inst.batch),
                 # The models of an MPS partition take turns in rounds (gpulets, Nexus's duty cycles): each sizes
                 # its batch when its turn comes and drops early what cannot make it, which is Nexus's policy.
-                "batching": {"policy": ROUND_BATCHING_POLICY if mps_percent is not None else "proteus"},
+                "batching": {"policy": ROUND_BATCHING_POLICY if mps_percent is not None else DEFAULT_BATCHING_POLICY},
             }
             if mps_percent is not None:
                 # Its slot in the round comes after the planned turns (batch latency, interference included)

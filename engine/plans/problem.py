@@ -145,10 +145,12 @@ class SolveOptions:
     threads: int | None = None
     # Joint planner: cost per MIG instance destroyed or created, in the objective's units per instance.
     reconfiguration_penalty: float = 0.0
-    # Cost per instance whose variant differs from what runs there now, in effective-accuracy units. Tiny
-    # by default: it only breaks ties between equally good plans, so re-planning does not reshuffle variants
-    # (each change reloads a model, and the instance serves nothing meanwhile).
-    variant_change_penalty: float = 1e-6
+    # Cost per instance whose variant differs from what runs there now, in effective-accuracy units: each
+    # change reloads a model, and the instance serves nothing meanwhile, so a re-plan should change a
+    # variant only for a real gain. 1e-4 (a hundredth of an accuracy point per change) halved the models
+    # reloaded on Proteus's bursty trace and its violations with them (benches/proteus_traces.py); 1e-3
+    # cost 0.3 points of accuracy there.
+    variant_change_penalty: float = 1e-4
     # Capacity model: the largest batch whose latency fits this fraction of the SLO (Proteus, after Nexus).
     latency_budget_fraction: float = 0.5
     # MILP planners, max-accuracy: "fill" gives every device the solver left idle an instance and spreads

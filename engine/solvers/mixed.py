@@ -118,13 +118,14 @@ def _order_of(plan: Plan) -> str:
 
 def _composition_rank(problem: Problem, plan: Plan) -> tuple[float, float, int]:
     """Larger is better: demand served (to a millionth of the total, so rounding does not decide), the
-    objective (negated for min-gpus), fewer GPUs."""
+    objective (negated for min-gpus; to 1e-6, for the same reason: the two orders' MILPs differ in solver
+    noise below that), fewer GPUs."""
     scale = max(problem.total_demand_rps, 1.0) * 1e-6
     served = round(plan.total_served_rps / scale)
     objective = plan.objective if plan.objective is not None else float("-inf")
     if problem.options.objective == "min-gpus":
         objective = -objective
-    return (served, round(objective, 9), -plan.gpus_used)
+    return (served, round(objective, 6), -plan.gpus_used)
 
 
 def _composition_text(plan: Plan) -> str:

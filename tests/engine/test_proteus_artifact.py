@@ -139,7 +139,7 @@ def test_bench_runs_on_a_checkout(checkout: Path, tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     ours = [r for r in rows if "(recorded)" not in r["system"]]
     assert {r["scenario"] for r in ours} == set(PROTEUS_SCENARIOS)
-    assert {r["system"] for r in ours} == {"proteus (a)", "proteus (a), idle devices", "tessera (b)", "(b) candidate defaults"}
+    assert {r["system"] for r in ours} == {"proteus (a)", "proteus (a), idle devices", "tessera (b)", "(b), quantile batching", "(b), previous defaults"}
     for r in ours:
         assert int(r["demand"]) > 0 and 0 <= float(r["slo_violation_ratio"]) <= 1 and float(r["violations_vs_proteus"]) >= 0
     assert "Goals (Proteus's recorded figures as the peer):" in run.stdout
@@ -147,8 +147,8 @@ def test_bench_runs_on_a_checkout(checkout: Path, tmp_path: Path) -> None:
     # The written inputs replay with the CLI.
     cli = subprocess.run(
         [sys.executable, "-m", "controlplane.cli", "simulate", "--problem", str(out / "proteus" / "problem.json"),
-         "--trace", str(out / "proteus" / "zipf.csv"), "--batching", "quantile", "--replan-every", "10",
-         "--demand-estimate", "peak", "--demand-window", "60", "--headroom", "1.2"],
+         "--trace", str(out / "proteus" / "zipf.csv"), "--replan-every", "10",
+         "--batching", "quantile", "--demand-estimate", "mean"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert cli.returncode == 0, cli.stdout[-2000:] + cli.stderr[-2000:]

@@ -226,7 +226,8 @@ class RecordingPlanner:
 def test_replanning_happens_every_interval_on_the_observed_demand() -> None:
     trace = arrivals_poisson(200, 10.0, seed=2, application="app0")
     planner = RecordingPlanner(fixed_planner(("g0", "full", "v0", None, 200)), fixed_planner(("g0", "full", "v0", None, 200)))
-    result = simulate(tiny_problem(), trace, planner=planner, config=SimulationConfig(replan_interval_s=3.0, burst_factor=1.5, seed=1))
+    result = simulate(tiny_problem(), trace, planner=planner, config=SimulationConfig(
+        replan_interval_s=3.0, burst_factor=1.5, seed=1, demand_estimate="mean", demand_headroom=1.0))
     assert [(r["time_s"], r["reason"]) for r in result.replans] == [(0.0, "initial"), (3.0, "interval"), (6.0, "interval"), (9.0, "interval")]
     assert [t for t, _ in result.plans] == [0.0, 3.0, 6.0, 9.0]
     # Initial: the first interval's rate; later: the rate over the last window (3 s).

@@ -15,6 +15,8 @@ from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
 from apps.policies.models import ReplanPolicy
+from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
+from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.geometry.names import runtime_key_parse
 from engine.plans.problem import problem_from_dict, problem_to_dict
 from engine.plans.schema import json_validate, problem_schema
@@ -106,8 +108,9 @@ def test_plan_run_on_the_demo_fleet_stores_a_validated_plan(demo_fleet, fake_dem
         gpus = host.accelerators.filter(kind="gpu").count()
         assert [g["index"] for g in spec["gpus"]] == list(range(gpus))
         for runtime in spec["runtimes"]:
-            # Models on MPS partitions (sim-2080ti-01) take turns in rounds with Nexus's policy.
-            policy = "nexus" if runtime_key_parse(runtime["key"]).is_mps else "proteus"
+            # Models on MPS partitions (sim-2080ti-01) take turns in rounds with Nexus's policy; others get
+            # the default policy.
+            policy = ROUND_BATCHING_POLICY if runtime_key_parse(runtime["key"]).is_mps else DEFAULT_BATCHING_POLICY
             assert runtime["batching"] == {"policy": policy} and runtime["max_batch"] >= 1
             if runtime["key"].startswith("cpu"):
                 assert runtime["cpu_threads"] >= 1

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.geometry import names
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import Placement, mig_layout_diff, mig_layout_validate
@@ -96,7 +97,7 @@ def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, d
         "cpu_threads": runtime.cpu_threads or 1,
         "max_batch": runtime.max_batch,
         "batching": {
-            "policy": runtime.batching.get("policy", "proteus"),
+            "policy": runtime.batching.get("policy", DEFAULT_BATCHING_POLICY),
             "params": runtime.batching.get("params", {}) or {},
             "drop_rule": runtime.batching.get("drop_rule", "deadline"),
             "queue_order": runtime.batching.get("queue_order", "fifo"),

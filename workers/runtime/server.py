@@ -89,7 +89,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from engine.dataplane.batching import batching_policy_make, policy_latency_function
+from engine.dataplane.batching import DEFAULT_BATCHING_POLICY, batching_policy_make, policy_latency_function
 from engine.dataplane.rounds import round_batch_cap
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats, exposition_merge
 from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
@@ -112,7 +112,7 @@ class RuntimeSpecError(ValueError):
 
 @dataclass
 class BatchingSpec:
-    policy: str = "proteus"
+    policy: str = DEFAULT_BATCHING_POLICY
     params: dict[str, Any] = field(default_factory=dict)
     drop_rule: str = "deadline"
     queue_order: str = "fifo"
@@ -181,7 +181,7 @@ class RuntimeSpec:
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < slo):
             raise RuntimeSpecError(f"spec field 'batching.margin_ms' must be >= 0 and below slo_ms, got {margin!r}")
         batching = BatchingSpec(
-            policy=str(raw.get("policy") or "proteus"), params=dict(params), drop_rule=str(raw.get("drop_rule") or "deadline"),
+            policy=str(raw.get("policy") or DEFAULT_BATCHING_POLICY), params=dict(params), drop_rule=str(raw.get("drop_rule") or "deadline"),
             queue_order=str(raw.get("queue_order") or "fifo"), slo_ms=float(slo),
             margin_ms=None if margin is None else float(margin),
         )
