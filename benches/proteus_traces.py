@@ -17,10 +17,13 @@ Each scenario is replayed by Tessera's simulator (the `tessera simulate` engine)
 and on bursts, in these configurations:
 - "proteus (a)": Tessera's `proteus` planner and batching under Proteus's own assumptions: models load in
   0 s, the planner plans for 1.05x the observed mean demand of the last 10 s, service times are the
-  profiled p50s exactly (no noise), no cost for changing a variant, spare devices filled as the artefact
-  does (engine/solvers/spare.py).
-- "proteus (a), idle devices": the same with `spare_capacity: idle`, the paper's Eq. (1) read literally
-  (at most one variant per device, devices without traffic left idle): what Tessera did before.
+  profiled p50s exactly (no noise), no cost for changing a variant, every device given a variant and a
+  family's traffic spread evenly over its instances as the artefact does (`spare_capacity: artefact`,
+  engine/solvers/spare.py).
+- "(a), Tessera's spread": the same with `spare_capacity: fill`: idle devices filled, traffic spread to
+  keep the busiest instance furthest below capacity at the MILP's accuracy (Tessera's default).
+- "(a), idle devices": the same with `spare_capacity: idle`, the paper's Eq. (1) read literally (at most
+  one variant per device, devices without traffic left idle): what Tessera did before.
 - "tessera (b)": Tessera's defaults, with a 5 s model load and 5 % log-normal service-time noise: the
   `proteus` planner with spare capacity filled and a variant change costing 1e-4 of effective accuracy,
   Nexus's batching (DEFAULT_BATCHING_POLICY), re-plans sized for 1.2x the busiest second of the last 60 s.
@@ -88,12 +91,17 @@ def systems(seed: int) -> list[System]:
     artefact = dict(batching="proteus", noise_sigma=0.0, reconfiguration_delay_s=0.0, demand_estimate="mean", demand_headroom=1.05,
                     replan_interval_s=REPLAN_S, seed=seed)
     return [
-        System("proteus (a)", "proteus", SimulationConfig(**artefact), options={"variant_change_penalty": PREVIOUS_CHANGE_PENALTY},
-               cli=f"--planner proteus --batching proteus --noise 0 --reconfig-delay 0 --demand-estimate mean --headroom 1.05 "
-                   f"--replan-every {REPLAN_S:g} --seed {seed} (and options.variant_change_penalty = {PREVIOUS_CHANGE_PENALTY:g})"),
-        System("proteus (a), idle devices", "proteus", SimulationConfig(**artefact), spare_capacity="idle",
+        System("proteus (a)", "proteus", SimulationConfig(**artefact), spare_capacity="artefact",
                options={"variant_change_penalty": PREVIOUS_CHANGE_PENALTY},
-               cli="(as above, with options.spare_capacity = \"idle\" in the problem)"),
+               cli=f"--planner proteus --batching proteus --noise 0 --reconfig-delay 0 --demand-estimate mean --headroom 1.05 "
+                   f"--replan-every {REPLAN_S:g} --seed {seed} (and options.variant_change_penalty = {PREVIOUS_CHANGE_PENALTY:g}, "
+                   f"options.spare_capacity = \"artefact\")"),
+        System("(a), Tessera's spread", "proteus", SimulationConfig(**artefact), spare_capacity="fill",
+               options={"variant_change_penalty": PREVIOUS_CHANGE_PENALTY},
+               cli="(as above, with options.spare_capacity = \"fill\")"),
+        System("(a), idle devices", "proteus", SimulationConfig(**artefact), spare_capacity="idle",
+               options={"variant_change_penalty": PREVIOUS_CHANGE_PENALTY},
+               cli="(as above, with options.spare_capacity = \"idle\")"),
         System("tessera (b)", "proteus", SimulationConfig(replan_interval_s=REPLAN_S, seed=seed), cli=f"--replan-every {REPLAN_S:g} --seed {seed}"),
         System("(b), quantile batching", "proteus", SimulationConfig(batching="quantile", replan_interval_s=REPLAN_S, seed=seed),
                cli=f"--batching quantile --replan-every {REPLAN_S:g} --seed {seed}"),

@@ -397,8 +397,7 @@ def _proactive_dispatch(now_ms: float, queue: QueryQueue, latency_ms: Callable[[
         b = q
     else:
         b = max_batch
-    slack = deadline + DEADLINE_TOLERANCE_MS - now_ms
-    budget = slack
+    budget = deadline + DEADLINE_TOLERANCE_MS - now_ms
     if latency_ms(b) > budget and b > 1:
         if latency_ms(1) <= budget:
             b = _largest_feasible(latency_ms, 1, b, budget)

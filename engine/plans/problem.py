@@ -38,8 +38,8 @@ SolverName = Literal["highs", "cbc"]
 PlanStatus = Literal["optimal", "feasible", "infeasible"]
 OBJECTIVES: tuple[str, ...] = ("max-accuracy", "min-gpus")
 SOLVERS: tuple[str, ...] = ("highs", "cbc")
-SpareCapacity = Literal["fill", "idle"]
-SPARE_CAPACITY: tuple[str, ...] = ("fill", "idle")
+SpareCapacity = Literal["fill", "artefact", "idle"]
+SPARE_CAPACITY: tuple[str, ...] = ("fill", "artefact", "idle")
 
 
 class ProblemError(ValueError):
@@ -147,15 +147,17 @@ class SolveOptions:
     reconfiguration_penalty: float = 0.0
     # Cost per instance whose variant differs from what runs there now, in effective-accuracy units: each
     # change reloads a model, and the instance serves nothing meanwhile, so a re-plan should change a
-    # variant only for a real gain. 1e-4 (a hundredth of an accuracy point per change) halved the models
-    # reloaded on Proteus's bursty trace and its violations with them (benches/proteus_traces.py); 1e-3
-    # cost 0.3 points of accuracy there.
+    # variant only for a real gain. 1e-4 (a hundredth of an accuracy point per change) against 1e-6, on
+    # Proteus's bursty trace (benches/proteus_traces.py's setting): 89 models loaded instead of 108 and
+    # 0.032 violations instead of 0.037 (medium-normal load: 0.020 instead of 0.030); 1e-3 cost 0.3 points
+    # of accuracy there.
     variant_change_penalty: float = 1e-4
     # Capacity model: the largest batch whose latency fits this fraction of the SLO (Proteus, after Nexus).
     latency_budget_fraction: float = 0.5
     # MILP planners, max-accuracy: "fill" gives every device the solver left idle an instance and spreads
     # each application's traffic to keep its busiest instance furthest from full, at the solver's accuracy
-    # (engine/solvers/spare.py, as Proteus's artefact does); "idle" leaves them idle (the paper's Eq. (1)).
+    # (engine/solvers/spare.py); "artefact" fills as Proteus's artefact does and spreads traffic evenly
+    # over an application's instances, as it does; "idle" leaves them idle (the paper's Eq. (1)).
     spare_capacity: SpareCapacity = "fill"
 
 

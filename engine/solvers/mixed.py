@@ -99,12 +99,12 @@ def mixed_plan_solve(problem: Problem, solver: str, *, sharing_solvers: tuple[st
     # max() keeps the first of equals: MPS first on a tie.
     best = max((mps_first, other_first), key=lambda plan: _composition_rank(problem, plan))
     rejected = other_first if best is mps_first else mps_first
-    if problem.options.spare_capacity == "fill" and problem.options.objective == "max-accuracy" and other_solver in _FILLED_SOLVERS:
+    if problem.options.spare_capacity != "idle" and problem.options.objective == "max-accuracy" and other_solver in _FILLED_SOLVERS:
         # The order is chosen; now the non-MPS stage's idle devices take spare capacity (solvers/spare.py),
         # which serves the same traffic at no less accuracy, so the choice stands.
         order = _order_of(best)
         stage_mps, stage_other, stage_problem = stages[order]
-        filled = plan_spare_fill(stage_problem, stage_other)
+        filled = plan_spare_fill(stage_problem, stage_other, even=problem.options.spare_capacity == "artefact")
         best = _plans_compose(problem, stage_mps, filled, mps_solver, other_solver, order, filled_spare=True)
     best.notes.insert(1, f"kept {_order_of(best)} ({_composition_text(best)}) over {_order_of(rejected)} "
                          f"({_composition_text(rejected)})")

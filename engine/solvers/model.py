@@ -621,8 +621,8 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         problem, assignments, status=status_combine(*states), solver=solver_name, objective=objective, bound=bound, gap=gap,
         solve_seconds=time.perf_counter() - started, layouts=layouts, notes=notes,
     )
-    if options.spare_capacity == "fill" and objective_kind == "max-accuracy":
-        plan = plan_spare_fill(problem, plan)
+    if options.spare_capacity != "idle" and objective_kind == "max-accuracy":
+        plan = plan_spare_fill(problem, plan, even=options.spare_capacity == "artefact")
         plan.solve_seconds = time.perf_counter() - started
     return plan
 

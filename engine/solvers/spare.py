@@ -25,10 +25,14 @@ What is done here, in two steps:
    the plan's accuracy (sum acc_i r_i >= the MILP's accuracy-weighted traffic). Departure from the
    artefact, which spreads evenly by count: an even split overloads a slow device (a CPU beside GPUs) and
    ignores the accuracy the MILP chose; this split keeps both the MILP's accuracy and every instance's
-   capacity.
+   capacity. `traffic_spread_even` is the artefact's split, kept for a faithful port: an equal share per
+   instance, capped at its capacity (what a cap leaves goes evenly to the others, where the artefact would
+   queue it on a device that cannot keep up).
 
-Used by the MILP planners (`model.fleet_solve`) when `options.spare_capacity` is "fill" (the default) and
-the objective is max-accuracy; "idle" keeps the paper's letter (Eq. (1) as an inequality, idle devices)."""
+Used by the MILP planners (`model.fleet_solve`) when the objective is max-accuracy and
+`options.spare_capacity` is "fill" (the default: fill, then the LP's spread) or "artefact" (fill, then the
+even spread, as Proteus's artefact); "idle" keeps the paper's letter (Eq. (1) as an inequality, idle
+devices)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -153,11 +157,33 @@ def traffic_spread(served_rps: float, capacities: Sequence[float], accuracies: S
     return [float(x) for x in np.minimum(rates, cap)]
 
 
-def plan_spare_fill(problem: Problem, plan: Plan) -> Plan:
-    """`plan` with its idle devices put to work and each application's traffic spread (module docstring).
-    The plan's status, objective, bound and gap are the solver's; served traffic is unchanged and every
-    application's accuracy is at least the solver's. A plan with nothing to fill and nothing to spread
-    comes back as it was."""
+def traffic_spread_even(served_rps: float, capacities: Sequence[float]) -> list[float]:
+    """The artefact's spread: an equal share of `served_rps` per instance, each capped at its capacity, what
+    the caps leave shared evenly among the others (water-filling). Sums to `served_rps` when the capacities
+    allow it (they do for a plan's own traffic)."""
+    cap = [max(0.0, float(c)) for c in capacities]
+    rates = [0.0] * len(cap)
+    open_ = [i for i, c in enumerate(cap) if c > 0]
+    left = float(served_rps)
+    while left > RPS_EPSILON and open_:
+        share = left / len(open_)
+        still = []
+        for i in open_:
+            add = min(share, cap[i] - rates[i])
+            rates[i] += add
+            if cap[i] - rates[i] > RPS_EPSILON:
+                still.append(i)
+        left = served_rps - sum(rates)
+        open_ = still
+    return rates
+
+
+def plan_spare_fill(problem: Problem, plan: Plan, *, even: bool = False) -> Plan:
+    """`plan` with its idle devices put to work and each application's traffic spread (module docstring):
+    by the LP, or evenly by count (`even`, the artefact's). The plan's status, objective, bound and gap are
+    the solver's; served traffic is unchanged; with the LP every application's accuracy is at least the
+    solver's (the even spread may lower it). A plan with nothing to fill and nothing to spread comes back
+    as it was."""
     if plan.status == "infeasible" or not plan.instances:
         return plan
     choices = spare_devices_assign(problem, plan)
@@ -177,13 +203,16 @@ def plan_spare_fill(problem: Problem, plan: Plan) -> Plan:
             continue
         accuracies = [problem.variant(assignments[k].variant).accuracy for k in members]
         accuracy_traffic = sum(a * assignments[k].assigned_rps for a, k in zip(accuracies, members))
-        for k, r in zip(members, traffic_spread(served, [capacities[k] for k in members], accuracies, accuracy_traffic)):
+        caps = [capacities[k] for k in members]
+        spread_rates = traffic_spread_even(served, caps) if even else traffic_spread(served, caps, accuracies, accuracy_traffic)
+        for k, r in zip(members, spread_rates):
             rates[k] = r
     spread = [Assignment(a.device, a.slice, a.start, a.variant, r) for a, r in zip(assignments, rates)]
     notes = list(plan.notes)
     if choices:
-        notes.append(f"spare capacity: {len(choices)} idle devices given an instance ({', '.join(sorted({c.application for c in choices}))}); "
-                     "traffic spread to minimise the busiest instance's utilisation at the solver's accuracy")
+        how = ("traffic spread evenly over each application's instances, as Proteus's artefact (the objective is the solver's, "
+               "before the spread)" if even else "traffic spread to minimise the busiest instance's utilisation at the solver's accuracy")
+        notes.append(f"spare capacity: {len(choices)} idle devices given an instance ({', '.join(sorted({c.application for c in choices}))}); {how}")
     return plan_assemble(
         problem, spread, status=plan.status, solver=plan.solver, objective=plan.objective, bound=plan.bound, gap=plan.gap,
         solve_seconds=plan.solve_seconds, layouts=plan.layouts, notes=notes,

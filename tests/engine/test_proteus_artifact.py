@@ -139,7 +139,8 @@ def test_bench_runs_on_a_checkout(checkout: Path, tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     ours = [r for r in rows if "(recorded)" not in r["system"]]
     assert {r["scenario"] for r in ours} == set(PROTEUS_SCENARIOS)
-    assert {r["system"] for r in ours} == {"proteus (a)", "proteus (a), idle devices", "tessera (b)", "(b), quantile batching", "(b), previous defaults"}
+    assert {r["system"] for r in ours} == {"proteus (a)", "(a), Tessera's spread", "(a), idle devices", "tessera (b)", "(b), quantile batching",
+                                          "(b), previous defaults"}
     for r in ours:
         assert int(r["demand"]) > 0 and 0 <= float(r["slo_violation_ratio"]) <= 1 and float(r["violations_vs_proteus"]) >= 0
     assert "Goals (Proteus's recorded figures as the peer):" in run.stdout

@@ -13,7 +13,7 @@ import pytest
 from engine.plans.problem import ProblemError, problem_from_dict
 from engine.plans.validate import plan_validate
 from engine.solvers.solve import plan_solve
-from engine.solvers.spare import traffic_spread
+from engine.solvers.spare import traffic_spread, traffic_spread_even
 
 
 def problem_dict(*, demand: dict[str, float] | None = None, gpus: int = 4, spare: str | None = None, objective: str = "max-accuracy") -> dict:
@@ -113,3 +113,26 @@ def test_joint_planner_fills_whole_gpus_too() -> None:
     plan = plan_solve(dataclasses.replace(problem), "joint")
     assert plan_validate(problem, plan).valid
     assert len({i.device for i in plan.instances}) == 4
+
+
+def test_artefact_mode_fills_and_spreads_evenly() -> None:
+    """`spare_capacity: artefact`, Proteus's artefact: the same fill, then an equal share per instance
+    (capped at capacity), whatever the accuracy; the plan still validates."""
+    problem = problem_from_dict(problem_dict(spare="artefact"))
+    plan = plan_solve(problem, "proteus")
+    verdict = plan_validate(problem, plan)
+    assert verdict.valid, verdict.errors
+    assert len({i.device for i in plan.instances}) == 4
+    for app in ("vision", "text"):
+        rates = [i.assigned_rps for i in plan.instances if problem.variant(i.variant).application == app]
+        assert max(rates) - min(rates) < 1e-6  # equal shares (no cap binds at this load)
+    assert any("spread evenly" in n for n in plan.notes)
+
+
+def test_even_spread_shares_equally_up_to_each_capacity() -> None:
+    assert traffic_spread_even(90.0, [100.0, 100.0, 100.0]) == pytest.approx([30.0, 30.0, 30.0])
+    # A small instance is capped; what it cannot take goes evenly to the others.
+    assert traffic_spread_even(90.0, [10.0, 100.0, 100.0]) == pytest.approx([10.0, 40.0, 40.0])
+    assert traffic_spread_even(0.0, [5.0]) == [0.0]
+    assert traffic_spread_even(50.0, [0.0, 100.0]) == pytest.approx([0.0, 50.0])
+
