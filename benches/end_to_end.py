@@ -315,6 +315,7 @@ def run_one(row: Row) -> dict[str, Any]:
         batching=row.batching, batching_params=dict(row.batching_params), seed=CONTEXT["seed"],
         replan_interval_s=None if static else row.replan_s, burst_factor=None if static else 1.5,
         reconfiguration_delay_s=row.reconfiguration_s, demand_headroom=headroom, initial_demand="trace",
+        demand_estimate="mean",  # Proteus's setting, as the header says: the last interval's mean demand
     )
     out: dict[str, Any] = {
         "group": row.group, "row": row.row, "planner": row.planner, "batching": row.batching + "".join(f" {k}={v}" for k, v in row.batching_params),
