@@ -36,7 +36,7 @@ def figure_or_reason(stdout: str, png: Path) -> None:
 def test_batching_bench_quick(tmp_path: Path) -> None:
     stdout = run_quick("batching.py", tmp_path)
     rows = csv_rows(tmp_path / "batching.csv")
-    assert {r["batching"] for r in rows} == {"proteus", "aimd", "nexus"}
+    assert {r["batching"] for r in rows} == {"proteus", "aimd", "nexus", "quantile"}
     assert {r["arrival"] for r in rows} == {"uniform", "poisson", "gamma"}
     assert all(int(r["queries"]) > 0 and 0.0 <= float(r["slo_violation_ratio"]) <= 1.0 for r in rows)
     assert "single static plan" in stdout
