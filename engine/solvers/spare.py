@@ -98,6 +98,20 @@ def _best_variant(problem: Problem, device: DeviceSpec, application: str) -> Spa
     return SpareChoice(device=device.name, slice=best[3], variant=best[2], application=application, capacity_rps=best[1])
 
 
+def _running_choice(problem: Problem, device: DeviceSpec, traffic: dict[str, float]) -> SpareChoice | None:
+    """What the idle device runs now, if it still serves something the plan routes (nothing reloads)."""
+    slot = device_slot_id(FULL_SLICE, None, is_cpu=device.is_cpu)
+    for running_slot, name in device.running:
+        if running_slot != slot or not any(v.name == name for v in problem.variants):
+            continue
+        application = problem.variant(name).application
+        slice_name = _device_slice(problem, device, name)
+        capacity = capacity_for(problem, name, device, slice_name) if slice_name is not None else None
+        if application in traffic and capacity is not None and capacity.capacity_rps > 0:
+            return SpareChoice(device=device.name, slice=slice_name, variant=name, application=application, capacity_rps=capacity.capacity_rps)
+    return None
+
+
 def spare_devices_assign(problem: Problem, plan: Plan) -> list[SpareChoice]:
     """One choice per idle device (see the module docstring, step 1), in device order."""
     capacity: dict[str, float] = defaultdict(float)
@@ -106,17 +120,13 @@ def spare_devices_assign(problem: Problem, plan: Plan) -> list[SpareChoice]:
     traffic = {app: rps for app, rps in plan.served_rps.items() if rps > RPS_EPSILON}
     if not traffic:
         return []
-    variant_app = {v.name: v.application for v in problem.variants}
     choices: list[SpareChoice] = []
     for device in spare_devices(problem, plan):
-        options = {app: choice for app in traffic if (choice := _best_variant(problem, device, app)) is not None}
-        if not options:
-            continue
-        running = [variant_app.get(v) for slot, v in device.running if slot == device_slot_id(FULL_SLICE, None, is_cpu=device.is_cpu)]
-        kept = next((app for app in running if app in options), None)
-        if kept is not None:
-            choice = options[kept]
-        else:
+        choice = _running_choice(problem, device, traffic)
+        if choice is None:
+            options = {app: best for app in traffic if (best := _best_variant(problem, device, app)) is not None}
+            if not options:
+                continue
             # Least headroom first: capacity / traffic smallest; ties by name, so the choice is reproducible.
             app = min(options, key=lambda a: (capacity[a] / traffic[a], a))
             choice = options[app]
