@@ -20,6 +20,24 @@ def seeded(transactional_db):
     return {"viewer_password": result.logins["viewer"], "variants": variants, "devices": devices}
 
 
+def _settled_box(page, locator, *, timeout_s: float = 10.0) -> dict:
+    """The element's box once layout has settled. In one CI run a canvas far down the page measured 56 x 28
+    px (a 2:1 shape at a fraction of the chart's size; the cause was not found, layout not yet settled is
+    the likely one) where every other run measured the full chart. Polls until two reads 50 ms apart agree
+    and it is chart-sized, or the time is up (then the last read, for the assertion to report)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    box = locator.bounding_box()
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+        again = locator.bounding_box()
+        if again == box and box and box["width"] > 250:
+            return box
+        box = again
+    return box
+
+
 @pytest.mark.django_db(transaction=True)
 def test_applications_page_draws_a_chart_per_profiled_variant(asgi_live_server, seeded, browser_page):
     page, url = browser_page, asgi_live_server.url
@@ -40,7 +58,7 @@ def test_applications_page_draws_a_chart_per_profiled_variant(asgi_live_server, 
         if profiled:
             # One uPlot panel per device type the variant was profiled on, each with a drawn canvas.
             assert figure.locator(".uplot canvas").count() >= seeded["devices"][name] >= 1, name
-            box = figure.locator(".uplot canvas").first.bounding_box()
+            box = _settled_box(page, figure.locator(".uplot canvas").first)
             assert box["width"] > 250 and box["height"] > 150, (name, box)
         else:
             assert figure.locator(".uplot").count() == 0 and "Not profiled yet" in figure.inner_text()
