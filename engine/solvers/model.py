@@ -8,7 +8,10 @@ model counts instead of naming them (no symmetric copies for the solver to branc
 
     m[g, c]  integer  devices of class g that take configuration c        sum_c m[g, c] = |g|
     n[s, v]  integer  instances of variant v on slots of class s          sum_v n[s, v] <= sum_{g,c} slots(c, s) m[g, c]
-    r[s, v]  >= 0     queries per second routed to those instances        r[s, v] <= capacity(s, v) n[s, v]
+    u[s, v]  >= 0     their load, in instances                            u[s, v] <= n[s, v]
+    r[s, v] = capacity(s, v) u[s, v], the queries per second routed to those instances
+
+    one partial:   sum_{s, v of a} (n[s, v] - u[s, v]) <= 1     (less than one instance of a left idle)
 
     demand:        sum_{s, v of a} r[s, v] = demand(a)      (or <= demand(a) when maximising served traffic)
     min accuracy:  sum_{s, v of a} (accuracy(v) - min_accuracy(a)) r[s, v] >= 0
@@ -25,7 +28,10 @@ interchangeable, and without symmetric copies), and when Eq. (6) cannot hold the
 lexicographically (fair shares: the smallest served fraction of each priority tier, highest tier first;
 then most traffic served; then accuracy) instead of lowering s_q and re-solving as Proteus §4 ("Solving
 the MILP") does. Most traffic alone would starve the applications that serve the fewest queries per slot. The configurations (MIG geometries chosen per GPU, `joint.py`),
-`min-gpus`, `min_accuracy` and the reconfiguration and variant-change penalties are Tessera's additions.
+`min-gpus`, `min_accuracy` and the reconfiguration and variant-change penalties are Tessera's additions, and
+so are two things that only make it faster: rates as capacity x load (unit coefficients in the capacity
+rows) and the one-partial row, which holds at some optimum of every stage (see
+`_constrain_one_partial_instance`). A re-plan starts from what runs now (`running_start`).
 
 Objectives run in lexicographic stages (see `fleet_solve`); afterwards the counts are handed out to
 concrete devices, placements and instances, and the plan is assembled by `plan_assemble`."""
@@ -190,7 +196,8 @@ class FleetModel:
     lp: pulp.LpProblem
     configs_taken: dict[tuple[int, int], pulp.LpVariable]  # m[g, c]
     instances: dict[tuple[SlotKey, str], pulp.LpVariable]  # n[s, v]
-    routed: dict[tuple[SlotKey, str], pulp.LpVariable]  # r[s, v]
+    loads: dict[tuple[SlotKey, str], pulp.LpVariable]  # u[s, v], in instances: 0 <= u <= n
+    routed: dict[tuple[SlotKey, str], pulp.LpAffineExpression]  # r[s, v] = capacity(s, v) x load u[s, v]
     served_total: pulp.LpAffineExpression
     accuracy_over_demand: pulp.LpAffineExpression
     gpus_used: pulp.LpAffineExpression
@@ -206,7 +213,7 @@ def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable]
     }
     most_slots = _slot_supply_upper(fleet)
     instances: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
-    routed: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
+    loads: dict[tuple[SlotKey, str], pulp.LpVariable] = {}
     variant_index = {v.name: i for i, v in enumerate(fleet.problem.variants)}
     running_here: dict[SlotKey, set[str]] = defaultdict(set)
     for key, variant in _running_counts(fleet):
@@ -217,8 +224,8 @@ def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable]
         for variant in _undominated_variants(fleet.problem, slot_class.capacities, keep=running_here.get(key, set())):
             vi = variant_index[variant]
             instances[key, variant] = pulp.LpVariable(f"n_{si}_{vi}", lowBound=0, upBound=most_slots[key], cat=pulp.LpInteger)
-            routed[key, variant] = pulp.LpVariable(f"r_{si}_{vi}", lowBound=0)
-    return configs_taken, instances, routed
+            loads[key, variant] = pulp.LpVariable(f"u_{si}_{vi}", lowBound=0)
+    return configs_taken, instances, loads
 
 
 def _undominated_variants(problem: Problem, capacities: Mapping[str, InstanceCapacity], keep: set[str] = frozenset()) -> list[str]:
@@ -286,12 +293,31 @@ def _constrain_slot_supply(
 
 
 def _constrain_slot_capacity(
-    lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable], routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]
+    lp: pulp.LpProblem, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable], loads: Mapping[tuple[SlotKey, str], pulp.LpVariable]
 ) -> None:
-    """Traffic to a variant on a slot class stays within its instances' capacity."""
-    for i, ((key, variant), rate) in enumerate(routed.items()):
-        capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
-        lp += rate <= capacity * instances[key, variant], f"capacity_{i}"
+    """Traffic to a variant on a slot class stays within its instances' capacity: the load, counted in
+    instances (routed rate / one instance's capacity), is at most the number of instances."""
+    for i, (key, load) in enumerate(loads.items()):
+        lp += load <= instances[key], f"capacity_{i}"
+
+
+def _constrain_one_partial_instance(
+    lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable], loads: Mapping[tuple[SlotKey, str], pulp.LpVariable]
+) -> None:
+    """Each application leaves less than one instance's worth of capacity idle (written <= 1).
+
+    Valid for every stage without loss: routing an application's traffic to its most accurate instances
+    first fills all of them but the last group used, and once that group has a whole instance idle the
+    instance can go (realisation drops it anyway, see `fleet_realise`); neither step lowers served traffic
+    or accuracy, or adds a GPU. Why state it: after a branch raises an instance count, the relaxation can
+    no longer park the extra capacity unused, which prunes branch-and-bound nodes (issue 22 section 4)."""
+    idle: dict[str, list] = defaultdict(list)
+    for key, load in loads.items():
+        variant = key[1]
+        idle[fleet.problem.variant(variant).application].append(instances[key] - load)
+    for ai, app in enumerate(fleet.problem.applications):
+        if idle.get(app.name):
+            lp += pulp.lpSum(idle[app.name]) <= 1, f"one_partial_{ai}"
 
 
 def _served_by_application(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> dict[str, list[pulp.LpVariable]]:
@@ -389,10 +415,15 @@ def _full_demand_possible(fleet: Fleet) -> bool:
 def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetModel:
     """The constraints every stage shares; stages add their objective and stage constraints."""
     lp = pulp.LpProblem(name, pulp.LpMaximize)
-    configs_taken, instances, routed = _variables_add(fleet)
+    configs_taken, instances, loads = _variables_add(fleet)
+    # Rates are capacity x load (load in instances), so capacity rows have unit coefficients instead of
+    # capacities up to 4e4 rps; HiGHS needed 2,952 nodes instead of 14,711 (24 s -> 11 s) on the slowest
+    # 450-variant instance of benches/planning.py (issue 22 section 4).
+    routed = {key: fleet.slot_classes[key[0]].capacities[key[1]].capacity_rps * load for key, load in loads.items()}
     _constrain_device_configs(lp, fleet, configs_taken)
     _constrain_slot_supply(lp, fleet, configs_taken, instances)
-    _constrain_slot_capacity(lp, fleet, instances, routed)
+    _constrain_slot_capacity(lp, instances, loads)
+    _constrain_one_partial_instance(lp, fleet, instances, loads)
     _constrain_demand(lp, fleet, routed, full=full_demand)
     if full_demand:
         _constrain_capacity_covers_demand(lp, fleet, instances)
@@ -411,7 +442,7 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
         for ci, config in enumerate(group.configs) if config.instances_changed
     )
     return FleetModel(
-        lp=lp, configs_taken=configs_taken, instances=instances, routed=routed, served_total=pulp.lpSum(routed.values()),
+        lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed, served_total=pulp.lpSum(routed.values()),
         accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
         variants_changed=_variants_changed(lp, fleet, instances),
     )
@@ -439,6 +470,97 @@ def _variants_changed(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple
         lp += lost >= running - planned, f"lost_{i}"
         terms.append(lost)
     return pulp.lpSum(terms)
+
+
+def _current_config(group: DeviceClass, device: DeviceSpec) -> int | None:
+    """The index of the configuration `device` is in now: unused when nothing runs on it (if the class can
+    be unused), else the one with its current MIG layout, or the whole GPU, or a CPU host's only one."""
+    if not device.running:
+        idle = next((ci for ci, c in enumerate(group.configs) if not c.uses_device and not c.slots), None)
+        if idle is not None:
+            return idle
+    if device.is_cpu:
+        return next((ci for ci, c in enumerate(group.configs) if c.slots), None)
+    if device.mig and device.layout:
+        layout = tuple(sorted(device.layout))
+        return next((ci for ci, c in enumerate(group.configs) if c.layout == layout and c.slots), None)
+    return next((ci for ci, c in enumerate(group.configs) if c.name == FULL_SLICE), None)
+
+
+def running_start(fleet: Fleet, model: FleetModel) -> dict[str, float] | None:
+    """A MIP start for a full-demand stage from what runs now (issue 22 section 4: warm-start re-planning
+    from the current plan): every device keeps its configuration and its instances, each application's
+    demand goes to its most accurate running instances first, instances left without traffic are let go
+    (as `fleet_realise` would), and demand the rest cannot carry gets new instances on free slots (the
+    largest capacity first) or, with none free, swaps one of the application's instances for a variant
+    that serves more on the same slot. None when nothing runs, a device's state matches none of its
+    configurations, or no swap is left: the solver then starts on its own.
+    The start fixes the integers; HiGHS completes the rest (the variant-change counts) itself."""
+    problem = fleet.problem
+    if not any(d.running for d in problem.devices):
+        return None
+    values: dict[str, float] = {}
+    free: dict[SlotKey, int] = defaultdict(int)
+    for gi, group in enumerate(fleet.device_classes):
+        taken: Counter[int] = Counter()
+        for device in group.devices:
+            ci = _current_config(group, device)
+            if ci is None:
+                return None
+            taken[ci] += 1
+            for key, count in Counter(slot.key for slot in group.configs[ci].slots).items():
+                free[key] += count
+        for ci in range(len(group.configs)):
+            values[model.configs_taken[gi, ci].name] = float(taken[ci])
+    running = {k: c for k, c in _running_counts(fleet).items() if k in model.instances}
+    for (key, _), count in running.items():
+        free[key] -= count
+    if any(n < 0 for n in free.values()):
+        return None
+    capacity = {k: fleet.slot_classes[k[0]].capacities[k[1]].capacity_rps for k in model.instances}
+    by_app: dict[str, list[tuple[SlotKey, str]]] = defaultdict(list)
+    for k in sorted(model.instances, key=lambda k: (-problem.variant(k[1]).accuracy, str(k))):
+        by_app[problem.variant(k[1]).application].append(k)
+    counts: dict[tuple[SlotKey, str], int] = dict(running)
+    loads: dict[tuple[SlotKey, str], float] = {}
+
+    def fill(app: str) -> float:
+        """Route the application's demand to its instances, most accurate first; the demand left over."""
+        remaining = problem.application(app).demand_rps
+        for k in by_app[app]:
+            loads[k] = min(float(counts.get(k, 0)), max(0.0, remaining) / capacity[k])
+            remaining -= loads[k] * capacity[k]
+        return remaining
+
+    # Instances left without traffic free their slots: a fleet whose spare capacity is filled runs
+    # something everywhere, so an application that grew must take those.
+    for app in by_app:
+        fill(app)
+        for k in by_app[app]:
+            needed = math.ceil(loads[k] - 1e-9) if loads[k] > 0 else 0
+            free[k[0]] += counts.get(k, 0) - needed
+            counts[k] = needed
+    for app in by_app:
+        while fill(app) > RPS_EPSILON:
+            options = [k for k in by_app[app] if free[k[0]] > 0]
+            if options:  # a free slot: its largest-capacity variant
+                k = max(options, key=lambda k: capacity[k])
+                free[k[0]] -= 1
+                counts[k] = counts.get(k, 0) + 1
+                continue
+            # No free slot: swap one of the application's instances for a variant that serves more there.
+            swaps = [(capacity[k2] - capacity[k], k, k2) for k in by_app[app] if counts.get(k, 0) > 0
+                     for k2 in by_app[app] if k2[0] == k[0] and capacity[k2] > capacity[k]]
+            if not swaps:
+                return None
+            _, k, k2 = max(swaps, key=lambda swap: swap[0])
+            counts[k] -= 1
+            counts[k2] = counts.get(k2, 0) + 1
+    for k, var in model.instances.items():
+        load = loads.get(k, 0.0)
+        values[var.name] = float(counts.get(k, 0))
+        values[model.loads[k].name] = load
+    return values
 
 
 # --------------------------------------------------------------------------- staged solving
@@ -491,12 +613,14 @@ class _Stages:
     deadline: float
     outcomes: list[SolveOutcome] = field(default_factory=list)
 
-    def run(self, model: FleetModel, *, share: float = 1.0, start: FleetSolution | None = None) -> tuple[SolveOutcome, FleetSolution | None]:
-        """Solve one stage with `share` of the time left, starting from an earlier stage's solution."""
+    def run(
+        self, model: FleetModel, *, share: float = 1.0, start: FleetSolution | Mapping[str, float] | None = None
+    ) -> tuple[SolveOutcome, FleetSolution | None]:
+        """Solve one stage with `share` of the time left, starting from an earlier stage's solution (or from
+        values by variable name, such as `running_start`'s)."""
         limit = max(MIN_STAGE_SECONDS, share * (self.deadline - time.perf_counter()))
-        outcome = milp_solve(
-            model.lp, self.fleet.problem.options, time_limit_s=limit, backend=self.backend, start=start.values if start else None
-        )
+        values = start.values if isinstance(start, FleetSolution) else start
+        outcome = milp_solve(model.lp, self.fleet.problem.options, time_limit_s=limit, backend=self.backend, start=values or None)
         self.outcomes.append(outcome)
         return outcome, (_solution_read(model) if outcome.has_solution else None)
 
@@ -543,7 +667,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         model = fleet_model_build(fleet, full_demand=True, name="min_gpus")
         model.lp.sense = pulp.LpMinimize
         model.lp.setObjective(model.gpus_used + penalty * model.instances_changed)
-        first, first_solution = stages.run(model, share=FIRST_STAGE_SHARE)
+        first, first_solution = stages.run(model, share=FIRST_STAGE_SHARE, start=running_start(fleet, model))
         if first_solution is not None:
             # GPUs and changes are whole numbers: report them exactly, not with the solver's rounding noise.
             objective = first_solution.gpus_used(fleet) + penalty * first_solution.instances_changed(fleet)
@@ -561,7 +685,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         model = fleet_model_build(fleet, full_demand=True, name="max_accuracy")
         model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed - keep * model.variants_changed))
         # Most of the time: this is the last stage unless demand turns out not to fit.
-        first, first_solution = stages.run(model, share=0.8)
+        first, first_solution = stages.run(model, share=0.8, start=running_start(fleet, model))
         if first_solution is not None:
             solution, objective, bound, gap, states = first_solution, _unscale(first.objective, scale), _unscale(first.bound, scale), first.gap, [first.state]
 

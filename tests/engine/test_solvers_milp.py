@@ -713,3 +713,73 @@ def test_running_must_name_a_slot_and_variant_of_the_problem() -> None:
         _twin_variants_problem({"g0": {"3g.20gb@0": "a"}})
     with pytest.raises(ProblemError, match="unknown variant 'zz'"):
         _twin_variants_problem({"g0": {"full": "zz"}})
+
+
+def _start_check(problem: Problem, solver: str = "proteus") -> tuple[dict[str, float] | None, list[str]]:
+    """The running start for the full-demand stage, and the model's rows it violates (the variant-change
+    rows aside: HiGHS completes those variables itself)."""
+    from engine.solvers.model import fleet_model_build, running_start
+
+    fleet = proteus_fleet(problem) if solver == "proteus" else joint_fleet(problem)
+    model = fleet_model_build(fleet, full_demand=True, name="start_check")
+    start = running_start(fleet, model)
+    if start is None:
+        return None, []
+    assert set(start) >= {v.name for v in model.instances.values()} | {v.name for v in model.loads.values()}
+    for var in model.lp.variables():
+        var.varValue = start.get(var.name, 0.0)
+    bad = [name for name, row in model.lp.constraints.items() if not name.startswith("lost_") and not row.valid(1e-6)]
+    return start, bad
+
+
+@pytest.mark.parametrize("growth", [0.8, 0.9, 1.0])
+def test_replanning_starts_from_what_runs(growth: float) -> None:
+    """Re-planning hands the solver the current plan, repaired for the new demand (freed instances, new
+    slots, swaps to variants that serve more), as a MIP start that satisfies every row of the model."""
+    import dataclasses
+
+    from engine.plans.problem import SolveOptions, device_slot_id
+    from engine.reference.generate import proteus_sized_problem
+
+    problem = proteus_sized_problem(12, 3, 12, 3, seed=1, options=SolveOptions(time_limit_s=20))
+    assert _start_check(problem) == (None, [])  # nothing runs: no start
+    plan = plan_solve(problem, "proteus")
+    devices = {d.name: d for d in problem.devices}
+    running: dict[str, list[tuple[str, str]]] = {}
+    for i in plan.instances:
+        running.setdefault(i.device, []).append((device_slot_id(i.slice, i.start, is_cpu=devices[i.device].is_cpu), i.variant))
+    rng = np.random.default_rng(7)
+    replan = dataclasses.replace(
+        problem,
+        devices=tuple(dataclasses.replace(d, running=tuple(sorted(running.get(d.name, ())))) for d in problem.devices),
+        applications=tuple(dataclasses.replace(a, demand_rps=a.demand_rps * growth * rng.uniform(0.97, 1.03)) for a in problem.applications),
+    )
+    start, violated = _start_check(replan)
+    assert start is not None and violated == []
+    again = plan_solve(replan, "proteus")
+    assert again.status == "optimal"
+    verdict = plan_validate(replan, again)
+    assert verdict.valid, str(verdict)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_partial_instance_row_loses_nothing(seed: int) -> None:
+    """Each application may leave at most one instance's worth of capacity idle
+    (model._constrain_one_partial_instance). The row must cut no optimum: the same model solved without it
+    reaches the same accuracy."""
+    from engine.plans.problem import SolveOptions
+    from engine.solvers.model import fleet_model_build
+
+    problem = random_problem(seed, [WHOLE, CPU, MIG_FIXED_B], apps=3, variants=3, load=0.5)
+    values = []
+    for keep_row in (True, False):
+        model = fleet_model_build(proteus_fleet(problem), full_demand=True, name="one_partial")
+        assert any(name.startswith("one_partial_") for name in model.lp.constraints)
+        if not keep_row:
+            for name in [n for n in model.lp.constraints if n.startswith("one_partial_")]:
+                del model.lp.constraints[name]
+        model.lp.setObjective(model.accuracy_over_demand)
+        outcome = milp_solve(model.lp, SolveOptions(mip_gap=0.0), time_limit_s=20)
+        assert outcome.state == "optimal"
+        values.append(outcome.objective)
+    assert values[0] == pytest.approx(values[1], abs=1e-7)
