@@ -32,3 +32,23 @@ def test_telemetry_bench_quick_writes_csv(postgres_server_url, redis_url, tmp_pa
     assert float(row["achieved_instance_rps"]) == float(row["db_instance_rps"]) > 0  # every report stored
     if Path("/usr/bin/chromium").exists():
         assert int(row["browser_seen"]) > 0 and float(row["browser_p95_ms"]) > 0
+
+
+@pytest.mark.timeout(200)
+def test_telemetry_profile_bench_stores_every_report(postgres_server_url, tmp_path: Path) -> None:
+    """benches/telemetry_profile.py: every report it posts is stored, and its breakdown adds up (the SQL
+    share of a report's time is a part of it)."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benches" / "telemetry_profile.py"), "--reports", "40", "--postgres", postgres_server_url,
+         "--database", "tessera_profile_smoke", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=190,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "(all)" in result.stdout and "MISSING ROWS" not in result.stdout
+    with (tmp_path / "telemetry_profile.csv").open() as fh:
+        rows = {(r["section"], r["name"]): r for r in csv.DictReader(fh)}
+    wall = float(rows["total", "wall, no profiler"]["ms_per_report"])
+    sql = float(rows["total", "SQL, no profiler"]["ms_per_report"])
+    assert 0 < sql < wall
+    assert float(rows["total", "SQL, no profiler"]["per_report"]) >= 3  # lookups, duplicate check, inserts
+    assert any(section == "group" for section, _ in rows)
