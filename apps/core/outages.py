@@ -65,7 +65,12 @@ def outage_from_exception(exc: BaseException) -> ServiceUnavailable | None:
     if isinstance(exc, ServiceUnavailable):
         return exc
     if isinstance(exc, (OperationalError, InterfaceError)):
-        logger.warning("database unavailable: %s", _first_line(exc))
+        from .transactions import concurrency_rollback
+
+        if concurrency_rollback(exc):  # retried already (transactions.transaction_retry): still a 503, not an outage
+            logger.warning("database conflict (deadlock or serialization failure), rolled back: %s", _first_line(exc))
+        else:
+            logger.warning("database unavailable: %s", _first_line(exc))
         return ServiceUnavailable(DATABASE, _first_line(exc))
     return None
 

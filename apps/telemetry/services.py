@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.core.transactions import transaction_retry
 from apps.inventory.models import Host, RouterCredential
 from apps.registry.models import Application
 
@@ -36,6 +37,7 @@ def _application_ids(names: Iterable[str]) -> dict[str, int]:
     return dict(Application.objects.filter(name__in=wanted).values_list("name", "pk"))
 
 
+@transaction_retry
 def host_metrics_ingest(*, host: Host, report: dict[str, Any]) -> dict[str, int]:
     """Store one metrics report of a host's agent: a RuntimeSample per runtime, a GpuSample per GPU and one
     per MIG instance on it; then mark the host seen now (metrics are the agent's heartbeat). An application
@@ -104,6 +106,7 @@ def _delivered_before(*stored) -> bool:
     return any(queryset.exists() for queryset in stored)
 
 
+@transaction_retry
 def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]) -> dict[str, int]:
     """Store one router report, sent with the router's credential under its own name (the view checks
     `report["router"] == credential.name`): an ApplicationSample per application. Unknown application names

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.core.context import change_context
+from apps.core.transactions import transaction_retry
 from apps.inventory.choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatusChoices
 from apps.inventory.models import Accelerator, Host
 from apps.jobs.choices import JobKindChoices
@@ -57,6 +58,7 @@ def _profiling_request_lock(profiling_request: ProfilingRequest) -> ProfilingReq
     return locked
 
 
+@transaction_retry
 @transaction.atomic
 def profiling_request_progress(
     *, profiling_request: ProfilingRequest, status: str | None = None, progress: int | None = None, log_line: str = "", error: str = ""
@@ -92,6 +94,7 @@ def _profiling_request_progress_apply(
     return pr
 
 
+@transaction_retry
 @transaction.atomic
 def profiling_results_record(*, profiling_request: ProfilingRequest, points: list[dict[str, Any]], log_line: str = "") -> list[Profile]:
     """Store a profiling request's measurements as `measured` Profile rows (a point already profiled is
