@@ -556,6 +556,10 @@ def running_start(fleet: Fleet, model: FleetModel) -> dict[str, float] | None:
             _, k, k2 = max(swaps, key=lambda swap: swap[0])
             counts[k] -= 1
             counts[k2] = counts.get(k2, 0) + 1
+    for app in by_app:  # growth may have left a less accurate group without traffic: let it go too
+        fill(app)
+        for k in by_app[app]:
+            counts[k] = min(counts.get(k, 0), math.ceil(loads[k] - 1e-9) if loads[k] > 0 else 0)
     for k, var in model.instances.items():
         load = loads.get(k, 0.0)
         values[var.name] = float(counts.get(k, 0))
