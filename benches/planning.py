@@ -247,8 +247,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     out(f"   {'axis':<12} {'devices':>7} {'types':>5} {'variants':>8} {'apps':>4}  {'status':<22} {'wall mean':>9} {'wall max':>9} "
         f"{'HiGHS mean':>10} {'other mean':>10} {'stages':>6} {'gap max':>8} {'served min':>10}  target")
     sweeps = [(axis, dict(PROTEUS_SIZE, **{axis: v})) for axis, values in FIGURE10_AXES.items() for v in values]
-    extra = [("combined" if dict(zip(PROTEUS_SIZE, k[1:])) == FIGURE10_COMBINED else "other", dict(zip(PROTEUS_SIZE, k[1:])))
-             for k in groups if k[0] == "proteus" and dict(zip(PROTEUS_SIZE, k[1:])) not in [s for _, s in sweeps]]
+    solved = [dict(zip(PROTEUS_SIZE, k[1:])) for k in groups if k[0] == "proteus"]
+    extra = [("combined" if size == FIGURE10_COMBINED else "other", size) for size in solved if size not in [s for _, s in sweeps]]
     for axis, size in sweeps + extra:
         g = groups.get(("proteus", *size.values()))
         if not g:

@@ -31,6 +31,8 @@ from django.template import loader
 from kombu.exceptions import OperationalError as KombuOperationalError
 from rest_framework import exceptions
 
+from .transactions import concurrency_rollback
+
 logger = logging.getLogger("tessera.outages")
 
 DATABASE = "database"
@@ -65,8 +67,6 @@ def outage_from_exception(exc: BaseException) -> ServiceUnavailable | None:
     if isinstance(exc, ServiceUnavailable):
         return exc
     if isinstance(exc, (OperationalError, InterfaceError)):
-        from .transactions import concurrency_rollback
-
         if concurrency_rollback(exc):  # retried already (transactions.transaction_retry): still a 503, not an outage
             logger.warning("database conflict (deadlock or serialization failure), rolled back: %s", _first_line(exc))
         else:
