@@ -383,9 +383,10 @@ def fault_worker_killed(stack: Stack, *, duration: float, clients: int) -> dict[
         _wait_for(lambda: not Job.objects.get(pk=job.pk).active, RECOVERY_WAIT_S, "the resumed bench job to finish")
     finished = Job.objects.get(pk=job.pk)
     bound = settings.TESSERA_JOB_STALE_AFTER_S + settings.TESSERA_JOB_SWEEP_EVERY_S
-    extra = "" if finished.status == "succeeded" else f"job {job.pk} {finished.status} after {RECOVERY_WAIT_S:.0f} s: {finished.error[:80]}"
+    if finished.status != "succeeded":  # told beside the wrong answers, not in their place
+        tally.wrong_examples.append(f"job {job.pk} {finished.status} after {RECOVERY_WAIT_S:.0f} s: {finished.error[:80]}")
     return _row("worker-killed", tally, noticed_s=resumed[0] if resumed else None, bound_s=bound, plan_run_after=plan_run_after(stack),
-                recovered_s=0.0, wrong_examples=extra)
+                recovered_s=0.0)
 
 
 def fault_agent_killed(stack: Stack, *, duration: float, clients: int) -> dict[str, Any]:

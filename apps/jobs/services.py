@@ -71,15 +71,20 @@ def job_create(
     user = actor if getattr(actor, "is_authenticated", False) and getattr(actor, "pk", None) else None
     job = Job(kind=kind, actor=user, actor_name=actor_name or (getattr(user, "username", "") if user else ""),
               targets=job_targets(targets), params=params or {}, key=key)
-    for last_try in (False, True):
+    # A few tries: the job in the way may finish (or be failed as stale) between our insert and our look at it.
+    for last_try in (False, False, True):
         try:
             with transaction.atomic():
                 job.save()
             break
         except IntegrityError:
+            if not key:
+                raise  # not the one-active-per-key rule: a real error
             active = Job.objects.filter(key=key, status__in=JOB_ACTIVE_STATUSES).first()
             if active is None:
-                raise
+                if last_try:
+                    raise
+                continue  # it finished in between: the key is free now
             stale = _job_pending_stale(active)
             if last_try or not stale:
                 raise JobConflict(active) from None

@@ -31,7 +31,7 @@ def test_faults_bench_quick_writes_csv(postgres_server_url, redis_url, tmp_path:
     assert list(rows) == list(FAULTS)
     for fault, row in rows.items():
         assert int(row["sent"]) > 0 and int(row["answered"]) == int(row["sent"]), row  # no request unanswered
-        assert int(row["wrong"]) == 0, row
+        assert int(row["wrong"]) == 0, f"{fault}: {row['wrong']} wrong, e.g. {row['wrong_examples']}"
         assert row["plan_run_after"] == "202", row  # nothing wedged
     assert int(rows["postgres-refused"]["unavailable"]) > 0 and int(rows["redis-refused"]["unavailable"]) > 0
     assert rows["worker-killed"]["noticed_s"] and rows["agent-killed"]["noticed_s"]  # both noticed (the bound: the bench's verdict)

@@ -23,6 +23,23 @@ def test_one_active_job_per_key() -> None:
     job_create(kind="planning")
 
 
+def test_a_job_that_finishes_between_the_refused_insert_and_the_look_leaves_the_key_free(monkeypatch) -> None:
+    """The race CI once met (a 500 to a plan run): the insert is refused because a job holds the key, and that
+    job finishes before job_create looks for it. The key is free then, so the new job is created."""
+    first = job_create(kind="planning", key="planning:fleet", actor_name="test")
+    look = Job.objects.filter
+    finished: list[int] = []
+
+    def the_other_finishes_then_look(*args, **kwargs):
+        if kwargs.get("key") == "planning:fleet" and not finished:  # job_create looks for the job in the way
+            finished.append(look(pk=first.pk).update(status="succeeded"))  # ... which just finished elsewhere
+        return look(*args, **kwargs)
+
+    monkeypatch.setattr(Job.objects, "filter", the_other_finishes_then_look)
+    second = job_create(kind="planning", key="planning:fleet")
+    assert finished == [1] and second.pk != first.pk and second.status == "pending"
+
+
 def test_execute_runs_once_and_records_the_outcome() -> None:
     job = job_create(kind="planning")
     calls = []
