@@ -11,6 +11,7 @@ an in-process job thread. None of them waits for the send:
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import threading
@@ -36,11 +37,15 @@ def stream_server_loop_register(loop: asyncio.AbstractEventLoop) -> None:
 
 
 class _Publisher:
-    """A daemon thread running an event loop that sends events to the channel layer in the order given.
-    Started on first use in each process (after a fork too: threads do not survive one). At most
-    `MAX_PENDING` sends wait; beyond that (Redis away) events are dropped with a warning, not queued."""
+    """A daemon thread running an event loop that sends events to the channel layer. Started on first use
+    in each process (after a fork too: threads do not survive one). Each group's events are sent one after
+    another, in the order given (a subscriber sees a create before its update); different groups' in
+    parallel, at most `MAX_SENDING` at once, because each send holds one of the layer's pooled Redis
+    connections and redis-py refuses beyond the pool's limit ("Too many connections"). At most
+    `MAX_PENDING` events wait; beyond that (Redis away) events are dropped with a warning, not queued."""
 
     MAX_PENDING = 10_000
+    MAX_SENDING = 16
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -48,13 +53,16 @@ class _Publisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending = 0
         self._dropped = 0
+        self._queues: dict[str, collections.deque] = {}  # touched on the publisher's loop only
+        self._sending: asyncio.Semaphore | None = None
 
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._pid != os.getpid() or self._loop is None:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="tessera-stream-publisher", daemon=True).start()
-                self._loop, self._pid, self._pending = loop, os.getpid(), 0
+                self._loop, self._pid, self._pending, self._queues = loop, os.getpid(), 0, {}
+                self._sending = asyncio.Semaphore(self.MAX_SENDING)
             return self._loop
 
     def submit(self, layer, group: str, event: dict) -> None:
@@ -66,16 +74,28 @@ class _Publisher:
                     logger.warning("live stream backlog full: %d events dropped so far", self._dropped)
                 return
             self._pending += 1
-        loop.call_soon_threadsafe(loop.create_task, self._send(layer, group, event))
+        loop.call_soon_threadsafe(self._enqueue, layer, group, event)
 
-    async def _send(self, layer, group: str, event: dict) -> None:
-        try:
-            await layer.group_send(group, event)
-        except Exception:  # noqa: BLE001 - best effort, see group_publish
-            logger.warning("could not publish to %s", group, exc_info=True)
-        finally:
-            with self._lock:
-                self._pending -= 1
+    def _enqueue(self, layer, group: str, event: dict) -> None:
+        """On the publisher's loop: queue behind the group's earlier events; start its sender if idle."""
+        queue = self._queues.get(group)
+        if queue is None:
+            queue = self._queues[group] = collections.deque()
+            self._loop.create_task(self._drain(group, queue))
+        queue.append((layer, event))
+
+    async def _drain(self, group: str, queue: collections.deque) -> None:
+        while queue:
+            layer, event = queue.popleft()
+            try:
+                async with self._sending:
+                    await layer.group_send(group, event)
+            except Exception:  # noqa: BLE001 - best effort, see group_publish
+                logger.warning("could not publish to %s", group, exc_info=True)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+        del self._queues[group]  # nothing ran between the last check and here: the loop is ours alone
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every submitted event has been sent (tests, and processes about to exit)."""

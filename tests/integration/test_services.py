@@ -79,3 +79,40 @@ def test_change_stream_over_channels_redis(redis_url, settings, users):
 
     event = asyncio.run(scenario())
     assert event["object_type"] == "inventory.host" and event["action"] == "create" and event["object_repr"] == "streamed-host"
+
+
+def test_a_burst_of_events_reaches_redis_whole_and_in_order(redis_url, settings, caplog):
+    """A burst (a demo seed, a rollout touching a hundred rows) is sent over a bounded number of pooled
+    connections: none refused with "Too many connections", none lost, each group's events in order."""
+    from channels.layers import get_channel_layer
+
+    from apps.core.streams import group_publish, stream_publisher_flush
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [redis_url], "capacity": 1000}}}
+    groups = [f"tessera-burst-{uuid.uuid4().hex[:8]}-{i}" for i in range(5)]
+
+    async def subscribe():
+        layer = get_channel_layer()
+        channels = [await layer.new_channel() for _ in groups]
+        for group, channel in zip(groups, channels):
+            await layer.group_add(group, channel)
+        return channels
+
+    channels = asyncio.run(subscribe())
+    for n in range(120):
+        for group in groups:
+            group_publish(group, {"type": "burst.event", "n": n})
+    assert stream_publisher_flush(timeout_s=30)
+
+    async def receive_all():
+        layer = get_channel_layer()
+        got = {}
+        for group, channel in zip(groups, channels):
+            got[group] = [(await asyncio.wait_for(layer.receive(channel), timeout=5))["n"] for _ in range(120)]
+            await layer.group_discard(group, channel)
+        return got
+
+    received = asyncio.run(receive_all())
+    assert all(numbers == list(range(120)) for numbers in received.values())
+    assert "could not publish" not in caplog.text
