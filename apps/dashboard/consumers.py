@@ -147,8 +147,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     # ---------------------------------------------------------------- channel-layer events
 
-    async def metrics_host(self, event: dict) -> None:
-        self.window.host_report(event)
+    async def metrics_hosts(self, event: dict) -> None:
+        for report in event["reports"]:
+            self.window.host_report(report)
         self.dirty = True
 
     async def metrics_router(self, event: dict) -> None:

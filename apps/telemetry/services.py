@@ -13,19 +13,21 @@ is acknowledged without writing anything."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
-from typing import Any, Iterable
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any, Iterable, Sequence
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.core.bulk import model_rows_insert
 from apps.core.transactions import transaction_retry
 from apps.inventory.models import Host, RouterCredential
 from apps.registry.models import Application
 
 from .models import ApplicationSample, GpuSample, RuntimeSample
-from .streams import host_metrics_event, metrics_publish, router_report_event
+from .streams import host_metrics_batch_event, host_metrics_event, metrics_publish, router_report_event
 
 log = logging.getLogger("tessera.telemetry")
 
@@ -37,72 +39,114 @@ def _application_ids(names: Iterable[str]) -> dict[str, int]:
     return dict(Application.objects.filter(name__in=wanted).values_list("name", "pk"))
 
 
-@transaction_retry
-def host_metrics_ingest(*, host: Host, report: dict[str, Any]) -> dict[str, int]:
-    """Store one metrics report of a host's agent: a RuntimeSample per runtime, a GpuSample per GPU and one
-    per MIG instance on it; then mark the host seen now (metrics are the agent's heartbeat). An application
-    name the registry does not know is kept by name, with no foreign key. Returns the rows written."""
-    at = report["at"]
-    interval_s = report.get("interval_s", 1.0)
-    runtimes = report.get("runtimes", [])
-    applications = _application_ids(r.get("application", "") for r in runtimes)
-    runtime_rows = [
-        RuntimeSample(
-            host_id=host.pk,
-            runtime_key=r["key"],
-            application_id=applications.get(r.get("application", "")),
-            application_name=r.get("application", ""),
-            variant_name=r.get("variant", ""),
-            at=at,
-            interval_s=interval_s,
-            arrivals=r.get("arrivals", 0),
-            served=r.get("served", 0),
-            late=r.get("late", 0),
-            dropped=r.get("dropped", 0),
-            queue_length=r.get("queue_length", 0),
-            batches=r.get("batches", 0),
-            batch_size_mean=r.get("batch_size_mean") or 0.0,
-            latency_p50_ms=r.get("latency_p50_ms"),
-            latency_p99_ms=r.get("latency_p99_ms"),
-        )
-        for r in runtimes
+RUNTIME_FIELDS = ("host_id", "runtime_key", "application_id", "application_name", "variant_name", "at", "interval_s", "arrivals",
+                  "served", "late", "dropped", "queue_length", "batches", "batch_size_mean", "latency_p50_ms", "latency_p99_ms")
+GPU_FIELDS = ("host_id", "accelerator_index", "placement", "at", "utilization_pct", "gr_engine_active_pct", "memory_used_mb",
+              "power_w", "simulated")
+
+
+def _runtime_rows(host_id: int, report: dict[str, Any], applications: dict[str, int]) -> list[tuple]:
+    at, interval_s = report["at"], report.get("interval_s", 1.0)
+    return [
+        (host_id, r["key"], applications.get(r.get("application", "")), r.get("application", ""), r.get("variant", ""), at, interval_s,
+         r.get("arrivals", 0), r.get("served", 0), r.get("late", 0), r.get("dropped", 0), r.get("queue_length", 0),
+         r.get("batches", 0), r.get("batch_size_mean") or 0.0, r.get("latency_p50_ms"), r.get("latency_p99_ms"))
+        for r in report.get("runtimes", [])
     ]
-    gpu_rows = []
+
+
+def _gpu_rows(host_id: int, report: dict[str, Any]) -> list[tuple]:
+    at, rows = report["at"], []
     for gpu in report.get("gpus", []):
         simulated = gpu.get("simulated", False)
-        gpu_rows.append(GpuSample(
-            host_id=host.pk, accelerator_index=gpu["index"], placement="", at=at,
-            utilization_pct=gpu.get("utilization_pct"), gr_engine_active_pct=gpu.get("gr_engine_active_pct"),
-            memory_used_mb=gpu.get("memory_used_mb", 0), power_w=gpu.get("power_w"), simulated=simulated,
-        ))
+        rows.append((host_id, gpu["index"], "", at, gpu.get("utilization_pct"), gpu.get("gr_engine_active_pct"),
+                     gpu.get("memory_used_mb", 0), gpu.get("power_w"), simulated))
         for instance in gpu.get("instances", []):
-            gpu_rows.append(GpuSample(
-                host_id=host.pk, accelerator_index=gpu["index"], placement=instance["placement"], at=at,
-                utilization_pct=instance.get("utilization_pct"), gr_engine_active_pct=instance.get("gr_engine_active_pct"),
-                memory_used_mb=instance.get("memory_used_mb", 0), power_w=None, simulated=simulated,
-            ))
+            rows.append((host_id, gpu["index"], instance["placement"], at, instance.get("utilization_pct"),
+                         instance.get("gr_engine_active_pct"), instance.get("memory_used_mb", 0), None, simulated))
+    return rows
+
+
+def host_metrics_ingest(*, host: Host, report: dict[str, Any]) -> dict[str, int]:
+    """Store one metrics report of a host's agent (see `host_metrics_ingest_many`). Returns the rows written."""
+    return host_metrics_ingest_many(reports=[(host, report)])[0]
+
+
+@transaction_retry
+def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) -> list[dict[str, int]]:
+    """Store agents' metrics reports, already validated, in one transaction (the ingest endpoint gathers
+    the reports that arrive while the previous batch commits: a group commit). Per report: a RuntimeSample
+    per runtime, a GpuSample per GPU and one per MIG instance on it; every host is marked seen now
+    (metrics are the agent's heartbeat; a late report, sent after an outage, still means the agent is up).
+    An application name the registry does not know is kept by name, with no foreign key. A report stored
+    already (same host, same `at`), or twice in `reports`, writes nothing. Returns, per report in order,
+    the rows written. Once committed, the batch is announced on the live stream as one event."""
+    if not reports:
+        return []
+    host_ids = sorted({host.pk for host, _ in reports})
+    applications = _application_ids(r.get("application", "") for _, report in reports for r in report.get("runtimes", []))
+    written: list[dict[str, int]] = []
     with transaction.atomic():
-        # Bookkeeping, not a change: last_seen is excluded from the audit, and update() skips the receivers.
-        # A late report (sent after an outage) still means the agent is up now. The update also locks the
-        # host's row, so this host's reports are stored one at a time and the duplicate check below holds.
-        Host.objects.filter(pk=host.pk).update(last_seen=timezone.now())
-        if _delivered_before(RuntimeSample.objects.filter(host_id=host.pk, at=at), GpuSample.objects.filter(host_id=host.pk, at=at)):
-            return {"runtime_samples": 0, "gpu_samples": 0}
-        RuntimeSample.objects.bulk_create(runtime_rows)
-        GpuSample.objects.bulk_create(gpu_rows)
-        dropped = report.get("dropped_reports", 0)
-        if dropped:
-            Host.objects.filter(pk=host.pk).update(dropped_reports=F("dropped_reports") + dropped)
-            log.warning("host %s: its agent dropped %d metrics reports (outage buffer full)", host.name, dropped)
-        event = host_metrics_event(host_name=host.name, report=report)
-        transaction.on_commit(lambda: metrics_publish(event))
-    return {"runtime_samples": len(runtime_rows), "gpu_samples": len(gpu_rows)}
+        # The hosts' rows are locked, so each host's reports are stored one batch at a time and the
+        # duplicate check below holds; several in id order first, so two batches never wait on each other
+        # in a cycle (UPDATE locks in no stated order). Then the heartbeat: bookkeeping, not a change
+        # (last_seen is excluded from the audit, and update() skips the receivers).
+        if len(host_ids) > 1:
+            list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk", flat=True))
+        Host.objects.filter(pk__in=host_ids).update(last_seen=timezone.now())
+        seen = _stored_already(host_ids, {report["at"] for _, report in reports})
+        runtime_rows: list[tuple] = []
+        gpu_rows: list[tuple] = []
+        dropped: dict[int, int] = {}
+        events = []
+        for host, report in reports:
+            if (host.pk, report["at"]) in seen:
+                written.append({"runtime_samples": 0, "gpu_samples": 0})
+                continue
+            seen.add((host.pk, report["at"]))
+            runtimes, gpus = _runtime_rows(host.pk, report, applications), _gpu_rows(host.pk, report)
+            runtime_rows += runtimes
+            gpu_rows += gpus
+            written.append({"runtime_samples": len(runtimes), "gpu_samples": len(gpus)})
+            if report.get("dropped_reports"):
+                dropped[host.pk] = dropped.get(host.pk, 0) + report["dropped_reports"]
+                log.warning("host %s: its agent dropped %d metrics reports (outage buffer full)", host.name, report["dropped_reports"])
+            events.append(host_metrics_event(host_name=host.name, report=report))
+        model_rows_insert(model=RuntimeSample, fields=RUNTIME_FIELDS, rows=runtime_rows)
+        model_rows_insert(model=GpuSample, fields=GPU_FIELDS, rows=gpu_rows)
+        for host_id, count in dropped.items():
+            Host.objects.filter(pk=host_id).update(dropped_reports=F("dropped_reports") + count)
+        if events:
+            transaction.on_commit(lambda: metrics_publish(host_metrics_batch_event(events)))
+    return written
+
+
+def _stored_already(host_ids: list[int], ats: set) -> set[tuple[int, Any]]:
+    """The (host, at) pairs among these hosts with samples between the earliest and the latest of `ats`
+    (a superset of the pairs asked about: the caller looks its own up). A report can come twice: the
+    sender gave up waiting (a control plane too slow to answer, or a network that held the request) and
+    sent it again from its buffer while the first attempt still got through. One statement with three
+    parameters (ids as one array): a parameter per pair cost more to bind than the query took."""
+    quote = connection.ops.quote_name
+    tables = [quote(model._meta.db_table) for model in (RuntimeSample, GpuSample)]
+    ids = "= ANY(%s)" if connection.vendor == "postgresql" else f"IN ({', '.join(str(int(i)) for i in host_ids)})"
+    sql = " UNION ".join(f"SELECT DISTINCT host_id, at FROM {table} WHERE host_id {ids} AND at BETWEEN %s AND %s" for table in tables)
+    bounds = [connection.ops.adapt_datetimefield_value(at) for at in (min(ats), max(ats))]  # SQLite keeps text
+    params = ([list(host_ids)] + bounds) * 2 if connection.vendor == "postgresql" else bounds * 2
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {(host_id, _aware(at)) for host_id, at in cursor.fetchall()}
+
+
+def _aware(at: Any) -> Any:
+    """A stored `at` as the ORM would give it (SQLite's driver returns text or naive datetimes)."""
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at)
+    return at if at.tzinfo is not None else at.replace(tzinfo=dt_timezone.utc)
 
 
 def _delivered_before(*stored) -> bool:
-    """Whether a report was stored already (samples of the same sender at the same `at`). A report can come
-    twice: the sender gave up waiting (a control plane too slow to answer, or a network that held the
-    request) and sent it again from its buffer while the first attempt still got through."""
+    """Whether a report was stored already (samples of the same sender at the same `at`; see _stored_already)."""
     return any(queryset.exists() for queryset in stored)
 
 

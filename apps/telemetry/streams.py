@@ -1,5 +1,5 @@
-"""Telemetry on the live stream: each ingested report is announced, once committed, on one channel-layer
-group as a compact event; the dashboard's consumers fold the events into a `LiveWindow`
+"""Telemetry on the live stream: ingested reports are announced, once committed, on one channel-layer
+group as compact events (agents' reports one event per committed batch); the dashboard's consumers fold the events into a `LiveWindow`
 (apps/telemetry/rollup.py) and push roll-ups to browsers."""
 from __future__ import annotations
 
@@ -35,7 +35,6 @@ def host_metrics_event(*, host_name: str, report: dict[str, Any]) -> dict[str, A
                 "memory_used_mb": gpu.get("memory_used_mb", 0),
             })
     return {
-        "type": "metrics.host",  # dispatched to the consumers' metrics_host
         "host": host_name,
         "at": _epoch(report["at"]),
         "interval_s": report.get("interval_s", 1.0),
@@ -50,6 +49,12 @@ def host_metrics_event(*, host_name: str, report: dict[str, Any]) -> dict[str, A
         ],
         "instances": instances,
     }
+
+
+def host_metrics_batch_event(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Agents' reports stored in one commit (`host_metrics_event` each), as one event: at a thousand
+    reports a second, one channel-layer send per report would be a thousand sends to every subscriber."""
+    return {"type": "metrics.hosts", "reports": reports}  # dispatched to the consumers' metrics_hosts
 
 
 def router_report_event(*, report: dict[str, Any]) -> dict[str, Any]:
