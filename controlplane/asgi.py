@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, WebSocket through Channels, one process (Daphne)."""
+"""ASGI entry point: HTTP through Django (agents' metrics reports on their fast path first,
+apps/telemetry/ingest.py), WebSocket through Channels, one process (Daphne)."""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -10,11 +11,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the app regi
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from apps.telemetry.ingest import MetricsIngestApplication  # noqa: E402
 from controlplane.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": MetricsIngestApplication(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

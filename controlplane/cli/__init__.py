@@ -15,6 +15,7 @@ app = typer.Typer(help="Tessera: SLO-aware control plane for GPU inference fleet
 
 app.command()(server.demo)
 app.command()(server.serve)
+app.command()(server.ingest)
 app.command()(server.worker)
 app.command()(tokens.agent_token)
 app.command()(dataplane.agent)

@@ -149,6 +149,12 @@ SPECTACULAR_SETTINGS = {
 
 # Agent and router samples older than this are deleted (telemetry.prune, hourly on beat or in-process).
 TESSERA_TELEMETRY_RETENTION_DAYS = env.float("TESSERA_TELEMETRY_RETENTION_DAYS", default=7.0)
+# Agents' metrics reports are stored in batches by one writer thread per server process (group commit,
+# apps/telemetry/ingest.py): at most this many reports per transaction; beyond this many waiting, a report
+# is answered 503 at once; a report not committed within WAIT_S is answered 503 (the agent sends it again).
+TESSERA_INGEST_BATCH_MAX = env.int("TESSERA_INGEST_BATCH_MAX", default=500)
+TESSERA_INGEST_MAX_WAITING = env.int("TESSERA_INGEST_MAX_WAITING", default=20000)
+TESSERA_INGEST_WAIT_S = env.float("TESSERA_INGEST_WAIT_S", default=3.0)
 
 # --- Celery -------------------------------------------------------------------------------------
 CELERY_TASK_SERIALIZER = "json"

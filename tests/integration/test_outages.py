@@ -132,6 +132,45 @@ def test_postgres_frozen_holds_no_request(served) -> None:
 
 
 @pytest.mark.parametrize("mode", ["refused", "frozen"])
+def test_agents_metrics_get_json_503_at_once_while_postgres_is_away_and_are_stored_after(served, mode) -> None:
+    """The metrics fast path (apps/telemetry/ingest.py, its batch writer) through the real server: with
+    PostgreSQL away each report is answered 503 within the bound, the writer is not wedged, and once
+    PostgreSQL is back the agent's retry of a refused report is stored once."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.inventory.services import host_agent_token_rotate
+    from apps.telemetry.models import RuntimeSample
+    from tests.factories import HostFactory
+
+    host = HostFactory(name=f"outage-agent-{mode}")
+    token = host_agent_token_rotate(host=host)
+    start = timezone.now() - timedelta(minutes=5)
+
+    def report(seconds: int):
+        at = (start + timedelta(seconds=seconds)).isoformat()
+        return served.timed("POST", f"/api/v1/hosts/{host.pk}/metrics/", headers={"Authorization": f"Token {token}"},
+                            json={"at": at, "runtimes": [{"key": "gpu0", "application": "a", "arrivals": 1}]})
+
+    assert report(0)[0].status_code == 201
+    served.pg.mode = mode
+    try:
+        for seconds in (1, 2):
+            response, waited = report(seconds)
+            _json_503(response)
+            assert waited < BOUND_S, waited
+    finally:
+        served.pg.mode = "up"
+    wait_for(lambda: report(1)[0].status_code == 201, 30, "metrics stored once PostgreSQL is back")
+    assert report(1)[0].json() == {"runtime_samples": 0, "gpu_samples": 0}  # sent again: stored once
+    stored = sorted(RuntimeSample.objects.filter(host=host).values_list("at", flat=True))
+    # Each at most once; the one answered 503 while PostgreSQL was frozen may have been written when it came
+    # back (the writer had taken it): the agent's retry of it is then a duplicate, acknowledged.
+    assert stored[:2] == [start, start + timedelta(seconds=1)] and stored[2:] in ([], [start + timedelta(seconds=2)])
+
+
+@pytest.mark.parametrize("mode", ["refused", "frozen"])
 def test_broker_away_plan_run_answers_503_at_once_and_creates_nothing(served, mode) -> None:
     served.redis.mode = mode
     try:

@@ -1,5 +1,6 @@
 """`tessera serve --processes N`: N Daphne processes accept from one socket and stop together; without
-Redis it refuses (the in-memory channel layer does not reach other processes)."""
+Redis it refuses (the in-memory channel layer does not reach other processes). `tessera ingest`, the data
+plane's HTTP API on uvicorn, the same way."""
 from __future__ import annotations
 
 import os
@@ -80,6 +81,46 @@ def test_one_process_dying_stops_the_service(redis_url, tmp_path):
         os.kill(first, signal.SIGKILL)
         assert server.wait(timeout=30) == 128 + signal.SIGKILL  # the dead child's status, for the supervisor
         assert not Path(f"/proc/{second}").exists()  # the other one was stopped, not left at half capacity
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def test_ingest_refused_without_redis(tmp_path):
+    result = subprocess.run([*TESSERA, "ingest", "--bind", "127.0.0.1", "--port", str(_free_port())],
+                            cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "tessera ingest needs REDIS_URL" in result.stderr
+
+
+@pytest.mark.services
+def test_ingest_serves_agents_metrics_on_uvicorn(redis_url, tmp_path):
+    """`tessera ingest --processes 2`: uvicorn processes on one socket answering the data plane's HTTP API;
+    an agent's report goes in on the fast path and is stored; the operators' API answers there too."""
+    env = _env(tmp_path, REDIS_URL=redis_url)
+    subprocess.run([sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True, timeout=300)
+    setup = ("import django; django.setup(); from tests.factories import HostFactory;"
+             "from apps.inventory.services import host_agent_token_rotate; h = HostFactory(name='ingest-cli');"
+             "print(h.pk, host_agent_token_rotate(host=h))")
+    host_id, token = subprocess.run([sys.executable, "-c", setup], cwd=REPO, env=env, capture_output=True, text=True, check=True,
+                                    timeout=120).stdout.split()
+    port = _free_port()
+    server = subprocess.Popen([*TESSERA, "ingest", "--bind", "127.0.0.1", "--port", str(port), "--processes", "2"],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, response = time.monotonic() + 60, None
+        body = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60)), "runtimes": [{"key": "gpu0", "arrivals": 3}]}
+        while time.monotonic() < deadline and response is None:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{port}/api/v1/hosts/{host_id}/metrics/", json=body,
+                                      headers={"Authorization": f"Token {token}"}, timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.3)
+        assert response is not None and response.status_code == 201, server.stdout.read() if server.poll() is not None else response
+        assert response.json() == {"runtime_samples": 1, "gpu_samples": 0}
+        assert httpx.get(f"http://127.0.0.1:{port}/api/v1/hosts/", headers={"Authorization": f"Token {token}"}, timeout=5).status_code == 200
+        assert len(_children(server.pid)) == 2
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
     finally:
         if server.poll() is None:
             server.kill()
