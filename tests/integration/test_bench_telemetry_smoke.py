@@ -30,6 +30,8 @@ def test_telemetry_bench_quick_writes_csv(postgres_server_url, redis_url, tmp_pa
         (row,) = list(csv.DictReader(fh))
     assert int(row["errors"]) == 0 and int(row["ok"]) == int(row["sent"]) > 0
     assert float(row["achieved_instance_rps"]) == float(row["db_instance_rps"]) > 0  # every report stored
+    assert int(row["samples_lost"]) == 0 and int(row["samples_stored"]) == int(row["samples_expected"]) > 0  # ... whole
+    assert float(row["api_p95_ms"]) > 0 and float(row["api_idle_p95_ms"]) > 0  # operators' reads were measured
     if Path("/usr/bin/chromium").exists():
         assert int(row["browser_seen"]) > 0 and float(row["browser_p95_ms"]) > 0
 
