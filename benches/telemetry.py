@@ -764,7 +764,8 @@ def plot(rows: list[dict[str, Any]], path: Path, args) -> str:
     right.set_ylabel("ms (log)")
     right.legend(fontsize=7)
     right.grid(alpha=0.3, which="both")
-    fig.suptitle(f"Tessera telemetry ingest: {rows[0]['servers']} Daphne process(es), PostgreSQL, Redis, Chromium, stand-in agents"
+    ingest = f", agents on {rows[0]['ingest_processes']} uvicorn ingest process(es)" if rows[0].get("ingest_processes") else ""
+    fig.suptitle(f"Tessera telemetry ingest: {rows[0]['servers']} Daphne server(s){ingest}, PostgreSQL, Redis, Chromium, stand-in agents"
                  f" ({args.instances} instances each), {os.cpu_count()} cores", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
