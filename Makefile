@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock vendor clean
+.PHONY: demo test lock vendor bench-peers clean
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ lock:
 ## Re-vendor the front-end libraries into static/vendor/ from the npm registry (checked in; only to change a version).
 vendor:
 	bash scripts/vendor_static.sh
+
+## The serving systems benches/dataplane.py --peers compares with, each in its own venv (they conflict), not
+## Tessera's dependencies. PyTriton's Python backend stub links the system's libpython3.11, so its venv uses
+## the system Python 3.11 (another 3.11 build's standard library does not match it).
+PEERS := var/bench-peers
+bench-peers:
+	python3 -m venv $(PEERS)/mlserver && $(PEERS)/mlserver/bin/pip install --quiet --disable-pip-version-check "mlserver==1.7.1" "onnxruntime>=1.18" numpy
+	python3 -m venv $(PEERS)/ray && $(PEERS)/ray/bin/pip install --quiet --disable-pip-version-check "ray[serve]==2.60.0" "onnxruntime>=1.18" numpy
+	/usr/bin/python3.11 -m venv $(PEERS)/pytriton && $(PEERS)/pytriton/bin/pip install --quiet --disable-pip-version-check "nvidia-pytriton==0.7.0" "onnxruntime>=1.18" numpy
 
 clean:
 	rm -rf $(VENV) var

@@ -6,8 +6,9 @@ not a test (its smoke run is tests/workers/test_bench_dataplane_smoke.py).
 
     .venv/bin/python benches/dataplane.py            # full run (about 40 s on two cores)
     .venv/bin/python benches/dataplane.py --quick    # smoke run, about 10 s
+    .venv/bin/python benches/dataplane.py --peers var/bench-peers   # and MLServer, Ray Serve, Triton beside it
     options: --out DIR (default bench-results), --batches 1,8,32, --requests N, --duration S,
-             --clients C, --threads T, --seed S, --batching-max M
+             --clients C, --threads T, --seed S, --batching-max M, --peers DIR (`make bench-peers` makes it)
 
 Writes DIR/dataplane.csv (one row per batch size) and DIR/dataplane.png (needs matplotlib).
 
@@ -38,6 +39,12 @@ Setup (printed with the results):
   "cores" share one (hyperthreads, an overcommitted VM) every microsecond of router/runtime CPU comes
   out of the model's time, which bounds the ratio whatever the data plane does.
 - Targets (the issue): added p99 <= 0.5 ms at batch 1; throughput >= 90 % of bare at batch >= 8.
+- Peers (`--peers DIR`, issue 22 section 2): the same model served by MLServer (a custom onnxruntime
+  runtime), Ray Serve (one replica) and Triton Inference Server's core through PyTriton (dynamic batching
+  off), each from its own venv under DIR (benches/peers/), one at a time after Tessera's rows, with the
+  same client, connections and durations; Tessera's router path is measured again over OIP JSON (what
+  every peer speaks) and binary (Tessera and Triton). Latency up to 1,000 requests per row. Writes
+  OUT/dataplane_peers.csv; the table gives each figure as a multiple of bare onnxruntime's.
 """
 from __future__ import annotations
 
@@ -68,6 +75,16 @@ TARGET_ADDED_P99_MS = 0.5
 TARGET_RATIO = 0.9
 APPLICATION = "bench-mlp"
 MODELS = {"small": (256, 512, 512, 10), "large": (1024, 4096, 4096, 1000)}
+# Serving systems users would pick instead (issue 22 section 2), each in its own venv under --peers (see
+# benches/peers/README.md): name -> (venv folder, server script, wire formats it speaks over HTTP).
+PEERS = {
+    "MLServer": ("mlserver", "mlserver_onnx.py", ("json",)),  # its REST front end refuses the binary extension
+    "Ray Serve": ("ray", "ray_serve_onnx.py", ("json",)),
+    "Triton (PyTriton)": ("pytriton", "pytriton_onnx.py", ("json", "binary")),
+}
+PEER_PATH = "/v2/models/mlp/infer"
+PEER_FIELDS = ("model", "system", "wire", "batch", "requests", "p50_ms", "p99_ms", "rows_per_s", "errors", "bare_p50_ms", "bare_p99_ms",
+               "bare_rows_per_s", "p50_x_bare", "p99_x_bare", "throughput_x_bare")
 CSV_FIELDS = (
     "model", "batch", "requests", "bare_p50_ms", "bare_p99_ms", "router_p50_ms", "router_p99_ms", "added_p50_ms", "added_p99_ms",
     "target_added_p99_ms", "clients", "duration_s", "bare_rows_per_s", "router_rows_per_s", "throughput_ratio", "target_ratio",
@@ -205,9 +222,15 @@ def contention_factor(session, x: np.ndarray, n: int) -> float:
 # --------------------------------------------------------------------------- the client
 
 
-def http_request(host: str, port: int, x: np.ndarray) -> bytes:
+def http_request(host: str, port: int, x: np.ndarray, *, path: str = f"/v1/infer/{APPLICATION}", wire: str = "binary") -> bytes:
+    """The bytes of one Open Inference Protocol request: with the binary tensor extension for the input and
+    the outputs ("binary"), or all JSON ("json", what every peer speaks)."""
+    if wire == "json":
+        body, _ = request_encode({"x": x})
+        head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        return head.encode() + body
     body, header_length = request_encode({"x": x}, binary=True, binary_outputs=True)
-    head = (f"POST /v1/infer/{APPLICATION} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/octet-stream\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/octet-stream\r\n"
             f"Inference-Header-Content-Length: {header_length}\r\nContent-Length: {len(body)}\r\n\r\n")
     return head.encode() + body
 
@@ -238,15 +261,34 @@ class _Reader:
             if end < 0:
                 return False
             head = buf[:end].lower()
-            i = head.find(b"content-length:")
-            length = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None]) if i >= 0 else 0
             self.status = int(buf[9:12])
+            if b"transfer-encoding: chunked" in head:  # Ray Serve's proxy streams its answers
+                return self._chunked(end + 4)
+            i = head.find(b"\r\ncontent-length:")  # at a line's start: not Inference-Header-Content-Length's tail
+            if i >= 0:
+                i += 2
+            length = int(head[i + 15:head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None]) if i >= 0 else 0
             self.need = end + 4 + length
         if len(buf) < self.need:
             return False
         self.buf = buf[self.need:]
         self.need = -1
         return True
+
+    def _chunked(self, at: int) -> bool:
+        """A chunked body from `at`: True (consumed) once its last, empty chunk is in."""
+        buf = self.buf
+        while True:
+            line_end = buf.find(b"\r\n", at)
+            if line_end < 0:
+                return False
+            size = int(buf[at:line_end].split(b";")[0], 16)
+            at = line_end + 2 + size + 2  # the chunk and its CRLF
+            if len(buf) < at:
+                return False
+            if size == 0:
+                self.buf = buf[at:]
+                return True
 
 
 def connect(host: str, port: int) -> socket.socket:
@@ -345,6 +387,78 @@ def throughput_bare(session, x: np.ndarray, duration_s: float) -> tuple[int, flo
     return n, time.perf_counter() - start
 
 
+# --------------------------------------------------------------------------- peers
+
+
+def peer_start(peers_dir: Path, name: str, workdir: Path, model_path: Path, threads: int) -> tuple[subprocess.Popen, str] | None:
+    """Start peer `name`'s server from its venv (None when that venv is not there); (process, base URL)."""
+    folder, script, _wires = PEERS[name]
+    python = peers_dir / folder / "bin" / "python"
+    if not python.exists():
+        return None
+    ready = workdir / f"{folder}.ready"
+    ready.unlink(missing_ok=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (workdir / f"{folder}.log").open("w")
+    proc = subprocess.Popen([str(python), str(REPO / "benches" / "peers" / script), "--model", str(model_path), "--port", str(port),
+                             "--threads", str(threads), "--ready-file", str(ready)],
+                            cwd=workdir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 180  # Ray starts its cluster first
+    while time.monotonic() < deadline:
+        if ready.exists() and ready.read_text().strip():
+            return proc, ready.read_text().strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    peer_stop(proc)
+    print(f"  {name}: did not start; its log ({workdir / f'{folder}.log'}):\n" + (workdir / f"{folder}.log").read_text()[-1500:])
+    return None
+
+
+def peer_stop(proc: subprocess.Popen) -> None:
+    """A peer's whole process group (Ray's raylets, Triton's server and proxy backends)."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def system_measure(args: argparse.Namespace, system: str, url: str, path: str, wires: tuple[str, ...], inputs: dict[int, np.ndarray],
+                   bare: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+    """One serving system, each wire format and batch size: latency (one connection, sequential) and
+    closed-loop throughput with the same client as Tessera's rows, against bare onnxruntime's figures."""
+    host, _, port_text = url.removeprefix("http://").rpartition(":")
+    port = int(port_text)
+    rows = []
+    for wire in wires:
+        for b in args.batches:
+            request = http_request(host, port, inputs[b], path=path, wire=wire)
+            n = min(args.requests, 1000)
+            latency_router(host, port, request, 20, 5)  # warm the connection and the server
+            times, errors = latency_router(host, port, request, n, max(20, n // 10))
+            throughput_router(host, port, request, args.clients, min(0.3, args.duration))  # warm-up
+            done, seconds, t_errors = throughput_router(host, port, request, args.clients, args.duration)
+            p50, p99 = np.percentile(times, [50, 99])
+            rows_per_s = done * b / seconds
+            ref = bare[b]
+            rows.append({"model": args.model, "system": system, "wire": wire, "batch": b, "requests": n, "p50_ms": float(p50),
+                         "p99_ms": float(p99), "rows_per_s": rows_per_s, "errors": errors + t_errors, "bare_p50_ms": ref["p50"],
+                         "bare_p99_ms": ref["p99"], "bare_rows_per_s": ref["rows_per_s"], "p50_x_bare": float(p50) / ref["p50"],
+                         "p99_x_bare": float(p99) / ref["p99"], "throughput_x_bare": rows_per_s / ref["rows_per_s"]})
+        print(f"  {args.model}: {system} over {wire}: done", flush=True)
+    return rows
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -407,8 +521,21 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
                 row["batching_max"] = args.batching_max
                 rows.append(row)
                 print(f"  {args.model} batch {b}: done", flush=True)
+            if args.peers:  # Tessera beside its peers: the same client, both wire formats
+                bare = {r["batch"]: {"p50": r["bare_p50_ms"], "p99": r["bare_p99_ms"], "rows_per_s": r["bare_rows_per_s"]} for r in rows}
+                info.setdefault("peers", []).extend(
+                    system_measure(args, "Tessera", url, f"/v1/infer/{APPLICATION}", ("json", "binary"), inputs, bare))
         finally:
             stop(procs)
+        for name in PEERS if args.peers else ():
+            started = peer_start(args.peers, name, workdir, model_path, args.threads)
+            if started is None:
+                continue
+            proc, peer_url = started
+            try:
+                info["peers"].extend(system_measure(args, name, peer_url, PEER_PATH, PEERS[name][2], inputs, bare))
+            finally:
+                peer_stop(proc)
         # The same path with the runtime's batching on: up to BATCHING_MAX requests per model run.
         if args.batching_max > 1:
             batching = {"policy": "max-delay", "params": {"max_queue_delay_ms": 0.0}, "drop_rule": "never", "queue_order": "fifo",
@@ -452,6 +579,16 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> list[str]:
         overhead = r["runtime_cpu_us_per_request"] - ort_us + r["router_cpu_us_per_request"] + r["client_cpu_us_per_request"]
         lines.append(f"{r['model']:<6}{r['batch']:>5} {ort_us:>9.0f} {r['runtime_cpu_us_per_request']:>9.0f} {r['router_cpu_us_per_request']:>9.0f}"
                      f" {r['client_cpu_us_per_request']:>9.0f} {overhead:>9.0f}")
+    peers = info.get("peers") or []
+    if peers:
+        lines += ["", "Side by side with the serving systems users would pick instead (same model, same client, same cores, one run;"
+                  " x bare = the system's figure / bare onnxruntime's):",
+                  f"{'model':<6}{'system':<19}{'wire':<7}{'batch':>5} {'p50 ms':>8} {'p99 ms':>8} {'rows/s':>10} {'p50 x bare':>10}"
+                  f" {'p99 x bare':>10} {'rows/s x bare':>13}"]
+        for r in peers:
+            lines.append(f"{r['model']:<6}{r['system']:<19}{r['wire']:<7}{r['batch']:>5} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}"
+                         f" {r['rows_per_s']:>10,.0f} {r['p50_x_bare']:>10.2f} {r['p99_x_bare']:>10.2f} {r['throughput_x_bare']:>13.2f}"
+                         + (f"  ({r['errors']} errors!)" if r["errors"] else ""))
     c = info["contention"]
     lines += ["", f"CPU contention: bare ORT runs {c:.2f}x slower while one other process spins "
               + ("(the CPUs behave as ONE core shared by every process: the router path's own CPU comes straight out of ORT's;"
@@ -501,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (bare and runtime alike)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--models", type=str, default="small,large", help=f"which MLPs to measure: {', '.join(MODELS)}")
+    parser.add_argument("--peers", type=Path, default=None,
+                        help="also serve the model with MLServer, Ray Serve and Triton (PyTriton) from their venvs in this folder"
+                             " (benches/peers/README.md; `make bench-peers` makes var/bench-peers)")
     parser.add_argument("--batching-max", type=int, default=4,
                         help="also measure throughput with the runtime batching up to this many requests per run (1: skip)")
     args = parser.parse_args(argv)
@@ -526,17 +666,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Throughput: {args.clients} keep-alive connections in one epoll loop, closed loop, {args.duration:g} s per run; bare runs back to back.")
     print(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU(s) shared by client, router and runtime;"
           f" Python {platform.python_version()}")
+    if args.peers is not None and not args.peers.is_dir():
+        parser.error(f"--peers: no folder {args.peers} (benches/peers/README.md says how to make it)")
+    args.peers = args.peers.resolve() if args.peers is not None else None
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
+    peers: list[dict[str, Any]] = []
     for model in models:
         args.model, args.sizes = model, MODELS[model]
         model_rows, info = measure(args)
         rows += model_rows
+        peers += info.get("peers", [])
+    info["peers"] = peers
     for line in report(rows, info):
         print(line)
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = csv_rows_write(args.out / "dataplane.csv", rows, CSV_FIELDS)
     print(f"wrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s")
+    if peers:
+        print(f"wrote {csv_rows_write(args.out / 'dataplane_peers.csv', peers, PEER_FIELDS)} ({len(peers)} rows)")
     print(plot(rows, args.out / "dataplane.png"))
     return 0
 
