@@ -109,7 +109,10 @@ class MetricsIngestBatcher:
             if self._queue.empty():
                 # Idle: give the connection back (to the pool, or closed), so that none is held open for
                 # nothing, and a database can be dropped or restarted while no report comes in.
-                connection.close()
+                try:
+                    connection.close()
+                except Exception:  # noqa: BLE001 - a broken connection fails to close cleanly; it is gone either way
+                    log.warning("closing the metrics writer's connection failed", exc_info=True)
 
     def _write(self, batch: list[_Pending]) -> None:
         if connection.errors_occurred and connection.connection is not None and not connection.is_usable():
@@ -121,9 +124,12 @@ class MetricsIngestBatcher:
         except Exception as exc:  # noqa: BLE001 - every waiting request gets it; the thread lives on
             if outage_from_exception(exc) is None:
                 log.exception("storing %d metrics reports failed", len(batch))
-            connection.close()
             for p in batch:
                 p.resolve(exc)
+            try:
+                connection.close()  # a connection an error left behind is not reused
+            except Exception:  # noqa: BLE001 - see _run
+                log.warning("closing the metrics writer's connection failed", exc_info=True)
             return
         outcomes = {id(p): w for p, w in zip(accepted, written)}
         for p in batch:

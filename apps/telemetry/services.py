@@ -1,15 +1,17 @@
-"""Telemetry services: ingest an agent's metrics (also its heartbeat) and a router's report, and prune old
-samples. Ingest runs about a thousand times a second across a fleet, so it takes already-validated data
-(plain serializers in the view), maps application names with one query and bulk-inserts; there is no
-per-row model validation. Once committed, each report is announced on the live stream (streams.py).
+"""Telemetry services: ingest agents' metrics (also their heartbeat) and routers' reports, and prune old
+samples. Ingest runs about a thousand times a second across a fleet, so it takes already-validated data,
+maps application names with one query and inserts rows in bulk (COPY on PostgreSQL), with no per-row model
+validation; agents' reports come in batches (`host_metrics_ingest_many`, fed by the group-committing
+writer of apps/telemetry/ingest.py), one transaction and one query of each kind per batch. Once committed,
+what was stored is announced on the live stream (streams.py).
 
 Reports kept by the data plane through a control-plane outage arrive late, oldest first, each with its
 original `at`, and are stored under it (views read samples by `at`, never by arrival). A report's
 `dropped_reports` (what the sender's outage buffer had to let go since its previous report got through)
 is added to the sender's count (`Host.dropped_reports`, `RouterCredential.dropped_reports`) and logged. A
 report delivered twice (sent again after a timeout, while the first attempt got through) is stored once:
-a sender's reports are ingested one at a time (its row is locked) and one whose `at` is stored already
-is acknowledged without writing anything."""
+a sender's reports are ingested one transaction at a time (its row is locked) and one whose `at` is
+stored already is acknowledged without writing anything."""
 from __future__ import annotations
 
 import logging
