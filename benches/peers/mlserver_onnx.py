@@ -3,7 +3,6 @@
 Run with MLServer's venv: python benches/peers/mlserver_onnx.py --model M --port P --threads T --ready-file F."""
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import socket
@@ -21,12 +20,9 @@ try:  # inside MLServer's worker: the runtime class it loads by name
 
     class OnnxModel(MLModel):
         async def load(self) -> bool:
-            import onnxruntime as ort
+            from _peer import onnx_session
 
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = int(self.settings.parameters.extra["threads"])
-            options.inter_op_num_threads = 1
-            self.session = ort.InferenceSession(self.settings.parameters.uri, sess_options=options, providers=["CPUExecutionProvider"])
+            self.session = onnx_session(self.settings.parameters.uri, int(self.settings.parameters.extra["threads"]))
             return True
 
         async def predict(self, payload: InferenceRequest) -> InferenceResponse:
@@ -37,28 +33,20 @@ except ImportError:  # imported elsewhere (a linter): nothing to define
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ready-file", required=True)
-    args = parser.parse_args()
+    from _peer import arguments, free_port
+
+    args = arguments()
     folder = Path(tempfile.mkdtemp(prefix="mlserver-bench-"))
-    shutil.copy(__file__, folder / "mlserver_onnx.py")
+    for name in ("mlserver_onnx.py", "_peer.py"):  # MLServer imports the runtime from the model's folder
+        shutil.copy(Path(__file__).with_name(name), folder / name)
     # One process: no parallel inference workers (they would add a hop and take the bench's other core).
     (folder / "settings.json").write_text(json.dumps({
-        "host": "127.0.0.1", "http_port": args.port, "grpc_port": _free_port(), "metrics_port": _free_port(),
+        "host": "127.0.0.1", "http_port": args.port, "grpc_port": free_port(), "metrics_port": free_port(),
         "parallel_workers": 0, "debug": False, "metrics_endpoint": None}))
     (folder / "model-settings.json").write_text(json.dumps({
         "name": "mlp", "implementation": "mlserver_onnx.OnnxModel",
-        "parameters": {"uri": str(Path(args.model).resolve()), "extra": {"threads": args.threads}}}))
+        "parameters": {"uri": args.model, "extra": {"threads": args.threads}}}))
     server = subprocess.Popen([str(Path(sys.executable).with_name("mlserver")), "start", str(folder)], cwd=folder)
     url = f"http://127.0.0.1:{args.port}"
     deadline = time.monotonic() + 120

@@ -5,8 +5,6 @@ batcher would merge concurrent requests, which Tessera's rows with batching off 
 Run with PyTriton's venv: python benches/peers/pytriton_onnx.py --model M --port P --threads T --ready-file F."""
 from __future__ import annotations
 
-import argparse
-import socket
 import sys
 from pathlib import Path
 
@@ -15,26 +13,12 @@ from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _peer import arguments, free_port, onnx_session
 
 
 def main() -> int:
-    import onnxruntime as ort
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ready-file", required=True)
-    args = parser.parse_args()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(Path(args.model).resolve()), sess_options=options, providers=["CPUExecutionProvider"])
+    args = arguments()
+    session = onnx_session(args.model, args.threads)
     width = session.get_inputs()[0].shape[1]
     classes = session.get_outputs()[0].shape[1]
 
@@ -42,8 +26,8 @@ def main() -> int:
     def infer(x: np.ndarray) -> dict:
         return {"y": session.run(None, {"x": x})[0]}
 
-    config = TritonConfig(http_address="127.0.0.1", http_port=args.port, grpc_address="127.0.0.1", grpc_port=_free_port(),
-                          metrics_port=_free_port(), allow_metrics=False, log_verbose=0)
+    config = TritonConfig(http_address="127.0.0.1", http_port=args.port, grpc_address="127.0.0.1", grpc_port=free_port(),
+                          metrics_port=free_port(), allow_metrics=False, log_verbose=0)
     with Triton(config=config) as triton:
         triton.bind(model_name="mlp", infer_func=infer, inputs=[Tensor(name="x", dtype=np.float32, shape=(width,))],
                     outputs=[Tensor(name="y", dtype=np.float32, shape=(classes,))],

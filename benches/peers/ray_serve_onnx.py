@@ -3,7 +3,6 @@ JSON request, runs onnxruntime and answers OIP JSON (Ray Serve has no OIP front 
 Run with Ray's venv: python benches/peers/ray_serve_onnx.py --model M --port P --threads T --ready-file F."""
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -13,16 +12,13 @@ import ray
 from ray import serve
 from starlette.requests import Request
 
+from _peer import arguments, onnx_session
+
 
 @serve.deployment(num_replicas=1, max_ongoing_requests=64, ray_actor_options={"num_cpus": 0})
 class Mlp:
     def __init__(self, model: str, threads: int) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+        self.session = onnx_session(model, threads)
 
     async def __call__(self, request: Request) -> dict:
         tensor = (await request.json())["inputs"][0]
@@ -32,15 +28,12 @@ class Mlp:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ready-file", required=True)
-    args = parser.parse_args()
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    args = arguments()
+    # The replica's worker process imports _peer (onnx_session) from this folder.
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent)}})
     serve.start(http_options={"host": "127.0.0.1", "port": args.port}, logging_config={"enable_access_log": False})
-    serve.run(Mlp.bind(str(Path(args.model).resolve()), args.threads), route_prefix="/v2/models/mlp/infer", name="mlp")
+    serve.run(Mlp.bind(args.model, args.threads), route_prefix="/v2/models/mlp/infer", name="mlp")
     Path(args.ready_file).write_text(f"http://127.0.0.1:{args.port}")
     try:
         while True:
