@@ -225,3 +225,20 @@ def test_asyncio_frame_helpers() -> None:
         await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+def test_json_bodies_keep_non_finite_numbers_as_the_standard_library_did() -> None:
+    """orjson writes the JSON (fast), but a NaN or an infinity would come out as null there: a different
+    answer. Such tensors are written by the standard library (NaN, Infinity), and read back, as before."""
+    from workers.wire import request_decode, request_encode, response_decode, response_encode
+
+    odd = np.array([[1.5, np.nan, np.inf, -np.inf]], dtype=np.float32)
+    body, _ = response_encode("r1", {"y": odd}, model_name="m")
+    assert b"NaN" in body and b"Infinity" in body and b"null" not in body
+    _, outputs = response_decode(body)
+    np.testing.assert_array_equal(outputs["y"], odd)
+    body, _ = request_encode({"x": odd})
+    _, inputs, _ = request_decode(body)
+    np.testing.assert_array_equal(inputs["x"], odd)
+    plain, _ = response_encode("r2", {"y": np.array([[0.25, -2.0]], dtype=np.float32)}, model_name="m")
+    assert plain == b'{"id":"r2","model_name":"m","outputs":[{"name":"y","shape":[1,2],"datatype":"FP32","data":[0.25,-2.0]}]}'
