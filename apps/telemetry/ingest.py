@@ -173,8 +173,7 @@ def _django_would_take(scope: dict) -> bool:
     return True
 
 
-async def _json_send(send, status: int, body: dict, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-    content = json.dumps(body, separators=(",", ":")).encode()
+async def _json_send(send, status: int, content: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
         (b"x-content-type-options", b"nosniff"), *headers]})
@@ -220,7 +219,7 @@ class MetricsIngestApplication:
             return await self.inner(scope, replay, send)
         if outcome is REFUSED:
             return await self.inner(scope, replay, send)
-        return await _json_send(send, 201, outcome)
+        return await _json_send(send, 201, json.dumps(outcome, separators=(",", ":")).encode())
 
     @staticmethod
     def _report(scope: dict, body: bytes) -> dict | None:
@@ -238,8 +237,8 @@ class MetricsIngestApplication:
 
     @staticmethod
     async def _outage_send(send, outage: ServiceUnavailable) -> None:
-        response = outage_api_response(outage)
-        await _json_send(send, response.status_code, json.loads(response.content), ((b"retry-after", str(outage.wait).encode()),))
+        response = outage_api_response(outage)  # the API's one error shape, as Django would answer it
+        await _json_send(send, response.status_code, response.content, ((b"retry-after", response["Retry-After"].encode()),))
 
 
 def _replaying(body: bytes, more: bool, receive):

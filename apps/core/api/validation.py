@@ -71,6 +71,14 @@ def _validators_check(field: drf_fields.Field) -> Callable[[Any], None] | None:
     return run
 
 
+def _configured_only(field: drf_fields.Field, base: type) -> Callable[[Any], None] | None:
+    """The field's validators as one function when its class only configures `base` (bounds, defaults) and
+    every validator is one this module knows; else None (the field goes to DRF whole)."""
+    if _overrides(field, base, "run_validation", "to_internal_value", "validate_empty_values", "run_validators", "validate"):
+        return None
+    return _validators_check(field)
+
+
 def _nullable(field: drf_fields.Field, check: Check) -> Check:
     """`check` for a present value; null as the field takes it (DRF returns None without validating)."""
     allow_null = field.allow_null
@@ -97,9 +105,8 @@ def _generic(field: drf_fields.Field) -> Check:
 def _scalar(field: drf_fields.Field, base: type, convert: Callable[[Any], Any]) -> Check:
     """A scalar field whose class only configures `base` (bounds, defaults): `convert` maps an exact JSON
     value to the internal one or raises _Defer; null is taken when the field allows it."""
-    validators_run = _validators_check(field)
-    if validators_run is None or _overrides(field, base, "run_validation", "to_internal_value", "validate_empty_values",
-                                               "run_validators", "validate"):
+    validators_run = _configured_only(field, base)
+    if validators_run is None:
         return _generic(field)
 
     def check(value: Any) -> Any:
@@ -132,9 +139,8 @@ def _boolean(value: Any) -> bool:
 
 
 def _char(field: serializers.CharField) -> Check:
-    validators_run = _validators_check(field)
-    if validators_run is None or _overrides(field, serializers.CharField, "run_validation", "to_internal_value",
-                                               "validate_empty_values", "run_validators", "validate"):
+    validators_run = _configured_only(field, serializers.CharField)
+    if validators_run is None:
         return _generic(field)
     allow_blank, trim = field.allow_blank, field.trim_whitespace
 
@@ -172,7 +178,7 @@ def _serializer(serializer: serializers.Serializer) -> Check:
     if _overrides(serializer, serializers.Serializer, "run_validation", "to_internal_value", "validate_empty_values", "validate") \
             or serializer.validators:
         return _generic(serializer)
-    plan: list[tuple[str, Check, Any, bool]] = []  # (name, check, default, has_default); required when neither
+    plan: list[tuple[str, Check, Any, bool | None]] = []  # (name, check, field, has_default); None: required
     for name, field in serializer.fields.items():
         if field.read_only:
             if field.default is not empty:

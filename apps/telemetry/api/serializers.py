@@ -160,7 +160,7 @@ def report_validate(serializer_class: type[serializers.Serializer], data) -> dic
     faster than DRF's machinery); anything else is validated by the serializer, once by the shared
     instance and, when that fails, again by a fresh one, so that the error is exactly what
     `is_valid(raise_exception=True)` raises."""
-    validated = _REPORT_FAST[serializer_class](data)
+    validated = report_fast_validate(serializer_class, data)
     if validated is not None:
         return validated
     try:
