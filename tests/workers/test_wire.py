@@ -242,3 +242,82 @@ def test_json_bodies_keep_non_finite_numbers_as_the_standard_library_did() -> No
     np.testing.assert_array_equal(inputs["x"], odd)
     plain, _ = response_encode("r2", {"y": np.array([[0.25, -2.0]], dtype=np.float32)}, model_name="m")
     assert plain == b'{"id":"r2","model_name":"m","outputs":[{"name":"y","shape":[1,2],"datatype":"FP32","data":[0.25,-2.0]}]}'
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "uint16", "int32", "uint64", "int64", "bool"])
+def test_json_tensors_are_written_as_their_own_datatype_and_read_back_equal(dtype: str) -> None:
+    """A JSON tensor's numbers are the shortest text that reads back as the same value of its datatype (an
+    FP32 0.1 is written `0.1`, not the Python float `0.10000000149011612`): every value, including the
+    extremes of the type, comes back bit for bit, big-endian and strided arrays too."""
+    from workers.wire import request_decode, request_encode, response_decode, response_encode
+
+    rng = np.random.default_rng(7)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        info = np.finfo(dt)
+        values = np.concatenate([rng.standard_normal(200).astype(dt), np.array([0.1, -0.0, info.max, info.min, info.tiny, info.eps], dtype=dt)])
+    elif dt.kind == "b":
+        values = rng.integers(0, 2, 200).astype(bool)
+    else:
+        info = np.iinfo(dt)
+        values = np.concatenate([rng.integers(info.min, info.max, 200, dtype=dt, endpoint=True), np.array([info.min, info.max], dtype=dt)])
+    array = values.reshape(-1, 2)
+    body, _ = response_encode(None, {"y": array}, model_name="m")
+    _, outputs = response_decode(body)
+    assert outputs["y"].dtype == dt and outputs["y"].tobytes() == array.tobytes()
+    for odd in (array.astype(dt.newbyteorder(">")), array[::2]):
+        body, _ = request_encode({"x": odd})
+        _, inputs, _ = request_decode(body)
+        assert inputs["x"].tobytes() == np.ascontiguousarray(odd, dtype=dt).tobytes()
+    if dtype == "float32":
+        assert b"0.1," in body or b"0.1]" in body or b"[0.1" in request_encode({"x": np.array([0.1], dtype=dt)})[0]
+        assert request_encode({"x": np.array([0.1], dtype=dt)})[0].count(b"0.1") == 1
+        assert b"0.10000000149011612" not in request_encode({"x": np.array([0.1], dtype=dt)})[0]
+
+
+@pytest.mark.parametrize(("datatype", "data", "accepted"), [
+    ("UINT8", [0, 255], True), ("UINT8", [0, 256], False), ("UINT8", [-1, 3], False), ("INT8", [-128, 127], True),
+    ("INT8", [[1], [128]], False), ("UINT64", [18446744073709551615, 1], True), ("UINT64", [-1, 1], False),
+    ("UINT64", [18446744073709551615, 1.5], False), ("INT32", [2147483648, 0], False), ("INT64", [9223372036854775807, -1], True),
+])
+def test_json_integers_outside_their_datatype_are_refused_not_wrapped(datatype: str, data: list, accepted: bool) -> None:
+    """300 given as UINT8 would be 44 after a cast: a different input. It is a 400 instead."""
+    import json as stdjson
+
+    from workers.wire import WireError, request_decode
+
+    flat = np.array(data, dtype=object).reshape(-1) if accepted else None
+    body = stdjson.dumps({"inputs": [{"name": "x", "shape": [2] if not isinstance(data[0], list) else [2, 1], "datatype": datatype,
+                                      "data": data}]}).encode()
+    if accepted:
+        _, inputs, _ = request_decode(body)
+        assert [int(v) for v in inputs["x"].reshape(-1)] == [int(v) for v in flat]
+    else:
+        with pytest.raises(WireError, match="must lie in|must be integers|does not hold"):
+            request_decode(body)
+
+
+def test_frame_parser_returns_every_frame_whole_however_the_stream_is_cut() -> None:
+    """Frames of every size (empty, small, just around LARGE_FRAME_BYTES, several hundred KB) cut into
+    reads of 1 byte to 1 MB, as bytes or bytearrays: the same headers and bodies come out, in order. A large
+    body gathered over several reads is a view of its own buffer, which later reads never touch."""
+    import random
+
+    rng = random.Random(1)
+    limit = FrameParser.LARGE_FRAME_BYTES
+    frames = []
+    for i in range(200):
+        size = rng.choice([0, 3, 100, limit - 40, limit, limit + 1, 70_000, 300_000])
+        frames.append(({"id": i, "pad": "y" * rng.randint(0, 50)}, rng.randbytes(size)))
+    stream = b"".join(frame_pack(h, b) for h, b in frames)
+    for trial in range(20):
+        parser = FrameParser()
+        got = []
+        pos = 0
+        while pos < len(stream):
+            n = rng.choice([1, 7, 8, 9, 100, 4096, 65_536, 262_144, 1_000_000])
+            chunk = stream[pos:pos + n]
+            got += parser.feed(chunk if trial % 2 else bytearray(chunk))
+            pos += n
+        assert [h for h, _ in got] == [h for h, _ in frames]
+        assert all(bytes(b) == want for (_, b), (_, want) in zip(got, frames))
