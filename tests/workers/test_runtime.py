@@ -102,6 +102,67 @@ def test_threaded_batcher_waits_for_a_policy_timer_and_fails_expired_queries() -
         batcher.close()
 
 
+def test_threaded_batcher_calls_done_once_per_query_from_any_thread() -> None:
+    """`submit(..., done=...)` (the runtime's hot path, no Future): each query's callback is called exactly
+    once, with its result, its DeadlineExceeded, or BatcherClosed for what was queued at close; queries
+    submitted from several threads while batches run are all answered (the worker is only woken when it
+    sleeps, so none may be stranded)."""
+    from workers.runtime.batcher import BatcherClosed
+
+    outcomes: dict[int, list] = {}
+    lock = threading.Lock()
+
+    def done_for(x: int):
+        def done(result, exc) -> None:
+            with lock:
+                outcomes.setdefault(x, []).append((result, exc))
+        return done
+
+    def execute(payloads: list) -> list:
+        time.sleep(0.0005)
+        return [p * 2 for p in payloads]
+
+    batcher = InstanceBatcher(batching_policy_make("max-delay", max_queue_delay_ms=0.2), latency_ms=lambda b: 0.5, max_batch=8,
+                              execute=execute, drop_rule="deadline", slo_ms=10_000.0).start()
+
+    def client(start: int) -> None:
+        for x in range(start, start + 300):
+            batcher.submit(x, done=done_for(x))
+            if x % 7 == 0:
+                time.sleep(0.0002)
+
+    threads = [threading.Thread(target=client, args=(k * 1000,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stale = batcher.submit(-1, deadline_ms=time.monotonic() * 1000.0 - 5.0, done=done_for(-1))
+    assert stale.query_id == 900
+    deadline = time.monotonic() + 10
+    while len(outcomes) < 901 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    batcher.close()
+    assert len(outcomes) == 901 and all(len(v) == 1 for v in outcomes.values())
+    assert all(outcomes[x] == [(2 * x, None)] for x in outcomes if x >= 0)
+    assert outcomes[-1][0][0] is None and isinstance(outcomes[-1][0][1], DeadlineExceeded)
+    # Closed while a batch runs: that batch is answered, the query queued behind it gets BatcherClosed.
+    gate = threading.Event()
+
+    def blocking(payloads: list) -> list:
+        gate.wait(5)
+        return [p * 2 for p in payloads]
+
+    slow = InstanceBatcher(batching_policy_make("fixed", size=1), latency_ms=lambda b: 1.0, max_batch=1, execute=blocking,
+                           drop_rule="never", slo_ms=120_000.0).start()
+    slow.submit(10_004, done=done_for(10_004))
+    time.sleep(0.05)
+    slow.submit(10_005, done=done_for(10_005))
+    threading.Timer(0.1, gate.set).start()
+    slow.close(timeout=5)
+    assert outcomes[10_004] == [(20_008, None)]
+    assert outcomes[10_005][0][0] is None and isinstance(outcomes[10_005][0][1], BatcherClosed)
+
+
 def test_stepped_batcher_on_a_virtual_clock() -> None:
     clock = VirtualClock()
     lat = {1: 10.0, 2: 16.0}.__getitem__

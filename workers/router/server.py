@@ -34,7 +34,7 @@ class _CoalescingTransport:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held + data)
+            self._transport.writelines((held, data))  # one gathered write, the body not copied onto the head
         elif data[:9] == b"HTTP/1.1 " and data[9:12] != b"100" and data.find(b"\r\n\r\n") == len(data) - 4:
             # A response head alone: wait for its body, the next write in the same loop iteration (the app
             # sends it right after); a response without a body write (HEAD) goes out on the next iteration.

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import socket
 
-from workers.wire import FrameParser, frame_pack
+from workers.wire import FrameParser, frame_head_pack
 
 __all__ = ["Upstream", "UpstreamError", "endpoint_parse"]
 
@@ -108,17 +108,20 @@ class Upstream(asyncio.Protocol):
         header["id"] = rid
         fut = self.loop.create_future()
         self.pending[rid] = fut
-        # Frames of the requests that arrive in the same loop iteration go out in one write (one syscall).
+        # Frames of the requests that arrive in the same loop iteration go out in one write (one syscall);
+        # a body is handed over as it is (not copied into the frame: writelines gathers it).
         out = self._out
-        out.append(frame_pack(header, body))
-        if len(out) == 1:
+        if not out:
             self.loop.call_soon(self._flush)
+        out.append(frame_head_pack(header, len(body)))
+        if body:
+            out.append(body)
         return fut
 
     def _flush(self) -> None:
         out, self._out = self._out, []
         if self.transport is not None and out:
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            self.transport.writelines(out)
 
     def forget(self, fut: asyncio.Future) -> None:
         for rid, f in list(self.pending.items()):

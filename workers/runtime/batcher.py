@@ -105,6 +105,22 @@ class VirtualClock:
         self._ms = float(t_ms)
 
 
+class _Completion:
+    """What `submit(..., done=...)` returns in place of a Future: resolving it calls `done` once."""
+
+    __slots__ = ("query_id", "_done")
+
+    def __init__(self, query_id: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        self.query_id = query_id
+        self._done = done
+
+    def set_result(self, result: Any) -> None:
+        self._done(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done(None, error)
+
+
 class InstanceBatcher:
     """Serves one instance: queues submitted queries and runs the batches `policy` decides. See the module
     docstring."""
@@ -164,17 +180,21 @@ class InstanceBatcher:
         self._outcome: tuple[Sequence[Any] | None, BaseException | None, float] | None = None
         self._timer_at = _INF
         self._kick_needed = False
+        self._worker_waiting = False  # the worker thread sleeps on _cond (a submission must notify it)
         self._closed = False
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ public API
 
-    def submit(self, payload: Any, arrival_ms: float | None = None, deadline_ms: float | None = None) -> Future:
+    def submit(self, payload: Any, arrival_ms: float | None = None, deadline_ms: float | None = None, *,
+               done: Callable[[Any, BaseException | None], None] | None = None) -> Future:
         """Queue one query; the future resolves with its result or fails with `DeadlineExceeded`.
         `arrival_ms` defaults to now; `deadline_ms` to arrival + slo_ms. Stepped mode: virtual time first
-        advances to `arrival_ms`."""
+        advances to `arrival_ms`. With `done`, no future is made: `done(result, None)` or `done(None, error)`
+        is called once, on the thread that resolves the query, and what is returned only carries `query_id`
+        (the runtime's hot path: a `Future` costs a Condition and a lock per query)."""
         if self.round_driven:
-            return self._submit_queued(payload, arrival_ms, deadline_ms)
+            return self._submit_queued(payload, arrival_ms, deadline_ms, done)
         stepped = self._thread is None
         if stepped and hasattr(self.clock, "advance_to"):
             # Completions and timers due by the arrival go first (also those due exactly now).
@@ -182,10 +202,11 @@ class InstanceBatcher:
             self.step_until(now if arrival_ms is None or arrival_ms < now else arrival_ms)
         with self._cond:
             now = self._now_ms()
-            future = self._enqueue(payload, now, arrival_ms, deadline_ms)
+            future = self._enqueue(payload, now, arrival_ms, deadline_ms, done)
             if not stepped:
                 self._kick_needed = True
-                self._cond.notify()
+                if self._worker_waiting:  # a worker running a batch looks at _kick_needed when it ends
+                    self._cond.notify()
                 return future
             if self._busy:
                 return future
@@ -194,17 +215,19 @@ class InstanceBatcher:
                 self._dispatch_stepped(batch, now)
         return future
 
-    def _submit_queued(self, payload: Any, arrival_ms: float | None, deadline_ms: float | None) -> Future:
+    def _submit_queued(self, payload: Any, arrival_ms: float | None, deadline_ms: float | None,
+                       done: Callable[[Any, BaseException | None], None] | None) -> Future:
         """Round-driven: queue the query, then tell the round (which owns the clock when stepped)."""
         with self._cond:
-            future = self._enqueue(payload, self._now_ms(), arrival_ms, deadline_ms)
+            future = self._enqueue(payload, self._now_ms(), arrival_ms, deadline_ms, done)
         hook = self.arrival_hook
         if hook is not None:
             hook()
         return future
 
-    def _enqueue(self, payload: Any, now: float, arrival_ms: float | None, deadline_ms: float | None) -> Future:
-        """Queue one query (lock held): its id, future and deadline."""
+    def _enqueue(self, payload: Any, now: float, arrival_ms: float | None, deadline_ms: float | None,
+                 done: Callable[[Any, BaseException | None], None] | None = None) -> Future:
+        """Queue one query (lock held): its id, future (or `_Completion` around `done`) and deadline."""
         if self._closed:
             raise BatcherClosed("the batcher is closed")
         arrival = now if arrival_ms is None else float(arrival_ms)
@@ -212,8 +235,11 @@ class InstanceBatcher:
         deadline -= self.margin_ms  # the policy plans against the earlier deadline (see the module docstring)
         query_id = self._next_id
         self._next_id += 1
-        future: Future = Future()
-        future.query_id = query_id  # type: ignore[attr-defined]
+        if done is None:
+            future: Future = Future()
+            future.query_id = query_id  # type: ignore[attr-defined]
+        else:
+            future = _Completion(query_id, done)  # type: ignore[assignment]
         self._pending[query_id] = (future, payload, deadline)
         self.queue.push(query_id, arrival, deadline)
         return future
@@ -441,7 +467,11 @@ class InstanceBatcher:
                             break
                         continue
                     timeout = None if self._timer_at == _INF else max(0.0, (self._timer_at - now) / 1000.0)
-                    cond.wait(timeout)
+                    self._worker_waiting = True
+                    try:
+                        cond.wait(timeout)
+                    finally:
+                        self._worker_waiting = False
             # Outside the lock: submissions keep coming.
             if self.turn is None:
                 results, error, _measured = self._run(payloads)

@@ -454,12 +454,22 @@ class _Connection:
         """Send one frame (any thread)."""
         self.send_bytes(frame_pack(header, body))
 
-    def send_bytes(self, data: bytes) -> None:
+    def send_bytes(self, data: bytes, body: bytes | memoryview = b"") -> None:
+        """Send `data`, then `body` (a large answer's tensor bytes, gathered into the same sendmsg rather than
+        copied onto the frame's head)."""
         if self.closed:
             return
         with self.lock:
             try:
-                self.sock.sendall(data)
+                if not body:
+                    self.sock.sendall(data)
+                else:
+                    sent = self.sock.sendmsg((data, body))
+                    if sent < len(data) + len(body):  # the kernel took part of it (a full send buffer)
+                        if sent < len(data):
+                            self.sock.sendall(memoryview(data)[sent:])
+                            sent = len(data)
+                        self.sock.sendall(memoryview(body)[sent - len(data):])
             except OSError:
                 self.closed = True
                 loop = self.server._loop
@@ -480,6 +490,7 @@ class _Connection:
 
 
 _RECV_BYTES = 1 << 18
+_GATHER_BYTES = 1 << 16  # an answer body above this is sent after its frame head by one sendmsg, not copied onto it
 _SEND_TIMEOUT_S = 10.0
 
 
@@ -588,17 +599,15 @@ class ServedModel:
         self.instance_stats.arrival()
         with self._count_lock:
             self.in_flight += 1
+        context = (conn, rid, header)
         try:
-            future = self.batcher.submit(query, deadline_ms=deadline_ms)
+            # The answer is encoded and sent from the thread that resolves the query (the batcher's worker).
+            self.batcher.submit(query, deadline_ms=deadline_ms, done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
         except BatcherClosed:
             with self._count_lock:
                 self.in_flight -= 1
             self.instance_stats.failed()
             self.error(conn, rid, 503, "draining", "the instance is shutting down")
-            return
-        context = (conn, rid, request_id, binary, query, header)
-        # The answer is encoded and sent from the thread that resolves the future (the batcher's worker).
-        future.add_done_callback(lambda f: self._infer_done(f, context))
 
     def _inputs_check(self, inputs: dict) -> bool:
         """WireError unless `inputs` are the model's, with its datatypes and shapes (batch axis optional);
@@ -627,14 +636,13 @@ class ServedModel:
                     raise WireError(f"input {name!r}: shape {list(array.shape)} but the model takes {list(dims)}")
         return batched
 
-    def _infer_done(self, future: Any, context: tuple) -> None:
+    def _infer_done(self, context: tuple, query: _Query, request_id: str | None, binary: bool, result: Any, exc: BaseException | None) -> None:
         """A query's answer (any thread; usually the batcher's worker, right after its batch)."""
-        conn, rid, request_id, binary, query, header = context
+        conn, rid, header = context
         now_ms = time.monotonic() * 1000.0
         latency = now_ms - query.arrival_ms
         stats = self.instance_stats
         try:
-            exc = future.exception()
             if exc is None:
                 params = self._params_default
                 instance, version = header.get("instance"), header.get("routing_version")
@@ -645,19 +653,23 @@ class ServedModel:
                     if version is not None:
                         params["routing_version"] = version
                 try:
-                    body, header_length = response_encode(request_id, future.result(), model_name=self.spec.application,
+                    body, header_length = response_encode(request_id, result, model_name=self.spec.application,
                                                           model_version=self.spec.variant, parameters=params, binary=binary)
                 except WireError as err:
                     stats.failed(latency)
                     self.error(conn, rid, 500, "internal", f"cannot encode the outputs: {err}")
                 else:
                     stats.served(latency, query.start_ms - query.arrival_ms, query.compute_ms, query.end_ms > query.deadline_ms + 1e-6)
+                    rid_json = b"%d" % rid if type(rid) is int else json.dumps(rid).encode()  # the router's ids are ints
                     if header_length is None:
-                        tail = b'"application/json","header_length":null,"id":%s}' % json.dumps(rid).encode()
+                        tail = b'"application/json","header_length":null,"id":%s}' % rid_json
                     else:
-                        tail = b'"application/octet-stream","header_length":%d,"id":%s}' % (header_length, json.dumps(rid).encode())
+                        tail = b'"application/octet-stream","header_length":%d,"id":%s}' % (header_length, rid_json)
                     head = self._reply_head + tail
-                    conn.send_bytes(b"".join((FRAME_PREFIX.pack(len(head), len(body)), head, body)))
+                    if len(body) > _GATHER_BYTES:
+                        conn.send_bytes(FRAME_PREFIX.pack(len(head), len(body)) + head, body)
+                    else:
+                        conn.send_bytes(b"".join((FRAME_PREFIX.pack(len(head), len(body)), head, body)))
             elif isinstance(exc, DeadlineExceeded):
                 stats.dropped(latency, latency)
                 self.error(conn, rid, 504, "deadline_exceeded", f"the query cannot meet its deadline ({exc.rule!r} drop rule at the instance)")
