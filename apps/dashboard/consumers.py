@@ -17,6 +17,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+import orjson
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
@@ -66,6 +67,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         stream_server_loop_register(asyncio.get_running_loop())
         await self.accept()
         self.pump = asyncio.get_running_loop().create_task(self._pump())
+
+    @classmethod
+    async def encode_json(cls, content) -> str:
+        """By orjson: a number that is not finite (a NaN) is written as null, which a browser's JSON.parse
+        reads; the standard library would write NaN, and the page would lose the whole message."""
+        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS).decode()
 
     async def disconnect(self, code: int) -> None:
         pump = getattr(self, "pump", None)

@@ -172,3 +172,13 @@ def test_job_and_change_events_arrive_as_they_happen(users):
     assert "solving" in progressed["log"]
     assert change["object_type"] == "inventory.host" and change["action"] == "create"
     assert {m["type"] for m in seen_by_limited} <= {"tick"}  # no view permission on hosts: no change sent
+
+
+def test_messages_are_json_a_browser_reads_even_with_a_nan():
+    """The socket's messages are written by orjson: a NaN (a p99 of nothing) arrives as null, which the
+    page's JSON.parse reads, where the standard library's NaN would make it drop the whole message."""
+    import json
+
+    text = asyncio.run(LiveConsumer.encode_json({"type": "metrics", "p99_ms": float("nan"), "reports": {"h1": 1.5}}))
+    assert json.loads(text) == {"type": "metrics", "p99_ms": None, "reports": {"h1": 1.5}}
+    assert "NaN" not in text
