@@ -145,6 +145,25 @@ def test_threaded_batcher_calls_done_once_per_query_from_any_thread() -> None:
     assert len(outcomes) == 901 and all(len(v) == 1 for v in outcomes.values())
     assert all(outcomes[x] == [(2 * x, None)] for x in outcomes if x >= 0)
     assert outcomes[-1][0][0] is None and isinstance(outcomes[-1][0][1], DeadlineExceeded)
+    # A callback that raises is logged; the batch's other queries are still answered and the worker lives on.
+    answered: list = []
+
+    def flaky(x: int):
+        def done(result, exc) -> None:
+            if x == 1:
+                raise RuntimeError("a callback bug")
+            answered.append(result)
+        return done
+
+    batcher = InstanceBatcher(batching_policy_make("fixed", size=4), latency_ms=lambda b: 1.0, max_batch=4, execute=execute,
+                              drop_rule="never", slo_ms=10_000.0).start()
+    gate_first = [batcher.submit(x, done=flaky(x)) for x in range(4)]
+    later = batcher.submit(10, done=flaky(10))
+    deadline = time.monotonic() + 5
+    while len(answered) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    batcher.close()
+    assert len(gate_first) == 4 and later.query_id == 4 and sorted(answered) == [0, 4, 6, 20]
     # Closed while a batch runs: that batch is answered, the query queued behind it gets BatcherClosed.
     gate = threading.Event()
 

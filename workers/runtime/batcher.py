@@ -52,6 +52,7 @@ dropped query. Query ids are 0, 1, 2, ... in submission order (`future.query_id`
 """
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -65,6 +66,7 @@ __all__ = ["AT_EPSILON_MS", "BatcherClosed", "DeadlineExceeded", "InstanceBatche
 # A policy's `at_ms` this close to now counts as now (the simulator's _AT_EPSILON_MS).
 AT_EPSILON_MS = 1e-9
 _INF = math.inf
+log = logging.getLogger("tessera.runtime")
 
 
 class DeadlineExceeded(RuntimeError):
@@ -106,7 +108,9 @@ class VirtualClock:
 
 
 class _Completion:
-    """What `submit(..., done=...)` returns in place of a Future: resolving it calls `done` once."""
+    """What `submit(..., done=...)` returns in place of a Future: resolving it calls `done` once. What
+    `done` raises is logged, as a Future logs its callbacks' errors: it must not stop the batch's other
+    queries being answered, nor the worker thread."""
 
     __slots__ = ("query_id", "_done")
 
@@ -115,10 +119,16 @@ class _Completion:
         self._done = done
 
     def set_result(self, result: Any) -> None:
-        self._done(result, None)
+        self._call(result, None)
 
     def set_exception(self, error: BaseException) -> None:
-        self._done(None, error)
+        self._call(None, error)
+
+    def _call(self, result: Any, error: BaseException | None) -> None:
+        try:
+            self._done(result, error)
+        except Exception:
+            log.exception("the done callback of query %s failed", self.query_id)
 
 
 class InstanceBatcher:
