@@ -474,7 +474,8 @@ class FrameParser:
                 return frames
             self._large = None
             header_len = FRAME_PREFIX.unpack_from(large)[0]
-            frames.append((_frame_header(memoryview(large)[8:8 + header_len]), memoryview(large)[8 + header_len:]))
+            view = memoryview(large).toreadonly()  # as a body in bytes is: arrays decoded from it stay read-only
+            frames.append((_frame_header(view[8:8 + header_len]), view[8 + header_len:]))
             if take == len(data):
                 return frames
             data = memoryview(data)[take:]

@@ -321,3 +321,20 @@ def test_frame_parser_returns_every_frame_whole_however_the_stream_is_cut() -> N
             pos += n
         assert [h for h, _ in got] == [h for h, _ in frames]
         assert all(bytes(b) == want for (_, b), (_, want) in zip(got, frames))
+
+
+def test_a_large_binary_frame_gathered_over_reads_decodes_to_read_only_arrays() -> None:
+    """The arrays of a binary request alias the frame's body, read-only, whether the frame came in one
+    read or was gathered over many."""
+    from workers.wire import request_decode, request_encode
+
+    x = np.arange(64 * 1024, dtype=np.float32).reshape(64, 1024)
+    body, header_length = request_encode({"x": x}, binary=True)
+    stream = frame_pack({"op": "infer"}, body)
+    for step in (len(stream), 4096):
+        parser = FrameParser()
+        frames = []
+        for k in range(0, len(stream), step):
+            frames += parser.feed(stream[k:k + step])
+        _, inputs, _ = request_decode(frames[0][1], header_length)
+        assert np.array_equal(inputs["x"], x) and not inputs["x"].flags.writeable
