@@ -23,20 +23,10 @@ from engine.pipelines.problem import (
 )
 from engine.pipelines.transform import fa2_graph_transform, stage_intensity
 from engine.pipelines.validate import pipeline_plan_validate
-
-# Table P1.3's execution paths with their CPU SLAs; latencies at batch 1 chosen (stated, not the paper's,
-# which it only plots) so that each SLA is five times its path's batch-1 latency, the paper's own rule;
-# d(b) = d(1) * (0.5 + 0.5 b + 0.002 b^2) / 1.002: an instance's throughput grows with the batch up to
-# about 16.
-TABLE_P13 = [("OBJD ALPR QUAN", 3020), ("OBJD NSFW FACR", 3505), ("OBJD OBIR IMGS", 3095), ("SUMR QUAN", 13580),
-             ("AUTT QUAN", 12245), ("AUTT SUMR TCLS", 25710)]
-BATCH1_MS = dict(OBJD=150, ALPR=200, QUAN=254, NSFW=100, FACR=451, OBIR=300, IMGS=169, SUMR=2462, AUTT=2195, TCLS=485)
-
+from engine.reference.pipelines import fa2_table_p13_problem
 
 def table_p13_problem(rate_rps: float, max_batch: int = 32) -> PipelineProblem:
-    stages = tuple(PipelineStage(n, StageLatency(0.002 * v / 1.002, 0.5 * v / 1.002, 0.5 * v / 1.002), max_batch) for n, v in BATCH1_MS.items())
-    paths = tuple(ExecutionPath(f"p{i}", tuple(s.split()), slo, rate_rps / len(TABLE_P13)) for i, (s, slo) in enumerate(TABLE_P13))
-    return PipelineProblem(stages, paths)
+    return fa2_table_p13_problem(rate_rps, max_batch=max_batch)
 
 
 def test_the_latency_fit_recovers_a_quadratic_and_shrugs_off_one_stray_point() -> None:
@@ -87,7 +77,7 @@ def test_the_transformation_removes_every_ingress_aggregator_and_splits_slos_by_
         parts = [s for s in graph.segments if s.path == path.name]
         assert sum((s.stages for s in parts), ()) == path.stages
         assert math.isclose(sum(s.slo_ms for s in parts), path.slo_ms)
-    first = next(s for s in graph.segments if s.path == "p0" and s.stages == ("OBJD", "ALPR"))
+    first = next(s for s in graph.segments if s.path == "p1" and s.stages == ("OBJD", "ALPR"))
     share = (stage_intensity(problem, "OBJD") + stage_intensity(problem, "ALPR")) / sum(stage_intensity(problem, s) for s in ("OBJD", "ALPR", "QUAN"))
     assert math.isclose(first.slo_ms, share * 3020)
 

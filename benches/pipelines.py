@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""Pipelines (Razavi's thesis): FA2 (P1 §p1.6, Figure P1.12) against the exact optimum and the baselines,
+on the thesis's own application (the ten DNNs and six execution paths of Table P1.3 with their SLAs,
+steady request rates of 6 to 60 per second); and IPA (P3 §p3.4-3.5): its solve time up to 10 stages of
+10 variants (Fig. P3.13), equality with brute force on small pipelines, the cost-accuracy frontier as
+its weights move, and FA2-low / FA2-high beside it. A script, not a test (its smoke run is
+tests/engine/test_pipelines_bench_smoke.py).
+
+    .venv/bin/python benches/pipelines.py            # full run (about a minute on two cores)
+    .venv/bin/python benches/pipelines.py --quick    # smoke run, a few seconds
+    options: --out DIR (default bench-results), --seeds N, --device cpu|gpu|both, --jobs N, --slot-ms S
+
+Writes DIR/pipelines.csv (FA2: one row per instance and solver), DIR/pipelines_ipa.csv (IPA: one row per
+solve) and DIR/pipelines.png (needs matplotlib).
+
+What the paper says (§p1.6.2, steady workload): "InferLine [...] needs on average 19 % (and up to 48 %)
+more computational resources when compared with FA2 [...] DS2 [...] requires on average 26 % (and up to
+62 %) more [...] FA2 performs close to the optimal (produced by Gurobi solver) where the match to optimal
+decisions is over 96.8 %."
+
+Set-up (printed with the results):
+- Instances: `engine.reference.pipelines.fa2_table_p13_problem` at total rates 6, 12, ..., 60 requests/s
+  split evenly over the six paths; the DNNs' latency profiles are stated (the thesis only plots them: each
+  path's SLA is five times its batch-1 latency, the thesis's own rule), seed 0 the nominal profiles and
+  every further seed perturbs each DNN's batch-1 latency by up to +-30 % and its batch curve.
+- Solvers, all on the same problem: `fa2` (graph transformation and the dynamic programme over 1 ms slots,
+  engine/pipelines/fa2.py), `milp` (the integer programme P1.3 solved exactly by HiGHS, the thesis's Gurobi
+  optimum), `inferline` (greedy batch increase, DNN by DNN), `ds2` (batch 1). Every plan is checked by
+  engine/pipelines/validate.py on the continuous latency model.
+- "Matches the optimum": FA2 needs as many instances as the MILP's optimum (the objective the thesis
+  minimises); "same decisions": every DNN's batch and instance count equal too.
+- IPA: `engine.reference.pipelines.ipa_random_pipeline` (stated: variant m of a stage is about 1 + m times
+  slower, takes 1 + m cores, is 0.1 m more accurate), alpha 20, beta 0.02 (the thesis sets them per
+  pipeline), batches up to 16; `ipa` solves P3.10 exactly with HiGHS along the cost-accuracy frontier
+  (engine/pipelines/ipa.py), one thread; brute force enumerates every (variant, batch) per stage.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
+    sys.path.insert(0, str(REPO))
+
+from _common import PNG_SKIPPED, csv_rows_write, figure_write, parallel_map, pyplot_load  # noqa: E402
+
+from engine.pipelines.baselines import ds2_solve, inferline_solve  # noqa: E402
+from engine.pipelines.exact import pipeline_milp_solve  # noqa: E402
+from engine.pipelines.fa2 import fa2_solve  # noqa: E402
+from engine.pipelines.ipa import IpaPipeline, ipa_brute_force, ipa_fixed_variant_solve, ipa_plan_validate, ipa_solve  # noqa: E402
+from engine.pipelines.validate import pipeline_plan_validate  # noqa: E402
+from engine.plans.problem import SolveOptions  # noqa: E402
+from engine.reference.pipelines import fa2_table_p13_problem, ipa_random_pipeline  # noqa: E402
+
+SOLVERS = ("fa2", "milp", "inferline", "ds2")
+FIELDS = ("device", "rate_rps", "seed", "solver", "status", "instances", "objective", "runtime_ms", "valid", "violations",
+          "equal_instances", "same_decisions", "extra_vs_fa2")
+IPA_FIELDS = ("part", "stages", "variants", "seed", "solver", "alpha", "beta", "status", "pas", "cores", "objective", "runtime_s", "valid",
+              "steps", "equal_to_brute_force")
+PAPER = {"inferline_mean": 0.19, "inferline_max": 0.48, "ds2_mean": 0.26, "ds2_max": 0.62, "fa2_match": 0.968}
+
+
+def instance_run(task: tuple[str, float, int, float]) -> list[dict[str, Any]]:
+    """Every solver on one instance; one row each."""
+    device, rate, seed, slot_ms = task
+    problem = fa2_table_p13_problem(rate, device=device, seed=None if seed == 0 else seed)
+    options = SolveOptions(time_limit_s=60.0, threads=1)
+    plans = {
+        "fa2": fa2_solve(problem, slot_ms=slot_ms),
+        "milp": pipeline_milp_solve(problem, time_limit_s=60.0, options=options),
+        "inferline": inferline_solve(problem),
+        "ds2": ds2_solve(problem),
+    }
+    optimum, fa2 = plans["milp"], plans["fa2"]
+    rows = []
+    for name in SOLVERS:
+        plan = plans[name]
+        violations = pipeline_plan_validate(problem, plan) if plan.status != "infeasible" else ["infeasible"]
+        rows.append({
+            "device": device, "rate_rps": rate, "seed": seed, "solver": name, "status": plan.status,
+            "instances": plan.instances if plan.decisions else None, "objective": plan.objective,
+            "runtime_ms": plan.runtime_s * 1000.0, "valid": not violations, "violations": "; ".join(violations)[:300],
+            "equal_instances": bool(plan.decisions and optimum.decisions and plan.instances == optimum.instances),
+            "same_decisions": bool(plan.decisions and dict(plan.decisions) == dict(optimum.decisions)),
+            "extra_vs_fa2": (plan.instances / fa2.instances - 1.0) if plan.decisions and fa2.decisions else None,
+        })
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], device: str) -> dict[str, Any]:
+    mine = [r for r in rows if r["device"] == device]
+    by = {name: [r for r in mine if r["solver"] == name] for name in SOLVERS}
+    out: dict[str, Any] = {"device": device, "instances": len(by["fa2"])}
+    out["invalid"] = {name: sum(1 for r in rs if not r["valid"]) for name, rs in by.items()}
+    out["fa2_match"] = sum(r["equal_instances"] for r in by["fa2"]) / len(by["fa2"])
+    out["fa2_same"] = sum(r["same_decisions"] for r in by["fa2"]) / len(by["fa2"])
+    for name in ("inferline", "ds2", "milp"):
+        extra = [r["extra_vs_fa2"] for r in by[name] if r["extra_vs_fa2"] is not None]
+        out[f"{name}_mean"] = statistics.fmean(extra) if extra else None
+        out[f"{name}_max"] = max(extra) if extra else None
+    for name in ("fa2", "milp"):
+        times = [r["runtime_ms"] for r in by[name]]
+        out[f"{name}_ms_mean"], out[f"{name}_ms_max"] = statistics.fmean(times), max(times)
+    return out
+
+
+def table_print(summary: dict[str, Any]) -> None:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:+.1f} %"
+
+    print(f"\n{summary['device'].upper()}: {summary['instances']} instances; invalid plans per solver: {summary['invalid']}")
+    print(f"{'figure':<52} {'measured':>12} {'paper':>10}  verdict")
+    rows = [
+        ("FA2 needs as many instances as the optimum", f"{100 * summary['fa2_match']:.1f} %", f"{100 * PAPER['fa2_match']:.1f} %",
+         "met" if summary["fa2_match"] >= PAPER["fa2_match"] else "below"),
+        ("FA2's every decision equal to the optimum's", f"{100 * summary['fa2_same']:.1f} %", "", ""),
+        ("InferLine's instances vs FA2, mean", pct(summary["inferline_mean"]), "+19 %", ""),
+        ("InferLine's instances vs FA2, max", pct(summary["inferline_max"]), "+48 %", ""),
+        ("DS2's instances vs FA2, mean", pct(summary["ds2_mean"]), "+26 %", ""),
+        ("DS2's instances vs FA2, max", pct(summary["ds2_max"]), "+62 %", ""),
+        ("the optimum's instances vs FA2, mean", pct(summary["milp_mean"]), "", ""),
+        ("FA2 decision time, mean / max", f"{summary['fa2_ms_mean']:.1f} / {summary['fa2_ms_max']:.1f} ms", "", ""),
+        ("MILP (HiGHS, 1 thread) time, mean / max", f"{summary['milp_ms_mean']:.1f} / {summary['milp_ms_max']:.1f} ms", "", ""),
+    ]
+    for label, measured, paper, verdict in rows:
+        print(f"{label:<52} {measured:>12} {paper:>10}  {verdict}")
+
+
+def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
+    """One IPA measurement: "scale" (solve time at a size), "brute" (equal to enumeration), "sweep" (one
+    alpha on a fixed pipeline), "baselines" (FA2-low / FA2-high / IPA)."""
+    part, stages, variants, seed, alpha = task
+    options = SolveOptions(threads=1)
+    pipeline = ipa_random_pipeline(seed, stages, variants, max_batch=6 if part == "brute" else 16)
+    if part == "sweep":
+        pipeline = IpaPipeline(pipeline.name, pipeline.stages, pipeline.slo_ms, pipeline.rate_rps, alpha=alpha, beta=0.05)
+    plans = [ipa_solve(pipeline, time_limit_s=120.0, options=options)]
+    if part == "brute":
+        plans.append(ipa_brute_force(pipeline))
+    if part == "baselines":
+        plans += [ipa_fixed_variant_solve(pipeline, "low"), ipa_fixed_variant_solve(pipeline, "high")]
+    rows = []
+    for plan in plans:
+        valid = plan.status == "infeasible" or not ipa_plan_validate(pipeline, plan)
+        steps = int(plan.notes[0].split()[0]) if plan.solver == "ipa" and plan.notes and "steps" in plan.notes[0] else None
+        rows.append({"part": part, "stages": stages, "variants": variants, "seed": seed, "solver": plan.solver, "alpha": pipeline.alpha,
+                     "beta": pipeline.beta, "status": plan.status, "pas": plan.pas, "cores": plan.cores, "objective": plan.objective,
+                     "runtime_s": plan.runtime_s, "valid": valid, "steps": steps,
+                     "equal_to_brute_force": None if part != "brute" else (plans[0].status == plans[1].status and (
+                         plans[0].objective is None or abs(plans[0].objective - plans[1].objective) < 1e-6))})
+    return rows
+
+
+def ipa_print(rows: list[dict[str, Any]]) -> None:
+    print("\nIPA")
+    print(f"{'stages x variants':<18} {'solves':>6} {'optimal':>8} {'time mean s':>12} {'time max s':>11} {'frontier steps':>15}  target")
+    for size in sorted({(r["stages"], r["variants"]) for r in rows if r["part"] == "scale"}):
+        mine = [r for r in rows if r["part"] == "scale" and (r["stages"], r["variants"]) == size]
+        times = [r["runtime_s"] for r in mine]
+        target = ""
+        if size == (10, 10):
+            target = f"paper: under 2 s; {'met' if max(times) < 2 else f'missed ({max(times) / 2:.1f}x)'}"
+        print(f"{size[0]:>2} x {size[1]:<13} {len(mine):>6} {sum(r['status'] == 'optimal' for r in mine):>8} {statistics.fmean(times):>12.2f} "
+              f"{max(times):>11.2f} {statistics.fmean([r['steps'] or 0 for r in mine]):>15.1f}  {target}")
+    brute = [r for r in rows if r["part"] == "brute" and r["solver"] == "ipa"]
+    if brute:
+        print(f"equal to brute force: {sum(bool(r['equal_to_brute_force']) for r in brute)} of {len(brute)} small pipelines (1-3 stages, 1-3 variants, batches to 6)")
+    sweep = sorted((r for r in rows if r["part"] == "sweep"), key=lambda r: r["alpha"])
+    if sweep:
+        monotone = all(a["pas"] <= b["pas"] + 1e-12 and a["cores"] <= b["cores"] for a, b in zip(sweep, sweep[1:]))
+        print("alpha sweep (beta 0.05, one 4 x 4 pipeline): " + ", ".join(f"alpha {r['alpha']:g}: PAS {r['pas']:.3f} / {r['cores']} cores" for r in sweep)
+              + f"; {'monotone along the frontier' if monotone else 'NOT MONOTONE'}")
+    base = [r for r in rows if r["part"] == "baselines"]
+    if base:
+        names = ("fa2-low", "ipa", "fa2-high")
+        seeds = sorted({r["seed"] for r in base})
+        infeasible = {name: sum(1 for r in base if r["solver"] == name and r["status"] == "infeasible") for name in names}
+        common = [seed for seed in seeds if all(r["status"] != "infeasible" for r in base if r["seed"] == seed)]
+        line = f"FA2-low / IPA / FA2-high on {len(seeds)} pipelines: no plan on {infeasible['fa2-low']} / {infeasible['ipa']} / {infeasible['fa2-high']}"
+        if common:
+            line += f"; where all three plan ({len(common)}), mean PAS / cores: " + "; ".join(
+                f"{name} {statistics.fmean([r['pas'] for r in base if r['solver'] == name and r['seed'] in common]):.3f} / "
+                f"{statistics.fmean([r['cores'] for r in base if r['solver'] == name and r['seed'] in common]):.1f}" for name in names)
+        print(line)
+
+
+def figure(rows: list[dict[str, Any]], devices: list[str], path: Path) -> str:
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
+    fig, axes = plt.subplots(1, len(devices), figsize=(5.5 * len(devices), 3.8), squeeze=False)
+    for ax, device in zip(axes[0], devices):
+        for name, style in zip(SOLVERS, ("o-", "k--", "s-", "^-")):
+            rates = sorted({r["rate_rps"] for r in rows if r["device"] == device})
+            means = [statistics.fmean([r["instances"] for r in rows if r["device"] == device and r["solver"] == name
+                                       and r["rate_rps"] == rate and r["instances"] is not None] or [float("nan")]) for rate in rates]
+            ax.plot(rates, means, style, label=name, markersize=4)
+        ax.set_xlabel("requests/s (all paths)")
+        ax.set_ylabel("instances (mean over seeds)")
+        ax.set_title(f"Table P1.3 application, {device}")
+        ax.legend(fontsize=8)
+    return figure_write(plt, fig, path, "FA2 against the optimum, InferLine and DS2 (Razavi thesis Fig. P1.12 setting)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 rates, 2 seeds, CPU only: a smoke run")
+    parser.add_argument("--seeds", type=int, default=10, help="instances per rate (seed 0: the nominal profiles)")
+    parser.add_argument("--device", choices=("cpu", "gpu", "both"), default="both")
+    parser.add_argument("--slot-ms", type=float, default=1.0, help="FA2's time slot (the thesis: 1 ms)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.slot_ms <= 0 or args.jobs < 1:
+        parser.error("--seeds and --jobs must be >= 1 and --slot-ms > 0")
+    devices = ["cpu"] if args.quick else (["cpu", "gpu"] if args.device == "both" else [args.device])
+    rates = [6.0, 30.0, 60.0] if args.quick else [float(r) for r in range(6, 61, 6)]
+    seeds = range(2 if args.quick else args.seeds)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(__doc__.split("Set-up (printed with the results):")[1].strip())
+    print(f"\nMachine: {platform.machine()}, Python {platform.python_version()}; {len(devices) * len(rates) * len(seeds)} instances, "
+          f"{args.jobs} jobs, FA2 slots {args.slot_ms:g} ms")
+    started = time.perf_counter()
+    tasks = [(device, rate, seed, args.slot_ms) for device in devices for rate in rates for seed in seeds]
+    rows = [row for rs in parallel_map(instance_run, tasks, args.jobs) for row in rs]
+    for device in devices:
+        table_print(summarise(rows, device))
+    sizes = [(2, 2), (4, 4)] if args.quick else [(2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]
+    ipa_seeds = range(1 if args.quick else 3)
+    ipa_tasks = [("scale", n, m, seed, 20.0) for n, m in sizes for seed in ipa_seeds]
+    ipa_tasks += [("brute", 1 + i % 3, 1 + (i // 3) % 3, 100 + i, 20.0) for i in range(6 if args.quick else 27)]
+    ipa_tasks += [("sweep", 4, 4, 3, alpha) for alpha in ((0.0, 2.0, 50.0) if args.quick else (0.0, 0.5, 1, 2, 5, 10, 50, 200))]
+    ipa_tasks += [("baselines", 4, 4, 200 + seed, 20.0) for seed in range(1 if args.quick else 5)]
+    ipa_rows = [row for rs in parallel_map(ipa_run, ipa_tasks, args.jobs) for row in rs]
+    ipa_print(ipa_rows)
+    print(f"\nwrote {csv_rows_write(args.out / 'pipelines.csv', rows, FIELDS)} and "
+          f"{csv_rows_write(args.out / 'pipelines_ipa.csv', ipa_rows, IPA_FIELDS)} in {time.perf_counter() - started:.1f} s")
+    print(figure(rows, devices, args.out / "pipelines.png"))
+    bad = [r for r in rows if r["solver"] in ("fa2", "milp") and not r["valid"]] + [r for r in ipa_rows if not r["valid"]]
+    if bad:
+        print(f"INVALID PLANS: {len(bad)} (see the CSV's violations column)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
