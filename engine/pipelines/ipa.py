@@ -227,36 +227,34 @@ def ipa_solve(pipeline: IpaPipeline, *, time_limit_s: float = 30.0, options: Sol
     pas_max = math.prod(max(_variant(pipeline, pipeline.stages[k].name, m).accuracy for (kk, m, _b) in y if kk == k)
                         for k in range(len(pipeline.stages)))
 
-    def solve(lp: pulp.LpProblem) -> bool | None:
-        """True: solved to optimality; False: stopped with an incumbent; None: none (infeasible or out of time)."""
+    def solve(lp: pulp.LpProblem) -> str:
+        """The solve's state: "optimal", "feasible" (stopped with an incumbent), "infeasible" (proved), or
+        "no-solution" (out of time, or the solver gave up)."""
         left = time_limit_s - (time.perf_counter() - started)
-        if left <= 0:
-            return None
-        outcome = milp_solve(lp, options, time_limit_s=left)
-        return None if not outcome.has_solution else outcome.state == "optimal"
+        return milp_solve(lp, options, time_limit_s=left).state if left > 0 else "no-solution"
 
-    best: tuple[float, int, float] | None = None  # (alpha * PAS - beta * cores, cores, PAS)
+    best: tuple[float, int, float, list] | None = None  # (alpha * PAS - beta * cores, cores, PAS, picks)
     floor = -1e12  # log tau: no accuracy floor at first
     proven, steps = True, 0
     while True:
         fewest_cores.constraints["pas_floor"].constant = -floor
-        found = solve(fewest_cores)
-        if found is None:
-            # The frontier ends (no configuration reaches tau), or time ran out.
-            proven = proven and time.perf_counter() - started < time_limit_s
+        state = solve(fewest_cores)
+        if state in ("infeasible", "no-solution"):
+            proven = proven and state == "infeasible"  # proved: no configuration reaches tau, the frontier ends
             break
         level = round(sum(pipeline.replicas(v, b) * v.cores for _s, v, b in _picks(pipeline, y)))
         most_accurate.constraints["cores_cap"].constant = -level
-        found_pas = solve(most_accurate)
-        if found_pas is None:
+        state_pas = solve(most_accurate)
+        if state_pas in ("infeasible", "no-solution"):
             proven = False
             break
-        proven = proven and found and found_pas
+        proven = proven and state == "optimal" and state_pas == "optimal"
         steps += 1
-        pas = math.prod(v.accuracy for _s, v, _b in _picks(pipeline, y))
+        picks = _picks(pipeline, y)
+        pas = math.prod(v.accuracy for _s, v, _b in picks)
         value = pipeline.alpha * pas - pipeline.beta * level
         if best is None or value > best[0] + 1e-12:
-            best = (value, level, pas)
+            best = (value, level, pas, picks)
         if pipeline.alpha * pas_max - pipeline.beta * (level + 1) <= best[0] + 1e-12 or pas >= pas_max * (1 - 1e-9):
             break  # nothing further along the frontier can do better
         floor = max(floor, _pas_log(pas)) + _PAS_STEP
@@ -267,14 +265,15 @@ def ipa_solve(pipeline: IpaPipeline, *, time_limit_s: float = 30.0, options: Sol
                 floor = max(floor, math.log(needed))
     if best is None:
         return _infeasible(solver_name, started, "no configuration meets the SLO" if proven else "no configuration found in the time limit")
-    _value, level, pas = best
+    _value, level, pas, picks = best
     smallest_batches = pulp.LpProblem("ipa_smallest_batches", pulp.LpMinimize)
     smallest_batches += pulp.lpSum(b * var for (_k, _m, b), var in y.items())
     _feasible_configurations(smallest_batches, pipeline, y)
     smallest_batches += cores <= level, "cores_cap"
     smallest_batches += log_pas >= _pas_log(pas) - _PAS_STEP, "pas_floor"
-    if solve(smallest_batches) is None:
-        return _infeasible(solver_name, started, "no configuration found in the time limit")
+    if solve(smallest_batches) in ("infeasible", "no-solution"):  # out of time: the best point's own batches
+        return _plan_from(pipeline, solver_name, "feasible", picks, started=started,
+                          notes=(f"{steps} steps along the cost-accuracy frontier; the batches were not minimised in time",))
     return _plan_from(pipeline, solver_name, "optimal" if proven else "feasible", _picks(pipeline, y), started=started,
                       notes=(f"{steps} steps along the cost-accuracy frontier",))
 

@@ -80,3 +80,10 @@ def test_bad_input_and_impossible_slos_are_refused_with_reasons() -> None:
     tight = IpaPipeline("p", (IpaStage("a", (IpaVariant("v", 0.5, 1, latency),)), IpaStage("b", (IpaVariant("v", 0.5, 1, latency),))), 15, 10)
     for plan in (ipa_solve(tight), ipa_brute_force(tight), ipa_fixed_variant_solve(tight, "low")):
         assert plan.status == "infeasible" and plan.choices == () and plan.notes
+
+
+def test_a_solve_out_of_time_says_so_and_never_returns_an_invalid_plan() -> None:
+    pipeline = ipa_random_pipeline(1, 6, 6)
+    plan = ipa_solve(pipeline, time_limit_s=0.001)
+    assert plan.status != "optimal"
+    assert plan.status == "infeasible" and "time limit" in plan.notes[0] or ipa_plan_validate(pipeline, plan) == []
