@@ -81,7 +81,7 @@ def instance_run(task: tuple[str, float, int, float]) -> list[dict[str, Any]]:
     rows = []
     for name in SOLVERS:
         plan = plans[name]
-        violations = pipeline_plan_validate(problem, plan) if plan.status != "infeasible" else ["infeasible"]
+        violations = pipeline_plan_validate(problem, plan) if plan.decisions else [plan.status]
         rows.append({
             "device": device, "rate_rps": rate, "seed": seed, "solver": name, "status": plan.status,
             "instances": plan.instances if plan.decisions else None, "objective": plan.objective,
@@ -147,7 +147,7 @@ def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
         plans += [ipa_fixed_variant_solve(pipeline, "low"), ipa_fixed_variant_solve(pipeline, "high")]
     rows = []
     for plan in plans:
-        valid = plan.status == "infeasible" or not ipa_plan_validate(pipeline, plan)
+        valid = not plan.choices or not ipa_plan_validate(pipeline, plan)
         steps = int(plan.notes[0].split()[0]) if plan.solver == "ipa" and plan.notes and "steps" in plan.notes[0] else None
         rows.append({"part": part, "stages": stages, "variants": variants, "seed": seed, "solver": plan.solver, "alpha": pipeline.alpha,
                      "beta": pipeline.beta, "status": plan.status, "pas": plan.pas, "cores": plan.cores, "objective": plan.objective,

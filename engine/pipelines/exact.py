@@ -69,7 +69,7 @@ def pipeline_milp_solve(problem: PipelineProblem, *, time_limit_s: float = 30.0,
     _path_within_slo(lp, problem, x)
     outcome = milp_solve(lp, options, time_limit_s=time_limit_s)
     if not outcome.has_solution:
-        status = "infeasible"
+        status = "infeasible" if outcome.state == "infeasible" else "no-solution"
         return PipelinePlan(solver="milp", status=status, decisions={}, objective=None, runtime_s=time.perf_counter() - started,
                             notes=(f"the solver ({outcome.backend}) found no plan: {outcome.state}",))
     batches = {s: b for (s, b), v in x.items() if (v.value() or 0) > 0.5}

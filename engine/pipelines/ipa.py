@@ -114,7 +114,7 @@ class IpaStageChoice:
 @dataclass(frozen=True)
 class IpaPlan:
     solver: str
-    status: str  # "optimal", "feasible" or "infeasible"
+    status: str  # "optimal", "feasible", "infeasible" (proved) or "no-solution" (none found in the time limit)
     choices: tuple[IpaStageChoice, ...]
     pas: float | None
     cores: int | None
@@ -157,8 +157,8 @@ def _candidates(pipeline: IpaPipeline, stage: IpaStage, variants: tuple[IpaVaria
     return out
 
 
-def _infeasible(solver: str, started: float, reason: str) -> IpaPlan:
-    return IpaPlan(solver, "infeasible", (), None, None, None, runtime_s=time.perf_counter() - started, notes=(reason,))
+def _infeasible(solver: str, started: float, reason: str, status: str = "infeasible") -> IpaPlan:
+    return IpaPlan(solver, status, (), None, None, None, runtime_s=time.perf_counter() - started, notes=(reason,))
 
 
 def _pas_log(accuracy: float) -> float:
@@ -264,7 +264,9 @@ def ipa_solve(pipeline: IpaPipeline, *, time_limit_s: float = 30.0, options: Sol
             if needed > 0:
                 floor = max(floor, math.log(needed))
     if best is None:
-        return _infeasible(solver_name, started, "no configuration meets the SLO" if proven else "no configuration found in the time limit")
+        if proven:
+            return _infeasible(solver_name, started, "no configuration meets the SLO")
+        return _infeasible(solver_name, started, "no configuration found in the time limit", status="no-solution")
     _value, level, pas, picks = best
     smallest_batches = pulp.LpProblem("ipa_smallest_batches", pulp.LpMinimize)
     smallest_batches += pulp.lpSum(b * var for (_k, _m, b), var in y.items())
@@ -290,7 +292,7 @@ def ipa_fixed_variant_solve(pipeline: IpaPipeline, which: str, *, time_limit_s: 
         pinned[s.name] = (pick,)
     cost_only = IpaPipeline(pipeline.name, pipeline.stages, pipeline.slo_ms, pipeline.rate_rps, alpha=0.0, beta=1.0, delta=pipeline.delta)
     plan = ipa_solve(cost_only, time_limit_s=time_limit_s, variants=pinned, solver_name=f"fa2-{which}")
-    if plan.status == "infeasible":
+    if not plan.choices:
         return plan
     picks = [(s, _variant(pipeline, s.name, c.variant), c.batch) for s, c in zip(pipeline.stages, plan.choices)]
     return _plan_from(pipeline, plan.solver, plan.status, picks, bound=None, gap=None, started=time.perf_counter() - plan.runtime_s)

@@ -26,7 +26,8 @@ from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
-PipelineStatus = Literal["optimal", "feasible", "infeasible"]
+# "infeasible": proved that no plan exists; "no-solution": none found in the time limit.
+PipelineStatus = Literal["optimal", "feasible", "infeasible", "no-solution"]
 INTENSITY_BATCHES = 16  # §p1.4.4: a stage's intensity is its mean latency over batch sizes 1..16
 
 

@@ -86,4 +86,4 @@ def test_a_solve_out_of_time_says_so_and_never_returns_an_invalid_plan() -> None
     pipeline = ipa_random_pipeline(1, 6, 6)
     plan = ipa_solve(pipeline, time_limit_s=0.001)
     assert plan.status != "optimal"
-    assert plan.status == "infeasible" and "time limit" in plan.notes[0] or ipa_plan_validate(pipeline, plan) == []
+    assert plan.status == "no-solution" and "time limit" in plan.notes[0] or ipa_plan_validate(pipeline, plan) == []
