@@ -10,8 +10,9 @@ tests/engine/test_pipelines_bench_smoke.py).
     .venv/bin/python benches/pipelines.py --quick    # smoke run, a few seconds
     options: --out DIR (default bench-results), --seeds N, --device cpu|gpu|both, --jobs N, --slot-ms S
 
-Writes DIR/pipelines.csv (FA2: one row per instance and solver), DIR/pipelines_ipa.csv (IPA: one row per
-solve) and DIR/pipelines.png (needs matplotlib).
+Writes DIR/pipelines.csv (FA2: one row per instance and solver), DIR/pipelines_simulated.csv (each plan
+served in the pipeline simulator), DIR/pipelines_ipa.csv (IPA: one row per solve) and DIR/pipelines.png
+(needs matplotlib).
 
 What the paper says (§p1.6.2, steady workload): "InferLine [...] needs on average 19 % (and up to 48 %)
 more computational resources when compared with FA2 [...] DS2 [...] requires on average 26 % (and up to
@@ -29,6 +30,10 @@ Set-up (printed with the results):
   engine/pipelines/validate.py on the continuous latency model.
 - "Matches the optimum": FA2 needs as many instances as the MILP's optimum (the objective the thesis
   minimises); "same decisions": every DNN's batch and instance count equal too.
+- Simulated: each solver's plan for the nominal profiles, made for the rate (headroom 1) or 1.25x it, is
+  served at the rate by engine/simulation/pipeline.py (per-stage central queues with the `fixed` batching
+  policy at the plan's batch, 5 % log-normal service noise, Poisson arrivals per path, queries past their
+  deadline dropped at the next stage as IPA §p3.4.5 does).
 - IPA: `engine.reference.pipelines.ipa_random_pipeline` (stated: variant m of a stage is about 1 + m times
   slower, takes 1 + m cores, is 0.1 m more accurate), alpha 20, beta 0.02 (the thesis sets them per
   pipeline), batches up to 16; `ipa` solves P3.10 exactly with HiGHS along the cost-accuracy frontier
@@ -57,10 +62,13 @@ from engine.pipelines.ipa import IpaPipeline, ipa_brute_force, ipa_fixed_variant
 from engine.pipelines.validate import pipeline_plan_validate  # noqa: E402
 from engine.plans.problem import SolveOptions  # noqa: E402
 from engine.reference.pipelines import fa2_table_p13_problem, ipa_random_pipeline  # noqa: E402
+from engine.simulation.pipeline import PipelineSimulationConfig, pipeline_simulate  # noqa: E402
 
 SOLVERS = ("fa2", "milp", "inferline", "ds2")
 FIELDS = ("device", "rate_rps", "seed", "solver", "status", "instances", "objective", "runtime_ms", "valid", "violations",
           "equal_instances", "same_decisions", "extra_vs_fa2")
+SIM_FIELDS = ("device", "rate_rps", "headroom", "solver", "instances", "violation_ratio", "worst_path", "worst_path_violation_ratio",
+              "dropped", "late", "arrivals")
 IPA_FIELDS = ("part", "stages", "variants", "seed", "solver", "alpha", "beta", "status", "pas", "cores", "objective", "runtime_s", "valid",
               "steps", "equal_to_brute_force")
 PAPER = {"inferline_mean": 0.19, "inferline_max": 0.48, "ds2_mean": 0.26, "ds2_max": 0.62, "fa2_match": 0.968}
@@ -130,6 +138,37 @@ def table_print(summary: dict[str, Any]) -> None:
     ]
     for label, measured, paper, verdict in rows:
         print(f"{label:<52} {measured:>12} {paper:>10}  {verdict}")
+
+
+def simulated_run(task: tuple[str, float, float, str, float]) -> dict[str, Any]:
+    """One plan (made for rate x headroom) served in the pipeline simulator at the rate itself."""
+    device, rate, headroom, solver, duration = task
+    problem = fa2_table_p13_problem(rate, device=device)
+    planned = fa2_table_p13_problem(rate * headroom, device=device)
+    plan = {"fa2": fa2_solve, "milp": pipeline_milp_solve, "inferline": inferline_solve, "ds2": ds2_solve}[solver](planned)
+    row = {"device": device, "rate_rps": rate, "headroom": headroom, "solver": solver, "instances": plan.instances if plan.decisions else None}
+    if not plan.decisions:
+        return row
+    result = pipeline_simulate(problem, plan, PipelineSimulationConfig(duration_s=duration, seed=7))
+    worst = max(result.paths.values(), key=lambda o: o.violation_ratio)
+    row.update(violation_ratio=result.violation_ratio, worst_path=worst.path, worst_path_violation_ratio=worst.violation_ratio,
+               dropped=sum(o.dropped for o in result.paths.values()), late=sum(o.late for o in result.paths.values()),
+               arrivals=sum(o.arrivals for o in result.paths.values()))
+    return row
+
+
+def simulated_print(rows: list[dict[str, Any]], duration: float) -> None:
+    print(f"\nSimulated end to end ({duration:g} s of Poisson arrivals per setting, engine/simulation/pipeline.py; plans made for"
+          " rate x headroom; SLO violations = (late + dropped) / arrivals, worst path in brackets)")
+    solvers = ("fa2", "milp", "inferline", "ds2")
+    print(f"{'device':<6} {'rate':>5} {'headroom':>8}  " + "  ".join(f"{name:>24}" for name in solvers))
+    for key in sorted({(r["device"], r["rate_rps"], r["headroom"]) for r in rows}):
+        cells = []
+        for name in solvers:
+            r = next(r for r in rows if (r["device"], r["rate_rps"], r["headroom"], r["solver"]) == (*key, name))
+            cells.append("no plan" if r.get("violation_ratio") is None else
+                         f"{r['instances']} inst {100 * r['violation_ratio']:5.2f}% ({100 * r['worst_path_violation_ratio']:.1f}%)")
+        print(f"{key[0]:<6} {key[1]:>5g} {key[2]:>8g}  " + "  ".join(f"{c:>24}" for c in cells))
 
 
 def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
@@ -231,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for rs in parallel_map(instance_run, tasks, args.jobs) for row in rs]
     for device in devices:
         table_print(summarise(rows, device))
+    duration = 30.0 if args.quick else 300.0
+    sim_tasks = [(device, rate, headroom, solver, duration) for device in (["gpu"] if args.quick else ["cpu", "gpu"])
+                 for rate in ([36.0] if args.quick else [12.0, 36.0, 60.0]) for headroom in (1.0, 1.25) for solver in SOLVERS]
+    sim_rows = parallel_map(simulated_run, sim_tasks, args.jobs)
+    simulated_print(sim_rows, duration)
     sizes = [(2, 2), (4, 4)] if args.quick else [(2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]
     ipa_seeds = range(1 if args.quick else 3)
     ipa_tasks = [("scale", n, m, seed, 20.0) for n, m in sizes for seed in ipa_seeds]
@@ -239,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ipa_tasks += [("baselines", 4, 4, 200 + seed, 20.0) for seed in range(1 if args.quick else 5)]
     ipa_rows = [row for rs in parallel_map(ipa_run, ipa_tasks, args.jobs) for row in rs]
     ipa_print(ipa_rows)
-    print(f"\nwrote {csv_rows_write(args.out / 'pipelines.csv', rows, FIELDS)} and "
+    print(f"\nwrote {csv_rows_write(args.out / 'pipelines.csv', rows, FIELDS)}, "
+          f"{csv_rows_write(args.out / 'pipelines_simulated.csv', sim_rows, SIM_FIELDS)} and "
           f"{csv_rows_write(args.out / 'pipelines_ipa.csv', ipa_rows, IPA_FIELDS)} in {time.perf_counter() - started:.1f} s")
     print(figure(rows, devices, args.out / "pipelines.png"))
     bad = [r for r in rows if r["solver"] in ("fa2", "milp") and not r["valid"]] + [r for r in ipa_rows if not r["valid"]]

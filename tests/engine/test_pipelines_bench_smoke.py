@@ -32,3 +32,7 @@ def test_pipelines_bench_quick(tmp_path: Path) -> None:
     with (tmp_path / "pipelines_ipa.csv").open() as fh:
         ipa = list(csv.DictReader(fh))
     assert {r["part"] for r in ipa} == {"scale", "brute", "sweep", "baselines"} and all(r["valid"] == "True" for r in ipa)
+    with (tmp_path / "pipelines_simulated.csv").open() as fh:
+        simulated = list(csv.DictReader(fh))
+    assert len(simulated) == 8 and all(int(r["arrivals"]) > 0 for r in simulated if r["violation_ratio"])
+    assert "Simulated end to end" in result.stdout
