@@ -28,11 +28,11 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulp
 
-from engine.pipelines.problem import PipelineProblemError, StageLatency
+from engine.pipelines.problem import PipelineProblemError, StageLatency, instances_for, queueing_delay_ms
 from engine.plans.problem import SolveOptions
 from engine.solvers.milp import milp_solve
 
@@ -66,6 +66,7 @@ class IpaPipeline:
     alpha: float = 1.0
     beta: float = 0.01
     delta: float = 1e-6
+    variant_index: dict[tuple[str, str], IpaVariant] = field(init=False, repr=False, compare=False)  # (stage, variant) -> variant
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -90,16 +91,17 @@ class IpaPipeline:
                     raise PipelineProblemError(f"stage {s.name!r} variant {v.name!r}: accuracy must lie in [0, 1], got {v.accuracy!r}")
                 if isinstance(v.cores, bool) or not isinstance(v.cores, int) or v.cores < 1:
                     raise PipelineProblemError(f"stage {s.name!r} variant {v.name!r}: cores must be an integer >= 1")
+        object.__setattr__(self, "variant_index", {(st.name, v.name): v for st in self.stages for v in st.variants})
 
     def queueing_ms(self, batch: int) -> float:
-        return 1000.0 * (batch - 1) / self.rate_rps
+        return queueing_delay_ms(batch, self.rate_rps)
 
     def time_ms(self, variant: IpaVariant, batch: int) -> float:
         """l_{s,m}(b) + q_s(b)."""
         return variant.latency.d(batch) + self.queueing_ms(batch)
 
     def replicas(self, variant: IpaVariant, batch: int) -> int:
-        return max(1, math.ceil(self.rate_rps / variant.latency.throughput_rps(batch) - 1e-9))
+        return instances_for(self.rate_rps, variant.latency.throughput_rps(batch))
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class IpaPlan:
 
 
 def _variant(pipeline: IpaPipeline, stage: str, name: str) -> IpaVariant:
-    return next(v for s in pipeline.stages if s.name == stage for v in s.variants if v.name == name)
+    return pipeline.variant_index[(stage, name)]
 
 
 def _plan_from(pipeline: IpaPipeline, solver: str, status: str, picks: list[tuple[IpaStage, IpaVariant, int]], *, bound=None, gap=None,

@@ -35,6 +35,20 @@ class PipelineProblemError(ValueError):
     """The pipeline problem is malformed or inconsistent; the message names the offending item."""
 
 
+def queueing_delay_ms(batch: int, rate_rps: float) -> float:
+    """The worst-case wait of a batch's first query, (b - 1) / lambda (P1.2, P3.7), in ms; infinite for
+    b > 1 without traffic."""
+    if batch == 1:
+        return 0.0
+    return math.inf if rate_rps <= 0 else 1000.0 * (batch - 1) / rate_rps
+
+
+def instances_for(rate_rps: float, throughput_rps: float) -> int:
+    """The fewest instances (replicas) of `throughput_rps` each that serve `rate_rps`: ceil(lambda / h), at
+    least 1 (P1.3, P3.10c)."""
+    return max(1, math.ceil(rate_rps / throughput_rps - 1e-9))
+
+
 @dataclass(frozen=True)
 class StageLatency:
     """d(b) = alpha*b^2 + beta*b + gamma, in milliseconds."""
@@ -109,13 +123,15 @@ class PipelineProblem:
     stages: tuple[PipelineStage, ...]
     paths: tuple[ExecutionPath, ...]
     by_name: Mapping[str, PipelineStage] = field(init=False, repr=False, compare=False)
+    rates: Mapping[str, float] = field(init=False, repr=False, compare=False)  # lambda_s per stage
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_name", pipeline_problem_check(self.stages, self.paths))
+        object.__setattr__(self, "rates", {s.name: sum(p.rate_rps for p in self.paths if s.name in p.stages) for s in self.stages})
 
     def stage_rate(self, name: str) -> float:
         """lambda_s: the summed rate of every path through stage `name`."""
-        return sum(p.rate_rps for p in self.paths if name in p.stages)
+        return self.rates[name]
 
     def edges(self) -> set[tuple[str, str]]:
         return {(p.stages[i], p.stages[i + 1]) for p in self.paths for i in range(len(p.stages) - 1)}
@@ -141,10 +157,7 @@ class PipelineProblem:
 
     def queueing_ms(self, name: str, batch: int) -> float:
         """q_s(b) = (b - 1) / lambda_s (P1.2), in ms; infinite for b > 1 at a stage without traffic."""
-        if batch == 1:
-            return 0.0
-        rate = self.stage_rate(name)
-        return math.inf if rate <= 0 else 1000.0 * (batch - 1) / rate
+        return queueing_delay_ms(batch, self.rates[name])
 
     def time_at_stage_ms(self, name: str, batch: int) -> float:
         """l_s(b) = d_s(b) + q_s(b)."""
@@ -152,8 +165,7 @@ class PipelineProblem:
 
     def instances_needed(self, name: str, batch: int) -> int:
         """n_s(b) = ceil(lambda_s / h_s(b)), at least 1."""
-        need = self.stage_rate(name) / self.by_name[name].latency.throughput_rps(batch)
-        return max(1, math.ceil(need - 1e-9))
+        return instances_for(self.rates[name], self.by_name[name].latency.throughput_rps(batch))
 
     def batch_penalty(self) -> float:
         """delta of P1.3: below one instance whatever the batches add up to."""

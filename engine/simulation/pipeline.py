@@ -110,11 +110,13 @@ def pipeline_simulate(problem: PipelineProblem, plan: PipelinePlan, config: Pipe
 
     # Arrivals: Poisson per path (thinned by rate_scale for a varying trace).
     horizon_ms = config.duration_s * 1000.0
+    # The largest multiplier over the run (sampled every 0.1 s): arrivals are drawn at the peak and thinned.
+    scale_peak = 1.0 if config.rate_scale is None else max(config.rate_scale(t / 10.0) for t in range(int(config.duration_s * 10) + 1))
     next_id = 0
     for index, path in enumerate(problem.paths):
         if path.rate_rps <= 0:
             continue
-        peak = path.rate_rps * (1.0 if config.rate_scale is None else max(config.rate_scale(t / 10.0) for t in range(int(config.duration_s * 10) + 1)))
+        peak = path.rate_rps * scale_peak
         t = 0.0
         while True:
             t += rng.exponential(1000.0 / peak)
