@@ -59,10 +59,11 @@ class _Target:
 
 def runtime_key(*, device: Mapping[str, Any], slice_name: str, start: int | None, slot: int | None = None) -> str:
     """The runtime key of an instance on `device` (a plan's `devices` entry): "gpu0/3g.20gb@4" on a MIG
-    slice, "gpu0" on a whole GPU, "cpu0/0" on a CPU (the engine runs one instance per CPU), "gpu0/mps60@0/1"
+    slice, "gpu0" on a whole GPU, "cpu0/2" for a CPU's instance with index 2 (a host runs several pipeline replicas side by side;
+    its only instance is "cpu0/0"), "gpu0/mps60@0/1"
     for the model in `slot` of an MPS partition (several models time-share one)."""
     if device["kind"] == AcceleratorKindChoices.CPU:
-        return f"cpu{device['index']}/0"
+        return f"cpu{device['index']}/{start or 0}"
     if mps_slice_percent(slice_name) is not None:
         return f"gpu{device['index']}/{slice_name}@{start}/{slot or 0}"
     if start is not None:
@@ -141,12 +142,12 @@ def plan_translate(
                 continue
             mps_percent = mps_slice_percent(inst.slice)
             partition = f"{inst.slice}@{inst.start}"
+            cpu = info["kind"] == AcceleratorKindChoices.CPU
             key = runtime_key(device=info, slice_name=inst.slice, start=inst.start, slot=slots[partition])
             slots[partition] += 1
-            cpu = info["kind"] == AcceleratorKindChoices.CPU
             runtime: dict[str, Any] = {
                 "key": key, "device": f"{info['kind']}{info['index']}",
-                "placement": partition if inst.start is not None else None,
+                "placement": partition if inst.start is not None and not cpu else None,
                 "cpu_threads": int(inst.slice) if cpu else None,
                 "application": problem.variant(inst.variant).application, "variant": variant_id, "max_batch": int(inst.batch),
                 # The models of an MPS partition take turns in rounds (gpulets, Nexus's duty cycles): each sizes

@@ -12,6 +12,8 @@ EXIT_MALFORMED = 2
 PLANNERS = ("proteus", "joint", "garrison", "clipper-ha", "clipper-ht", "sommelier", "infaas")
 # The MPS planners (gpulets, ATC'22): `plan solve` offers them; the simulator does not model MPS partitions yet.
 MPS_PLANNERS = ("gpulets", "sbp", "best-fit", "ideal")
+# The pipeline planners (FA2, IPA): the problem's pipelines on CPU hosts, proteus for the rest.
+PIPELINE_PLANNERS = ("fa2", "ipa")
 
 
 def django_setup(settings: str = "controlplane.settings.local") -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import EXIT_INVALID, MPS_PLANNERS, PLANNERS, fail, number, plan_read, problem_read
+from ._common import EXIT_INVALID, MPS_PLANNERS, PIPELINE_PLANNERS, PLANNERS, fail, number, plan_read, problem_read
 
 plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan.", no_args_is_help=True)
 
@@ -18,6 +18,20 @@ def _verdict_echo(verdict) -> None:
         typer.echo(f"  warning: {warning}")
 
 
+# Pipeline plans are simulated before they are shown (engine/simulation/pipeline.py): this long, Poisson
+# arrivals at each path's demand, the placed replicas on their profiled latencies.
+PIPELINE_SIMULATION_S = 60.0
+
+
+def _pipeline_simulation(problem, plan, name: str):
+    from engine.simulation.pipeline import fleet_pipeline_simulate, PipelineSimulationConfig
+
+    try:
+        return fleet_pipeline_simulate(problem, plan, name, PipelineSimulationConfig(duration_s=PIPELINE_SIMULATION_S))
+    except ValueError:
+        return None  # nothing placed: the summary's status and notes say why
+
+
 def _plan_summary_echo(problem, plan) -> None:
     demand = problem.total_demand_rps
     shortfall = sum(plan.shortfall_rps.values())
@@ -28,6 +42,19 @@ def _plan_summary_echo(problem, plan) -> None:
     typer.echo(f"accuracy     {number(plan.effective_accuracy, '.4f')} effective")
     typer.echo(f"served       {plan.total_served_rps:.6g} / {demand:.6g} rps" + (f"   shortfall {shortfall:.6g} rps" if shortfall else ""))
     typer.echo(f"GPUs used    {plan.gpus_used} of {sum(1 for d in problem.devices if not d.is_cpu)}   instances {len(plan.instances)}")
+    for name, summary in plan.pipelines.items():
+        typer.echo(f"pipeline     {name}: {summary['status']} ({summary['solver']}), {summary['cores']} cores"
+                   + (f", PAS {summary['pas']:.4f}" if summary.get("pas") is not None else ""))
+        for stage, s in summary["stages"].items():
+            typer.echo(f"  stage {stage}: {s['variant']} x{s['replicas_placed']}/{s['replicas']} on {s['cores_per_replica']} core(s), "
+                       f"batch {s['batch']}, {s['latency_ms']:.4g} + {s['queueing_ms']:.4g} ms queueing")
+        simulated = _pipeline_simulation(problem, plan, name)
+        for path, q in summary["paths"].items():
+            latency = "-" if q["latency_ms"] is None else f"{q['latency_ms']:.4g}"
+            outcome = simulated.paths.get(path) if simulated is not None else None
+            seen = (f"; simulated {PIPELINE_SIMULATION_S:g} s: {outcome.violation_ratio:.2%} violations, p99 {number(outcome.p99_ms, '.4g')} ms"
+                    if outcome is not None else "")
+            typer.echo(f"  path {path}: {latency} ms of SLO {q['slo_ms']:g} ms at {q['demand_rps']:g} rps ({' -> '.join(q['stages'])}){seen}")
     for note in plan.notes:
         typer.echo(f"  note: {note}")
 
@@ -35,7 +62,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal"),
+    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal, or for the problem's pipelines: fa2 | ipa"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
@@ -49,8 +76,8 @@ def plan_solve_cmd(
 
     from engine.plans.problem import OBJECTIVES, SOLVERS
 
-    if solver not in PLANNERS + MPS_PLANNERS:
-        raise fail(f"--solver must be one of {', '.join(PLANNERS + MPS_PLANNERS)}, got {solver!r}")
+    if solver not in PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS:
+        raise fail(f"--solver must be one of {', '.join(PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS)}, got {solver!r}")
     if objective is not None and objective not in OBJECTIVES:
         raise fail(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if backend is not None and backend not in SOLVERS:

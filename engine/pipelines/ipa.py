@@ -66,6 +66,8 @@ class IpaPipeline:
     alpha: float = 1.0
     beta: float = 0.01
     delta: float = 1e-6
+    # Replicas are sized for this multiple of the rate; queueing delay is the real rate's.
+    headroom: float = 1.0
     variant_index: dict[tuple[str, str], IpaVariant] = field(init=False, repr=False, compare=False)  # (stage, variant) -> variant
 
     def __post_init__(self) -> None:
@@ -76,6 +78,8 @@ class IpaPipeline:
         for value, label in ((self.slo_ms, "slo_ms"), (self.rate_rps, "rate_rps")):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise PipelineProblemError(f"pipeline {self.name!r}: {label} must be a finite number > 0, got {value!r}")
+        if not (isinstance(self.headroom, (int, float)) and math.isfinite(self.headroom) and self.headroom >= 1):
+            raise PipelineProblemError(f"pipeline {self.name!r}: headroom must be a finite number >= 1, got {self.headroom!r}")
         for value, label in ((self.alpha, "alpha"), (self.beta, "beta"), (self.delta, "delta")):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise PipelineProblemError(f"pipeline {self.name!r}: {label} must be a finite number >= 0, got {value!r}")
@@ -101,7 +105,7 @@ class IpaPipeline:
         return variant.latency.d(batch) + self.queueing_ms(batch)
 
     def replicas(self, variant: IpaVariant, batch: int) -> int:
-        return instances_for(self.rate_rps, variant.latency.throughput_rps(batch))
+        return instances_for(self.headroom * self.rate_rps, variant.latency.throughput_rps(batch))
 
 
 @dataclass(frozen=True)
@@ -292,7 +296,8 @@ def ipa_fixed_variant_solve(pipeline: IpaPipeline, which: str, *, time_limit_s: 
     for s in pipeline.stages:
         pick = min(s.variants, key=lambda v: (v.cores, v.accuracy)) if which == "low" else max(s.variants, key=lambda v: (v.accuracy, -v.cores))
         pinned[s.name] = (pick,)
-    cost_only = IpaPipeline(pipeline.name, pipeline.stages, pipeline.slo_ms, pipeline.rate_rps, alpha=0.0, beta=1.0, delta=pipeline.delta)
+    cost_only = IpaPipeline(pipeline.name, pipeline.stages, pipeline.slo_ms, pipeline.rate_rps, alpha=0.0, beta=1.0, delta=pipeline.delta,
+                            headroom=pipeline.headroom)
     plan = ipa_solve(cost_only, time_limit_s=time_limit_s, variants=pinned, solver_name=f"fa2-{which}")
     if not plan.choices:
         return plan

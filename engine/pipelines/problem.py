@@ -98,6 +98,23 @@ def stage_latency_fit(points: Sequence[tuple[int, float]]) -> StageLatency:
     return model
 
 
+def stage_latency_bound(points: Sequence[tuple[int, float]]) -> StageLatency:
+    """`stage_latency_fit`, raised until it is nowhere below the profile: at every whole batch from the
+    smallest to the largest profiled one, d(b) >= the profile's latency there, read by linear interpolation
+    between profiled batches (as the capacity model and the plan validator read profiles). A plan made
+    with it keeps each path's SLO on the profiled latencies, not only on the fitted curve; the raise is the
+    fit's largest shortfall, so a good fit moves little."""
+    model = stage_latency_fit(points)
+    data = sorted((int(b), float(ms)) for b, ms in points)
+    batches = np.array([b for b, _ in data], dtype=float)
+    latencies = np.array([ms for _, ms in data], dtype=float)
+    grid = np.arange(int(batches[0]), int(batches[-1]) + 1, dtype=float)
+    profiled = np.interp(grid, batches, latencies)
+    fitted = (model.alpha * grid + model.beta) * grid + model.gamma
+    raise_ms = float(max(0.0, np.max(profiled - fitted)))
+    return StageLatency(model.alpha, model.beta, model.gamma + raise_ms) if raise_ms > 0 else model
+
+
 @dataclass(frozen=True)
 class PipelineStage:
     """One DNN of the pipeline (an application in Tessera's registry), its latency model on one instance
@@ -122,10 +139,14 @@ class ExecutionPath:
 class PipelineProblem:
     stages: tuple[PipelineStage, ...]
     paths: tuple[ExecutionPath, ...]
+    # Replicas are sized for this multiple of each stage's rate; queueing delay is the real rate's.
+    headroom: float = 1.0
     by_name: Mapping[str, PipelineStage] = field(init=False, repr=False, compare=False)
     rates: Mapping[str, float] = field(init=False, repr=False, compare=False)  # lambda_s per stage
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.headroom, (int, float)) and math.isfinite(self.headroom) and self.headroom >= 1):
+            raise PipelineProblemError(f"headroom must be a finite number >= 1, got {self.headroom!r}")
         object.__setattr__(self, "by_name", pipeline_problem_check(self.stages, self.paths))
         object.__setattr__(self, "rates", {s.name: sum(p.rate_rps for p in self.paths if s.name in p.stages) for s in self.stages})
 
@@ -164,8 +185,8 @@ class PipelineProblem:
         return self.by_name[name].latency.d(batch) + self.queueing_ms(name, batch)
 
     def instances_needed(self, name: str, batch: int) -> int:
-        """n_s(b) = ceil(lambda_s / h_s(b)), at least 1."""
-        return instances_for(self.rates[name], self.by_name[name].latency.throughput_rps(batch))
+        """n_s(b) = ceil(headroom * lambda_s / h_s(b)), at least 1."""
+        return instances_for(self.headroom * self.rates[name], self.by_name[name].latency.throughput_rps(batch))
 
     def batch_penalty(self) -> float:
         """delta of P1.3: below one instance whatever the batches add up to."""
@@ -209,11 +230,12 @@ def pipeline_problem_check(stages: Sequence[PipelineStage], paths: Sequence[Exec
     idle = sorted(set(by_name) - used)
     if idle:
         raise PipelineProblemError(f"stages on no execution path: {idle}")
-    _acyclic_check({(p.stages[i], p.stages[i + 1]) for p in paths for i in range(len(p.stages) - 1)})
+    paths_acyclic_check({(p.stages[i], p.stages[i + 1]) for p in paths for i in range(len(p.stages) - 1)})
     return by_name
 
 
-def _acyclic_check(edges: set[tuple[str, str]]) -> None:
+def paths_acyclic_check(edges: set[tuple[str, str]]) -> None:
+    """PipelineProblemError naming a cycle when the edges (stage, next stage) have one."""
     successors: dict[str, list[str]] = {}
     for u, v in edges:
         successors.setdefault(u, []).append(v)

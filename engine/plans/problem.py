@@ -67,6 +67,59 @@ class ApplicationSpec:
 
 
 @dataclass(frozen=True)
+class PipelineStageSpec:
+    """A stage of a pipeline: an application, its variant pinned (`variant`) or left to the planner (None),
+    and the largest batch it may run."""
+
+    application: str
+    variant: str | None = None
+    max_batch: int = 64
+
+
+@dataclass(frozen=True)
+class PipelinePathSpec:
+    """An execution path (thesis P1, Table P1.1): the stages a query visits in order, its end-to-end SLO
+    and its rate."""
+
+    name: str
+    stages: tuple[str, ...]
+    slo_ms: float
+    demand_rps: float
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A DAG of stages (applications) served as one request path, planned as a whole by the `fa2` and `ipa`
+    solvers (engine/solvers/pipelines.py). Every path starts at the same stage, the pipeline's entry; paths
+    may share stages and join (fan-in). `alpha`, `beta` and `delta` weigh accuracy, cores and batch in IPA's
+    objective (P3.9); `ipa_threshold_rps` is the throughput th one replica must reach at its base allocation
+    (P3.1b)."""
+
+    name: str
+    stages: tuple[PipelineStageSpec, ...]
+    paths: tuple[PipelinePathSpec, ...]
+    alpha: float = 1.0
+    beta: float = 0.01
+    delta: float = 1e-6
+    ipa_threshold_rps: float = 0.0
+
+    def stage(self, application: str) -> PipelineStageSpec:
+        return next(s for s in self.stages if s.application == application)
+
+    @property
+    def entry(self) -> str:
+        return self.paths[0].stages[0]
+
+    def stage_rate(self, application: str) -> float:
+        """The summed demand of every path through the stage."""
+        return sum(p.demand_rps for p in self.paths if application in p.stages)
+
+    @property
+    def is_chain(self) -> bool:
+        return len(self.paths) == 1 and len(self.paths[0].stages) == len(self.stages)
+
+
+@dataclass(frozen=True)
 class VariantSpec:
     name: str
     application: str
@@ -159,6 +212,10 @@ class SolveOptions:
     # (engine/solvers/spare.py); "artefact" fills as Proteus's artefact does and spreads traffic evenly
     # over an application's instances, as it does; "idle" leaves them idle (the paper's Eq. (1)).
     spare_capacity: SpareCapacity = "fill"
+    # Pipeline planners (fa2, ipa): replicas are sized for this multiple of each stage's rate, so that
+    # Poisson bursts above the mean do not queue past the SLO. 1.25 after benches/pipelines.py: plans sized
+    # for the exact rate violated 2.3-21.7 % of queries in simulation, with 1.25x headroom at most 0.45 %.
+    pipeline_headroom: float = 1.25
 
 
 @dataclass(frozen=True)
@@ -169,6 +226,11 @@ class Problem:
     profiles: tuple[ProfilePoint, ...]
     options: SolveOptions = field(default_factory=SolveOptions)
     interference: InterferenceSpec | None = None
+    pipelines: tuple[PipelineSpec, ...] = ()
+
+    def pipeline_of(self, application: str) -> PipelineSpec | None:
+        """The pipeline the application is a stage of, if any (an application is a stage of at most one)."""
+        return next((p for p in self.pipelines if any(s.application == application for s in p.stages)), None)
 
     def application(self, name: str) -> ApplicationSpec:
         return self._apps[name]
@@ -256,6 +318,9 @@ class Plan:
     accuracy_by_application: dict[str, float] = field(default_factory=dict)
     gpus_used: int = 0
     notes: list[str] = field(default_factory=list)
+    # Pipeline planners (fa2, ipa): per pipeline, each stage's variant, batch, replicas and latency budget,
+    # and each path's predicted end-to-end latency against its SLO (engine/solvers/pipelines.py).
+    pipelines: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total_served_rps(self) -> float:
@@ -322,6 +387,7 @@ def _options_from_dict(raw: Any) -> SolveOptions:
     _number(opts.reconfiguration_penalty, "options.reconfiguration_penalty", minimum=0)
     _number(opts.variant_change_penalty, "options.variant_change_penalty", minimum=0)
     _number(opts.latency_budget_fraction, "options.latency_budget_fraction", minimum=0, maximum=1, strict=True)
+    _number(opts.pipeline_headroom, "options.pipeline_headroom", minimum=1)
     if opts.spare_capacity not in SPARE_CAPACITY:
         raise ProblemError(f"options.spare_capacity: one of {SPARE_CAPACITY}, got {opts.spare_capacity!r}")
     return opts
@@ -418,29 +484,45 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
         raise ProblemError(f"format_version {version!r} is not supported (expected {PROBLEM_FORMAT_VERSION})")
     catalogue = mig_catalogue_load()
 
+    raw_apps = _need(raw, "applications", "problem")
+    if not isinstance(raw_apps, (list, tuple)):
+        raise ProblemError("applications: expected a list")
+    app_names_raw = [_text(_need(a, "name", f"applications[{i}]"), f"applications[{i}].name") for i, a in enumerate(raw_apps)]
+    _unique(app_names_raw, "application")
+    # Pipelines first: a stage's demand (and, when not given, its SLO) follows from the paths through it.
+    pipelines = _pipelines_from_dict(raw.get("pipelines"), set(app_names_raw))
     apps = []
-    for i, a in enumerate(_need(raw, "applications", "problem")):
-        where = f"applications[{i}]"
-        name = _text(_need(a, "name", where), f"{where}.name")
-        where = f"{where} ({name})"
+    for i, (a, name) in enumerate(zip(raw_apps, app_names_raw)):
+        where = f"applications[{i}] ({name})"
+        pipeline = next((p for p in pipelines if any(st.application == name for st in p.stages)), None)
         min_acc = a.get("min_accuracy")
         priority = a.get("priority")
         if priority is not None:
             _number(priority, f"{where}.priority", minimum=0, maximum=100)
             if priority != int(priority):
                 raise ProblemError(f"{where}.priority: must be a whole number, got {priority:g}")
+        if pipeline is None:
+            slo = _number(_need(a, "slo_ms", where), f"{where}.slo_ms", minimum=0, strict=True)
+            demand = _number(_need(a, "demand_rps", where), f"{where}.demand_rps", minimum=0)
+        else:
+            rate = pipeline.stage_rate(name)
+            demand = rate if a.get("demand_rps") is None else _number(a["demand_rps"], f"{where}.demand_rps", minimum=0)
+            if abs(demand - rate) > 1e-9 * max(1.0, rate):
+                raise ProblemError(
+                    f"{where}.demand_rps: {demand:g} but it is a stage of pipeline {pipeline.name!r}, whose paths through it "
+                    f"bring {rate:g} rps; leave demand_rps out (it follows from the paths) or make them agree"
+                )
+            through = [p.slo_ms for p in pipeline.paths if name in p.stages]
+            slo = min(through) if a.get("slo_ms") is None else _number(a["slo_ms"], f"{where}.slo_ms", minimum=0, strict=True)
         apps.append(
             ApplicationSpec(
-                name=name,
-                slo_ms=_number(_need(a, "slo_ms", where), f"{where}.slo_ms", minimum=0, strict=True),
-                demand_rps=_number(_need(a, "demand_rps", where), f"{where}.demand_rps", minimum=0),
+                name=name, slo_ms=slo, demand_rps=demand,
                 min_accuracy=None if min_acc is None else _number(min_acc, f"{where}.min_accuracy", minimum=0, maximum=1),
                 priority=None if priority is None else int(priority),
             )
         )
     if not apps:
         raise ProblemError("applications: at least one is needed")
-    _unique((a.name for a in apps), "application")
     app_names = {a.name for a in apps}
 
     variants = []
@@ -462,6 +544,15 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
     for a in apps:
         if not any(v.application == a.name for v in variants):
             raise ProblemError(f"application {a.name!r} has no variant")
+    variant_app = {v.name: v.application for v in variants}
+    for p in pipelines:
+        for st in p.stages:
+            if st.variant is not None and variant_app.get(st.variant) != st.application:
+                owner = variant_app.get(st.variant)
+                raise ProblemError(
+                    f"pipelines ({p.name}): stage {st.application!r} pins variant {st.variant!r}, "
+                    + ("which does not exist" if owner is None else f"a variant of {owner!r}, not of {st.application!r}")
+                )
 
     devices = []
     for i, d in enumerate(_need(raw, "devices", "problem")):
@@ -580,7 +671,127 @@ def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
             )
         )
     return Problem(tuple(apps), tuple(variants), tuple(devices), tuple(profiles), _options_from_dict(raw.get("options")),
-                   _interference_from_dict(raw.get("interference")))
+                   _interference_from_dict(raw.get("interference")), pipelines)
+
+
+def _pipeline_stage_from_dict(raw: Any, where: str, app_names: set[str]) -> PipelineStageSpec:
+    if isinstance(raw, str):
+        raw = {"application": raw}
+    application = _text(_need(raw, "application", where), f"{where}.application")
+    if application not in app_names:
+        raise ProblemError(f"{where}: unknown application {application!r}")
+    unknown = set(raw) - {"application", "variant", "max_batch"}
+    if unknown:
+        raise ProblemError(f"{where}: unknown keys {sorted(unknown)}")
+    variant = raw.get("variant")
+    max_batch = _number(raw.get("max_batch", 64), f"{where}.max_batch", minimum=1)
+    if max_batch != int(max_batch):
+        raise ProblemError(f"{where}.max_batch: must be a whole number, got {max_batch:g}")
+    return PipelineStageSpec(application, None if variant is None else _text(variant, f"{where}.variant"), int(max_batch))
+
+
+def _pipelines_from_dict(raw: Any, app_names: set[str]) -> tuple[PipelineSpec, ...]:
+    """The `pipelines` section (see `pipeline_from_dict`); an application is a stage of one pipeline at most."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, (list, tuple)):
+        raise ProblemError("pipelines: expected a list")
+    pipelines: list[PipelineSpec] = []
+    owner: dict[str, str] = {}
+    for i, p in enumerate(raw):
+        spec = pipeline_from_dict(p, app_names, where=f"pipelines[{i}]")
+        for st in spec.stages:
+            if st.application in owner:
+                raise ProblemError(f"pipelines[{i}] ({spec.name}): application {st.application!r} is already a stage of pipeline "
+                                   f"{owner[st.application]!r}; an application is a stage of at most one pipeline")
+            owner[st.application] = spec.name
+        pipelines.append(spec)
+    _unique((p.name for p in pipelines), "pipeline")
+    return tuple(pipelines)
+
+
+def pipeline_stages_parse(text: str) -> list[str]:
+    """A chain written as text, "detect -> classify -> caption", as its stage names in order."""
+    names = [part.strip() for part in text.split("->")]
+    if any(not n for n in names):
+        raise ProblemError(f"stages: {text!r} is not a chain such as 'detect -> classify' (an empty stage name)")
+    return names
+
+
+def pipeline_from_dict(p: Any, app_names: set[str], *, where: str = "pipeline") -> PipelineSpec:
+    """One pipeline: a DAG of stages (applications) with its execution paths, or a chain (stages in order,
+    one `slo_ms` and `demand_rps`; the stages may be written as text, "detect -> classify"). Refused, with a
+    message naming the fault: unknown applications, a stage twice, paths that visit an undeclared stage or
+    one stage twice, paths that do not all start at one entry stage, a cycle, a stage on no path."""
+    from engine.pipelines.problem import PipelineProblemError, paths_acyclic_check
+
+    name = _text(_need(p, "name", where), f"{where}.name")
+    where = f"{where} ({name})"
+    unknown = set(p) - {"name", "description", "stages", "paths", "slo_ms", "demand_rps", "alpha", "beta", "delta", "ipa_threshold_rps"}
+    if unknown:
+        raise ProblemError(f"{where}: unknown keys {sorted(unknown)}")
+    raw_stages = _need(p, "stages", where)
+    if isinstance(raw_stages, str):
+        raw_stages = pipeline_stages_parse(raw_stages)
+    if not isinstance(raw_stages, (list, tuple)) or not raw_stages:
+        raise ProblemError(f"{where}.stages: expected a non-empty list of applications")
+    stages = tuple(_pipeline_stage_from_dict(st, f"{where}.stages[{k}]", app_names) for k, st in enumerate(raw_stages))
+    _unique((st.application for st in stages), f"{where}: stage")
+    stage_names = [st.application for st in stages]
+    if p.get("paths") is None:
+        # A chain: one path through the stages in their order.
+        if p.get("slo_ms") is None or p.get("demand_rps") is None:
+            raise ProblemError(f"{where}: give 'paths', or 'slo_ms' and 'demand_rps' for a chain through the stages in order")
+        paths = (PipelinePathSpec(
+            name, tuple(stage_names),
+            _number(p["slo_ms"], f"{where}.slo_ms", minimum=0, strict=True),
+            _number(p["demand_rps"], f"{where}.demand_rps", minimum=0),
+        ),)
+    else:
+        if p.get("slo_ms") is not None or p.get("demand_rps") is not None:
+            raise ProblemError(f"{where}: with 'paths', each path has its own slo_ms and demand_rps; remove the pipeline's")
+        raw_paths = p["paths"]
+        if not isinstance(raw_paths, (list, tuple)) or not raw_paths:
+            raise ProblemError(f"{where}.paths: expected a non-empty list")
+        built = []
+        for k, q in enumerate(raw_paths):
+            pwhere = f"{where}.paths[{k}]"
+            pname = _text(_need(q, "name", pwhere), f"{pwhere}.name")
+            pwhere = f"{pwhere} ({pname})"
+            unknown = set(q) - {"name", "stages", "slo_ms", "demand_rps"}
+            if unknown:
+                raise ProblemError(f"{pwhere}: unknown keys {sorted(unknown)}")
+            route = _need(q, "stages", pwhere)
+            if isinstance(route, str):
+                route = pipeline_stages_parse(route)
+            if not isinstance(route, (list, tuple)) or not route:
+                raise ProblemError(f"{pwhere}.stages: expected a non-empty list of stage applications")
+            route = tuple(_text(s, f"{pwhere}.stages") for s in route)
+            missing = [s for s in route if s not in stage_names]
+            if missing:
+                raise ProblemError(f"{pwhere}: visits {missing}, which are not stages of {name!r} ({', '.join(stage_names)})")
+            if len(set(route)) != len(route):
+                raise ProblemError(f"{pwhere}: visits a stage twice: {list(route)}")
+            built.append(PipelinePathSpec(
+                pname, route,
+                _number(_need(q, "slo_ms", pwhere), f"{pwhere}.slo_ms", minimum=0, strict=True),
+                _number(_need(q, "demand_rps", pwhere), f"{pwhere}.demand_rps", minimum=0),
+            ))
+        _unique((q.name for q in built), f"{where}: path")
+        paths = tuple(built)
+    entries = sorted({q.stages[0] for q in paths})
+    if len(entries) > 1:
+        raise ProblemError(f"{where}: its paths start at {entries}; a pipeline has one entry stage, where every path starts")
+    idle = [s for s in stage_names if not any(s in q.stages for q in paths)]
+    if idle:
+        raise ProblemError(f"{where}: stages on no path: {idle}")
+    try:
+        paths_acyclic_check({(q.stages[j], q.stages[j + 1]) for q in paths for j in range(len(q.stages) - 1)})
+    except PipelineProblemError as exc:
+        raise ProblemError(f"{where}: {exc}") from exc
+    weights = {key: _number(p.get(key, default), f"{where}.{key}", minimum=0)
+               for key, default in (("alpha", 1.0), ("beta", 0.01), ("delta", 1e-6), ("ipa_threshold_rps", 0.0))}
+    return PipelineSpec(name, stages, paths, **weights)
 
 
 def _utilisation(raw: Mapping[str, Any], key: str, where: str) -> float | None:
@@ -638,6 +849,17 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
         "options": asdict(problem.options),
         **({"interference": {"form": problem.interference.form, "coefficients": list(problem.interference.coefficients)}}
            if problem.interference is not None else {}),
+        **({"pipelines": [pipeline_to_dict(p) for p in problem.pipelines]} if problem.pipelines else {}),
+    }
+
+
+def pipeline_to_dict(p: PipelineSpec) -> dict[str, Any]:
+    """A pipeline in its normal form: stages as objects, paths written out (a chain's one path too)."""
+    stages = [{"application": s.application, **({"variant": s.variant} if s.variant else {}), "max_batch": s.max_batch} for s in p.stages]
+    return {
+        "name": p.name, "stages": stages,
+        "paths": [{"name": q.name, "stages": list(q.stages), "slo_ms": q.slo_ms, "demand_rps": q.demand_rps} for q in p.paths],
+        "alpha": p.alpha, "beta": p.beta, "delta": p.delta, "ipa_threshold_rps": p.ipa_threshold_rps,
     }
 
 
@@ -670,7 +892,7 @@ def plan_from_dict(raw: Mapping[str, Any]) -> Plan:
             shortfall_rps=dict(raw.get("shortfall_rps", {})), instances=instances, routing=routing,
             layouts={k: list(v) for k, v in raw.get("layouts", {}).items()},
             accuracy_by_application=dict(raw.get("accuracy_by_application", {})), gpus_used=int(raw.get("gpus_used", 0)),
-            notes=list(raw.get("notes", [])),
+            notes=list(raw.get("notes", [])), pipelines=dict(raw.get("pipelines") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProblemError(f"plan is malformed: {exc!r}") from exc

@@ -139,6 +139,12 @@ class _Checker:
         # profiles by check_batch for the per-partition and per-GPU checks.
         self.mps_latency: dict[str, float] = {}
         self.mps_memory: dict[str, float] = {}
+        # Applications that are stages of a pipeline the plan planned as one (plan.pipelines); their
+        # instances' profiled batch latency, by instance id (check_pipeline_batch).
+        self.pipeline_stages: set[str] = {
+            st.application for p in problem.pipelines if p.name in (plan.pipelines or {}) for st in p.stages
+        }
+        self.stage_latency: dict[str, float] = {}
 
     def error(self, message: str) -> None:
         self.errors.append(message)
@@ -153,6 +159,7 @@ class _Checker:
         self.check_traffic()
         self.check_routing()
         self.check_accuracy()
+        self.check_pipelines()
         return PlanVerdict(valid=not self.errors, errors=tuple(self.errors), warnings=tuple(self.warnings))
 
     # ------------------------------------------------------------------ header
@@ -206,8 +213,10 @@ class _Checker:
         """The slice exists on the device's type and is written the way that kind of device needs."""
         iid = inst.id
         if device.is_cpu:
-            if inst.start is not None:
-                self.error(f"instance {iid}: a CPU instance has no MIG start (got {inst.start})")
+            # start: the instance's index on a host that runs several side by side (pipeline replicas); None
+            # for a host's only instance.
+            if inst.start is not None and (not isinstance(inst.start, int) or isinstance(inst.start, bool) or inst.start < 0):
+                self.error(f"instance {iid}: a CPU instance's start is its index on the host (an integer >= 0) or null, got {inst.start!r}")
                 return False
             if not inst.slice.isdigit() or int(inst.slice) < 1:
                 self.error(f"instance {iid}: a CPU instance's slice is its number of cores, got {inst.slice!r}")
@@ -288,10 +297,13 @@ class _Checker:
         if not points:
             self.error(f"instance {iid}: no latency profile for {variant.name} on {device.type}/{inst.slice}")
             return
-        if device.is_cpu:
+        if device.is_cpu and app.name not in self.pipeline_stages:
             self.check_cpu_cores(inst, device)
         if _is_mps(device):
             self.check_mps_batch(inst, device, points)
+            return
+        if app.name in self.pipeline_stages:
+            self.check_pipeline_batch(inst, device, points)
             return
         budget = app.slo_ms * self.problem.options.latency_budget_fraction
         limit = _slice_memory(device, inst.slice, self.catalogue.gpu_model_find(device.type) if device.mig else None)
@@ -321,6 +333,21 @@ class _Checker:
                 self.warn(f"instance {iid}: batch {batch} is smaller than the largest usable batch {best} (capacity left unused)")
         # Traffic is checked against the capacity recomputed here, not the one the plan claims.
         self.check_assigned(inst, capacity if ok else None)
+
+    def check_pipeline_batch(self, inst: PlanInstance, device: DeviceSpec, points: Sequence[ProfilePoint]) -> None:
+        """A pipeline stage's instance: its latency and capacity from the profile at its batch. Its time is
+        checked along each path (check_pipelines), not against a fraction of the application's own SLO."""
+        latency = self.profiled_latency(inst, device, points)
+        if latency is None:
+            return
+        iid = inst.id
+        if not _finite(inst.latency_ms) or abs(inst.latency_ms - latency) > max(LATENCY_ABS_TOL, REL_TOL * latency):
+            self.error(f"instance {iid}: latency_ms {inst.latency_ms!r} does not match the profile's {latency:.6g} ms at batch {inst.batch}")
+        capacity = inst.batch * 1000.0 / latency
+        if not _finite(inst.capacity_rps) or not _close(inst.capacity_rps, capacity):
+            self.error(f"instance {iid}: capacity_rps {inst.capacity_rps!r} does not match batch/latency = {capacity:.6g} rps")
+        self.stage_latency[iid] = latency
+        self.check_assigned(inst, capacity)
 
     def profiled_latency(self, inst: PlanInstance, device: DeviceSpec, points: Sequence[ProfilePoint]) -> float | None:
         """The profile's latency at the instance's batch, or None after naming what is wrong with the batch."""
@@ -436,9 +463,25 @@ class _Checker:
                 self.check_mig_device(device, instances)
             elif device.mps:
                 self.check_mps_device(device, instances)
+            elif device.is_cpu:
+                self.check_cpu_device(device, instances)
             elif len(instances) > 1:
-                kind = "CPU host" if device.is_cpu else "whole GPU"
-                self.error(f"device {device.name}: {len(instances)} instances ({', '.join(i.id for i in instances)}) on one {kind}; at most one may run")
+                self.error(f"device {device.name}: {len(instances)} instances ({', '.join(i.id for i in instances)}) on one whole GPU; at most one may run")
+
+    def check_cpu_device(self, device: DeviceSpec, instances: list[PlanInstance]) -> None:
+        """A CPU host runs one instance on some of its cores, or several, each with its index (start), whose
+        cores add up to at most the host's."""
+        if len(instances) > 1 and any(i.start is None for i in instances):
+            self.error(
+                f"device {device.name}: {len(instances)} instances ({', '.join(i.id for i in instances)}) on one CPU host, "
+                f"and not every one has its index on the host (start); several instances on a host each need one"
+            )
+        cores = sum(int(i.slice) for i in instances)
+        if cores > (device.cores or 0):
+            self.error(
+                f"device {device.name}: its instances take {cores} cores in all "
+                f"({', '.join(f'{i.id}: {i.slice}' for i in instances)}) but it has {device.cores}"
+            )
 
     def check_mig_device(self, device: DeviceSpec, instances: list[PlanInstance]) -> None:
         model = self.catalogue.gpu_model_find(device.type)
@@ -686,10 +729,77 @@ class _Checker:
             self.error(f"effective_accuracy {claimed!r} does not match the recomputed {effective:.6g}")
 
 
+    # ------------------------------------------------------------------ pipelines
+
+    def check_pipelines(self) -> None:
+        """Every pipeline the plan planned as one: each stage runs one variant at one batch on all its
+        instances (P1.3, P3.10d), as the plan's summary says; every path's end-to-end time, the sum over its
+        stages of the profiled batch latency and the worst-case wait (b - 1) / lambda_s (P1.2, P3.7, lambda_s
+        the demand of every path through the stage), is within its SLO; the stage's capacity covers its
+        rate, or the shortfall says it does not."""
+        summaries = self.plan.pipelines or {}
+        if not isinstance(summaries, dict):
+            self.error(f"pipelines: expected an object of pipeline -> summary, got {type(summaries).__name__}")
+            return
+        known = {p.name: p for p in self.problem.pipelines}
+        for name in summaries:
+            if name not in known:
+                self.error(f"pipelines: unknown pipeline {name!r}")
+        by_app: dict[str, list[PlanInstance]] = defaultdict(list)
+        for inst in self.known.values():
+            by_app[self.app_of(inst)].append(inst)
+        for name, spec in known.items():
+            summary = summaries.get(name)
+            if summary is None:
+                continue
+            stages = summary.get("stages") if isinstance(summary, dict) else None
+            if not isinstance(stages, dict):
+                self.error(f"pipelines[{name}]: expected a summary with 'stages'")
+                continue
+            time_at: dict[str, float] = {}
+            for st in spec.stages:
+                app = st.application
+                instances = by_app.get(app, [])
+                stated = stages.get(app)
+                if not instances:
+                    if stated is not None and stated.get("replicas_placed"):
+                        self.error(f"pipelines[{name}].stages[{app}]: {stated['replicas_placed']} replicas placed but the plan has no instance of {app}")
+                    continue
+                pairs = sorted({(i.variant, i.batch) for i in instances})
+                if len(pairs) > 1:
+                    self.error(f"pipeline {name}, stage {app}: its instances run {', '.join(f'{v} at batch {b}' for v, b in pairs)}; "
+                               f"a stage runs one variant at one batch")
+                    continue
+                variant, batch = pairs[0]
+                if st.variant is not None and variant != st.variant:
+                    self.error(f"pipeline {name}, stage {app}: runs {variant} but the pipeline pins {st.variant}")
+                if not isinstance(stated, dict) or stated.get("variant") != variant or stated.get("batch") != batch:
+                    self.error(f"pipelines[{name}].stages[{app}]: the summary says {stated!r} but the instances run {variant} at batch {batch}")
+                latencies = [self.stage_latency[i.id] for i in instances if i.id in self.stage_latency]
+                if len(latencies) != len(instances):
+                    continue  # reported per instance
+                rate = sum(q.demand_rps for q in spec.paths if app in q.stages)
+                wait = 0.0 if batch == 1 else (math.inf if rate <= 0 else 1000.0 * (batch - 1) / rate)
+                time_at[app] = max(latencies) + wait
+                capacity = sum(i.batch * 1000.0 / lat for i, lat in zip(instances, latencies))
+                shortfall = self.plan.shortfall_rps.get(app, 0.0)
+                if capacity < rate * (1 - REL_TOL) - ABS_TOL and not (_finite(shortfall) and shortfall > ABS_TOL):
+                    self.error(f"pipeline {name}, stage {app}: its instances serve {capacity:.6g} rps but the paths through it bring "
+                               f"{rate:.6g} rps, and the plan reports no shortfall")
+            for q in spec.paths:
+                if not all(s in time_at for s in q.stages):
+                    continue
+                total = sum(time_at[s] for s in q.stages)
+                if total > q.slo_ms * (1 + 1e-9):
+                    parts = " + ".join(f"{time_at[s]:.4g} ({s})" for s in q.stages)
+                    self.error(f"pipeline {name}, path {q.name}: {parts} = {total:.4g} ms is over its SLO {q.slo_ms:g} ms "
+                               f"(each stage: profiled batch latency + (b - 1) / rate)")
+
+
 def plan_validate(problem: Problem, plan: Plan) -> PlanVerdict:
     """Check `plan` against `problem` without trusting any of the plan's derived figures: every device,
     variant and slice exists; MIG layouts are legal (and unchanged on fixed-layout GPUs); one instance per
-    whole GPU or CPU; each batch fits the latency budget and the slice's memory (warning when a larger batch
+    whole GPU, a CPU host's instances within its cores; each batch fits the latency budget and the slice's memory (warning when a larger batch
     would); traffic stays within capacity; routing weights are consistent; served, shortfall and accuracy
     figures add up. On MPS GPUs: the layout is legal (allowed shares, at most 100 %, largest first, unchanged
     when fixed), latencies include the interference factor, the models time-sharing a partition share one

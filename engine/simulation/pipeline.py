@@ -29,7 +29,7 @@ import numpy as np
 from engine.dataplane.batching import DEADLINE_TOLERANCE_MS, QueryQueue, batching_policy_make
 from engine.pipelines.problem import PipelinePlan, PipelineProblem
 
-__all__ = ["PathOutcome", "PipelineSimulationConfig", "PipelineSimulationResult", "pipeline_simulate"]
+__all__ = ["PathOutcome", "PipelineSimulationConfig", "PipelineSimulationResult", "fleet_pipeline_simulate", "pipeline_simulate"]
 
 
 @dataclass(frozen=True)
@@ -210,3 +210,42 @@ def pipeline_simulate(problem: PipelineProblem, plan: PipelinePlan, config: Pipe
         if leftover:
             drop(leftover, math.inf)
     return PipelineSimulationResult(paths=outcomes, instances=plan.instances, batches=batches)
+
+
+class _ProfiledLatency:
+    """d(b) read from a profile by linear interpolation between profiled batches (the planners' and the
+    validator's reading), for simulating a placed plan on what was measured rather than on a fit."""
+
+    def __init__(self, batches: list[int], latencies_ms: list[float]) -> None:
+        self.batches, self.latencies_ms = batches, latencies_ms
+
+    def d(self, batch: int) -> float:
+        return float(np.interp(batch, self.batches, self.latencies_ms))
+
+    def throughput_rps(self, batch: int) -> float:
+        return 1000.0 * batch / self.d(batch)
+
+
+def fleet_pipeline_simulate(problem, plan, pipeline: str, config: PipelineSimulationConfig | None = None) -> PipelineSimulationResult:
+    """Simulate one pipeline of a fleet plan (`plan_solve(problem, "fa2" | "ipa")`): each stage with the
+    replicas the plan placed, at their batch, served in the profiled latency of their variant on their
+    cores; every path at its demand. `problem` and `plan` are engine.plans values."""
+    from engine.pipelines.problem import ExecutionPath, PipelineStage, StageDecision
+    from engine.plans.problem import CPU_DEVICE_TYPE
+
+    spec = next((p for p in problem.pipelines if p.name == pipeline), None)
+    summary = (plan.pipelines or {}).get(pipeline)
+    if spec is None or summary is None:
+        raise ValueError(f"the plan has no pipeline {pipeline!r} (it has: {', '.join(plan.pipelines or {}) or 'none'})")
+    stages, decisions = [], {}
+    for st in spec.stages:
+        chosen = summary["stages"].get(st.application)
+        if not chosen or not chosen.get("replicas_placed"):
+            raise ValueError(f"pipeline {pipeline!r}: stage {st.application} has no replica placed; nothing to simulate")
+        points = problem.profiles_for(chosen["variant"], CPU_DEVICE_TYPE, str(chosen["cores_per_replica"]))
+        latency = _ProfiledLatency([p.batch for p in points], [p.latency_ms for p in points])
+        stages.append(PipelineStage(st.application, latency, max(1, int(chosen["batch"]))))  # type: ignore[arg-type]
+        decisions[st.application] = StageDecision(st.application, int(chosen["batch"]), int(chosen["replicas_placed"]))
+    paths = tuple(ExecutionPath(q.name, q.stages, q.slo_ms, q.demand_rps) for q in spec.paths)
+    engine_problem = PipelineProblem(tuple(stages), paths)
+    return pipeline_simulate(engine_problem, PipelinePlan(summary["solver"], "feasible", decisions, None), config)

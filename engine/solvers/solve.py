@@ -11,6 +11,9 @@ PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
 BASELINES: tuple[str, ...] = ("clipper-ha", "clipper-ht", "sommelier", "infaas")
 # The MPS planners (solvers/gpulets.py): gpulets' elastic partitioning and the baselines of its evaluation.
 SHARING: tuple[str, ...] = ("gpulets", "sbp", "best-fit", "ideal")
+# The pipeline planners (solvers/pipelines.py): FA2 and IPA plan the problem's pipelines on CPU hosts,
+# proteus the other applications on the devices left.
+PIPELINES: tuple[str, ...] = ("fa2", "ipa")
 
 
 def _planner_get(solver: str) -> Callable[[Problem], Plan]:
@@ -35,7 +38,11 @@ def _planner_get(solver: str) -> Callable[[Problem], Plan]:
         from engine.solvers.gpulets import sharing_plan_solve
 
         return lambda problem: sharing_plan_solve(problem, solver)
-    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES + SHARING)}")
+    if solver in PIPELINES:
+        from engine.solvers.pipelines import pipeline_fleet_solve
+
+        return lambda problem: pipeline_fleet_solve(problem, solver)
+    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES + SHARING + PIPELINES)}")
 
 
 def plan_solve(
@@ -48,7 +55,7 @@ def plan_solve(
     backend: str | None = None,
 ) -> Plan:
     """Plan with `solver` (proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier |
-    infaas, or an MPS planner: gpulets | sbp | best-fit | ideal). `objective`, `time_limit_s`, `mip_gap` and `backend`
+    infaas, or an MPS planner: gpulets | sbp | best-fit | ideal, or a pipeline planner: fa2 | ipa). `objective`, `time_limit_s`, `mip_gap` and `backend`
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
     at all can be served still comes back as a Plan, with status `infeasible` and notes saying why.
     A fleet with MPS GPUs and other devices both is planned in two stages, `solver` taking the devices
@@ -75,6 +82,6 @@ def plan_solve(
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
     from engine.solvers.mixed import fleet_is_mixed, mixed_plan_solve
 
-    if fleet_is_mixed(problem):
+    if fleet_is_mixed(problem) and solver not in PIPELINES:
         return mixed_plan_solve(problem, solver, sharing_solvers=SHARING, planner_get=_planner_get)
     return planner(problem)

@@ -1,0 +1,422 @@
+"""Planning a fleet's pipelines: FA2 or IPA per pipeline, replicas placed on CPU hosts, the rest of the
+applications planned by Proteus on what is left.
+
+A problem's `pipelines` (engine/plans/problem.py, `PipelineSpec`) are DAGs of stages, each an application
+of the registry with its own variants and profiles. `plan_solve(problem, "fa2" | "ipa")` plans each
+pipeline as a whole:
+
+- `fa2` (thesis P1 §p1.4): per stage one variant (pinned, else the most accurate with CPU profiles: FA2
+  scales, it does not trade accuracy), one homogeneous instance size (the variant's smallest profiled core
+  count, one core when profiled, as FA2 scales one-core instances), and the batch and replicas that
+  minimise instances with every path within its SLO: problem P1.3 solved exactly with HiGHS
+  (engine/pipelines/exact.py), or by FA2's dynamic programme (engine/pipelines/fa2.py) with
+  `method="dp"`, or when the exact solve finds nothing in its time limit.
+- `ipa` (thesis P3 §p3.4, linear pipelines): per stage the variant, batch and replicas maximising
+  alpha * PAS - beta * cores - delta * batches (engine/pipelines/ipa.py) with each variant's base allocation
+  R_m found as P3.1 defines it (`ipa_base_allocation`).
+
+Each stage's latency d(b) is the thesis's quadratic fitted to its CPU profile at the instance's core count
+and raised until it is nowhere below the profile (`stage_latency_bound`): the solvers plan with the
+paper's model, and the plan holds on the profiled latencies the validator reads. Replicas are sized for
+`options.pipeline_headroom` times each stage's rate (default 1.25: benches/pipelines.py measured 2.3-21.7 %
+violations in simulation for plans sized for the exact rate, at most 0.45 % with 1.25x), while queueing
+delay (b - 1) / lambda is the real rate's, the longer wait.
+
+Placement: a replica needs its cores on one CPU host, and a host runs several replicas side by side as
+long as their cores add up to at most its own (`replicas_place`: largest replicas first, each on the
+host it fills best). Replicas that do not fit are reported: the stage's capacity falls short and so does
+the traffic it serves. Every other application is planned by `proteus` on the devices no pipeline
+replica uses.
+
+Departures, stated: pipelines run on CPU hosts only (GPU shares for pipeline stages are not planned
+here); the base allocation's latency condition P3.1c is checked at batch 1 against the stage's share of
+the SLO (split by the stages' batch-1 latencies), since at the largest batch of 64 CPU variants rarely
+meet any per-stage SLA; the thesis's own SLA_s (5x the mean batch-1 latency, after Swayam) is a
+benchmark setting, not an operator's SLO."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from engine.pipelines.problem import (
+    ExecutionPath,
+    PipelineProblem,
+    PipelineProblemError,
+    PipelineStage,
+    StageLatency,
+    queueing_delay_ms,
+    stage_latency_bound,
+)
+from engine.plans.capacity import profile_interpolate
+from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, PipelineSpec, Problem, ProfilePoint, RouteEntry
+
+__all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_fleet_solve", "replicas_place"]
+
+PIPELINE_SOLVERS: tuple[str, ...] = ("fa2", "ipa")
+_RPS_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class StagePick:
+    """What a pipeline planner chose for one stage: every replica runs `variant` on `cores` cores at `batch`."""
+
+    application: str
+    variant: str
+    cores: int
+    batch: int
+    replicas: int
+    model: StageLatency  # the d(b) the solver planned with
+
+
+@dataclass
+class PipelineOutcome:
+    pipeline: PipelineSpec
+    solver: str
+    status: str
+    picks: list[StagePick]
+    objective: float | None
+    runtime_s: float
+    notes: list[str]
+    pas: float | None = None
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def _cpu_points(problem: Problem, variant: str, cores: int) -> tuple[ProfilePoint, ...]:
+    return problem.profiles_for(variant, CPU_DEVICE_TYPE, str(cores))
+
+
+def _cpu_core_counts(problem: Problem, variant: str, host_cores: int) -> list[int]:
+    """The core counts the variant has CPU profiles for, at most the largest host's cores, ascending."""
+    counts = {int(p.slice) for p in problem.profiles if p.variant == variant and p.device_type == CPU_DEVICE_TYPE and p.slice.isdigit()}
+    return sorted(c for c in counts if 1 <= c <= host_cores)
+
+
+def _stage_model(problem: Problem, variant: str, cores: int, max_batch: int) -> tuple[StageLatency, int]:
+    """The bounded quadratic d(b) at `cores` and the largest batch the plan may use (no extrapolation past
+    the profiled batches)."""
+    points = _cpu_points(problem, variant, cores)
+    model = stage_latency_bound([(p.batch, p.latency_ms) for p in points])
+    return model, max(1, min(max_batch, points[-1].batch))
+
+
+def _batch1_ms(problem: Problem, variant: str, cores: int) -> float:
+    points = _cpu_points(problem, variant, cores)
+    value = profile_interpolate(points, 1, "latency_ms")
+    return float(value if value is not None else points[0].latency_ms / points[0].batch)
+
+
+def ipa_base_allocation(problem: Problem, variant: str, *, host_cores: int, threshold_rps: float, stage_sla_ms: float) -> int | None:
+    """R_m of thesis P3.1: the fewest cores (among the profiled core counts) at which one replica of the
+    variant reaches `threshold_rps` (P3.1b, at its largest profiled batch) and answers within the stage's
+    SLA (P3.1c, here at batch 1, see the module docstring). When no core count meets both, the count with
+    the highest throughput that still meets the SLA; None when none meets the SLA at all."""
+    meeting_sla = []
+    for cores in _cpu_core_counts(problem, variant, host_cores):
+        points = _cpu_points(problem, variant, cores)
+        if _batch1_ms(problem, variant, cores) > stage_sla_ms:
+            continue
+        throughput = max(1000.0 * p.batch / p.latency_ms for p in points)
+        if throughput >= threshold_rps:
+            return cores
+        meeting_sla.append((throughput, -cores, cores))
+    return max(meeting_sla)[2] if meeting_sla else None
+
+
+# --------------------------------------------------------------------------- per pipeline
+
+
+def _fa2_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, method: str, time_limit_s: float) -> PipelineOutcome:
+    from engine.pipelines.exact import pipeline_milp_solve
+    from engine.pipelines.fa2 import fa2_solve
+
+    started = time.perf_counter()
+    chosen: dict[str, tuple[str, int]] = {}
+    stages = []
+    for st in spec.stages:
+        candidates = [v for v in problem.variants_of(st.application) if st.variant in (None, v.name)]
+        candidates = [v for v in candidates if _cpu_core_counts(problem, v.name, host_cores)]
+        if not candidates:
+            return PipelineOutcome(spec, "fa2", "infeasible", [], None, time.perf_counter() - started,
+                                   [f"stage {st.application}: no variant{' ' + st.variant if st.variant else ''} has a CPU profile "
+                                    f"at up to {host_cores} cores"])
+        variant = max(candidates, key=lambda v: (v.accuracy, v.name))
+        cores = _cpu_core_counts(problem, variant.name, host_cores)[0]
+        model, max_batch = _stage_model(problem, variant.name, cores, st.max_batch)
+        chosen[st.application] = (variant.name, cores)
+        stages.append(PipelineStage(st.application, model, max_batch))
+    paths = tuple(ExecutionPath(q.name, q.stages, q.slo_ms, q.demand_rps) for q in spec.paths)
+    engine_problem = PipelineProblem(tuple(stages), paths, headroom=problem.options.pipeline_headroom)
+    notes: list[str] = []
+    if method == "exact":
+        plan = pipeline_milp_solve(engine_problem, time_limit_s=time_limit_s, options=problem.options)
+        if plan.status == "no-solution":
+            notes.append(f"the exact programme found no plan in {time_limit_s:g} s; FA2's dynamic programme planned instead")
+            plan = fa2_solve(engine_problem)
+    else:
+        plan = fa2_solve(engine_problem)
+    notes.extend(plan.notes)
+    picks = [
+        StagePick(name, chosen[name][0], chosen[name][1], d.batch, d.instances, engine_problem.by_name[name].latency)
+        for name, d in plan.decisions.items()
+    ]
+    return PipelineOutcome(spec, "fa2" if method == "dp" else "fa2 (exact P1.3)", plan.status, picks, plan.objective,
+                           time.perf_counter() - started, notes)
+
+
+def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_limit_s: float) -> PipelineOutcome:
+    from engine.pipelines.ipa import IpaPipeline, IpaStage, IpaVariant, ipa_solve
+
+    started = time.perf_counter()
+
+    def refused(reason: str) -> PipelineOutcome:
+        return PipelineOutcome(spec, "ipa", "infeasible", [], None, time.perf_counter() - started, [reason])
+
+    if not spec.is_chain:
+        return refused("IPA plans linear pipelines (one path through every stage); use the fa2 solver for a DAG")
+    path = spec.paths[0]
+    if path.demand_rps <= 0:
+        return refused(f"path {path.name}: no demand to plan for")
+    # The stages' share of the SLO, by their batch-1 latency at the smallest profiled core count.
+    weight: dict[str, float] = {}
+    for st in spec.stages:
+        times = [_batch1_ms(problem, v.name, counts[0]) for v in problem.variants_of(st.application)
+                 if st.variant in (None, v.name) and (counts := _cpu_core_counts(problem, v.name, host_cores))]
+        if not times:
+            return refused(f"stage {st.application}: no variant{' ' + st.variant if st.variant else ''} has a CPU profile at up to {host_cores} cores")
+        weight[st.application] = sum(times) / len(times)
+    total = sum(weight.values())
+    built = []
+    models: dict[tuple[str, str], tuple[int, StageLatency]] = {}
+    for st in spec.stages:
+        sla = path.slo_ms * weight[st.application] / total
+        variants = []
+        for v in problem.variants_of(st.application):
+            if st.variant not in (None, v.name) or not _cpu_core_counts(problem, v.name, host_cores):
+                continue
+            cores = ipa_base_allocation(problem, v.name, host_cores=host_cores, threshold_rps=spec.ipa_threshold_rps, stage_sla_ms=sla)
+            if cores is None:
+                continue
+            model, max_batch = _stage_model(problem, v.name, cores, st.max_batch)
+            models[(st.application, v.name)] = (cores, model)
+            variants.append((IpaVariant(v.name, v.accuracy, cores, model), max_batch))
+        if not variants:
+            return refused(f"stage {st.application}: no variant answers a single query within its share of the SLO ({sla:.4g} ms)")
+        max_batch = min(mb for _, mb in variants)
+        built.append(IpaStage(st.application, tuple(v for v, _ in variants), max_batch))
+    try:
+        pipeline = IpaPipeline(spec.name, tuple(built), path.slo_ms, path.demand_rps, alpha=spec.alpha, beta=spec.beta, delta=spec.delta,
+                               headroom=problem.options.pipeline_headroom)
+    except PipelineProblemError as exc:
+        return refused(str(exc))
+    plan = ipa_solve(pipeline, time_limit_s=time_limit_s, options=problem.options)
+    picks = [StagePick(c.stage, c.variant, models[(c.stage, c.variant)][0], c.batch, c.replicas, models[(c.stage, c.variant)][1])
+             for c in plan.choices]
+    return PipelineOutcome(spec, "ipa", plan.status, picks, plan.objective, time.perf_counter() - started, list(plan.notes), pas=plan.pas)
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, int]], used: dict[str, int] | None = None) -> tuple[dict[str, list[str]], list[str]]:
+    """Place replicas (key, cores) on CPU hosts: largest first, each on the host whose free cores it fills
+    best (best-fit decreasing). Returns host -> keys placed there, and the keys that fit nowhere. `used`:
+    cores already taken per host, updated in place."""
+    free = {h.name: (h.cores or 0) - (used or {}).get(h.name, 0) for h in hosts}
+    placed: dict[str, list[str]] = defaultdict(list)
+    left: list[str] = []
+    for key, cores in sorted(replicas, key=lambda r: (-r[1], r[0])):
+        fits = [name for name, f in free.items() if f >= cores]
+        if not fits:
+            left.append(key)
+            continue
+        host = min(fits, key=lambda name: (free[name] - cores, name))
+        free[host] -= cores
+        placed[host].append(key)
+        if used is not None:
+            used[host] = used.get(host, 0) + cores
+    return dict(placed), left
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact") -> Plan:
+    """Plan every pipeline with `solver` (fa2 | ipa), place its replicas on the CPU hosts, and plan the
+    other applications with proteus on the devices left (see the module docstring)."""
+    if solver not in PIPELINE_SOLVERS:
+        raise ValueError(f"unknown pipeline solver {solver!r}; choose one of: {', '.join(PIPELINE_SOLVERS)}")
+    if method not in ("exact", "dp"):
+        raise ValueError(f"method must be 'exact' or 'dp', got {method!r}")
+    started = time.perf_counter()
+    notes: list[str] = []
+    if not problem.pipelines:
+        notes.append(f"the problem declares no pipelines; {solver} planned nothing and proteus planned every application")
+    hosts = [d for d in problem.devices if d.is_cpu]
+    host_cores = max((h.cores or 0 for h in hosts), default=0)
+    limit = problem.options.time_limit_s
+    instances: list[PlanInstance] = []
+    summaries: dict[str, Any] = {}
+    statuses: list[str] = []
+    used: dict[str, int] = {}
+    next_start: dict[str, int] = defaultdict(int)
+    for spec in problem.pipelines:
+        if not hosts:
+            outcome = PipelineOutcome(spec, solver, "infeasible", [], None, 0.0, ["the fleet has no CPU host; pipelines are planned on CPU hosts"])
+        elif solver == "fa2":
+            outcome = _fa2_solve(problem, spec, host_cores, method=method, time_limit_s=limit)
+        else:
+            outcome = _ipa_solve(problem, spec, host_cores, time_limit_s=limit)
+        placed_instances, outcome_notes = _outcome_place(problem, outcome, hosts, used, next_start)
+        instances.extend(placed_instances)
+        outcome.notes.extend(outcome_notes)
+        statuses.append(outcome.status)
+        summaries[spec.name] = _outcome_summary(problem, outcome, placed_instances)
+        notes.extend(f"pipeline {spec.name}: {n}" for n in outcome.notes)
+
+    staged = {st.application for p in problem.pipelines for st in p.stages}
+    rest_apps = tuple(a for a in problem.applications if a.name not in staged)
+    rest_plan: Plan | None = None
+    if rest_apps:
+        free_devices = tuple(d for d in problem.devices if not (d.is_cpu and used.get(d.name)))
+        if free_devices:
+            from engine.solvers.solve import plan_solve
+
+            rest_variants = tuple(v for v in problem.variants if v.application not in staged)
+            names = {v.name for v in rest_variants}
+            rest_problem = dataclasses.replace(
+                problem, applications=rest_apps, variants=rest_variants, devices=free_devices,
+                profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=(),
+            )
+            rest_plan = plan_solve(rest_problem, "proteus")
+            instances.extend(rest_plan.instances)
+            notes.append(f"proteus planned the {len(rest_apps)} application(s) outside pipelines on {len(free_devices)} device(s): "
+                         f"{rest_plan.status}")
+            notes.extend(rest_plan.notes)
+            statuses.append(rest_plan.status)
+        else:
+            notes.append(f"no device is left for the {len(rest_apps)} application(s) outside pipelines")
+            statuses.append("infeasible")
+    return _plan_compose(problem, solver, instances, rest_plan, statuses, notes, summaries, time.perf_counter() - started)
+
+
+def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[DeviceSpec], used: dict[str, int],
+                   next_start: dict[str, int]) -> tuple[list[PlanInstance], list[str]]:
+    """The outcome's replicas as plan instances on the hosts, each stage's rate spread over its replicas by
+    capacity (capped at capacity: what does not fit is shortfall)."""
+    keys: dict[str, StagePick] = {}
+    wanted = []
+    for pick in outcome.picks:
+        for r in range(pick.replicas):
+            key = f"{pick.application}#{r}"
+            keys[key] = pick
+            wanted.append((key, pick.cores))
+    placed, left = replicas_place(hosts, wanted, used)
+    notes = []
+    if left:
+        short = defaultdict(int)
+        for key in left:
+            short[keys[key].application] += 1
+        notes.append("not enough CPU cores: " + ", ".join(f"{app} placed {keys_placed} of {keys_placed + n} replicas"
+                                                          for app, n in sorted(short.items())
+                                                          for keys_placed in [sum(1 for k in keys if keys[k].application == app) - n]))
+    by_stage: dict[str, list[PlanInstance]] = defaultdict(list)
+    for host, host_keys in sorted(placed.items()):
+        for key in sorted(host_keys):
+            pick = keys[key]
+            points = _cpu_points(problem, pick.variant, pick.cores)
+            latency = float(profile_interpolate(points, pick.batch, "latency_ms"))
+            start = next_start[host]
+            next_start[host] += 1
+            by_stage[pick.application].append(PlanInstance(
+                device=host, slice=str(pick.cores), start=start, variant=pick.variant, batch=pick.batch,
+                latency_ms=round(latency, 6), capacity_rps=pick.batch * 1000.0 / round(latency, 6), assigned_rps=0.0,
+            ))
+    out: list[PlanInstance] = []
+    for app, stage_instances in by_stage.items():
+        rate = outcome.pipeline.stage_rate(app)
+        capacity = sum(i.capacity_rps for i in stage_instances)
+        for inst in stage_instances:
+            share = rate * inst.capacity_rps / capacity if capacity > 0 else 0.0
+            out.append(dataclasses.replace(inst, assigned_rps=min(share, inst.capacity_rps)))
+    return out, notes
+
+
+def _outcome_summary(problem: Problem, outcome: PipelineOutcome, placed: list[PlanInstance]) -> dict[str, Any]:
+    """What the dashboard and the validator read: per stage its choice and time, per path its predicted
+    end-to-end latency (profiled batch latency + (b - 1) / lambda per stage) against its SLO."""
+    spec = outcome.pipeline
+    stages: dict[str, Any] = {}
+    time_at: dict[str, float] = {}
+    for pick in outcome.picks:
+        rate = spec.stage_rate(pick.application)
+        points = _cpu_points(problem, pick.variant, pick.cores)
+        latency = float(profile_interpolate(points, pick.batch, "latency_ms"))
+        queueing = queueing_delay_ms(pick.batch, rate)
+        time_at[pick.application] = latency + queueing
+        mine = [i for i in placed if problem.variant(i.variant).application == pick.application]
+        stages[pick.application] = {
+            "variant": pick.variant, "cores_per_replica": pick.cores, "batch": pick.batch, "replicas": pick.replicas,
+            "replicas_placed": len(mine), "rate_rps": rate, "capacity_rps": sum(i.capacity_rps for i in mine),
+            "latency_ms": latency, "queueing_ms": queueing, "budget_ms": latency + queueing,
+            "model": {"alpha": pick.model.alpha, "beta": pick.model.beta, "gamma": pick.model.gamma},
+        }
+    paths = {}
+    for q in spec.paths:
+        total = sum(time_at.get(s, math.nan) for s in q.stages) if outcome.picks else None
+        paths[q.name] = {"stages": list(q.stages), "slo_ms": q.slo_ms, "demand_rps": q.demand_rps,
+                         "latency_ms": None if total is None or not math.isfinite(total) else total}
+    summary: dict[str, Any] = {
+        "solver": outcome.solver, "status": outcome.status, "objective": outcome.objective, "runtime_s": outcome.runtime_s,
+        "cores": sum(s["cores_per_replica"] * s["replicas_placed"] for s in stages.values()),
+        "stages": stages, "paths": paths, "notes": list(outcome.notes),
+    }
+    if outcome.pas is not None:
+        summary["pas"] = outcome.pas
+    return summary
+
+
+def _plan_compose(problem: Problem, solver: str, instances: list[PlanInstance], rest: Plan | None, statuses: list[str],
+                  notes: list[str], summaries: dict[str, Any], seconds: float) -> Plan:
+    served: dict[str, float] = defaultdict(float)
+    weighted: dict[str, float] = defaultdict(float)
+    per_app: dict[str, list[PlanInstance]] = defaultdict(list)
+    for inst in instances:
+        variant = problem.variant(inst.variant)
+        served[variant.application] += inst.assigned_rps
+        weighted[variant.application] += inst.assigned_rps * variant.accuracy
+        per_app[variant.application].append(inst)
+    routing: dict[str, list[RouteEntry]] = {}
+    shortfall: dict[str, float] = {}
+    accuracy: dict[str, float] = {}
+    for app in problem.applications:
+        total = served.get(app.name, 0.0)
+        served[app.name] = total
+        routing[app.name] = [RouteEntry(i.id, i.assigned_rps / total) for i in per_app.get(app.name, []) if total > 0 and i.assigned_rps > 0]
+        if total > 0:
+            accuracy[app.name] = weighted[app.name] / total
+        missing = app.demand_rps - total
+        shortfall[app.name] = missing if missing > max(1e-6, 1e-6 * app.demand_rps) else 0.0
+    total_served = sum(served.values())
+    if all(s == "infeasible" for s in statuses) and statuses:
+        status = "infeasible"
+    elif all(s == "optimal" for s in statuses) and not any(shortfall.values()):
+        status = "optimal"
+    else:
+        status = "feasible" if total_served > 0 else "infeasible"
+    gpus = {i.device for i in instances if not problem.device(i.device).is_cpu}
+    return Plan(
+        status=status, solver=solver, objective_kind=problem.options.objective,
+        # Pipelines minimise cores (FA2) or weigh accuracy against cores (IPA), proteus its own objective:
+        # no one figure is the plan's objective, so none is claimed.
+        objective=None, bound=None, gap=None, solve_seconds=seconds,
+        effective_accuracy=sum(weighted.values()) / total_served if total_served > 0 else None,
+        served_rps=dict(served), shortfall_rps=shortfall, instances=instances, routing=routing,
+        layouts=dict(rest.layouts) if rest is not None else {}, accuracy_by_application=accuracy, gpus_used=len(gpus),
+        notes=notes, pipelines=summaries,
+    )
