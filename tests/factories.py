@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from apps.inventory.choices import AcceleratorKindChoices, HostBackendChoices
 from apps.inventory.models import Accelerator, GpuInstance, Host
 from apps.policies.models import ReplanPolicy, SloPolicy
-from apps.registry.models import Application, Artifact, ModelVariant, Pipeline, Profile, ProfilingRequest
+from apps.registry.models import Application, Artifact, ModelVariant, Profile, ProfilingRequest
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -65,14 +65,6 @@ class GpuInstanceFactory(factory.django.DjangoModelFactory):
     accelerator = factory.SubFactory(GpuFactory)
     profile = "3g.20gb"
     placement_start = 0
-
-
-class PipelineFactory(factory.django.DjangoModelFactory):
-    class Meta:
-        model = Pipeline
-
-    name = factory.Sequence(lambda n: f"pipeline-{n}")
-    slo_ms = 200.0
 
 
 class ApplicationFactory(factory.django.DjangoModelFactory):

@@ -578,7 +578,37 @@ def plan_detail(plan) -> dict:
         "prediction": prediction, "violation": _pct(prediction.get("slo_violation_ratio")),
         "predicted_accuracy": _pct(prediction.get("effective_accuracy")), "applications": applications,
         "routing": routing, "hosts": hosts, "notes": [str(n) for n in (plan.notes or [])],
+        "pipelines": plan_pipeline_graphs(plan),
     }
+
+
+def plan_pipeline_graphs(plan) -> list[dict]:
+    """Each pipeline the plan planned as one: its DAG with the chosen variant, batch, replicas and budget
+    per stage, and each path's planned and predicted latency against its SLO."""
+    from .pipeline_graph import pipeline_graph
+
+    predicted = (plan.prediction or {}).get("pipelines") or {}
+    graphs = []
+    for name, summary in sorted(((plan.result or {}).get("pipelines") or {}).items()):
+        paths = [{"name": path, **{k: q[k] for k in ("stages", "slo_ms", "demand_rps")}} for path, q in summary.get("paths", {}).items()]
+        stages = list(summary.get("stages", {})) or list(dict.fromkeys(s for q in paths for s in q["stages"]))
+        graph = pipeline_graph(name=name, stages=stages, paths=paths, summary=summary, prediction=predicted.get(name))
+        graph.update(status=summary.get("status"), solver=summary.get("solver"), cores=summary.get("cores"), pas=summary.get("pas"))
+        graphs.append(graph)
+    return graphs
+
+
+def pipelines_declared(user) -> list[dict]:
+    """Every pipeline the user may see, as declared: its DAG with pinned variants, its paths' SLO and demand."""
+    from apps.registry.models import Pipeline
+
+    from .pipeline_graph import pipeline_graph
+
+    return [
+        pipeline_graph(name=p.name, stages=[s["application"] for s in p.stages], paths=p.paths,
+                       pinned={s["application"]: s["variant"] for s in p.stages if s.get("variant")})
+        for p in Pipeline.objects.restrict(user, "view").order_by("name")
+    ]
 
 
 def job_queryset_for(user):

@@ -56,7 +56,8 @@ from engine.plans.problem import (
 from engine.plans.validate import plan_validate
 from engine.simulation.simulator import SimulationConfig, simulate
 from engine.simulation.workload import arrivals_poisson
-from engine.solvers.solve import PLANNERS, SHARING, plan_solve
+from engine.simulation.pipeline import PipelineSimulationConfig, fleet_pipeline_simulate
+from engine.solvers.solve import PIPELINES, PLANNERS, SHARING, plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
 from .diff import plan_diff, plan_diff_summary_text
@@ -92,9 +93,10 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
     "prediction_s": 30.0,  # simulated seconds of the prediction
     "seed": 0,
 }
-# The planners a run may use: the fleet planners, and the MPS planners (gpulets' elastic partitioning with
-# interference and its baselines), which plan the fleet's MPS GPUs and leave its other devices alone.
-PLAN_RUN_SOLVERS: tuple[str, ...] = PLANNERS + SHARING
+# The planners a run may use: the fleet planners, the MPS planners (gpulets' elastic partitioning with
+# interference and its baselines), which plan the fleet's MPS GPUs and leave its other devices alone, and
+# the pipeline planners (FA2, IPA), which plan the registry's pipelines on CPU hosts and the rest with proteus.
+PLAN_RUN_SOLVERS: tuple[str, ...] = PLANNERS + SHARING + PIPELINES
 TIME_LIMIT_MAX_S = 600.0
 HEADROOM_MAX = 10.0
 PREDICTION_MAX_S = 120.0
@@ -425,10 +427,15 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
     policies' drop rules and the batching policies the desired states use (proteus; Nexus's on MPS
     partitions, `ROUND_BATCHING_POLICY`); the plan is fixed (no
     re-planning). The simulator routes with `routing_tables_from_plan`, as the translation does: the
-    prediction is for the routing tables that applying the plan publishes."""
-    rates = {name: rps for name, rps in observed.items() if rps > 0}
+    prediction is for the routing tables that applying the plan publishes. Each pipeline the plan planned
+    as one is simulated end to end instead (engine/simulation/pipeline.py: its paths at their demand, stage
+    after stage with the placed replicas), under `pipelines`."""
+    pipelines = _pipelines_prediction(problem, engine_plan, seconds=seconds, seed=seed)
+    staged = {st.application for p in problem.pipelines if p.name in engine_plan.pipelines for st in p.stages}
+    rates = {name: rps for name, rps in observed.items() if rps > 0 and name not in staged}
     if not rates:
-        return {"skipped": "no observed demand to replay", "demand_rps": observed}
+        skipped: dict[str, Any] = {"skipped": "no observed demand to replay", "demand_rps": observed}
+        return {**skipped, "pipelines": pipelines} if pipelines else skipped
     total = sum(rates.values())
     duration = min(float(seconds), PREDICTION_MAX_QUERIES / total)
     streams = np.random.SeedSequence(seed).spawn(len(problem.applications))
@@ -458,7 +465,25 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
             for name, app in summary["applications"].items()
         },
         "wall_s": summary["wall_s"],
+        **({"pipelines": pipelines} if pipelines else {}),
     }
+
+
+def _pipelines_prediction(problem: Problem, engine_plan: EnginePlan, *, seconds: float, seed: int) -> dict[str, Any]:
+    """Per pipeline of the plan with replicas placed: its paths simulated end to end (violations, p99)."""
+    out: dict[str, Any] = {}
+    for name in engine_plan.pipelines:
+        try:
+            result = fleet_pipeline_simulate(problem, engine_plan, name, PipelineSimulationConfig(duration_s=float(seconds), seed=seed))
+        except ValueError as exc:  # nothing placed: the plan's pipeline summary says why
+            out[name] = {"skipped": str(exc)}
+            continue
+        out[name] = {
+            "slo_violation_ratio": result.violation_ratio,
+            "paths": {path: {"queries": o.arrivals, "on_time": o.on_time, "late": o.late, "dropped": o.dropped,
+                             "slo_violation_ratio": o.violation_ratio, "latency_p99_ms": o.p99_ms} for path, o in result.paths.items()},
+        }
+    return out
 
 
 # --------------------------------------------------------------------------- auto-apply

@@ -20,6 +20,9 @@ What is planned:
   it) comes from the host's latest desired state, so planners keep what runs where that costs nothing.
 - Applications: those with an SLO policy (p99 target = `slo_ms`, `min_accuracy`, `priority`) and at least one variant
   profiled on a device type of the fleet; demand from the `demand` argument (0 when not given).
+- Pipelines: every pipeline whose stages all have a variant profiled on the fleet, with its paths' SLOs
+  and demand (the declared demand, scaled to the demand measured at its entry application when there is
+  one); its stage applications are planned through it, with or without an SLO policy of their own.
 - Variants: every variant of a planned application with a profile on a device type of the fleet, named
   `<application>/<variant>` in the engine (variant names are unique per application only). Variants
   without an artifact cannot run on CPUs, nor on the GPUs of non-simulated hosts (the desired state would
@@ -42,7 +45,7 @@ from apps.deployments.models import HostDesiredState
 from apps.inventory.choices import AcceleratorKindChoices, HostStatusChoices
 from apps.inventory.models import Accelerator, Host
 from apps.policies.models import SloPolicy
-from apps.registry.models import CorunMeasurement, ModelVariant, Profile
+from apps.registry.models import CorunMeasurement, ModelVariant, PipelineStage, Profile
 from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load
 from engine.geometry.names import mps_placement_parse, runtime_key_parse
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, problem_from_dict
@@ -83,6 +86,44 @@ class FleetSnapshot:
     @property
     def variant_ids(self) -> dict[str, int]:
         return {name: info["id"] for name, info in self.variants.items()}
+
+
+def _pipelines_planned(snapshot: FleetSnapshot, planned_apps: dict[int, Any], demand: dict[str, float]) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The registry's pipelines in the problem's format, and per stage application its pipeline, demand and
+    SLO. A pipeline is planned when every stage has a variant profiled on the fleet (else it is left out,
+    named in the notes). Its paths' demand is what the pipeline declares, unless `demand` measured its
+    entry application: then the paths are scaled to add up to that (split evenly where nothing is
+    declared), since every query of the pipeline enters there."""
+    from apps.registry.models import Pipeline
+
+    planned_names = {a.name for a in planned_apps.values()}
+    raw_pipelines: list[dict[str, Any]] = []
+    staged: dict[str, dict[str, Any]] = {}
+    for pipeline in Pipeline.objects.order_by("name"):
+        if not pipeline.stages or not pipeline.paths:
+            continue
+        missing = [s["application"] for s in pipeline.stages if s["application"] not in planned_names]
+        if missing:
+            snapshot.notes.append(f"pipeline {pipeline.name} left out: no variant profiled on this fleet for {', '.join(missing)}")
+            continue
+        raw = pipeline.engine_dict()
+        raw["stages"] = [{**s, "variant": variant_engine_name(s["application"], s["variant"])} if s.get("variant") else dict(s)
+                         for s in raw["stages"]]
+        paths = [dict(q) for q in raw["paths"]]
+        measured = demand.get(paths[0]["stages"][0])
+        if measured is not None and measured > 0:
+            declared = sum(q["demand_rps"] for q in paths)
+            for q in paths:
+                q["demand_rps"] = measured * (q["demand_rps"] / declared if declared > 0 else 1.0 / len(paths))
+            snapshot.notes.append(f"pipeline {pipeline.name}: paths sized to the {measured:.4g} rps measured at {paths[0]['stages'][0]}")
+        raw["paths"] = paths
+        raw_pipelines.append(raw)
+        for s in pipeline.stages:
+            app = s["application"]
+            through = [q for q in paths if app in q["stages"]]
+            staged[app] = {"pipeline": pipeline.name, "slo_ms": min(q["slo_ms"] for q in through),
+                           "demand_rps": sum(q["demand_rps"] for q in through)}
+    return raw_pipelines, staged
 
 
 def variant_engine_name(application: str, variant: str) -> str:
@@ -304,10 +345,12 @@ def fleet_problem_build(
     raw_profiles: list[dict[str, Any]] = []
     planned_apps: dict[int, Any] = {}
     seen_apps: dict[int, Any] = {}
+    # Pipeline stages are planned through their pipeline, with or without an SLO policy of their own.
+    stage_apps = set(PipelineStage.objects.values_list("application_id", flat=True))
     for variant in variants:
         application = variant.application
         seen_apps[application.pk] = application
-        if application.pk not in policies:
+        if application.pk not in policies and application.pk not in stage_apps:
             continue
         engine_name = variant_engine_name(application.name, variant.name)
         points = []
@@ -349,15 +392,31 @@ def fleet_problem_build(
         snapshot.variants[engine_name] = {"id": variant.pk, "application": application.name, "name": variant.name}
         planned_apps[application.pk] = application
 
+    raw_pipelines, staged = _pipelines_planned(snapshot, planned_apps, demand)
     raw_applications: list[dict[str, Any]] = []
     for app_id, application in sorted(seen_apps.items(), key=lambda kv: kv[1].name):
-        if app_id not in policies:
+        policy = policies.get(app_id)
+        if application.name in staged:
+            # A pipeline stage: its demand and SLO follow from the pipeline's paths.
+            raw_app = {"name": application.name}
+            if policy is not None:
+                if policy.min_accuracy is not None:
+                    raw_app["min_accuracy"] = float(policy.min_accuracy)
+                raw_app["priority"] = int(policy.priority)
+            raw_applications.append(raw_app)
+            snapshot.applications[application.name] = {
+                "id": application.pk, "slo_ms": staged[application.name]["slo_ms"],
+                "min_accuracy": policy.min_accuracy if policy is not None else None,
+                "drop_rule": policy.drop_rule if policy is not None else "deadline", "demand_rps": staged[application.name]["demand_rps"],
+                "pipeline": staged[application.name]["pipeline"],
+            }
+            continue
+        if policy is None:
             snapshot.left_out["applications"][application.name] = "no SLO policy"
             continue
         if app_id not in planned_apps:
             snapshot.left_out["applications"][application.name] = "no variant is profiled on a device type of the planned fleet"
             continue
-        policy = policies[app_id]
         rps = float(demand.get(application.name, 0.0) or 0.0)
         raw_app: dict[str, Any] = {"name": application.name, "slo_ms": float(policy.latency_p99_ms), "demand_rps": max(0.0, rps)}
         if policy.min_accuracy is not None:
@@ -404,6 +463,8 @@ def fleet_problem_build(
         "format_version": 1, "applications": raw_applications, "variants": raw_variants, "devices": raw_devices,
         "profiles": raw_profiles, "options": dataclasses.asdict(options),
     }
+    if raw_pipelines:
+        problem_raw["pipelines"] = raw_pipelines
     if mps_types:
         # The MPS planners plan the type most MPS GPUs have (engine/solvers/gpulets.py): fit to its co-runs.
         mps_type = Counter(mps_types).most_common(1)[0][0]

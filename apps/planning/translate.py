@@ -71,6 +71,21 @@ def runtime_key(*, device: Mapping[str, Any], slice_name: str, start: int | None
     return f"gpu{device['index']}"
 
 
+def pipeline_stage_slos(engine_plan: EnginePlan) -> dict[str, float]:
+    """Per pipeline stage application, the latency its runtimes batch for: its share of the tightest path
+    through it, the planned time at the stage (batch latency + queueing) scaled by that path's SLO over its
+    planned latency (>= 1), as FA2 splits each path's SLO over its stages. Stages run with no SLO policy of
+    their own; this is what their batching policy keeps to."""
+    out: dict[str, float] = {}
+    for summary in (engine_plan.pipelines or {}).values():
+        for app, stage in summary.get("stages", {}).items():
+            scales = [q["slo_ms"] / q["latency_ms"] for q in summary.get("paths", {}).values()
+                      if app in q["stages"] and q.get("latency_ms")]
+            if scales and stage.get("budget_ms"):
+                out[app] = round(stage["budget_ms"] * max(1.0, min(scales)), 3)
+    return out
+
+
 def gpu_spec_current(*, accelerator: Accelerator) -> dict[str, Any]:
     """The GPU as it is now, in desired-state form: {index, mig_enabled, layout} and, on an MPS GPU,
     {mps_enabled, mps_layout}."""
@@ -104,6 +119,7 @@ def plan_translate(
     instances_by_device: dict[str, list] = defaultdict(list)
     for inst in engine_plan.instances:
         instances_by_device[inst.device].append(inst)
+    stage_slos = pipeline_stage_slos(engine_plan)
     device_names = {d.name for d in problem.devices}
     targets: dict[str, _Target] = {}  # engine instance id -> where it runs
     for name, info in sorted(devices.items(), key=lambda kv: (kv[1]["host_name"], kv[1]["kind"], kv[1]["index"])):
@@ -154,6 +170,9 @@ def plan_translate(
                 # its batch when its turn comes and drops early what cannot make it, which is Nexus's policy.
                 "batching": {"policy": ROUND_BATCHING_POLICY if mps_percent is not None else DEFAULT_BATCHING_POLICY},
             }
+            stage_slo = stage_slos.get(problem.variant(inst.variant).application)
+            if stage_slo is not None:
+                runtime["batching"]["slo_ms"] = stage_slo
             if mps_percent is not None:
                 # Its slot in the round comes after the planned turns (batch latency, interference included)
                 # of the models before it: the live rounds time them as the simulator does.

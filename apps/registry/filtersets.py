@@ -13,10 +13,11 @@ class PipelineFilterSet(TesseraFilterSet):
 
 class ApplicationFilterSet(TesseraFilterSet):
     q = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
+    pipeline = django_filters.CharFilter(field_name="pipeline_stage__pipeline__name", help_text="Stages of the pipeline with this name")
 
     class Meta:
         model = Application
-        fields = ["name", "task", "pipeline"]
+        fields = ["name", "task"]
 
 
 class ModelVariantFilterSet(TesseraFilterSet):

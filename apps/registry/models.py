@@ -41,17 +41,57 @@ def _tensor_specs_validate(value, field: str) -> None:
 
 
 class Pipeline(ChangeLoggedModel):
-    """A chain of applications served as one request path (FA2/IPA), with an end-to-end SLO."""
+    """A DAG of stages (applications) served as one request path and planned as a whole (FA2, IPA):
+    `stages` [{application, variant, max_batch}] and `paths` [{name, stages, slo_ms, demand_rps}], each path
+    with its own end-to-end SLO and expected demand, all starting at the entry stage. The same format and
+    rules as a planning problem's `pipelines` (engine/plans/problem.py), checked by the same parser when the
+    pipeline is written (services/pipelines.py). `PipelineStage` rows index the stages, so that an
+    application belongs to one pipeline at most and neither it nor a pinned variant can be deleted while
+    the pipeline uses it."""
 
     name = models.CharField(max_length=100, unique=True, validators=[name_validator])
     description = models.TextField(blank=True)
-    slo_ms = models.FloatField(validators=[MinValueValidator(0.001)], help_text="End-to-end latency SLO in ms")
+    stages = models.JSONField(default=list, help_text="[{application, variant, max_batch}] in declaration order")
+    paths = models.JSONField(default=list, help_text="[{name, stages: [application, ...], slo_ms, demand_rps}]")
+    alpha = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)], help_text="IPA: weight of the pipeline accuracy score")
+    beta = models.FloatField(default=0.01, validators=[MinValueValidator(0.0)], help_text="IPA: weight of the cores used")
+    delta = models.FloatField(default=1e-6, validators=[MinValueValidator(0.0)], help_text="IPA: weight of the batch sizes")
+    ipa_threshold_rps = models.FloatField(
+        default=0.0, validators=[MinValueValidator(0.0)], help_text="IPA: throughput a replica must reach at its base allocation (P3.1b)"
+    )
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def entry(self) -> str | None:
+        return self.paths[0]["stages"][0] if self.paths else None
+
+    def engine_dict(self) -> dict:
+        """The pipeline in the planning problem's format."""
+        return {
+            "name": self.name, "stages": self.stages, "paths": self.paths, "alpha": self.alpha, "beta": self.beta,
+            "delta": self.delta, "ipa_threshold_rps": self.ipa_threshold_rps,
+        }
+
+
+class PipelineStage(models.Model):
+    """The index of a pipeline's stages (written with the pipeline by `pipeline_save`, never on its own)."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="stage_rows")
+    application = models.OneToOneField("Application", on_delete=models.PROTECT, related_name="pipeline_stage")
+    variant = models.ForeignKey("ModelVariant", null=True, blank=True, on_delete=models.PROTECT, related_name="pinned_in_stages")
+    position = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ["pipeline", "position"]
+        constraints = [models.UniqueConstraint(fields=["pipeline", "position"], name="pipelinestage_unique_position")]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline.name}[{self.position}] {self.application.name}"
 
 
 class Application(ChangeLoggedModel):
@@ -61,8 +101,6 @@ class Application(ChangeLoggedModel):
     task = models.CharField(max_length=40, choices=TaskChoices.choices, default=TaskChoices.OTHER)
     description = models.TextField(blank=True)
     input_spec = models.JSONField(default=list, blank=True, help_text="[{name, dtype, shape}] every variant accepts")
-    pipeline = models.ForeignKey(Pipeline, null=True, blank=True, on_delete=models.SET_NULL, related_name="applications")
-    pipeline_stage = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Order in its pipeline, from 0")
 
     class Meta:
         ordering = ["name"]
@@ -72,8 +110,12 @@ class Application(ChangeLoggedModel):
 
     def clean(self) -> None:
         _tensor_specs_validate(self.input_spec, "input_spec")
-        if (self.pipeline_id is None) != (self.pipeline_stage is None):
-            raise ValidationError({"pipeline_stage": "Give a pipeline and its stage together, or neither."})
+        if self.pk is not None:
+            # Pipelines name their stages by application: a stage keeps its name while a pipeline uses it.
+            previous = Application.objects.filter(pk=self.pk).values_list("name", flat=True).first()
+            stage = PipelineStage.objects.filter(application_id=self.pk).select_related("pipeline").first()
+            if previous is not None and previous != self.name and stage is not None:
+                raise ValidationError({"name": f"{previous} is a stage of pipeline {stage.pipeline.name}; take it out of the pipeline before renaming it."})
 
 
 def artifact_upload_to(instance: "Artifact", filename: str) -> str:

@@ -1,13 +1,14 @@
 """`tessera`, the command line: the root Typer app, with each command group's module registered on it."""
 from __future__ import annotations
 
-# Subcommands that need the database set Django up themselves; the engine's subcommands (mig, plan, trace,
+# Subcommands that need the database (pipeline, token, ...) set Django up themselves; the engine's subcommands (mig, plan, trace,
 # simulate) run without Django. Every module here imports only typer at the top and the engine, Django and
 # the data plane inside its commands, so `tessera --help` stays fast and never loads the solvers.
 import typer
 
 from . import dataplane, server, simulate, tokens
 from .mig import mig_app
+from .pipeline import pipeline_app
 from .plan import plan_app
 from .trace import trace_app
 
@@ -26,4 +27,5 @@ app.add_typer(tokens.token_app, name="token")
 app.add_typer(tokens.router_credential_app, name="router-credential")
 app.add_typer(mig_app, name="mig")
 app.add_typer(plan_app, name="plan")
+app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(trace_app, name="trace")

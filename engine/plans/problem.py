@@ -74,6 +74,10 @@ class PipelineStageSpec:
     application: str
     variant: str | None = None
     max_batch: int = 64
+    # How the router builds this stage's request from the previous stage's answer: (input, output) pairs,
+    # this stage's input named after the previous stage's output. Empty: each output forwarded under its
+    # own name.
+    inputs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -680,14 +684,18 @@ def _pipeline_stage_from_dict(raw: Any, where: str, app_names: set[str]) -> Pipe
     application = _text(_need(raw, "application", where), f"{where}.application")
     if application not in app_names:
         raise ProblemError(f"{where}: unknown application {application!r}")
-    unknown = set(raw) - {"application", "variant", "max_batch"}
+    unknown = set(raw) - {"application", "variant", "max_batch", "inputs"}
     if unknown:
         raise ProblemError(f"{where}: unknown keys {sorted(unknown)}")
     variant = raw.get("variant")
     max_batch = _number(raw.get("max_batch", 64), f"{where}.max_batch", minimum=1)
     if max_batch != int(max_batch):
         raise ProblemError(f"{where}.max_batch: must be a whole number, got {max_batch:g}")
-    return PipelineStageSpec(application, None if variant is None else _text(variant, f"{where}.variant"), int(max_batch))
+    mapping = raw.get("inputs") or {}
+    if not isinstance(mapping, Mapping):
+        raise ProblemError(f"{where}.inputs: expected an object of this stage's input -> the previous stage's output, got {mapping!r}")
+    inputs = tuple(sorted((_text(k, f"{where}.inputs"), _text(v, f"{where}.inputs[{k!r}]")) for k, v in mapping.items()))
+    return PipelineStageSpec(application, None if variant is None else _text(variant, f"{where}.variant"), int(max_batch), inputs)
 
 
 def _pipelines_from_dict(raw: Any, app_names: set[str]) -> tuple[PipelineSpec, ...]:
@@ -855,7 +863,8 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
 
 def pipeline_to_dict(p: PipelineSpec) -> dict[str, Any]:
     """A pipeline in its normal form: stages as objects, paths written out (a chain's one path too)."""
-    stages = [{"application": s.application, **({"variant": s.variant} if s.variant else {}), "max_batch": s.max_batch} for s in p.stages]
+    stages = [{"application": s.application, **({"variant": s.variant} if s.variant else {}), "max_batch": s.max_batch,
+               **({"inputs": dict(s.inputs)} if s.inputs else {})} for s in p.stages]
     return {
         "name": p.name, "stages": stages,
         "paths": [{"name": q.name, "stages": list(q.stages), "slo_ms": q.slo_ms, "demand_rps": q.demand_rps} for q in p.paths],

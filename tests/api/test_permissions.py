@@ -51,7 +51,7 @@ def _payloads():
             lambda: {"accelerator": GpuFactory().pk, "profile": "3g.20gb", "placement_start": 4},
             FLEET_AND_POLICIES,
         ),
-        "pipelines": ("/api/v1/pipelines/", lambda: {"name": "p1", "slo_ms": 100}, FLEET_AND_POLICIES),
+        "pipelines": ("/api/v1/pipelines/", lambda: {"name": "p1", "stages": [ApplicationFactory().name], "slo_ms": 100, "demand_rps": 5}, FLEET_AND_POLICIES),
         "applications": ("/api/v1/applications/", lambda: {"name": "new-app"}, FLEET_AND_POLICIES),
         "variants": (
             "/api/v1/variants/",

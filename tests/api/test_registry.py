@@ -6,7 +6,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import override_settings
 
 from apps.registry.models import Artifact, ModelVariant, Profile
-from tests.factories import ApplicationFactory, ModelVariantFactory, PipelineFactory
+from tests.factories import ApplicationFactory, ModelVariantFactory
 from tests.onnx_builders import onnx_failing_checker_bytes, onnx_mlp_bytes, onnx_unloadable_bytes
 
 pytestmark = pytest.mark.django_db
@@ -130,15 +130,6 @@ def test_variant_names_unique_per_application(clients):
         format="json",
     )
     assert other.status_code == 201
-
-
-def test_application_pipeline_membership(clients):
-    pipeline = PipelineFactory()
-    op = clients["operator"]
-    half = op.post("/api/v1/applications/", {"name": "detect", "pipeline": pipeline.pk}, format="json")
-    assert half.status_code == 400 and "pipeline_stage" in half.json()["error"]["fields"]
-    ok = op.post("/api/v1/applications/", {"name": "detect", "pipeline": pipeline.pk, "pipeline_stage": 0}, format="json")
-    assert ok.status_code == 201
 
 
 def test_profile_normalises_gpu_and_derives_throughput(clients):

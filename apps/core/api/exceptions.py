@@ -4,6 +4,7 @@ so CI scripts can print `message` and show `fields` next to their inputs."""
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import ProtectedError
 from rest_framework import exceptions
 from rest_framework.views import exception_handler
 
@@ -27,11 +28,27 @@ def _first_message(detail) -> str:
     return str(detail)
 
 
+class InUse(exceptions.APIException):
+    status_code = 409
+    default_code = "in_use"
+    default_detail = "The object is in use."
+
+
+def in_use_from_protected(exc: ProtectedError) -> InUse:
+    """A delete refused by a protected foreign key: 409 naming what still uses the object."""
+    users = sorted({str(o) for o in exc.protected_objects})
+    shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+    kinds = sorted({o._meta.verbose_name for o in exc.protected_objects})
+    return InUse(f"Cannot delete it: it is used by {' / '.join(kinds)} {shown}.")
+
+
 def tessera_exception_handler(exc, context):
     from ..outages import outage_from_exception
 
     if isinstance(exc, DjangoValidationError):
         exc = validation_error_from_django(exc)
+    if isinstance(exc, ProtectedError):
+        exc = in_use_from_protected(exc)
     exc = outage_from_exception(exc) or exc  # the database away: 503 with Retry-After, not a 500
     response = exception_handler(exc, context)
     if response is None:

@@ -9,7 +9,7 @@ from apps.core.context import change_context
 from apps.registry.models import ModelVariant
 from apps.registry.services.artifacts import artifact_create
 
-from ..selectors import application_queryset_for, applications_overview
+from ..selectors import application_queryset_for, applications_overview, pipelines_declared
 from .common import _require
 
 UPLOAD_PERMS = ("registry.add_artifact", "registry.add_modelvariant")
@@ -86,6 +86,7 @@ def applications(request):
             return redirect("dashboard:applications")
     context = {
         "applications": applications_overview(request.user), "nav": "applications", "can_upload": can_upload,
+        "pipelines": pipelines_declared(request.user),
         "errors": errors, "values": values,
         "application_choices": application_queryset_for(request.user).values_list("pk", "name") if can_upload else [],
     }

@@ -9,18 +9,67 @@ from ..models import Application, Artifact, CorunMeasurement, ModelVariant, Pipe
 
 
 class PipelineSerializer(TesseraModelSerializer):
+    """A pipeline as the planning problem writes one (docs/planning.md, "Pipelines"): `stages` (application
+    names, or {application, variant, max_batch}; a chain may be text, "detect -> classify") and `paths`
+    ({name, stages, slo_ms, demand_rps}), or for a chain `slo_ms` and `demand_rps` instead of paths. Stored
+    in normal form: the response always lists the paths."""
+
+    stages = serializers.JSONField(help_text="[application | {application, variant, max_batch}], or text: 'detect -> classify'")
+    paths = serializers.JSONField(required=False, allow_null=True, help_text="[{name, stages, slo_ms, demand_rps}]; omit for a chain")
+    slo_ms = serializers.FloatField(required=False, write_only=True, help_text="A chain's end-to-end SLO (without paths)")
+    demand_rps = serializers.FloatField(required=False, write_only=True, help_text="A chain's expected demand (without paths)")
+    entry = serializers.CharField(read_only=True, allow_null=True, help_text="The stage every path starts at")
+
     class Meta:
         model = Pipeline
-        fields = ["id", "display", "name", "description", "slo_ms", "created", "last_updated"]
+        fields = [
+            "id", "display", "name", "description", "stages", "paths", "slo_ms", "demand_rps", "entry", "alpha", "beta", "delta",
+            "ipa_threshold_rps", "created", "last_updated",
+        ]
+        # The name's uniqueness is checked with the rest by the service.
+        extra_kwargs = {"name": {"validators": []}}
+
+    def validate(self, attrs):
+        from django.core.exceptions import ValidationError as DjangoValidationError
+
+        from apps.core.api.exceptions import validation_error_from_django
+
+        from ..services.pipelines import pipeline_spec_read
+
+        data = {k: v for k, v in self.initial_data.items() if k in attrs} if hasattr(self.initial_data, "items") else dict(attrs)
+        try:
+            pipeline_spec_read(data, pipeline=self.instance)
+        except DjangoValidationError as exc:
+            raise validation_error_from_django(exc) from exc
+        if self.instance is None or "name" in attrs:
+            clash = Pipeline.objects.filter(name=attrs.get("name", getattr(self.instance, "name", None))).exclude(pk=getattr(self.instance, "pk", None))
+            if clash.exists():
+                raise serializers.ValidationError({"name": ["A pipeline with this name already exists."]})
+        return data
+
+    def create(self, validated_data):
+        from ..services.pipelines import pipeline_save
+
+        return pipeline_save(data=validated_data)
+
+    def update(self, instance, validated_data):
+        from ..services.pipelines import pipeline_save
+
+        return pipeline_save(data=validated_data, pipeline=instance)
 
 
 class ApplicationSerializer(TesseraModelSerializer):
     variant_count = serializers.IntegerField(source="variants.count", read_only=True)
+    pipeline = serializers.SerializerMethodField(help_text="The pipeline this application is a stage of (declared on the pipeline)")
+
+    def get_pipeline(self, obj) -> str | None:
+        stage = getattr(obj, "pipeline_stage", None) if hasattr(obj, "pipeline_stage") else None
+        return stage.pipeline.name if stage is not None else None
 
     class Meta:
         model = Application
         fields = [
-            "id", "display", "name", "task", "description", "input_spec", "pipeline", "pipeline_stage",
+            "id", "display", "name", "task", "description", "input_spec", "pipeline",
             "variant_count", "created", "last_updated",
         ]
 

@@ -93,13 +93,17 @@ class CsvParser(parsers.BaseParser):
 
 
 class PipelineViewSet(TesseraModelViewSet):
+    """Pipelines: DAGs of applications with per-path SLOs, planned as a whole by the fa2 and ipa solvers.
+    Declared as JSON (or YAML with `tessera pipeline apply`); checked by the planning parser, nothing stored
+    on bad input."""
+
     queryset = Pipeline.objects.all()
     serializer_class = PipelineSerializer
     filterset_class = PipelineFilterSet
 
 
 class ApplicationViewSet(TesseraModelViewSet):
-    queryset = Application.objects.select_related("pipeline")
+    queryset = Application.objects.select_related("pipeline_stage__pipeline")
     serializer_class = ApplicationSerializer
     filterset_class = ApplicationFilterSet
     ordering_fields = ["name"]
