@@ -462,7 +462,7 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
         "latency_p50_ms": summary["latency_p50_ms"], "latency_p99_ms": summary["latency_p99_ms"],
         "applications": {
             name: {k: app[k] for k in ("queries", "on_time", "late", "dropped", "slo_violation_ratio", "effective_accuracy", "latency_p99_ms")}
-            for name, app in summary["applications"].items()
+            for name, app in summary["applications"].items() if name not in staged
         },
         "wall_s": summary["wall_s"],
         **({"pipelines": pipelines} if pipelines else {}),

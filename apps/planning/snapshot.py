@@ -400,12 +400,14 @@ def fleet_problem_build(
             # A pipeline stage: its demand and SLO follow from the pipeline's paths.
             raw_app = {"name": application.name}
             if policy is not None:
+                # Its own SLO stays for the queries sent to it alone (the pipeline planners use the paths').
+                raw_app["slo_ms"] = float(policy.latency_p99_ms)
                 if policy.min_accuracy is not None:
                     raw_app["min_accuracy"] = float(policy.min_accuracy)
                 raw_app["priority"] = int(policy.priority)
             raw_applications.append(raw_app)
             snapshot.applications[application.name] = {
-                "id": application.pk, "slo_ms": staged[application.name]["slo_ms"],
+                "id": application.pk, "slo_ms": float(policy.latency_p99_ms) if policy is not None else staged[application.name]["slo_ms"],
                 "min_accuracy": policy.min_accuracy if policy is not None else None,
                 "drop_rule": policy.drop_rule if policy is not None else "deadline", "demand_rps": staged[application.name]["demand_rps"],
                 "pipeline": staged[application.name]["pipeline"],

@@ -170,7 +170,10 @@ def plan_translate(
                 # its batch when its turn comes and drops early what cannot make it, which is Nexus's policy.
                 "batching": {"policy": ROUND_BATCHING_POLICY if mps_percent is not None else DEFAULT_BATCHING_POLICY},
             }
-            stage_slo = stage_slos.get(problem.variant(inst.variant).application)
+            app_name = problem.variant(inst.variant).application
+            stage_slo = stage_slos.get(app_name)
+            if stage_slo is None and problem.pipeline_of(app_name) is not None:
+                stage_slo = problem.application(app_name).slo_ms  # a stage planned on its own: its SLO (the path's unless it has one)
             if stage_slo is not None:
                 runtime["batching"]["slo_ms"] = stage_slo
             if mps_percent is not None:

@@ -1,5 +1,5 @@
 """Planning a fleet's pipelines: FA2 or IPA per pipeline, replicas placed on CPU hosts, the rest of the
-applications planned by Proteus on what is left.
+applications planned by Proteus (or the planner named) on what is left.
 
 A problem's `pipelines` (engine/plans/problem.py, `PipelineSpec`) are DAGs of stages, each an application
 of the registry with its own variants and profiles. `plan_solve(problem, "fa2" | "ipa")` plans each
@@ -25,8 +25,8 @@ delay (b - 1) / lambda is the real rate's, the longer wait.
 Placement: a replica needs its cores on one CPU host, and a host runs several replicas side by side as
 long as their cores add up to at most its own (`replicas_place`: largest replicas first, each on the
 host it fills best). Replicas that do not fit are reported: the stage's capacity falls short and so does
-the traffic it serves. Every other application is planned by `proteus` on the devices no pipeline
-replica uses.
+the traffic it serves. Every other application is planned by `proteus` (or, when `plan_solve` was asked for
+another planner on a problem with pipelines, that one) on the devices no pipeline replica uses.
 
 Departures, stated: pipelines run on CPU hosts only (GPU shares for pipeline stages are not planned
 here); the base allocation's latency condition P3.1c is checked at batch 1 against the stage's share of
@@ -246,9 +246,10 @@ def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, in
 # --------------------------------------------------------------------------- the fleet
 
 
-def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact") -> Plan:
+def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact", rest_solver: str = "proteus") -> Plan:
     """Plan every pipeline with `solver` (fa2 | ipa), place its replicas on the CPU hosts, and plan the
-    other applications with proteus on the devices left (see the module docstring)."""
+    other applications with `rest_solver` (any planner of `plan_solve`) on the devices left (see the module
+    docstring). The plan's solver names both, e.g. "fa2+proteus"."""
     if solver not in PIPELINE_SOLVERS:
         raise ValueError(f"unknown pipeline solver {solver!r}; choose one of: {', '.join(PIPELINE_SOLVERS)}")
     if method not in ("exact", "dp"):
@@ -293,16 +294,17 @@ def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact"
                 problem, applications=rest_apps, variants=rest_variants, devices=free_devices,
                 profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=(),
             )
-            rest_plan = plan_solve(rest_problem, "proteus")
+            rest_plan = plan_solve(rest_problem, rest_solver)
             instances.extend(rest_plan.instances)
-            notes.append(f"proteus planned the {len(rest_apps)} application(s) outside pipelines on {len(free_devices)} device(s): "
+            notes.append(f"{rest_plan.solver} planned the {len(rest_apps)} application(s) outside pipelines on {len(free_devices)} device(s): "
                          f"{rest_plan.status}")
             notes.extend(rest_plan.notes)
             statuses.append(rest_plan.status)
         else:
             notes.append(f"no device is left for the {len(rest_apps)} application(s) outside pipelines")
             statuses.append("infeasible")
-    return _plan_compose(problem, solver, instances, rest_plan, statuses, notes, summaries, time.perf_counter() - started)
+    label = f"{solver}+{rest_plan.solver}" if rest_plan is not None else solver
+    return _plan_compose(problem, label, instances, rest_plan, statuses, notes, summaries, time.perf_counter() - started)
 
 
 def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[DeviceSpec], used: dict[str, int],

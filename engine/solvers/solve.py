@@ -14,6 +14,8 @@ SHARING: tuple[str, ...] = ("gpulets", "sbp", "best-fit", "ideal")
 # The pipeline planners (solvers/pipelines.py): FA2 and IPA plan the problem's pipelines on CPU hosts,
 # proteus the other applications on the devices left.
 PIPELINES: tuple[str, ...] = ("fa2", "ipa")
+# What plans a problem's pipelines when the chosen solver is not a pipeline planner.
+PIPELINE_DEFAULT = "fa2"
 
 
 def _planner_get(solver: str) -> Callable[[Problem], Plan]:
@@ -59,7 +61,9 @@ def plan_solve(
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
     at all can be served still comes back as a Plan, with status `infeasible` and notes saying why.
     A fleet with MPS GPUs and other devices both is planned in two stages, `solver` taking the devices
-    of its kind and the other kind's default the rest (engine/solvers/mixed.py)."""
+    of its kind and the other kind's default the rest (engine/solvers/mixed.py). A problem with pipelines has
+    them planned as a whole by `solver` when it is fa2 or ipa, else by fa2, and the other applications by
+    `solver` (proteus for fa2 and ipa) on the devices the pipelines leave (engine/solvers/pipelines.py)."""
     overrides: dict[str, object] = {}
     if objective is not None:
         if objective not in OBJECTIVES:
@@ -80,6 +84,11 @@ def plan_solve(
     planner = _planner_get(solver)
     if overrides:
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
+    if problem.pipelines and solver not in PIPELINES:
+        # Pipelines are always planned as a whole (FA2 by default); `solver` plans the other applications.
+        from engine.solvers.pipelines import pipeline_fleet_solve
+
+        return pipeline_fleet_solve(problem, PIPELINE_DEFAULT, rest_solver=solver)
     from engine.solvers.mixed import fleet_is_mixed, mixed_plan_solve
 
     if fleet_is_mixed(problem) and solver not in PIPELINES:

@@ -347,3 +347,11 @@ def test_a_chain_may_be_written_as_text() -> None:
     assert problem_from_dict(raw) == problem_from_dict(_raw())
     with pytest.raises(ProblemError, match="an empty stage name"):
         problem_from_dict(_raw(stages="detect -> "))
+
+
+def test_any_other_solver_leaves_the_pipelines_to_fa2_and_plans_the_rest() -> None:
+    problem = problem_from_dict(_raw(demand_rps=200))
+    plan = plan_solve(problem, "proteus")
+    _assert_valid(problem, plan)
+    assert plan.solver == "fa2+proteus" and plan.pipelines["video"]["solver"].startswith("fa2")
+    assert plan.shortfall_rps == {"detect": 0.0, "classify": 0.0, "other": 0.0}
