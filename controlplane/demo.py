@@ -32,6 +32,7 @@ from apps.registry.choices import CPU_DEVICE_TYPE, ProfileSourceChoices, TaskCho
 from apps.registry.models import Application, ModelVariant, Profile
 from apps.registry.services.artifacts import artifact_create
 from apps.registry.services.gpulet import gpulet_import
+from apps.registry.services.pipelines import pipeline_save
 from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
@@ -45,7 +46,7 @@ from engine.reference.profiles import (
     gpulet_profiles_derive,
 )
 
-from .demo_models import demo_models_build
+from .demo_models import CALIBRATOR_INPUT, demo_calibrator_build, demo_models_build
 
 # The demo's GPU models and their illustrative speed-ups over the RTX 2080 Ti that gpulets measured (not
 # measurements: see engine.reference.profiles.GPULET_DERIVED_SPEEDUP, where the table and the partition rule live).
@@ -109,9 +110,12 @@ def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, cores: int 
     options = ort.SessionOptions()
     options.intra_op_num_threads = cores
     session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+    (model_input,) = session.get_inputs()
+    width = int(model_input.shape[1])
     rows = []
     for batch in (1, 2, 4, 8, 16, 32, 64):
-        feed = {"input": np.random.default_rng(batch).normal(size=(batch, 8)).astype(np.float32)}
+        # Positive values: the calibrator takes probabilities (its log of a negative would be NaN, not slower).
+        feed = {model_input.name: np.abs(np.random.default_rng(batch).normal(size=(batch, width))).astype(np.float32)}
         for _ in range(20):
             session.run(None, feed)  # warm-up
         samples = []
@@ -226,7 +230,33 @@ def _registry_seed(admin) -> None:
             row.full_clean()
         Profile.objects.bulk_create(measured)
     SloPolicy.objects.create(application=application, latency_p99_ms=20.0, priority=30, drop_rule=DropRuleChoices.SLO_2X)
+    _pipeline_seed(admin)
     ReplanPolicy.objects.create(name="default", interval_seconds=300, demand_change_threshold=0.25, auto_apply=False)
+
+
+# The demo's pipeline: the CPU classifier, then a calibrator of its probabilities (controlplane/demo_models.py).
+DEMO_PIPELINE = {"name": "tabular-chain", "stages": "tabular-cpu -> tabular-calibrate", "slo_ms": 40.0, "demand_rps": 20.0,
+                 "description": "The CPU classifier's probabilities, calibrated by temperature scaling: two real ONNX models in a row."}
+
+
+def _pipeline_seed(admin) -> None:
+    """A second CPU application, the calibrator, and the two-stage pipeline through both. The calibrator has
+    no SLO policy of its own: as a stage it takes the path's."""
+    calibrator = demo_calibrator_build()
+    application = Application.objects.create(
+        name="tabular-calibrate", task=TaskChoices.OTHER,
+        input_spec=[{"name": CALIBRATOR_INPUT, "dtype": "tensor(float)", "shape": ["batch", 3]}],
+        description="Second stage of the demo pipeline: temperature scaling of tabular-cpu's probabilities.",
+    )
+    artifact = artifact_create(upload=io.BytesIO(calibrator.onnx_bytes), original_name=f"{calibrator.name}.onnx", uploaded_by=admin)
+    variant = ModelVariant(
+        application=application, name=calibrator.name, accuracy=round(calibrator.accuracy, 4),
+        accuracy_metric="share of answers whose winning class it keeps", artifact=artifact, memory_mb=4, description=calibrator.description,
+    )
+    variant.full_clean()
+    variant.save()
+    Profile.objects.bulk_create(_cpu_profiles_measured(variant, calibrator.onnx_bytes))
+    pipeline_save(data=DEMO_PIPELINE)
 
 
 def _login(username: str, role: str, password: str, *, superuser: bool = False):
@@ -324,23 +354,29 @@ def _deployment_seed(admin) -> None:
     from apps.deployments.services import host_desired_state_set, routing_tables_publish
 
     catalogue = mig_catalogue_load()
-    gpu_apps = list(Application.objects.exclude(name="tabular-cpu").order_by("-slo_policy__priority", "name"))
+    gpu_apps = list(Application.objects.exclude(name__in=["tabular-cpu", "tabular-calibrate"]).order_by("-slo_policy__priority", "name"))
     routes: dict[Application, list[dict]] = {a: [] for a in Application.objects.all()}
     turn = 0
     for host in Host.objects.filter(labels__demo="true").order_by("name"):
         gpus, runtimes = [], []
         for accelerator in host.accelerators.order_by("kind", "index"):
             if accelerator.kind == AcceleratorKindChoices.CPU:
-                application = Application.objects.get(name="tabular-cpu")
-                for slot, variant in enumerate(application.variants.order_by("name")):
-                    rows = list(variant.profiles.filter(device_type=CPU_DEVICE_TYPE, cpu_cores=1))
-                    fit = _batch_fitting(rows, application.slo_policy.latency_p99_ms / 2)
-                    if fit is None:
-                        continue
-                    key = f"cpu{accelerator.index}/{slot}"
-                    runtimes.append({"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
-                                     "max_batch": fit[0], "batching": {"policy": DEFAULT_BATCHING_POLICY}})
-                    routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
+                slot = 0
+                for name in ("tabular-cpu", "tabular-calibrate"):
+                    application = Application.objects.get(name=name)
+                    # The calibrator, a stage without an SLO policy, batches within half the pipeline's SLO.
+                    slo_ms = application.slo_policy.latency_p99_ms if hasattr(application, "slo_policy") else DEMO_PIPELINE["slo_ms"] / 2
+                    for variant in application.variants.order_by("name"):
+                        rows = list(variant.profiles.filter(device_type=CPU_DEVICE_TYPE, cpu_cores=1))
+                        fit = _batch_fitting(rows, slo_ms / 2)
+                        if fit is None:
+                            continue
+                        key = f"cpu{accelerator.index}/{slot}"
+                        slot += 1
+                        batching = {"policy": DEFAULT_BATCHING_POLICY, **({} if hasattr(application, "slo_policy") else {"slo_ms": slo_ms})}
+                        runtimes.append({"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
+                                         "max_batch": fit[0], "batching": batching})
+                        routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
                 continue
             if accelerator.mps_enabled:
                 turn = _mps_gpu_placement(host, accelerator, gpu_apps, turn, gpus=gpus, runtimes=runtimes, routes=routes)

@@ -4,7 +4,7 @@ from django.contrib.auth import authenticate
 from apps.core.context import change_context
 from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition
 from apps.policies.models import SloPolicy
-from apps.registry.models import Application, Artifact, CorunMeasurement, ModelVariant, Profile
+from apps.registry.models import Application, Artifact, CorunMeasurement, ModelVariant, Pipeline, Profile
 from controlplane.demo import DEMO_FLEET, demo_seed
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import layout_parse, mig_layout_validate
@@ -30,7 +30,11 @@ def test_demo_seed_builds_a_valid_labelled_fleet():
         layout = layout_parse([gi.placement for gi in gpu.gpu_instances.all()])
         assert layout and mig_layout_validate(catalogue.gpu_model_get(gpu.model_name), layout).valid
     assert GpuInstance.objects.exclude(state="pending").count() == 0, "declared, not reported by an agent"
-    assert Application.objects.count() >= 4 and SloPolicy.objects.count() == Application.objects.count()
+    # Every application has an SLO policy but the pipeline's calibrator, which takes the path's.
+    assert Application.objects.count() >= 5 and SloPolicy.objects.count() == Application.objects.count() - 1
+    assert not SloPolicy.objects.filter(application__name="tabular-calibrate").exists()
+    pipeline = Pipeline.objects.get(name="tabular-chain")
+    assert pipeline.paths == [{"name": "tabular-chain", "stages": ["tabular-cpu", "tabular-calibrate"], "slo_ms": 40.0, "demand_rps": 20.0}]
     # GPU profiles say they are derived, except the MPS host's, which are the shared measurements imported;
     # CPU profiles are measured on real ONNX artifacts.
     gpu_rows = Profile.objects.exclude(device_type__in=["cpu", "RTX-2080Ti"])
@@ -40,8 +44,8 @@ def test_demo_seed_builds_a_valid_labelled_fleet():
     assert all(p.slice.startswith("mps") and "shared/data/gpulet" in p.source_detail for p in mps_rows)
     assert CorunMeasurement.objects.count() > 3000
     cpu_rows = Profile.objects.filter(device_type="cpu")
-    assert cpu_rows.count() == 14 and set(cpu_rows.values_list("source", flat=True)) == {"measured"}
-    assert Artifact.objects.count() == 2 and ModelVariant.objects.filter(artifact__isnull=False).count() == 2
+    assert cpu_rows.count() == 21 and set(cpu_rows.values_list("source", flat=True)) == {"measured"}
+    assert Artifact.objects.count() == 3 and ModelVariant.objects.filter(artifact__isnull=False).count() == 3
     slices = set(Profile.objects.filter(device_type="A100-SXM4-40GB").values_list("slice", flat=True))
     assert {"full", "1g.5gb", "3g.20gb", "7g.40gb"} <= slices
 
@@ -69,7 +73,7 @@ def test_the_demo_mps_host_serves_pairs_of_models_in_rounds():
     for runtime in spec["runtimes"]:
         by_partition.setdefault(runtime_key_parse(runtime["key"]).partition_key, []).append(runtime)
     assert max(len(models) for models in by_partition.values()) == 2  # temporal sharing happens
-    slos = {a.name: a.slo_policy.latency_p99_ms for a in Application.objects.all()}
+    slos = {a.name: a.slo_policy.latency_p99_ms for a in Application.objects.filter(slo_policy__isnull=False)}
     for models in by_partition.values():
         duty = models[0]["duty_cycle_ms"]
         assert all(m["duty_cycle_ms"] == duty and m["batching"]["policy"] == "nexus" for m in models)

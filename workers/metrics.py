@@ -509,6 +509,29 @@ class ApplicationStats:
         return out
 
 
+class PathStats:
+    """One pipeline path's end-to-end counters at a router: answered on time or late, dropped (past its
+    deadline before a stage, or by a stage's runtime), failed; latency from arrival to the last stage's
+    answer. Each stage is also counted as its own application (`ApplicationStats`)."""
+
+    OUTCOMES = ("served", "late", "dropped", "failed", "no_route")
+
+    def __init__(self, pipeline: str, path: str) -> None:
+        self.pipeline, self.path = pipeline, path
+        self._lock = threading.Lock()
+        self.c = {outcome: 0 for outcome in self.OUTCOMES}
+        self.dropped_at: dict[str, int] = {}  # stage -> queries dropped there
+        self.h_latency = _Histogram(LATENCY_BUCKETS_S)
+
+    def outcome(self, outcome: str, latency_ms: float, *, stage: str | None = None) -> None:
+        with self._lock:
+            self.c[outcome] += 1
+            if outcome in ("served", "late"):
+                self.h_latency.observe(latency_ms / 1000.0)
+            if outcome == "dropped" and stage is not None:
+                self.dropped_at[stage] = self.dropped_at.get(stage, 0) + 1
+
+
 class _RouterCollector:
     def __init__(self, stats: "RouterStats") -> None:
         self._stats = stats
@@ -544,7 +567,22 @@ class _RouterCollector:
         for application, v in versions.items():
             if v is not None:
                 version.add_metric([application], float(v))
-        return [queries, latency, version, up, *triton.values()]
+        paths = CounterMetricFamily("tessera_router_pipeline_queries", "Pipeline queries by path and end-to-end outcome (served = on time)",
+                                    labels=["pipeline", "path", "outcome"])
+        path_latency = HistogramMetricFamily("tessera_router_pipeline_latency_seconds", "End-to-end latency of answered pipeline queries",
+                                             labels=["pipeline", "path"])
+        drops = CounterMetricFamily("tessera_router_pipeline_stage_drops", "Pipeline queries dropped at a stage, past their deadline",
+                                    labels=["pipeline", "path", "stage"])
+        for p in self._stats.paths():
+            with p._lock:
+                counts, dropped_at = dict(p.c), dict(p.dropped_at)
+                buckets, total = p.h_latency.buckets(), p.h_latency.sum
+            for outcome, value in counts.items():
+                paths.add_metric([p.pipeline, p.path, outcome], float(value))
+            path_latency.add_metric([p.pipeline, p.path], buckets, total)
+            for stage, value in dropped_at.items():
+                drops.add_metric([p.pipeline, p.path, stage], float(value))
+        return [queries, latency, version, up, *triton.values(), paths, path_latency, drops]
 
 
 class RouterStats:
@@ -556,6 +594,7 @@ class RouterStats:
         self.control_plane_up = False
         self._lock = threading.Lock()
         self._apps: dict[str, ApplicationStats] = {}
+        self._paths: dict[tuple[str, str], PathStats] = {}
         self._versions: dict[str, int | None] = {}
         self._since = time.monotonic()
         self.registry.register(_RouterCollector(self))
@@ -572,6 +611,18 @@ class RouterStats:
     def applications(self) -> list[ApplicationStats]:
         with self._lock:
             return list(self._apps.values())
+
+    def path(self, pipeline: str, path: str) -> PathStats:
+        key = (pipeline, path)
+        stats = self._paths.get(key)
+        if stats is None:
+            with self._lock:
+                stats = self._paths.setdefault(key, PathStats(pipeline, path))
+        return stats
+
+    def paths(self) -> list[PathStats]:
+        with self._lock:
+            return list(self._paths.values())
 
     def versions_set(self, versions: dict[str, int | None]) -> None:
         """The routing-table version per application (the gauge, and the reports' routing_version)."""

@@ -167,3 +167,18 @@ def test_the_admin_declares_pipelines_through_the_same_checks(client, users, sta
     assert pipeline.paths[0]["stages"] == ["detect", "classify"]
     assert PipelineStage.objects.filter(pipeline=pipeline).count() == 2
     assert client.get("/admin/registry/pipeline/").status_code == 200
+
+
+def test_routing_tables_carry_the_pipeline_so_that_routers_run_it(clients, stages):
+    from apps.deployments.services import routing_tables_publish
+
+    clients["operator"].post(URL, {"name": "video", "stages": ["detect", {"application": "classify", "inputs": {"x": "boxes"}}],
+                                   "slo_ms": 180, "demand_rps": 40}, format="json")
+    routing_tables_publish(tables={stages[0]: [], stages[1]: [], stages[2]: []})
+    tables = {t["application"]: t for t in clients["viewer"].get("/api/v1/routing-tables/?active=true").json()["results"]}
+    assert tables["classify"]["pipeline"]["name"] == "video"
+    assert tables["classify"]["pipeline"]["stages"][1]["inputs"] == {"x": "boxes"}
+    assert tables["classify"]["pipeline"]["paths"][0]["stages"] == ["detect", "classify"]
+    # No SLO policy of its own: a stage's table takes the tightest path's SLO.
+    assert tables["detect"]["slo_ms"] == 180.0
+    assert tables["ocr"]["pipeline"] is None and tables["ocr"]["slo_ms"] is None

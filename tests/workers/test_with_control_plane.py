@@ -62,7 +62,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
     assert instances.count() == 5 and set(instances.values_list("state", flat=True)) == {"ready"}
     assert all(gi.uuid.startswith("MIG-sim-") for gi in instances)
     runtimes = Runtime.objects.filter(host__name__in=["sim-a100-01", "sim-cpu-01"])
-    assert runtimes.count() == 7 and set(runtimes.values_list("state", flat=True)) == {"ready"}
+    assert runtimes.count() == 8 and set(runtimes.values_list("state", flat=True)) == {"ready"}
     assert set(runtimes.filter(host__name="sim-cpu-01").values_list("simulated", flat=True)) == {False}
     assert set(runtimes.filter(host__name="sim-a100-01").values_list("simulated", flat=True)) == {True}
     assert host.operations.filter(action="mig.create", outcome="ok").count() == 5
@@ -92,6 +92,24 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
                 assert out["shape"] == list(want.shape)
                 np.testing.assert_allclose(np.asarray(out["data"], dtype=np.float64).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
         assert served_by <= {"linear", "random-features-256"} and served_by
+
+        # The demo's pipeline, end to end on the real CPU: the classifier, then the calibrator on its answer.
+        response = httpx.post(f"{handle.url}/v1/pipelines/tabular-chain/infer", json=body, timeout=10)
+        assert response.status_code == 200, response.text
+        stages = dict(part.split("=") for part in response.headers["X-Tessera-Variant"].split(", "))
+        assert list(stages) == ["tabular-cpu", "tabular-calibrate"] and stages["tabular-calibrate"] == "temperature"
+        answer = response.json()
+        assert answer["model_name"] == "tabular-calibrate" and answer["parameters"]["simulated"] is False
+
+        def session_of(application: str, variant: str):
+            artifact = ModelVariant.objects.get(application__name=application, name=variant).artifact
+            return ort.InferenceSession(artifact.file.open("rb").read(), providers=["CPUExecutionProvider"])
+
+        probabilities = session_of("tabular-cpu", stages["tabular-cpu"]).run(None, {"input": rows})[0]
+        calibrated = session_of("tabular-calibrate", "temperature").run(None, {"probabilities": probabilities})[0]
+        got = np.asarray(answer["outputs"][0]["data"], dtype=np.float64).reshape(calibrated.shape)
+        np.testing.assert_allclose(got, calibrated, rtol=1e-5, atol=1e-6)
+        assert (got.argmax(1) == probabilities.argmax(1)).all()  # calibration never changes the winning class
 
         # A GPU application: served by a simulated runtime, labelled so, with no outputs computed.
         response = httpx.post(f"{handle.url}/v1/infer/classify-resnet", json={"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]}, timeout=10)

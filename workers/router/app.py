@@ -11,6 +11,7 @@ from typing import Awaitable, Callable, Sequence
 
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RouterStats
 from workers.router.dispatch import Dispatcher, DispatchError
+from workers.router.pipelines import PipelineError, stage_request_build
 from workers.router.table import RoutingTables
 from workers.wire import error_body
 
@@ -43,6 +44,11 @@ class Router:
       "code", "message"}}`): 404 `unknown_application`, 503 `no_route`, 504 `deadline_exceeded` (the
       runtime's drop rule, a deadline already past, or no answer by the deadline + `upstream_grace_s`), 400
       `malformed` (bad headers here, or the runtime's decoding), 502 `upstream_error`.
+    - `POST /v1/pipelines/{pipeline}/infer`: a KServe v2 JSON request to the pipeline's entry stage, sent
+      stage to stage along the path `X-Tessera-Path` names (default: the first), each stage with what is left
+      of the path's SLO, dropped at a stage once past it (workers/router/pipelines.py). The answer is the last
+      stage's, with `X-Tessera-Variant` listing each stage's variant and `X-Tessera-Path` the path taken;
+      errors name the stage. 404 `unknown_pipeline` / `unknown_path`, 400 `malformed` for binary requests.
     - `GET /metrics`: Prometheus text (the router's own registry: `tessera_router_*`, the routing-table
       versions, and Triton's request counters per instance).
     - `GET /healthz`: `{"status": "ok", "applications": n, "control_plane_up": bool}`.
@@ -152,6 +158,13 @@ class Router:
                 if self._loop is None:
                     await self.startup()
                 await self._infer(scope, receive, send, path[10:])
+            elif path.startswith("/v1/pipelines/") and path.endswith("/infer"):
+                if scope["method"] != "POST":
+                    await _send_error(send, 405, "method_not_allowed", "POST an inference request")
+                    return
+                if self._loop is None:
+                    await self.startup()
+                await self._pipeline_infer(scope, receive, send, path[len("/v1/pipelines/"):-len("/infer")])
             elif scope["method"] != "GET":
                 await _send_error(send, 405 if path in ("/metrics", "/healthz", "/v1/routing-tables") else 404, "not_found", f"{scope['method']} {path}")
             elif path == "/metrics":
@@ -209,14 +222,7 @@ class Router:
             stats.failed()
             await _send_error(send, 400, "malformed", "Inference-Header-Content-Length must be an integer >= 0 and X-Tessera-Deadline-Ms a number >= 0")
             return
-        message = await receive()
-        body = message.get("body", b"")
-        if message.get("more_body"):
-            chunks = [body]
-            while message.get("more_body"):
-                message = await receive()
-                chunks.append(message.get("body", b""))
-            body = b"".join(chunks)
+        body = await _body_read(receive)
         try:
             status, reply, reply_body, variant = await self.dispatcher.dispatch(app, stats, body, content_type, header_length, t0, budget_ms)
         except DispatchError as exc:
@@ -229,6 +235,91 @@ class Router:
             headers.append((b"inference-header-content-length", str(hl).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": reply_body})
+
+
+    async def _pipeline_infer(self, scope: dict, receive: Callable, send: Callable, name: str) -> None:
+        t0 = time.monotonic()
+        pipeline = self.tables.pipelines.get(name)
+        if pipeline is None:
+            await _send_error(send, 404, "unknown_pipeline", f"no pipeline {name!r} in the routing tables held")
+            return
+        chosen = client_ms = None
+        try:
+            for header, value in scope["headers"]:
+                if header == b"x-tessera-path":
+                    chosen = value.decode("latin-1")
+                elif header == b"inference-header-content-length":
+                    raise PipelineError(400, "malformed", "pipelines take KServe v2 JSON requests, not the binary tensor extension")
+                elif header == b"x-tessera-deadline-ms":
+                    client_ms = float(value)
+                    if not client_ms >= 0 or client_ms == float("inf"):
+                        raise PipelineError(400, "malformed", "X-Tessera-Deadline-Ms must be a number >= 0")
+            path, stages, slo_ms = pipeline.path(chosen)
+        except ValueError:
+            await _send_error(send, 400, "malformed", "X-Tessera-Deadline-Ms must be a number >= 0")
+            return
+        except PipelineError as exc:
+            await _send_error(send, exc.status, exc.code, exc.message)
+            return
+        budget_ms = min(slo_ms, client_ms) if client_ms is not None else slo_ms
+        stats = self.stats.path(name, path)
+        body = await _body_read(receive)
+        variants: list[str] = []
+        previous = None
+        for stage in stages:
+            now = time.monotonic()
+            elapsed_ms = (now - t0) * 1000.0
+            app = self.tables.apps.get(stage)
+            try:
+                if app is None:
+                    stats.outcome("no_route", elapsed_ms)
+                    raise PipelineError(503, "no_route", f"stage {stage} of {name}: no routing table for it")
+                if elapsed_ms >= budget_ms:
+                    # The thesis's drop rule: a query already past its SLO is dropped at the stage it reached.
+                    stats.outcome("dropped", elapsed_ms, stage=stage)
+                    raise PipelineError(504, "deadline_exceeded", f"dropped before stage {stage} of {name}: {elapsed_ms:.1f} ms "
+                                                                  f"spent of the path's {budget_ms:g} ms")
+                if previous is not None:
+                    try:
+                        body = stage_request_build(body, pipeline.stages.get(stage, {}), stage=stage, previous=previous)
+                    except PipelineError:
+                        stats.outcome("failed", elapsed_ms)
+                        raise
+                app_stats = self.stats.application(stage)
+                app_stats.arrival()
+                try:
+                    status, reply, body, variant = await self.dispatcher.dispatch(app, app_stats, body, "application/json", None, now,
+                                                                                  budget_ms - elapsed_ms)
+                except DispatchError as exc:
+                    outcome = {"deadline_exceeded": "dropped", "no_route": "no_route"}.get(exc.code, "failed")
+                    stats.outcome(outcome, (time.monotonic() - t0) * 1000.0, stage=stage)
+                    raise PipelineError(exc.status, exc.code, f"stage {stage} of {name}: {exc.message}") from None
+            except PipelineError as exc:
+                await _send_error(send, exc.status, exc.code, exc.message)
+                return
+            if status != 200:  # the runtime refused the request (its decoding): relayed, with the stage named
+                stats.outcome("failed", (time.monotonic() - t0) * 1000.0)
+                await _send(send, status, body, (reply.get("content_type") or "application/json").encode(),
+                            [(b"x-tessera-failed-stage", stage.encode())])
+                return
+            variants.append(f"{stage}={variant}")
+            previous = stage
+        latency_ms = (time.monotonic() - t0) * 1000.0
+        stats.outcome("late" if latency_ms > budget_ms else "served", latency_ms)
+        headers = [(b"x-tessera-variant", ", ".join(variants).encode()), (b"x-tessera-path", path.encode())]
+        await _send(send, 200, body, (reply.get("content_type") or "application/json").encode(), headers)
+
+
+async def _body_read(receive: Callable) -> bytes:
+    message = await receive()
+    body = message.get("body", b"")
+    if message.get("more_body"):
+        chunks = [body]
+        while message.get("more_body"):
+            message = await receive()
+            chunks.append(message.get("body", b""))
+        body = b"".join(chunks)
+    return body
 
 
 async def _send(send: Callable, status: int, body: bytes, content_type: bytes, extra: list | None = None) -> None:

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from engine.dataplane.routing import RoutingTable, WeightedRouter
 from workers.metrics import RouterStats, utc_now_iso
+from workers.router.pipelines import RouterPipeline, pipelines_from_apps
 from workers.router.upstream import endpoint_parse
 
 __all__ = ["Application", "Route", "RoutingTables", "application_build", "tables_file_reader"]
@@ -83,6 +84,7 @@ class RoutingTables:
         self.stats = stats
         self.on_apply = on_apply
         self.apps: dict[str, Application] = {}
+        self.pipelines: dict[str, RouterPipeline] = {}  # carried by their stages' tables
         self.refreshed_at: str | None = None
         self.refreshes = 0
         self._down_logged = False
@@ -109,6 +111,7 @@ class RoutingTables:
             if previous is None or app.version >= previous.version:
                 new[app.name] = app
         self.apps = new  # one assignment: requests see the old dict or the new one
+        self.pipelines = pipelines_from_apps(new)
         self.stats.versions_set({name: app.version for name, app in new.items()})
         if self.on_apply is not None:
             self.on_apply(new)

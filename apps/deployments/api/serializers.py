@@ -124,10 +124,13 @@ class RoutingTableSerializer(serializers.ModelSerializer):
     slo_ms = serializers.SerializerMethodField()
     drop_rule = serializers.SerializerMethodField()
     routes = serializers.SerializerMethodField()
+    pipeline = serializers.SerializerMethodField(
+        help_text="When the application is a pipeline stage: the pipeline's name, stages and paths, so that the router runs it"
+    )
 
     class Meta:
         model = RoutingTable
-        fields = ["id", "application", "version", "active", "slo_ms", "drop_rule", "routes", "created"]
+        fields = ["id", "application", "version", "active", "slo_ms", "drop_rule", "routes", "pipeline", "created"]
         read_only_fields = fields
 
     @staticmethod
@@ -137,9 +140,27 @@ class RoutingTableSerializer(serializers.ModelSerializer):
         except ObjectDoesNotExist:
             return None
 
+    @staticmethod
+    def _pipeline(obj):
+        try:
+            return obj.application.pipeline_stage.pipeline
+        except ObjectDoesNotExist:
+            return None
+
     def get_slo_ms(self, obj) -> float | None:
+        """The SLO policy's p99 target; for a pipeline stage without one, the tightest SLO of the paths
+        through it (a query sent to the stage alone has no more time than that)."""
         slo = self._slo(obj)
-        return slo.latency_p99_ms if slo else None
+        if slo:
+            return slo.latency_p99_ms
+        pipeline = self._pipeline(obj)
+        through = [q["slo_ms"] for q in (pipeline.paths if pipeline else []) if obj.application.name in q["stages"]]
+        return min(through) if through else None
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_pipeline(self, obj) -> dict | None:
+        pipeline = self._pipeline(obj)
+        return None if pipeline is None else {"name": pipeline.name, "stages": pipeline.stages, "paths": pipeline.paths}
 
     @extend_schema_field(serializers.ChoiceField(choices=DropRuleChoices.choices))
     def get_drop_rule(self, obj) -> str:
