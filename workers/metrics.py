@@ -519,17 +519,40 @@ class PathStats:
     def __init__(self, pipeline: str, path: str) -> None:
         self.pipeline, self.path = pipeline, path
         self._lock = threading.Lock()
-        self.c = {outcome: 0 for outcome in self.OUTCOMES}
+        self.c = {outcome: 0 for outcome in self.OUTCOMES}  # since the start (Prometheus)
         self.dropped_at: dict[str, int] = {}  # stage -> queries dropped there
         self.h_latency = _Histogram(LATENCY_BUCKETS_S)
+        self._arrivals = 0
+        self._interval = {outcome: 0 for outcome in self.OUTCOMES}  # this report's interval
+        self._samples = _Samples()
+
+    def arrival(self) -> None:
+        with self._lock:
+            self._arrivals += 1
 
     def outcome(self, outcome: str, latency_ms: float, *, stage: str | None = None) -> None:
         with self._lock:
             self.c[outcome] += 1
+            self._interval[outcome] += 1
             if outcome in ("served", "late"):
                 self.h_latency.observe(latency_ms / 1000.0)
+                self._samples.add(latency_ms)
             if outcome == "dropped" and stage is not None:
                 self.dropped_at[stage] = self.dropped_at.get(stage, 0) + 1
+
+    def snapshot_and_reset(self) -> dict[str, Any] | None:
+        """This interval's counts (served = answered, on time or late, as for applications), None when the
+        path saw nothing."""
+        with self._lock:
+            counts, arrivals = self._interval, self._arrivals
+            if not arrivals and not any(counts.values()):
+                return None
+            p50, p99 = self._samples.take()
+            self._interval = {outcome: 0 for outcome in self.OUTCOMES}
+            self._arrivals = 0
+        return {"pipeline": self.pipeline, "path": self.path, "arrivals": arrivals, "served": counts["served"] + counts["late"],
+                "late": counts["late"], "dropped": counts["dropped"], "failed": counts["failed"], "no_route": counts["no_route"],
+                "latency_p50_ms": _round(p50), "latency_p99_ms": _round(p99)}
 
 
 class _RouterCollector:
@@ -642,8 +665,12 @@ class RouterStats:
         apps = [app.snapshot_and_reset(versions.get(app.application)) for app in self.applications()]
         with self._lock:
             interval, self._since = now - self._since, now
-        return {"router": self.router, "at": utc_now_iso(), "interval_s": round(interval, 6),
-                "applications": sorted(apps, key=lambda a: a["application"])}
+        paths = [row for row in (p.snapshot_and_reset() for p in self.paths()) if row is not None]
+        report = {"router": self.router, "at": utc_now_iso(), "interval_s": round(interval, 6),
+                  "applications": sorted(apps, key=lambda a: a["application"])}
+        if paths:
+            report["pipelines"] = sorted(paths, key=lambda p: (p["pipeline"], p["path"]))
+        return report
 
     def exposition(self) -> bytes:
         return exposition(self.registry)

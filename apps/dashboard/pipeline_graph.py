@@ -1,7 +1,8 @@
 """A pipeline's DAG laid out for the dashboard (an SVG drawn by `_pipeline_graph.html`, no script): stages in
 columns by their longest distance from the entry, in rows by first appearance along the paths, edges from
 each stage to the next on any path. With a plan's pipeline summary each stage shows its variant, batch,
-replicas and latency budget, and each path its planned and predicted end-to-end latency against its SLO."""
+replicas and latency budget, and each path its planned and predicted end-to-end latency against its SLO;
+with live traffic, each path's p99 and violations over the last minute as the routers measured them."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,13 @@ COL_GAP, ROW_GAP, MARGIN = 60, 24, 12
 __all__ = ["pipeline_graph"]
 
 
+def _pct(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.1%}"
+
+
 def pipeline_graph(*, name: str, stages: list[str], paths: list[dict[str, Any]], summary: dict[str, Any] | None = None,
-                   prediction: dict[str, Any] | None = None, pinned: dict[str, str] | None = None) -> dict[str, Any]:
+                   prediction: dict[str, Any] | None = None, pinned: dict[str, str] | None = None,
+                   live: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
     edges = sorted({(q["stages"][i], q["stages"][i + 1]) for q in paths for i in range(len(q["stages"]) - 1)})
     depth = {s: 0 for s in stages}
     for _ in stages:  # longest path from the entry; a DAG settles within len(stages) rounds
@@ -52,8 +58,13 @@ def pipeline_graph(*, name: str, stages: list[str], paths: list[dict[str, Any]],
             "name": q["name"], "route": " → ".join(q["stages"]), "slo_ms": q["slo_ms"], "demand_rps": q["demand_rps"],
             "planned_ms": planned_ms, "within": planned_ms is not None and planned_ms <= q["slo_ms"],
             "predicted_p99_ms": seen.get("latency_p99_ms"), "predicted_violation": seen.get("slo_violation_ratio"),
+            "live": (live or {}).get(q["name"]),
+            "live_violation": _pct(((live or {}).get(q["name"]) or {}).get("violation_ratio")),
+            "predicted_violation_text": _pct(seen.get("slo_violation_ratio")),
+            "live_within": bool((live or {}).get(q["name"]) and (live or {})[q["name"]]["p99_ms"] is not None
+                                and (live or {})[q["name"]]["p99_ms"] <= q["slo_ms"]),
         })
     width = MARGIN * 2 + (max(depth.values(), default=0) + 1) * (NODE_W + COL_GAP) - COL_GAP
     height = MARGIN * 2 + max(rows.values(), default=1) * (NODE_H + ROW_GAP) - ROW_GAP
     return {"name": name, "nodes": nodes, "edges": lines_out, "paths": path_rows, "width": width, "height": height,
-            "node_w": NODE_W, "node_h": NODE_H, "summary": summary}
+            "node_w": NODE_W, "node_h": NODE_H, "summary": summary, "live": live is not None}

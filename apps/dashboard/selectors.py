@@ -599,14 +599,18 @@ def plan_pipeline_graphs(plan) -> list[dict]:
 
 
 def pipelines_declared(user) -> list[dict]:
-    """Every pipeline the user may see, as declared: its DAG with pinned variants, its paths' SLO and demand."""
+    """Every pipeline the user may see, as declared: its DAG with pinned variants, its paths' SLO and demand,
+    and each path's live end-to-end traffic over the last minute (router reports)."""
     from apps.registry.models import Pipeline
+    from apps.telemetry.selectors import pipeline_paths_live
 
     from .pipeline_graph import pipeline_graph
 
+    live = pipeline_paths_live(seconds=60)
     return [
         pipeline_graph(name=p.name, stages=[s["application"] for s in p.stages], paths=p.paths,
-                       pinned={s["application"]: s["variant"] for s in p.stages if s.get("variant")})
+                       pinned={s["application"]: s["variant"] for s in p.stages if s.get("variant")},
+                       live={q["name"]: live.get((p.name, q["name"])) for q in p.paths})
         for p in Pipeline.objects.restrict(user, "view").order_by("name")
     ]
 

@@ -2,7 +2,7 @@ import django_filters
 
 from apps.core.filtersets import TesseraFilterSet
 
-from .models import ApplicationSample, GpuSample, RuntimeSample
+from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
 
 
 class _SampleFilterSet(TesseraFilterSet):
@@ -26,3 +26,9 @@ class ApplicationSampleFilterSet(_SampleFilterSet):
     class Meta:
         model = ApplicationSample
         fields = ["host", "application", "application_name", "router"]
+
+
+class PipelinePathSampleFilterSet(_SampleFilterSet):
+    class Meta:
+        model = PipelinePathSample
+        fields = ["pipeline", "pipeline_name", "path", "router"]

@@ -1,5 +1,5 @@
 """Time series the data plane reports every second: per runtime (from the agents' metrics), per GPU and
-MIG instance (ditto), and per application as each router sees it. Samples are measurements, not
+MIG instance (ditto), per application and per pipeline path as each router sees it. Samples are measurements, not
 configuration: they are bulk-inserted without model validation or change logging, read-only everywhere,
 and pruned by age (telemetry_prune)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from django.db import models
 
 from apps.core.querysets import RestrictedQuerySet
 from apps.inventory.models import Host
-from apps.registry.models import Application
+from apps.registry.models import Application, Pipeline
 
 
 class IntervalCounts(models.Model):
@@ -102,3 +102,22 @@ class ApplicationSample(IntervalCounts):
 
     def __str__(self) -> str:
         return f"{self.application_name} via {self.router} @ {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class PipelinePathSample(IntervalCounts):
+    """One pipeline path's end-to-end traffic over one interval as one router saw it: queries that arrived
+    at its entry, answered by its last stage (on time or late), dropped at a stage past the deadline, failed
+    at a stage, or with no route for a stage. Each stage is also reported as its own application."""
+
+    router = models.CharField(max_length=100)
+    pipeline = models.ForeignKey(Pipeline, null=True, blank=True, on_delete=models.SET_NULL, related_name="path_samples")
+    pipeline_name = models.CharField(max_length=100)
+    path = models.CharField(max_length=100)
+    failed = models.PositiveIntegerField(default=0)
+    no_route = models.PositiveIntegerField(default=0)
+
+    class Meta(IntervalCounts.Meta):
+        indexes = [models.Index(fields=["pipeline_name", "path", "at"], name="pathsample_pipeline_path_at")]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline_name}/{self.path} via {self.router} @ {self.at:%Y-%m-%d %H:%M:%S}"

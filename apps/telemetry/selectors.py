@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps.registry.models import Application, ModelVariant
 
-from .models import ApplicationSample, RuntimeSample
+from .models import ApplicationSample, PipelinePathSample, RuntimeSample
 from .rollup import ApplicationCatalogue, RouterCounts, VariantServed, application_rollup
 
 
@@ -66,3 +66,25 @@ def application_history(*, catalogue: dict[str, ApplicationCatalogue], seconds: 
             for f in fields:
                 series[name][f].append(getattr(roll, f))
     return {"t": seconds_seen, "applications": series}
+
+
+def pipeline_paths_live(*, seconds: int = 60, now=None) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each pipeline path's end-to-end traffic over the last `seconds`, summed over the routers: queries,
+    answered, violation ratio ((late + dropped + failed + no_route) / arrivals, what callers saw) and p99
+    (the highest per-interval p99 of any router: a conservative merge, as for applications)."""
+    since = (now or timezone.now()) - timedelta(seconds=seconds)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in PipelinePathSample.objects.filter(at__gt=since).values(
+        "pipeline_name", "path", "arrivals", "served", "late", "dropped", "failed", "no_route", "latency_p99_ms"
+    ):
+        key = (row["pipeline_name"], row["path"])
+        agg = out.setdefault(key, {"arrivals": 0, "served": 0, "bad": 0, "p99_ms": None})
+        agg["arrivals"] += row["arrivals"]
+        agg["served"] += row["served"]
+        agg["bad"] += row["late"] + row["dropped"] + row["failed"] + row["no_route"]
+        if row["latency_p99_ms"] is not None:
+            agg["p99_ms"] = max(agg["p99_ms"] or 0.0, row["latency_p99_ms"])
+    for agg in out.values():
+        agg["violation_ratio"] = agg.pop("bad") / agg["arrivals"] if agg["arrivals"] else None
+        agg["window_s"] = seconds
+    return out

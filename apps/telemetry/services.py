@@ -25,9 +25,9 @@ from django.utils import timezone
 from apps.core.bulk import model_rows_insert
 from apps.core.transactions import transaction_retry
 from apps.inventory.models import Host, RouterCredential
-from apps.registry.models import Application
+from apps.registry.models import Application, Pipeline
 
-from .models import ApplicationSample, GpuSample, RuntimeSample
+from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
 from .streams import host_metrics_batch_event, host_metrics_event, metrics_publish, router_report_event
 
 log = logging.getLogger("tessera.telemetry")
@@ -143,8 +143,8 @@ def _delivered_before(*stored) -> bool:
 @transaction_retry
 def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]) -> dict[str, int]:
     """Store one router report, sent with the router's credential under its own name (the view checks
-    `report["router"] == credential.name`): an ApplicationSample per application. Unknown application names
-    are kept by name. Returns the rows written."""
+    `report["router"] == credential.name`): an ApplicationSample per application and a PipelinePathSample
+    per pipeline path. Unknown application and pipeline names are kept by name. Returns the rows written."""
     items = report.get("applications", [])
     applications = _application_ids(a["application"] for a in items)
     rows = [
@@ -166,26 +166,38 @@ def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]
         )
         for a in items
     ]
+    paths = report.get("pipelines") or []
+    pipelines = dict(Pipeline.objects.filter(name__in={p["pipeline"] for p in paths}).values_list("name", "pk")) if paths else {}
+    path_rows = [
+        PipelinePathSample(
+            router=credential.name, pipeline_id=pipelines.get(p["pipeline"]), pipeline_name=p["pipeline"], path=p["path"],
+            at=report["at"], interval_s=report.get("interval_s", 1.0), arrivals=p.get("arrivals", 0), served=p.get("served", 0),
+            late=p.get("late", 0), dropped=p.get("dropped", 0), failed=p.get("failed", 0), no_route=p.get("no_route", 0),
+            latency_p50_ms=p.get("latency_p50_ms"), latency_p99_ms=p.get("latency_p99_ms"),
+        )
+        for p in paths
+    ]
     with transaction.atomic():
         # The credential's row, locked: this router's reports are stored one at a time (see _delivered_before).
         list(RouterCredential.objects.select_for_update().filter(pk=credential.pk).values_list("pk", flat=True))
         if _delivered_before(ApplicationSample.objects.filter(router=credential.name, at=report["at"])):
-            return {"application_samples": 0}
+            return {"application_samples": 0, "pipeline_path_samples": 0}
         ApplicationSample.objects.bulk_create(rows)
+        PipelinePathSample.objects.bulk_create(path_rows)
         dropped = report.get("dropped_reports", 0)
         if dropped:
             RouterCredential.objects.filter(pk=credential.pk).update(dropped_reports=F("dropped_reports") + dropped)
             log.warning("router %s dropped %d reports (outage buffer full)", credential.name, dropped)
         event = router_report_event(report=report)
         transaction.on_commit(lambda: metrics_publish(event))
-    return {"application_samples": len(rows)}
+    return {"application_samples": len(rows), "pipeline_path_samples": len(path_rows)}
 
 
 def telemetry_prune(*, older_than: timedelta) -> dict[str, int]:
     """Delete every sample taken more than `older_than` ago. Returns the rows deleted per model."""
     cutoff = timezone.now() - older_than
     deleted = {}
-    for model in (RuntimeSample, GpuSample, ApplicationSample):
+    for model in (RuntimeSample, GpuSample, ApplicationSample, PipelinePathSample):
         # Samples have no dependents and are not audited: one DELETE, without loading the rows (a plain
         # delete() would fetch them all, because the audit receivers listen to every model's deletes).
         queryset = model.objects.filter(at__lt=cutoff)

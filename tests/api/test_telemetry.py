@@ -117,7 +117,7 @@ def test_router_reports_are_stored_under_the_credentials_router(clients, routers
     app = ApplicationFactory(name="tabular")
     assert routers["router-1"].post("/api/v1/router-reports/", router_report(), format="json").status_code == 201
     response = routers["router-2"].post("/api/v1/router-reports/", router_report("router-2"), format="json")
-    assert response.status_code == 201 and response.json() == {"application_samples": 2}
+    assert response.status_code == 201 and response.json() == {"application_samples": 2, "pipeline_path_samples": 0}
     bad = routers["router-1"].post("/api/v1/router-reports/", router_report(applications=[{"application": "x", "served": -2}]), format="json")
     assert bad.status_code == 400 and "applications" in bad.json()["error"]["fields"]
     assert ApplicationSample.objects.count() == 4
@@ -230,7 +230,7 @@ def test_prune_deletes_only_old_samples(agent_hosts):
         host_metrics_ingest(host=host, report={"at": at, "runtimes": [{"key": "cpu0/0"}], "gpus": [{"index": 0}]})
         ApplicationSample.objects.create(router="r", application_name="a", at=at, interval_s=1.0)
     deleted = telemetry_prune(older_than=timedelta(days=7))
-    assert deleted == {"runtimesample": 1, "gpusample": 1, "applicationsample": 1}
+    assert deleted == {"runtimesample": 1, "gpusample": 1, "applicationsample": 1, "pipelinepathsample": 0}
     assert RuntimeSample.objects.count() == GpuSample.objects.count() == ApplicationSample.objects.count() == 1
 
 
@@ -272,8 +272,34 @@ def test_a_report_delivered_twice_is_stored_once(agent_hosts, routers):
     assert again.status_code == 201 and again.json() == {"runtime_samples": 0, "gpu_samples": 0}
     assert RuntimeSample.objects.filter(host=host).count() == 2 and Host.objects.get(pk=host.pk).dropped_reports == 3
     report = router_report(dropped_reports=1)
-    assert routers["router-1"].post("/api/v1/router-reports/", report, format="json").json() == {"application_samples": 2}
-    assert routers["router-1"].post("/api/v1/router-reports/", report, format="json").json() == {"application_samples": 0}
+    assert routers["router-1"].post("/api/v1/router-reports/", report, format="json").json() == {"application_samples": 2, "pipeline_path_samples": 0}
+    assert routers["router-1"].post("/api/v1/router-reports/", report, format="json").json() == {"application_samples": 0, "pipeline_path_samples": 0}
     # Another router may report the same second.
-    assert routers["router-2"].post("/api/v1/router-reports/", router_report("router-2"), format="json").json() == {"application_samples": 2}
+    assert routers["router-2"].post("/api/v1/router-reports/", router_report("router-2"), format="json").json() == {"application_samples": 2, "pipeline_path_samples": 0}
     assert ApplicationSample.objects.count() == 4 and RouterCredential.objects.get(name="router-1").dropped_reports == 1
+
+
+def test_router_reports_carry_each_pipeline_paths_end_to_end_counts(routers, clients):
+    from apps.registry.services.pipelines import pipeline_save
+    from apps.telemetry.models import PipelinePathSample
+    from apps.telemetry.selectors import pipeline_paths_live
+
+    ApplicationFactory(name="tabular")
+    ApplicationFactory(name="calibrate")
+    pipeline = pipeline_save(data={"name": "chain", "stages": "tabular -> calibrate", "slo_ms": 40, "demand_rps": 10})
+    paths = [{"pipeline": "chain", "path": "chain", "arrivals": 20, "served": 19, "late": 2, "dropped": 1, "failed": 0, "no_route": 0,
+              "latency_p50_ms": 8.0, "latency_p99_ms": 31.5},
+             {"pipeline": "gone", "path": "p", "arrivals": 1, "failed": 1}]
+    response = routers["router-1"].post("/api/v1/router-reports/", router_report(pipelines=paths), format="json")
+    assert response.status_code == 201 and response.json() == {"application_samples": 2, "pipeline_path_samples": 2}
+    sample = PipelinePathSample.objects.get(pipeline_name="chain")
+    assert sample.pipeline == pipeline and sample.router == "router-1" and sample.late == 2 and sample.latency_p99_ms == 31.5
+    assert PipelinePathSample.objects.get(pipeline_name="gone").pipeline is None  # kept by name
+    live = pipeline_paths_live(seconds=60, now=T0 + timedelta(seconds=30))[("chain", "chain")]
+    assert live["arrivals"] == 20 and live["violation_ratio"] == pytest.approx(3 / 20) and live["p99_ms"] == 31.5
+    bad = routers["router-1"].post("/api/v1/router-reports/", router_report(at=iso(2), pipelines=[{"pipeline": "chain", "path": "chain", "late": -1}]),
+                                   format="json")
+    assert bad.status_code == 400 and "pipelines" in bad.json()["error"]["fields"]
+    listed = clients["viewer"].get("/api/v1/pipeline-path-samples/?pipeline_name=chain").json()["results"]
+    assert [(r["router"], r["path"], r["arrivals"], r["latency_p99_ms"]) for r in listed] == [("router-1", "chain", 20, 31.5)]
+    assert telemetry_prune(older_than=timedelta(seconds=-60))["pipelinepathsample"] == 2

@@ -59,3 +59,29 @@ def test_a_plan_page_draws_each_planned_pipeline_with_its_paths_against_their_sl
     Plan.objects.filter(pk=plan.pk).update(result=engine_plan.to_dict())
     html = client.get(f"/plans/{plan.pk}/").content.decode()
     assert 'class="bad" data-planned-latency' in html
+
+
+def test_the_applications_page_shows_each_paths_live_latency_against_its_slo(client, users):
+    from django.utils import timezone
+
+    from apps.telemetry.models import PipelinePathSample
+
+    for name in ("detect", "classify", "ocr"):
+        ApplicationFactory(name=name)
+    pipeline_save(data={"name": "video", "stages": ["detect", "classify", "ocr"], "paths": [
+        {"name": "objects", "stages": "detect -> classify", "slo_ms": 150, "demand_rps": 30},
+        {"name": "text", "stages": "detect -> ocr", "slo_ms": 300, "demand_rps": 10}]})
+    now = timezone.now()
+    PipelinePathSample.objects.bulk_create([
+        PipelinePathSample(router="r1", pipeline_name="video", path="objects", at=now, interval_s=1.0, arrivals=100, served=98, late=3,
+                           dropped=2, latency_p99_ms=171.0),
+        PipelinePathSample(router="r2", pipeline_name="video", path="objects", at=now, interval_s=1.0, arrivals=100, served=100,
+                           latency_p99_ms=120.0),
+    ])
+    html = _login(client, users).get("/applications/").content.decode()
+    objects = html[html.index('data-path="objects"'):]
+    objects = objects[:objects.index("</tr>")]
+    # The worst router's p99 (171 ms) against the 150 ms SLO: marked; violations (3 + 2) / 200.
+    assert '<td class="bad" data-live-p99>171.0 ms</td>' in objects and "<td data-live-violations>2.5%</td>" in objects
+    text = html[html.index('data-path="text"'):]
+    assert "no traffic" in text[:text.index("</tr>")]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.onnx_builders import onnx_mlp_bytes
+from tests.waiting import wait_for
 from tests.workers.dataplane_helpers import runtime_spec, runtime_start
 from workers.router import Router, router_start_in_thread
 from workers.runtime.session import OnnxSession
@@ -59,10 +60,13 @@ def serve():
     handles = []
 
     def start(tables):
-        router = Router(lambda: copy.deepcopy(tables), None, refresh_s=0.1, name="pipeline-router")
+        reports: list[dict] = []
+        router = Router(lambda: copy.deepcopy(tables), reports.append, refresh_s=0.1, report_s=0.2, name="pipeline-router")
         handle = router_start_in_thread(router)
         handles.append(handle)
-        return httpx.Client(base_url=handle.url, timeout=60.0)
+        client = httpx.Client(base_url=handle.url, timeout=60.0)
+        client.reports = reports  # what the router reported, every 0.2 s
+        return client
 
     yield start
     for handle in handles:
@@ -89,6 +93,10 @@ def test_a_query_runs_stage_to_stage_and_answers_with_the_composition(stages, mo
     assert 'tessera_router_pipeline_queries_total{outcome="served",path="main",pipeline="video"} 1.0' in metrics
     # Each stage is also counted as its own application.
     assert 'tessera_router_queries_total{application="classify",outcome="served"} 1.0' in metrics
+    # The per-second report to the control plane carries the path's end-to-end counts.
+    path = wait_for(lambda: next((p for r in client.reports for p in r.get("pipelines", [])), None), 10, "a report with the path")
+    assert path["pipeline"] == "video" and path["path"] == "main" and path["arrivals"] == 1 and path["served"] == 1
+    assert path["latency_p99_ms"] > 0
 
 
 def test_a_query_past_its_deadline_is_dropped_at_the_stage_it_reached(stages, serve) -> None:

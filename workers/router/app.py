@@ -263,6 +263,7 @@ class Router:
             return
         budget_ms = min(slo_ms, client_ms) if client_ms is not None else slo_ms
         stats = self.stats.path(name, path)
+        stats.arrival()
         body = await _body_read(receive)
         variants: list[str] = []
         previous = None

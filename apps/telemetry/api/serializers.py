@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from apps.core.api.validation import serializer_compile
 
-from ..models import ApplicationSample, GpuSample, RuntimeSample
+from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
 
 # How far ahead of the control plane's clock a report's `at` may be (clock skew between hosts).
 REPORT_CLOCK_SKEW_S = 300.0
@@ -115,18 +115,33 @@ class RouterApplicationReportSerializer(serializers.Serializer):
     latency_p99_ms = _LatencyMs()
 
 
+class RouterPathReportSerializer(serializers.Serializer):
+    pipeline = serializers.CharField(max_length=100)
+    path = serializers.CharField(max_length=100)
+    arrivals = _Count()
+    served = _Count()
+    late = _Count()
+    dropped = _Count()
+    failed = _Count()
+    no_route = _Count()
+    latency_p50_ms = _LatencyMs()
+    latency_p99_ms = _LatencyMs()
+
+
 class RouterReportSerializer(serializers.Serializer):
-    """A router's per-application counts for one interval."""
+    """A router's per-application counts for one interval, and per pipeline path its end-to-end counts."""
 
     router = serializers.CharField(max_length=100, help_text="The router's name: its credential's")
     at = _ReportTime()
     interval_s = serializers.FloatField(min_value=0.001, max_value=3600.0, default=1.0)
     dropped_reports = _DroppedReports()
     applications = RouterApplicationReportSerializer(many=True, max_length=1024)
+    pipelines = RouterPathReportSerializer(many=True, max_length=1024, required=False, default=list)
 
 
 class RouterReportIngestedSerializer(serializers.Serializer):
     application_samples = serializers.IntegerField()
+    pipeline_path_samples = serializers.IntegerField()
 
 
 def _fields_build(serializer: serializers.BaseSerializer) -> None:
@@ -192,6 +207,16 @@ class GpuSampleSerializer(serializers.ModelSerializer):
         fields = [
             "id", "host", "accelerator_index", "placement", "at", "utilization_pct", "gr_engine_active_pct",
             "memory_used_mb", "power_w", "simulated",
+        ]
+        read_only_fields = fields
+
+
+class PipelinePathSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PipelinePathSample
+        fields = [
+            "id", "router", "pipeline", "pipeline_name", "path", "at", "interval_s", "arrivals", "served", "late", "dropped", "failed",
+            "no_route", "latency_p50_ms", "latency_p99_ms",
         ]
         read_only_fields = fields
 

@@ -1,12 +1,20 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from .views import ApplicationSampleViewSet, GpuSampleViewSet, HostMetricsView, RouterReportView, RuntimeSampleViewSet
+from .views import (
+    ApplicationSampleViewSet,
+    GpuSampleViewSet,
+    HostMetricsView,
+    PipelinePathSampleViewSet,
+    RouterReportView,
+    RuntimeSampleViewSet,
+)
 
 router = SimpleRouter()
 router.register("runtime-samples", RuntimeSampleViewSet, basename="runtimesample")
 router.register("gpu-samples", GpuSampleViewSet, basename="gpusample")
 router.register("application-samples", ApplicationSampleViewSet, basename="applicationsample")
+router.register("pipeline-path-samples", PipelinePathSampleViewSet, basename="pipelinepathsample")
 
 urlpatterns = [
     path("hosts/<int:pk>/metrics/", HostMetricsView.as_view(), name="host-metrics"),

@@ -8,14 +8,15 @@ from apps.core.api.viewsets import TesseraReadOnlyModelViewSet
 from apps.core.principals import principal_is_agent, principal_is_router
 from apps.inventory.services import host_visible_find
 
-from ..filtersets import ApplicationSampleFilterSet, GpuSampleFilterSet, RuntimeSampleFilterSet
-from ..models import ApplicationSample, GpuSample, RuntimeSample
+from ..filtersets import ApplicationSampleFilterSet, GpuSampleFilterSet, PipelinePathSampleFilterSet, RuntimeSampleFilterSet
+from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
 from ..services import host_metrics_ingest, router_report_ingest
 from .serializers import (
     ApplicationSampleSerializer,
     GpuSampleSerializer,
     MetricsIngestedSerializer,
     MetricsReportSerializer,
+    PipelinePathSampleSerializer,
     RouterReportIngestedSerializer,
     RouterReportSerializer,
     RuntimeSampleSerializer,
@@ -90,6 +91,15 @@ class GpuSampleViewSet(TesseraReadOnlyModelViewSet):
     queryset = GpuSample.objects.all()
     serializer_class = GpuSampleSerializer
     filterset_class = GpuSampleFilterSet
+    ordering_fields = ["at", "id"]
+
+
+class PipelinePathSampleViewSet(TesseraReadOnlyModelViewSet):
+    """Each pipeline path's end-to-end counts per interval, as each router reported them."""
+
+    queryset = PipelinePathSample.objects.all()
+    serializer_class = PipelinePathSampleSerializer
+    filterset_class = PipelinePathSampleFilterSet
     ordering_fields = ["at", "id"]
 
 
