@@ -728,7 +728,6 @@ class _Checker:
         elif claimed is None or not _finite(claimed) or not _close(claimed, effective, scale=1.0):
             self.error(f"effective_accuracy {claimed!r} does not match the recomputed {effective:.6g}")
 
-
     # ------------------------------------------------------------------ pipelines
 
     def check_pipelines(self) -> None:
@@ -762,7 +761,7 @@ class _Checker:
                 instances = by_app.get(app, [])
                 stated = stages.get(app)
                 if not instances:
-                    if stated is not None and stated.get("replicas_placed"):
+                    if isinstance(stated, dict) and stated.get("replicas_placed"):
                         self.error(f"pipelines[{name}].stages[{app}]: {stated['replicas_placed']} replicas placed but the plan has no instance of {app}")
                     continue
                 pairs = sorted({(i.variant, i.batch) for i in instances})

@@ -23,8 +23,8 @@ violations in simulation for plans sized for the exact rate, at most 0.45 % with
 delay (b - 1) / lambda is the real rate's, the longer wait.
 
 Placement: a replica needs its cores on one CPU host, and a host runs several replicas side by side as
-long as their cores add up to at most its own (`replicas_place`: largest replicas first, each on the
-host it fills best). Replicas that do not fit are reported: the stage's capacity falls short and so does
+long as their cores add up to at most its own (`replicas_place`: largest replicas first, each on a host
+that runs one of the pipeline's stages now if one has room, else on the one with the most free cores). Replicas that do not fit are reported: the stage's capacity falls short and so does
 the traffic it serves. Every other application is planned by `proteus` (or, when `plan_solve` was asked for
 another planner on a problem with pipelines, that one) on the devices no pipeline replica uses.
 
@@ -223,10 +223,13 @@ def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_li
 # --------------------------------------------------------------------------- placement
 
 
-def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, int]], used: dict[str, int] | None = None) -> tuple[dict[str, list[str]], list[str]]:
-    """Place replicas (key, cores) on CPU hosts: largest first, each on the host whose free cores it fills
-    best (best-fit decreasing). Returns host -> keys placed there, and the keys that fit nowhere. `used`:
-    cores already taken per host, updated in place."""
+def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, int]], used: dict[str, int] | None = None,
+                   prefer: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, list[str]], list[str]]:
+    """Place replicas (key, cores) on CPU hosts, largest first, each on a host with room: one of `prefer`
+    (hosts that run the pipeline's stages now: its traffic stays where it is) if any fits, else the one with the most
+    free cores, so that a pipeline's replicas stay on few hosts (stage to stage stays local) and a small
+    CPU beside GPUs is the last resort. Returns host -> keys placed there, and the keys that fit nowhere.
+    `used`: cores already taken per host, updated in place."""
     free = {h.name: (h.cores or 0) - (used or {}).get(h.name, 0) for h in hosts}
     placed: dict[str, list[str]] = defaultdict(list)
     left: list[str] = []
@@ -235,7 +238,7 @@ def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, in
         if not fits:
             left.append(key)
             continue
-        host = min(fits, key=lambda name: (free[name] - cores, name))
+        host = min(fits, key=lambda name: (name not in prefer, -free[name], name))
         free[host] -= cores
         placed[host].append(key)
         if used is not None:
@@ -318,15 +321,17 @@ def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[Devic
             key = f"{pick.application}#{r}"
             keys[key] = pick
             wanted.append((key, pick.cores))
-    placed, left = replicas_place(hosts, wanted, used)
+    stage_apps = {pick.application for pick in outcome.picks}
+    running_here = {h.name for h in hosts if any(problem.variant(v).application in stage_apps for _slot, v in h.running)}
+    placed, left = replicas_place(hosts, wanted, used, prefer=running_here)
     notes = []
     if left:
-        short = defaultdict(int)
+        unplaced: dict[str, int] = defaultdict(int)
         for key in left:
-            short[keys[key].application] += 1
-        notes.append("not enough CPU cores: " + ", ".join(f"{app} placed {keys_placed} of {keys_placed + n} replicas"
-                                                          for app, n in sorted(short.items())
-                                                          for keys_placed in [sum(1 for k in keys if keys[k].application == app) - n]))
+            unplaced[keys[key].application] += 1
+        wanted_by_app = {pick.application: pick.replicas for pick in outcome.picks}
+        notes.append("not enough CPU cores: " + ", ".join(
+            f"{app} placed {wanted_by_app[app] - n} of {wanted_by_app[app]} replicas" for app, n in sorted(unplaced.items())))
     by_stage: dict[str, list[PlanInstance]] = defaultdict(list)
     for host, host_keys in sorted(placed.items()):
         for key in sorted(host_keys):

@@ -63,7 +63,7 @@ class ApplicationSerializer(TesseraModelSerializer):
     pipeline = serializers.SerializerMethodField(help_text="The pipeline this application is a stage of (declared on the pipeline)")
 
     def get_pipeline(self, obj) -> str | None:
-        stage = getattr(obj, "pipeline_stage", None) if hasattr(obj, "pipeline_stage") else None
+        stage = getattr(obj, "pipeline_stage", None)  # None when it is no stage (the reverse one-to-one raises)
         return stage.pipeline.name if stage is not None else None
 
     class Meta:

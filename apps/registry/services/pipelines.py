@@ -44,14 +44,15 @@ def pipeline_spec_read(data: Mapping[str, Any], *, pipeline: Pipeline | None = N
     for st in spec.stages:
         if st.variant is not None and not ModelVariant.objects.filter(application__name=st.application, name=st.variant).exists():
             raise ValidationError(f"pipeline ({spec.name}): stage {st.application!r} pins variant {st.variant!r}, which {st.application} does not have.")
-    others = (
+    taken = (
         PipelineStage.objects.filter(application__name__in=[st.application for st in spec.stages])
         .exclude(pipeline=pipeline)
         .select_related("application", "pipeline")
+        .first()
     )
-    for row in others:
-        raise ValidationError(f"pipeline ({spec.name}): application {row.application.name!r} is already a stage of pipeline "
-                              f"{row.pipeline.name!r}; an application is a stage of at most one pipeline.")
+    if taken is not None:
+        raise ValidationError(f"pipeline ({spec.name}): application {taken.application.name!r} is already a stage of pipeline "
+                              f"{taken.pipeline.name!r}; an application is a stage of at most one pipeline.")
     normal = pipeline_to_dict(spec)
     normal["description"] = description
     return normal
