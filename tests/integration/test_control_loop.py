@@ -134,6 +134,17 @@ def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, ag
         body = {"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": [0.1] * 8}]}
         answer = httpx.post(f"{handle.url}/v1/infer/tabular-cpu", json=body, timeout=10)
         assert answer.status_code == 200, answer.text
+        # The demo pipeline, re-planned as a whole by FA2 (one-core replicas side by side on the CPU host),
+        # rolled out on the real agent and served stage to stage through the router.
+        cpu_spec = HostDesiredState.objects.filter(host__name="sim-cpu-01").order_by("-version").first().spec
+        stages = [r for r in cpu_spec["runtimes"] if r["application"] in ("tabular-cpu", "tabular-calibrate")]
+        assert {r["application"] for r in stages} == {"tabular-cpu", "tabular-calibrate"} and all(r["cpu_threads"] == 1 for r in stages), (
+            [(r["key"], r["application"], r.get("cpu_threads")) for r in cpu_spec["runtimes"]],
+            [(i["id"], i["variant"]) for i in plan.result["instances"] if "cpu" in i["device"]])
+        assert plan.result["pipelines"]["tabular-chain"]["solver"].startswith("fa2")
+        chained = httpx.post(f"{handle.url}/v1/pipelines/tabular-chain/infer", json=body, timeout=10)
+        assert chained.status_code == 200, chained.text
+        assert chained.json()["model_name"] == "tabular-calibrate" and chained.headers["x-tessera-path"] == "tabular-chain"
         assert elapsed < 300, f"demand change to active plan took {elapsed:.0f} s (the default interval is 300 s)"
     finally:
         handle.stop()

@@ -18,6 +18,7 @@ from apps.jobs.services import job_execute
 from apps.planning.models import Plan
 from apps.planning.rollout import plan_apply, plan_approve
 from apps.planning.services import plan_run_execute, plan_run_start
+from apps.registry.models import Pipeline
 from controlplane.demo import demo_seed
 from engine.geometry.names import runtime_key_parse
 from tests.waiting import wait_for
@@ -53,6 +54,9 @@ def test_a_gpulets_plan_is_applied_by_the_agent_and_served(mps_agent) -> None:
     wait_for(lambda: Host.objects.get(name=MPS_HOST).converged_version == 1, 120, "the MPS host on the demo's placement")
     seeded = sorted(MpsPartition.objects.filter(accelerator__host__name=MPS_HOST).values_list("accelerator__index", "percent", "index"))
 
+    # This test is about the MPS GPUs: without the demo's pipeline, which FA2 would otherwise plan at its
+    # declared demand on the host's CPU (tests/planning/test_pipeline_plan.py covers that).
+    Pipeline.objects.all().delete()
     job = plan_run_start(trigger="manual", options={"solver": "gpulets", "demand": DEMAND, "time_limit_s": 10})
     if not Plan.objects.filter(job=job).exists():
         job_execute(job_id=job.pk, work=lambda j: plan_run_execute(job=j))
