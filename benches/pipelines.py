@@ -33,7 +33,8 @@ Set-up (printed with the results):
 - Simulated: each solver's plan for the nominal profiles, made for the rate (headroom 1) or 1.25x it, is
   served at the rate by engine/simulation/pipeline.py (per-stage central queues with the `fixed` batching
   policy at the plan's batch, 5 % log-normal service noise, Poisson arrivals per path, queries past their
-  deadline dropped at the next stage as IPA §p3.4.5 does).
+  deadline dropped at the next stage as IPA §p3.4.5 does); and on a varying trace, every path's rate
+  swinging +-35 % around the planned-for mean in 2-minute waves, plans made for 1.25x or 1.5x the mean.
 - IPA: `engine.reference.pipelines.ipa_random_pipeline` (stated: variant m of a stage is about 1 + m times
   slower, takes 1 + m cores, is 0.1 m more accurate), alpha 20, beta 0.02 (the thesis sets them per
   pipeline), batches up to 16; `ipa` solves P3.10 exactly with HiGHS along the cost-accuracy frontier
@@ -42,6 +43,7 @@ Set-up (printed with the results):
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import statistics
 import sys
@@ -67,8 +69,15 @@ from engine.simulation.pipeline import PipelineSimulationConfig, pipeline_simula
 SOLVERS = ("fa2", "milp", "inferline", "ds2")
 FIELDS = ("device", "rate_rps", "seed", "solver", "status", "instances", "objective", "runtime_ms", "valid", "violations",
           "equal_instances", "same_decisions", "extra_vs_fa2")
-SIM_FIELDS = ("device", "rate_rps", "headroom", "solver", "instances", "violation_ratio", "worst_path", "worst_path_violation_ratio",
-              "dropped", "late", "arrivals")
+SIM_FIELDS = ("device", "trace", "rate_rps", "headroom", "solver", "instances", "violation_ratio", "worst_path", "worst_path_violation_ratio",
+              "dropped", "late", "arrivals", "path_violation_ratios")
+# The varying trace: every path's rate swings +-35 % around its mean over 2-minute waves (a diurnal pattern
+# compressed), so a plan sized for 1.25x the mean is short at the crests.
+VARYING_AMPLITUDE, VARYING_PERIOD_S = 0.35, 120.0
+
+
+def varying_scale(t: float) -> float:
+    return 1.0 + VARYING_AMPLITUDE * math.sin(2 * math.pi * t / VARYING_PERIOD_S)
 IPA_FIELDS = ("part", "stages", "variants", "seed", "solver", "alpha", "beta", "status", "pas", "cores", "objective", "runtime_s", "valid",
               "steps", "equal_to_brute_force")
 PAPER = {"inferline_mean": 0.19, "inferline_max": 0.48, "ds2_mean": 0.26, "ds2_max": 0.62, "fa2_match": 0.968}
@@ -140,35 +149,40 @@ def table_print(summary: dict[str, Any]) -> None:
         print(f"{label:<52} {measured:>12} {paper:>10}  {verdict}")
 
 
-def simulated_run(task: tuple[str, float, float, str, float]) -> dict[str, Any]:
-    """One plan (made for rate x headroom) served in the pipeline simulator at the rate itself."""
-    device, rate, headroom, solver, duration = task
+def simulated_run(task: tuple[str, float, float, str, float, str]) -> dict[str, Any]:
+    """One plan (made for rate x headroom) served in the pipeline simulator at the rate itself ("poisson"),
+    or at a rate swinging around it ("varying": `varying_scale`)."""
+    device, rate, headroom, solver, duration, trace = task
     problem = fa2_table_p13_problem(rate, device=device)
     planned = fa2_table_p13_problem(rate * headroom, device=device)
     plan = {"fa2": fa2_solve, "milp": pipeline_milp_solve, "inferline": inferline_solve, "ds2": ds2_solve}[solver](planned)
-    row = {"device": device, "rate_rps": rate, "headroom": headroom, "solver": solver, "instances": plan.instances if plan.decisions else None}
+    row = {"device": device, "trace": trace, "rate_rps": rate, "headroom": headroom, "solver": solver,
+           "instances": plan.instances if plan.decisions else None}
     if not plan.decisions:
         return row
-    result = pipeline_simulate(problem, plan, PipelineSimulationConfig(duration_s=duration, seed=7))
+    config = PipelineSimulationConfig(duration_s=duration, seed=7, rate_scale=varying_scale if trace == "varying" else None)
+    result = pipeline_simulate(problem, plan, config)
     worst = max(result.paths.values(), key=lambda o: o.violation_ratio)
     row.update(violation_ratio=result.violation_ratio, worst_path=worst.path, worst_path_violation_ratio=worst.violation_ratio,
                dropped=sum(o.dropped for o in result.paths.values()), late=sum(o.late for o in result.paths.values()),
-               arrivals=sum(o.arrivals for o in result.paths.values()))
+               arrivals=sum(o.arrivals for o in result.paths.values()),
+               path_violation_ratios=" ".join(f"{name}:{o.violation_ratio:.4f}" for name, o in sorted(result.paths.items())))
     return row
 
 
 def simulated_print(rows: list[dict[str, Any]], duration: float) -> None:
     print(f"\nSimulated end to end ({duration:g} s of Poisson arrivals per setting, engine/simulation/pipeline.py; plans made for"
-          " rate x headroom; SLO violations = (late + dropped) / arrivals, worst path in brackets)")
+          f" rate x headroom; 'varying': every path's rate swings +-{VARYING_AMPLITUDE:.0%} around it over {VARYING_PERIOD_S:g} s waves;"
+          " SLO violations = (late + dropped) / arrivals, worst path in brackets)")
     solvers = ("fa2", "milp", "inferline", "ds2")
-    print(f"{'device':<6} {'rate':>5} {'headroom':>8}  " + "  ".join(f"{name:>24}" for name in solvers))
-    for key in sorted({(r["device"], r["rate_rps"], r["headroom"]) for r in rows}):
+    print(f"{'device':<6} {'trace':<8} {'rate':>5} {'headroom':>8}  " + "  ".join(f"{name:>24}" for name in solvers))
+    for key in sorted({(r["device"], r["trace"], r["rate_rps"], r["headroom"]) for r in rows}):
         cells = []
         for name in solvers:
-            r = next(r for r in rows if (r["device"], r["rate_rps"], r["headroom"], r["solver"]) == (*key, name))
+            r = next(r for r in rows if (r["device"], r["trace"], r["rate_rps"], r["headroom"], r["solver"]) == (*key, name))
             cells.append("no plan" if r.get("violation_ratio") is None else
                          f"{r['instances']} inst {100 * r['violation_ratio']:5.2f}% ({100 * r['worst_path_violation_ratio']:.1f}%)")
-        print(f"{key[0]:<6} {key[1]:>5g} {key[2]:>8g}  " + "  ".join(f"{c:>24}" for c in cells))
+        print(f"{key[0]:<6} {key[1]:<8} {key[2]:>5g} {key[3]:>8g}  " + "  ".join(f"{c:>24}" for c in cells))
 
 
 def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
@@ -271,8 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     for device in devices:
         table_print(summarise(rows, device))
     duration = 30.0 if args.quick else 300.0
-    sim_tasks = [(device, rate, headroom, solver, duration) for device in (["gpu"] if args.quick else ["cpu", "gpu"])
+    sim_tasks = [(device, rate, headroom, solver, duration, "poisson") for device in (["gpu"] if args.quick else ["cpu", "gpu"])
                  for rate in ([36.0] if args.quick else [12.0, 36.0, 60.0]) for headroom in (1.0, 1.25) for solver in SOLVERS]
+    sim_tasks += [(device, 36.0, headroom, solver, max(duration, VARYING_PERIOD_S / 2), "varying")
+                  for device in (["gpu"] if args.quick else ["cpu", "gpu"]) for headroom in ((1.25,) if args.quick else (1.25, 1.5))
+                  for solver in SOLVERS]
     sim_rows = parallel_map(simulated_run, sim_tasks, args.jobs)
     simulated_print(sim_rows, duration)
     sizes = [(2, 2), (4, 4)] if args.quick else [(2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]

@@ -34,5 +34,6 @@ def test_pipelines_bench_quick(tmp_path: Path) -> None:
     assert {r["part"] for r in ipa} == {"scale", "brute", "sweep", "baselines"} and all(r["valid"] == "True" for r in ipa)
     with (tmp_path / "pipelines_simulated.csv").open() as fh:
         simulated = list(csv.DictReader(fh))
-    assert len(simulated) == 8 and all(int(r["arrivals"]) > 0 for r in simulated if r["violation_ratio"])
+    assert len(simulated) == 12 and all(int(r["arrivals"]) > 0 for r in simulated if r["violation_ratio"])
+    assert {r["trace"] for r in simulated} == {"poisson", "varying"}
     assert "Simulated end to end" in result.stdout
