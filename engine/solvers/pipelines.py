@@ -199,6 +199,9 @@ def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_li
         for v in problem.variants_of(st.application):
             if st.variant not in (None, v.name) or not _cpu_core_counts(problem, v.name, host_cores):
                 continue
+            floor = problem.application(st.application).min_accuracy
+            if floor is not None and v.accuracy < floor:
+                continue  # the stage's SLO policy asks for at least this accuracy
             cores = ipa_base_allocation(problem, v.name, host_cores=host_cores, threshold_rps=spec.ipa_threshold_rps, stage_sla_ms=sla)
             if cores is None:
                 continue
@@ -206,7 +209,9 @@ def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_li
             models[(st.application, v.name)] = (cores, model)
             variants.append((IpaVariant(v.name, v.accuracy, cores, model), max_batch))
         if not variants:
-            return refused(f"stage {st.application}: no variant answers a single query within its share of the SLO ({sla:.4g} ms)")
+            floor = problem.application(st.application).min_accuracy
+            return refused(f"stage {st.application}: no variant{f' of accuracy >= {floor:g}' if floor is not None else ''} answers a "
+                           f"single query within its share of the SLO ({sla:.4g} ms)")
         max_batch = min(mb for _, mb in variants)
         built.append(IpaStage(st.application, tuple(v for v, _ in variants), max_batch))
     try:

@@ -358,3 +358,13 @@ def test_any_other_solver_leaves_the_pipelines_to_fa2_and_plans_the_rest() -> No
     _assert_valid(problem, plan)
     assert plan.solver == "fa2+proteus" and plan.pipelines["video"]["solver"].startswith("fa2")
     assert plan.shortfall_rps == {"detect": 0.0, "classify": 0.0, "other": 0.0}
+
+
+def test_ipa_keeps_to_a_stages_min_accuracy() -> None:
+    raw = _raw(demand_rps=300, beta=1.0)  # cores weigh heavily: without a floor IPA takes det-s
+    assert plan_solve(problem_from_dict(raw), "ipa").pipelines["video"]["stages"]["detect"]["variant"] == "det-s"
+    raw["applications"][0]["min_accuracy"] = 0.7
+    problem = problem_from_dict(raw)
+    plan = plan_solve(problem, "ipa")
+    _assert_valid(problem, plan)
+    assert plan.pipelines["video"]["stages"]["detect"]["variant"] == "det-l"
