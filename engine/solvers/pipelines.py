@@ -23,8 +23,9 @@ violations in simulation for plans sized for the exact rate, at most 0.45 % with
 delay (b - 1) / lambda is the real rate's, the longer wait.
 
 Placement: a replica needs its cores on one CPU host, and a host runs several replicas side by side as
-long as their cores add up to at most its own (`replicas_place`: largest replicas first, each on a host
-that runs one of the pipeline's stages now if one has room, else on the one with the most free cores). Replicas that do not fit are reported: the stage's capacity falls short and so does
+long as their cores add up to at most its own (`replicas_place`: largest replicas first, each on the
+first host with room among those running one of the pipeline's stages now, then the largest hosts, each
+filled before the next is opened). Replicas that do not fit are reported: the stage's capacity falls short and so does
 the traffic it serves. Every other application is planned by `proteus` (or, when `plan_solve` was asked for
 another planner on a problem with pipelines, that one) on the devices no pipeline replica uses.
 
@@ -230,12 +231,14 @@ def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_li
 
 def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, int]], used: dict[str, int] | None = None,
                    prefer: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, list[str]], list[str]]:
-    """Place replicas (key, cores) on CPU hosts, largest first, each on a host with room: one of `prefer`
-    (hosts that run the pipeline's stages now: its traffic stays where it is) if any fits, else the one with the most
-    free cores, so that a pipeline's replicas stay on few hosts (stage to stage stays local) and a small
-    CPU beside GPUs is the last resort. Returns host -> keys placed there, and the keys that fit nowhere.
-    `used`: cores already taken per host, updated in place."""
+    """Place replicas (key, cores) on CPU hosts, largest first (first-fit decreasing), each on the first host
+    with room in this order: those in `prefer` (hosts that run the pipeline's stages now: its traffic stays
+    where it is), then the largest hosts. A host is filled before the next is opened, so a pipeline's
+    replicas stay on few hosts (stage to stage stays local), whole hosts stay free for the other
+    applications, and a small CPU beside GPUs is the last resort. Returns host -> keys placed there, and
+    the keys that fit nowhere. `used`: cores already taken per host, updated in place."""
     free = {h.name: (h.cores or 0) - (used or {}).get(h.name, 0) for h in hosts}
+    size = {h.name: h.cores or 0 for h in hosts}
     placed: dict[str, list[str]] = defaultdict(list)
     left: list[str] = []
     for key, cores in sorted(replicas, key=lambda r: (-r[1], r[0])):
@@ -243,7 +246,7 @@ def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, in
         if not fits:
             left.append(key)
             continue
-        host = min(fits, key=lambda name: (name not in prefer, -free[name], name))
+        host = min(fits, key=lambda name: (name not in prefer, -size[name], name))
         free[host] -= cores
         placed[host].append(key)
         if used is not None:

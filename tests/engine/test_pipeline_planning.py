@@ -155,11 +155,14 @@ def test_the_base_allocation_is_the_fewest_cores_meeting_the_threshold() -> None
     assert ipa_base_allocation(problem, "det-l", host_cores=8, threshold_rps=0, stage_sla_ms=1) is None
 
 
-def test_replicas_are_placed_largest_first_where_the_pipeline_runs_else_where_most_cores_are_free() -> None:
+def test_replicas_fill_the_hosts_running_the_pipeline_then_the_largest_one_host_at_a_time() -> None:
     problem = problem_from_dict(_raw(hosts=2, cores=4))
     placed, left = replicas_place(problem.devices, [("a", 3), ("b", 2), ("c", 1), ("d", 2), ("e", 1)])
-    assert sorted(map(sorted, placed.values())) == [["a", "c"], ["b", "d"]]
+    assert placed == {"h0": ["a", "c"], "h1": ["b", "d"]}
     assert left == ["e"]
+    small, big = dataclasses.replace(problem.devices[0], cores=2), dataclasses.replace(problem.devices[1], cores=8)
+    placed, _ = replicas_place([small, big], [("a", 1), ("b", 1), ("c", 1)])
+    assert placed == {"h1": ["a", "b", "c"]}  # the large host first, filled before another is opened
     # A host that runs the pipeline now is filled first.
     placed, _ = replicas_place(problem.devices, [("a", 1), ("b", 1), ("c", 1)], prefer={"h1"})
     assert placed == {"h1": ["a", "b", "c"]}
