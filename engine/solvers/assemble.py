@@ -38,9 +38,6 @@ def plan_assemble(
     notes: Sequence[str] = (),
 ) -> Plan:
     instances: list[PlanInstance] = []
-    served: dict[str, float] = defaultdict(float)
-    accuracy_weighted: dict[str, float] = defaultdict(float)
-    per_app_instances: dict[str, list[PlanInstance]] = defaultdict(list)
     for a in sorted(assignments, key=lambda a: (a.device, a.start if a.start is not None else -1, a.slice)):
         device = problem.device(a.device)
         capacity = capacity_for(problem, a.variant, device, a.slice)
@@ -48,14 +45,36 @@ def plan_assemble(
             raise ValueError(f"{a.variant} cannot run on {a.device}/{a.slice} within its SLO and memory")
         assigned = max(0.0, min(a.assigned_rps, capacity.capacity_rps))
         assigned = 0.0 if assigned < RPS_EPSILON else assigned
-        instance = PlanInstance(
+        instances.append(PlanInstance(
             device=a.device, slice=a.slice, start=a.start, variant=a.variant, batch=capacity.batch,
             latency_ms=round(capacity.latency_ms, 6), capacity_rps=capacity.capacity_rps, assigned_rps=assigned,
-        )
-        instances.append(instance)
-        variant = problem.variant(a.variant)
-        served[variant.application] += assigned
-        accuracy_weighted[variant.application] += assigned * variant.accuracy
+        ))
+    return plan_from_instances(problem, instances, status=status, solver=solver, objective=objective, bound=bound, gap=gap,
+                               solve_seconds=solve_seconds, layouts=layouts, notes=notes)
+
+
+def plan_from_instances(
+    problem: Problem,
+    instances: list[PlanInstance],
+    *,
+    status: PlanStatus,
+    solver: str,
+    objective: float | None,
+    bound: float | None,
+    gap: float | None,
+    solve_seconds: float,
+    layouts: dict[str, Sequence[str]] | None = None,
+    notes: Sequence[str] = (),
+) -> Plan:
+    """The Plan of instances whose batch, capacity and traffic are decided: served traffic, shortfall,
+    accuracy and routing weights derived from them."""
+    served: dict[str, float] = defaultdict(float)
+    accuracy_weighted: dict[str, float] = defaultdict(float)
+    per_app_instances: dict[str, list[PlanInstance]] = defaultdict(list)
+    for instance in instances:
+        variant = problem.variant(instance.variant)
+        served[variant.application] += instance.assigned_rps
+        accuracy_weighted[variant.application] += instance.assigned_rps * variant.accuracy
         per_app_instances[variant.application].append(instance)
 
     routing: dict[str, list[RouteEntry]] = {}

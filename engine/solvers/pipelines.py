@@ -53,12 +53,12 @@ from engine.pipelines.problem import (
     stage_latency_bound,
 )
 from engine.plans.capacity import profile_interpolate
-from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, PipelineSpec, Problem, ProfilePoint, RouteEntry
+from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, PipelineSpec, Problem, ProfilePoint
+from engine.solvers.assemble import plan_from_instances
 
 __all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_fleet_solve", "replicas_place"]
 
 PIPELINE_SOLVERS: tuple[str, ...] = ("fa2", "ipa")
-_RPS_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -398,40 +398,15 @@ def _outcome_summary(problem: Problem, outcome: PipelineOutcome, placed: list[Pl
 
 def _plan_compose(problem: Problem, solver: str, instances: list[PlanInstance], rest: Plan | None, statuses: list[str],
                   notes: list[str], summaries: dict[str, Any], seconds: float) -> Plan:
-    served: dict[str, float] = defaultdict(float)
-    weighted: dict[str, float] = defaultdict(float)
-    per_app: dict[str, list[PlanInstance]] = defaultdict(list)
-    for inst in instances:
-        variant = problem.variant(inst.variant)
-        served[variant.application] += inst.assigned_rps
-        weighted[variant.application] += inst.assigned_rps * variant.accuracy
-        per_app[variant.application].append(inst)
-    routing: dict[str, list[RouteEntry]] = {}
-    shortfall: dict[str, float] = {}
-    accuracy: dict[str, float] = {}
-    for app in problem.applications:
-        total = served.get(app.name, 0.0)
-        served[app.name] = total
-        routing[app.name] = [RouteEntry(i.id, i.assigned_rps / total) for i in per_app.get(app.name, []) if total > 0 and i.assigned_rps > 0]
-        if total > 0:
-            accuracy[app.name] = weighted[app.name] / total
-        missing = app.demand_rps - total
-        shortfall[app.name] = missing if missing > max(1e-6, 1e-6 * app.demand_rps) else 0.0
-    total_served = sum(served.values())
+    # Pipelines minimise cores (FA2) or weigh accuracy against cores (IPA), the rest's planner its own
+    # objective: no one figure is the plan's objective, so none is claimed.
+    plan = plan_from_instances(problem, instances, status="feasible", solver=solver, objective=None, bound=None, gap=None,
+                               solve_seconds=seconds, layouts=rest.layouts if rest is not None else None, notes=notes)
     if all(s == "infeasible" for s in statuses) and statuses:
-        status = "infeasible"
-    elif all(s == "optimal" for s in statuses) and not any(shortfall.values()):
-        status = "optimal"
-    else:
-        status = "feasible" if total_served > 0 else "infeasible"
-    gpus = {i.device for i in instances if not problem.device(i.device).is_cpu}
-    return Plan(
-        status=status, solver=solver, objective_kind=problem.options.objective,
-        # Pipelines minimise cores (FA2) or weigh accuracy against cores (IPA), proteus its own objective:
-        # no one figure is the plan's objective, so none is claimed.
-        objective=None, bound=None, gap=None, solve_seconds=seconds,
-        effective_accuracy=sum(weighted.values()) / total_served if total_served > 0 else None,
-        served_rps=dict(served), shortfall_rps=shortfall, instances=instances, routing=routing,
-        layouts=dict(rest.layouts) if rest is not None else {}, accuracy_by_application=accuracy, gpus_used=len(gpus),
-        notes=notes, pipelines=summaries,
-    )
+        plan.status = "infeasible"
+    elif all(s == "optimal" for s in statuses) and not any(plan.shortfall_rps.values()):
+        plan.status = "optimal"
+    elif plan.total_served_rps <= 0:
+        plan.status = "infeasible"
+    plan.pipelines = summaries
+    return plan

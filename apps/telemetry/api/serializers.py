@@ -103,29 +103,27 @@ class MetricsIngestedSerializer(serializers.Serializer):
     gpu_samples = serializers.IntegerField()
 
 
-class RouterApplicationReportSerializer(serializers.Serializer):
+class _RouterCountsSerializer(serializers.Serializer):
+    """What a router counts over an interval, for an application or for a pipeline path."""
+
+    arrivals = _Count()
+    served = _Count()
+    late = _Count()
+    dropped = _Count()
+    no_route = _Count()
+    latency_p50_ms = _LatencyMs()
+    latency_p99_ms = _LatencyMs()
+
+
+class RouterApplicationReportSerializer(_RouterCountsSerializer):
     application = serializers.CharField(max_length=100)
     routing_version = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
-    arrivals = _Count()
-    served = _Count()
-    late = _Count()
-    dropped = _Count()
-    no_route = _Count()
-    latency_p50_ms = _LatencyMs()
-    latency_p99_ms = _LatencyMs()
 
 
-class RouterPathReportSerializer(serializers.Serializer):
+class RouterPathReportSerializer(_RouterCountsSerializer):
     pipeline = serializers.CharField(max_length=100)
     path = serializers.CharField(max_length=100)
-    arrivals = _Count()
-    served = _Count()
-    late = _Count()
-    dropped = _Count()
     failed = _Count()
-    no_route = _Count()
-    latency_p50_ms = _LatencyMs()
-    latency_p99_ms = _LatencyMs()
 
 
 class RouterReportSerializer(serializers.Serializer):
