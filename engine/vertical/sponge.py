@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SpongeDecision", "VerticalLatency", "sponge_brute_force", "sponge_decision_validate", "sponge_ip_solve",
+__all__ = ["SpongeDecision", "VerticalLatency", "edf_late", "sponge_brute_force", "sponge_decision_validate", "sponge_ip_solve",
            "vertical_latency_fit"]
 
 CORES_MAX = 16  # the thesis's c_max and b_max: no significant gain beyond (§p2.4)
@@ -87,7 +87,7 @@ class SpongeDecision:
     notes: tuple[str, ...] = ()
 
 
-def _edf_late(model: VerticalLatency, budgets: Sequence[float], batch: int, cores: int) -> int:
+def edf_late(model: VerticalLatency, budgets: Sequence[float], batch: int, cores: int) -> int:
     """Requests, in deadline order served b at a time, whose batch finishes after the tightest remaining
     budget in it (then every request of that batch counts as late)."""
     latency = model.l(batch, cores)
@@ -100,7 +100,7 @@ def _edf_late(model: VerticalLatency, budgets: Sequence[float], batch: int, core
 
 
 def _feasible(model: VerticalLatency, budgets: Sequence[float], rate_rps: float, batch: int, cores: int) -> bool:
-    return model.throughput_rps(batch, cores) >= rate_rps - 1e-9 and _edf_late(model, budgets, batch, cores) == 0
+    return model.throughput_rps(batch, cores) >= rate_rps - 1e-9 and edf_late(model, budgets, batch, cores) == 0
 
 
 def _inputs_check(budgets: Sequence[float], rate_rps: float, max_cores: int, max_batch: int) -> list[float]:
@@ -129,7 +129,7 @@ def sponge_brute_force(model: VerticalLatency, budgets_ms: Sequence[float], rate
         for batch in range(1, max_batch + 1):
             if _feasible(model, budgets, rate_rps, batch, cores):
                 return SpongeDecision("sponge", "optimal", cores, batch, cores + delta * batch, time.perf_counter() - started, expired=expired)
-    best = min(((_edf_late(model, budgets, b, c) + (0 if model.throughput_rps(b, c) >= rate_rps else len(budgets) + 1), c, b)
+    best = min(((edf_late(model, budgets, b, c) + (0 if model.throughput_rps(b, c) >= rate_rps else len(budgets) + 1), c, b)
                 for c in range(1, max_cores + 1) for b in range(1, max_batch + 1)))
     late, cores, batch = best
     return SpongeDecision("sponge", "infeasible", cores, batch, None, time.perf_counter() - started, late=min(late, len(budgets)),
@@ -154,7 +154,7 @@ def sponge_ip_solve(model: VerticalLatency, budgets_ms: Sequence[float], rate_rp
     lp = pulp.LpProblem("sponge", pulp.LpMinimize)
     lp += pulp.lpSum((c + delta * b) * x[(c, b)] for c, b in configs)
     lp += pulp.lpSum(x.values()) == 1, "one_configuration"
-    lp += pulp.lpSum(_edf_late(model, budgets, b, c) * x[(c, b)] for c, b in configs) == 0, "every_request_in_time"
+    lp += pulp.lpSum(edf_late(model, budgets, b, c) * x[(c, b)] for c, b in configs) == 0, "every_request_in_time"
     lp += pulp.lpSum(model.throughput_rps(b, c) * x[(c, b)] for c, b in configs) >= rate_rps, "throughput_covers_rate"
     result = milp_solve(lp, SolveOptions(threads=1), time_limit_s=time_limit_s)
     chosen = [cb for cb, var in x.items() if (var.value() or 0) > 0.5]

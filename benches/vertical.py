@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""Vertical scaling on CPU hosts (Razavi's thesis P2 Sponge and P4 Biscale): Sponge against a static
+16-core instance and horizontal-only scaling on a trace with network dips; Biscale against FA2
+(horizontal) and Sponge-extended (vertical) on bursty pipeline traces; Biscale's dynamic programmes
+against the exact integer programme. Simulated (engine/simulation/vertical.py); a script, not a test (its
+smoke run is tests/engine/test_vertical_bench_smoke.py).
+
+    .venv/bin/python benches/vertical.py            # full run (a few minutes on two cores)
+    .venv/bin/python benches/vertical.py --quick    # smoke run, well under 3 minutes
+    options: --out DIR (default bench-results), --seeds N, --jobs N, --startup-s S, --resize-s S
+
+Writes DIR/vertical.csv (one row per scenario, policy and seed), DIR/vertical_exact.csv (one row per
+random pipeline: DP against IP) and DIR/vertical.png (cores and violations over time, needs matplotlib).
+
+What the papers say: Sponge (§p2.4) "reduces the amount of allocated CPU by over 20 % while sacrificing
+less than 0.3 % of SLO violations, compared to statically assigned 16-core instance", and FA2 violates
+"roughly 5 %" where Sponge's violations are near zero (the issue's "15x fewer"). Biscale (§p4.6.1,
+Figures P4.7-P4.9): 0.1 %, 0.5 % and 3.8 % of requests violated on its three pipelines, against 2.4 %,
+6.5 % and 50.7 % for horizontal scaling (FA2) and 39.3 %, 72 % and 96.7 % for vertical scaling alone.
+
+Set-up (printed with the results):
+- Latency models l(b, c) = gamma*b/c + eps/c + delta*b + eta ms (P2.2 / P4.1) are stated stand-ins, not
+  measurements of the thesis's models (which it only plots): Sponge's YOLOv5s-like detector
+  (120, 20, 3, 8): 151 ms at b = c = 1, 20 ms on 16 cores; the video pipeline detect (60, 10, 2, 4) ->
+  classify (30, 5, 1, 2); audio: asr (160, 30, 6, 10) -> sentiment (70, 15, 3, 5); NLP: langid
+  (40, 10, 2, 4) -> translate (260, 40, 10, 15) -> classify (90, 20, 4, 6). Batches and cores 1..16.
+- Sponge's workload: 20 requests/s (Poisson) of 200 KB images (log-normal sizes), SLO 750 ms, over a
+  synthetic per-second bandwidth trace (engine/vertical/workload.py: a two-state Markov chain, 40 Mbit/s
+  with dips to 4 Mbit/s, 20 ms round trip); each request's budget is the SLO less its transfer time.
+  Requests whose transfer alone took the SLO are late on arrival for every policy; the table counts them
+  apart ("late on arrival") and compares the rest.
+- Biscale's workloads: a synthetic bursty trace per pipeline in the shape of the thesis's Twitter
+  excerpts (`bursty_rates`: steady, a sharp rise, a swinging peak, a slow return), rates scaled per
+  pipeline as the thesis scales them (video 10 -> 45, audio 5 -> 22, NLP 2 -> 12 requests/s); SLO three
+  times the pipeline's b = c = 1 latency (§p4.6).
+- Mechanics: new instances serve after --startup-s (default 5 s; the thesis: 5-6 s), an in-place resize
+  takes --resize-s (default 0.05 s; the thesis: under 100 ms; benches/resize.py measures Tessera's); every
+  policy re-decides each second; queues are earliest-deadline-first and drop a request whose deadline has
+  passed (the thesis's "1x SLO" rule); cores are counted as allocated (starting instances included).
+- Policies: `sponge` (engine/vertical/controller.py, Algorithm 2 each second on the budgets seen),
+  `static-16` / `static-8` (one instance; the batch Algorithm 2 picks for it at the SLO, kept),
+  `horizontal` (one-core instances by Algorithm 4, i.e. FA2's DP, started cold), `vertical` (Algorithm 3
+  with one instance per stage: Sponge extended to pipelines, as the thesis's baseline), `biscale`
+  (engine/vertical/biscale.py's controller). The scaling policies size for max(recent peak, Holt forecast)
+  of the rate (the thesis: an LSTM's predicted peak) times a headroom of 1.25, all alike.
+- Exactness: random chains of 1-3 stages (batches and cores up to 4 or 8, SLO 1.2-3x the b = c = 1
+  latency, 2-60 requests/s); Algorithm 3 against P4.6 with n = 1 and Algorithm 4 against P4.6 with c = 1,
+  both solved by HiGHS on the same 1 ms slots.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
+    sys.path.insert(0, str(REPO))
+
+from _common import PNG_SKIPPED, csv_rows_write, figure_write, fmt, parallel_map, pyplot_load, ratio  # noqa: E402
+
+from engine.simulation.vertical import (BiscalePolicy, HorizontalPolicy, SpongeExtendedPolicy, SpongePolicy, StaticPolicy,  # noqa: E402
+                                        VerticalRequest, bursty_rates, requests_from_rates, vertical_simulate)
+from engine.vertical.biscale import BiscaleProblem, BiscaleStage, biscale_horizontal_solve, biscale_ip_solve, biscale_vertical_solve  # noqa: E402
+from engine.vertical.sponge import VerticalLatency, sponge_brute_force  # noqa: E402
+from engine.vertical.workload import bandwidth_trace, requests_with_budgets  # noqa: E402
+
+HEADROOM = 1.25
+SPONGE_MODEL = BiscaleStage("detector", VerticalLatency(120.0, 20.0, 3.0, 8.0))
+SPONGE_SLO_MS = 750.0
+SPONGE_RATE = 20.0
+PIPELINES: dict[str, tuple[tuple[BiscaleStage, ...], float, float]] = {  # name: (stages, base rps, peak rps)
+    "video": ((BiscaleStage("detect", VerticalLatency(60.0, 10.0, 2.0, 4.0)), BiscaleStage("classify", VerticalLatency(30.0, 5.0, 1.0, 2.0))), 10.0, 45.0),
+    "audio": ((BiscaleStage("asr", VerticalLatency(160.0, 30.0, 6.0, 10.0)), BiscaleStage("sentiment", VerticalLatency(70.0, 15.0, 3.0, 5.0))), 5.0, 22.0),
+    "nlp": ((BiscaleStage("langid", VerticalLatency(40.0, 10.0, 2.0, 4.0)), BiscaleStage("translate", VerticalLatency(260.0, 40.0, 10.0, 15.0)),
+             BiscaleStage("classify", VerticalLatency(90.0, 20.0, 4.0, 6.0))), 2.0, 12.0),
+}
+FIELDS = ["scenario", "policy", "seed", "seconds", "requests", "late_on_arrival", "violations", "violation_rate", "violations_servable",
+          "servable_violation_rate", "dropped", "mean_cores", "p99_ms", "resizes", "starts", "runtime_s"]
+EXACT_FIELDS = ["seed", "stages", "rate_rps", "slo_ms", "vertical_dp", "vertical_ip", "horizontal_dp", "horizontal_ip", "joint_ip",
+                "vertical_equal", "horizontal_equal", "dp_ms", "ip_ms"]
+
+
+def pipeline_slo(stages: tuple[BiscaleStage, ...]) -> float:
+    return 3.0 * sum(s.latency.l(1, 1) for s in stages)
+
+
+def _row(scenario: str, policy: str, seed: int, seconds: int, run, late_on_arrival: int, started: float) -> dict[str, Any]:
+    import numpy as np
+
+    servable = run.requests - late_on_arrival
+    return {"scenario": scenario, "policy": policy, "seed": seed, "seconds": seconds, "requests": run.requests, "late_on_arrival": late_on_arrival,
+            "violations": run.violations, "violation_rate": run.violation_rate, "violations_servable": run.violations - late_on_arrival,
+            "servable_violation_rate": (run.violations - late_on_arrival) / servable if servable else 0.0, "dropped": run.dropped,
+            "mean_cores": run.mean_cores, "p99_ms": float(np.percentile(run.latencies_ms, 99)) if len(run.latencies_ms) else None,
+            "resizes": run.resizes, "starts": run.starts, "runtime_s": time.perf_counter() - started, "series": run.per_second}
+
+
+def sponge_run(task: tuple[str, int, int, float, float]) -> dict[str, Any]:
+    policy_name, seed, seconds, startup_s, resize_s = task
+    started = time.perf_counter()
+    bandwidth = bandwidth_trace(seconds, seed=seed)
+    budgeted = requests_with_budgets(bandwidth, rate_rps=SPONGE_RATE, slo_ms=SPONGE_SLO_MS, seed=seed)
+    requests = [VerticalRequest(r.arrival_s, r.arrival_s + r.remaining_ms / 1000.0) for r in budgeted]
+    late_on_arrival = sum(1 for r in budgeted if r.remaining_ms <= 0)
+    stage = SPONGE_MODEL
+    if policy_name.startswith("static-"):
+        cores = int(policy_name.split("-")[1])
+        batch = sponge_brute_force(stage.latency, [SPONGE_SLO_MS], SPONGE_RATE, max_cores=cores).batch
+        policy, initial = StaticPolicy(cores, batch), (1, cores, batch)
+    elif policy_name == "sponge":
+        policy, initial = SpongePolicy(stage), (1, 4, 1)
+    else:
+        first = biscale_horizontal_solve(BiscaleProblem((stage,), SPONGE_SLO_MS, SPONGE_RATE * HEADROOM)).decisions[stage.name]
+        policy, initial = HorizontalPolicy((stage,), SPONGE_SLO_MS, headroom=HEADROOM), (first.instances, 1, first.batch)
+    run = vertical_simulate((stage,), requests, policy, initial={stage.name: initial}, startup_s=startup_s, resize_s=resize_s, duration_s=seconds)
+    return _row("sponge", policy_name, seed, seconds, run, late_on_arrival, started)
+
+
+def biscale_run(task: tuple[str, str, int, int, float, float]) -> dict[str, Any]:
+    scenario, policy_name, seed, seconds, startup_s, resize_s = task
+    started = time.perf_counter()
+    stages, base, peak = PIPELINES[scenario]
+    slo = pipeline_slo(stages)
+    requests = requests_from_rates(bursty_rates(seconds, base_rps=base, peak_rps=peak, seed=seed), slo_ms=slo, seed=seed)
+    policy = {"horizontal": lambda: HorizontalPolicy(stages, slo, headroom=HEADROOM), "vertical": lambda: SpongeExtendedPolicy(stages, slo, headroom=HEADROOM),
+              "biscale": lambda: BiscalePolicy(stages, slo, headroom=HEADROOM)}[policy_name]()
+    run = vertical_simulate(stages, requests, policy, initial={s.name: (1, 1, 1) for s in stages}, startup_s=startup_s, resize_s=resize_s,
+                            duration_s=seconds)
+    return _row(scenario, policy_name, seed, seconds, run, 0, started)
+
+
+def exact_run(seed: int) -> dict[str, Any]:
+    rng = random.Random(1000 + seed)
+    stages = tuple(BiscaleStage(f"s{i}", VerticalLatency(rng.uniform(5, 80), rng.uniform(0, 20), rng.uniform(0, 5), rng.uniform(0, 5)),
+                                max_batch=rng.choice((4, 8)), max_cores=rng.choice((4, 8))) for i in range(rng.choice((1, 2, 3))))
+    problem = BiscaleProblem(stages, round(sum(s.latency.l(1, 1) for s in stages) * rng.uniform(1.2, 3.0)), rng.uniform(2, 60))
+    t0 = time.perf_counter()
+    vertical, horizontal = biscale_vertical_solve(problem), biscale_horizontal_solve(problem)
+    t1 = time.perf_counter()
+    vertical_ip = biscale_ip_solve(problem, mode="vertical", slot_ms=1.0)
+    horizontal_ip = biscale_ip_solve(problem, mode="horizontal", slot_ms=1.0)
+    t2 = time.perf_counter()
+    joint = biscale_ip_solve(problem, mode="joint")
+
+    def cores(plan) -> int | None:
+        return plan.cores if plan.status == "optimal" else None
+
+    return {"seed": seed, "stages": len(stages), "rate_rps": problem.rate_rps, "slo_ms": problem.slo_ms, "vertical_dp": cores(vertical),
+            "vertical_ip": cores(vertical_ip), "horizontal_dp": cores(horizontal), "horizontal_ip": cores(horizontal_ip), "joint_ip": cores(joint),
+            "vertical_equal": cores(vertical) == cores(vertical_ip), "horizontal_equal": cores(horizontal) == cores(horizontal_ip),
+            "dp_ms": (t1 - t0) * 1000.0, "ip_ms": (t2 - t1) * 1000.0}
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.fmean(r[key] for r in rows) if rows else float("nan")
+
+
+def table_print(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Means over seeds per scenario and policy; returns them for the headline ratios."""
+    means: dict[str, dict[str, dict[str, float]]] = {}
+    print(f"\n{'scenario':9} {'policy':11} {'requests':>9} {'late on arr.':>12} {'violations':>11} {'servable viol.':>15} {'mean cores':>11} "
+          f"{'p99 ms':>8} {'resizes':>8} {'starts':>7}")
+    for scenario in dict.fromkeys(r["scenario"] for r in rows):
+        for policy in dict.fromkeys(r["policy"] for r in rows if r["scenario"] == scenario):
+            group = [r for r in rows if r["scenario"] == scenario and r["policy"] == policy]
+            m = {k: _mean(group, k) for k in ("requests", "late_on_arrival", "violation_rate", "servable_violation_rate", "mean_cores", "resizes", "starts")}
+            m["p99_ms"] = statistics.fmean(r["p99_ms"] for r in group if r["p99_ms"] is not None) if any(r["p99_ms"] for r in group) else float("nan")
+            means.setdefault(scenario, {})[policy] = m
+            print(f"{scenario:9} {policy:11} {m['requests']:9.0f} {m['late_on_arrival']:12.0f} {100 * m['violation_rate']:10.3f}% "
+                  f"{100 * m['servable_violation_rate']:14.3f}% {m['mean_cores']:11.2f} {fmt(m['p99_ms'], '8.0f')} {m['resizes']:8.0f} {m['starts']:7.0f}")
+    return means
+
+
+def headline_print(means: dict[str, dict[str, dict[str, float]]]) -> None:
+    print("\nHeadline (means over seeds; ratios side by side in this run):")
+    s = means.get("sponge")
+    if s:
+        saving = 1 - s["sponge"]["mean_cores"] / s["static-16"]["mean_cores"]
+        extra = s["sponge"]["violation_rate"] - s["static-16"]["violation_rate"]
+        fewer = ratio(s["horizontal"]["servable_violation_rate"], s["sponge"]["servable_violation_rate"])
+        print(f"- Sponge vs static 16 cores: {100 * saving:.1f} % fewer cores (paper: over 20 %), {100 * extra:+.3f} points of violations "
+              f"(paper: under 0.3); vs horizontal-only: {fmt(fewer, '.1f')}x fewer violations among servable requests "
+              f"(paper: FA2 about 5 %, the issue: 15x)")
+    for scenario in PIPELINES:
+        p = means.get(scenario)
+        if not p:
+            continue
+        print(f"- Biscale on {scenario}: {100 * p['biscale']['violation_rate']:.2f} % violations at {p['biscale']['mean_cores']:.1f} cores; "
+              f"horizontal {100 * p['horizontal']['violation_rate']:.2f} % ({fmt(ratio(p['horizontal']['violation_rate'], p['biscale']['violation_rate']), '.1f')}x) "
+              f"at {p['horizontal']['mean_cores']:.1f}, vertical {100 * p['vertical']['violation_rate']:.2f} % "
+              f"({fmt(ratio(p['vertical']['violation_rate'], p['biscale']['violation_rate']), '.1f')}x) at {p['vertical']['mean_cores']:.1f} "
+              f"(paper: over 10x fewer than either)")
+
+
+def exact_print(rows: list[dict[str, Any]]) -> None:
+    n = len(rows)
+    v = sum(r["vertical_equal"] for r in rows)
+    h = sum(r["horizontal_equal"] for r in rows)
+    joint_better = sum(1 for r in rows if r["joint_ip"] is not None and r["horizontal_ip"] is not None and r["joint_ip"] < min(
+        x for x in (r["horizontal_ip"], r["vertical_ip"]) if x is not None))
+    print(f"\nExactness on {n} random pipelines: Algorithm 3 equal to the IP (n = 1) on {v} of {n}, Algorithm 4 equal to the IP (c = 1) "
+          f"on {h} of {n}; the joint P4.6 beats both on {joint_better}; DP {statistics.median(r['dp_ms'] for r in rows):.1f} ms, "
+          f"IP {statistics.median(r['ip_ms'] for r in rows):.1f} ms (medians)")
+
+
+def figure(rows: list[dict[str, Any]], path: Path) -> str:
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    fig, axes = plt.subplots(2, len(scenarios), figsize=(4.2 * len(scenarios), 5.6), squeeze=False, sharex="col")
+    for col, scenario in enumerate(scenarios):
+        for policy in dict.fromkeys(r["policy"] for r in rows if r["scenario"] == scenario):
+            run = next(r for r in rows if r["scenario"] == scenario and r["policy"] == policy and r["seed"] == 0)
+            t = [p["t"] for p in run["series"]]
+            axes[0][col].plot(t, [p["cores"] for p in run["series"]], label=policy, linewidth=1)
+            axes[1][col].plot(t, [p["violations"] for p in run["series"]], label=policy, linewidth=1)
+        axes[0][col].set_title(scenario)
+        axes[0][col].set_ylabel("cores allocated")
+        axes[1][col].set_ylabel("violations per second")
+        axes[1][col].set_xlabel("seconds")
+        axes[0][col].legend(fontsize=7)
+    return figure_write(plt, fig, path, "Sponge and Biscale against their baselines (seed 0, simulated)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2-minute traces, one seed, 8 exactness instances: a smoke run")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--startup-s", type=float, default=5.0, help="seconds before a new instance serves")
+    parser.add_argument("--resize-s", type=float, default=0.05, help="seconds an in-place resize takes")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.jobs < 1 or args.startup_s < 0 or args.resize_s < 0:
+        parser.error("--seeds and --jobs must be >= 1, --startup-s and --resize-s >= 0")
+    seeds = range(1 if args.quick else args.seeds)
+    sponge_seconds, pipeline_seconds = (120, 120) if args.quick else (600, 500)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(__doc__.split("Set-up (printed with the results):")[1].strip())
+    print(f"\nMachine: {platform.machine()}, Python {platform.python_version()}; seeds {len(seeds)}, {args.jobs} jobs, "
+          f"startup {args.startup_s:g} s, resize {args.resize_s:g} s")
+    started = time.perf_counter()
+    tasks_sponge = [(p, seed, sponge_seconds, args.startup_s, args.resize_s) for p in ("sponge", "static-16", "static-8", "horizontal") for seed in seeds]
+    tasks_biscale = [(s, p, seed, pipeline_seconds, args.startup_s, args.resize_s) for s in PIPELINES for p in ("biscale", "horizontal", "vertical")
+                     for seed in seeds]
+    rows = parallel_map(sponge_run, tasks_sponge, args.jobs) + parallel_map(biscale_run, tasks_biscale, args.jobs)
+    means = table_print(rows)
+    headline_print(means)
+    exact_rows = parallel_map(exact_run, list(range(8 if args.quick else 40)), args.jobs)
+    exact_print(exact_rows)
+    print(f"\nwrote {csv_rows_write(args.out / 'vertical.csv', rows, FIELDS)} and {csv_rows_write(args.out / 'vertical_exact.csv', exact_rows, EXACT_FIELDS)} "
+          f"in {time.perf_counter() - started:.1f} s")
+    print(figure(rows, args.out / "vertical.png"))
+    unequal = [r for r in exact_rows if not (r["vertical_equal"] and r["horizontal_equal"])]
+    if unequal:
+        print(f"DP AND IP DISAGREE on {len(unequal)} pipelines (see vertical_exact.csv)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The fast vertical loop's decision for one CPU instance, once per interval (about a second): Sponge's
+scaler (Razavi's thesis P2 §p2.3.1), as the agent runs it next to the data path and the simulator runs it
+in `engine/simulation/vertical.py` (one implementation for both).
+
+Each interval the scaler gets the workload the monitoring measured (the arrival rate) and the set of
+requests with their remaining budgets, reordered earliest deadline first by the queue, and re-solves P2.3
+(`sponge_brute_force`, Algorithm 2); the adapter then sends the processing component the new cores and
+the queue the new batch size (§p2.3.1, "Scaler").
+
+Where this departs, and why: the request set is the requests queued now plus those that arrived during
+the interval, each with what it had left on arrival: with a fast instance the queue is often empty when
+the scaler looks, and sizing for nothing would drop the cores to the minimum just before the next dip's
+requests arrive. With no requests and no traffic the instance keeps its size (`idle`): nothing measured
+says it should change, and shrinking an idle instance only makes the next burst late. An infeasible
+decision (no size meets every budget) takes the largest allowed cores and the batch that is late for
+the fewest requests (thesis P4 §p4.5.1.2: when vertical scaling cannot serve the load, scale the running
+instance to its maximum and let horizontal scaling take the rest)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.vertical.sponge import VerticalLatency, edf_late, sponge_brute_force
+
+__all__ = ["VerticalAction", "VerticalObservation", "sponge_step"]
+
+
+@dataclass(frozen=True)
+class VerticalObservation:
+    """What the scaler sees of one instance at the end of an interval."""
+
+    cores: int  # the cores it runs with now
+    batch: int  # its batch cap now
+    rate_rps: float  # arrivals per second over the interval
+    budgets_ms: tuple[float, ...]  # remaining budgets (ms) of the requests queued now and of those that arrived in the interval
+
+
+@dataclass(frozen=True)
+class VerticalAction:
+    cores: int
+    batch: int
+    changed: bool
+    status: str  # "optimal" | "infeasible" | "idle"
+    reason: str
+    late: int = 0  # requests the chosen size is expected to make late (infeasible only)
+    expired: int = 0  # requests that had no budget left when they were seen
+
+
+def sponge_step(model: VerticalLatency, observation: VerticalObservation, *, min_cores: int = 1, max_cores: int = 16,
+                max_batch: int = 16, delta: float = 1e-3) -> VerticalAction:
+    """Sponge's decision for the next interval (see the module docstring): the fewest cores in
+    [min_cores, max_cores], then the smallest batch in [1, max_batch], that keep every observed request
+    within its remaining budget and serve the measured rate."""
+    if not (1 <= min_cores <= max_cores) or max_batch < 1:
+        raise ValueError(f"need 1 <= min_cores <= max_cores and max_batch >= 1, got {min_cores}, {max_cores}, {max_batch}")
+    if not (math.isfinite(observation.rate_rps) and observation.rate_rps >= 0):
+        raise ValueError(f"rate_rps must be a finite number >= 0, got {observation.rate_rps!r}")
+    current = (observation.cores, observation.batch)
+    if not observation.budgets_ms and observation.rate_rps == 0:
+        return VerticalAction(observation.cores, observation.batch, False, "idle", "no requests and no traffic in the interval: size kept")
+    decision = sponge_brute_force(model, observation.budgets_ms, observation.rate_rps, max_cores=max_cores, max_batch=max_batch, delta=delta)
+    if decision.status == "optimal":
+        cores, batch = max(decision.cores, min_cores), decision.batch
+        reason = f"{cores} cores at batch {batch} keep every request within its budget at {observation.rate_rps:.3g} rps"
+        return VerticalAction(cores, batch, (cores, batch) != current, "optimal", reason, expired=decision.expired)
+    # Infeasible: everything the hardware allows, and the batch that is late for the fewest at that size.
+    batch = _least_late_batch(model, observation, max_cores, max_batch)
+    budgets = sorted(x for x in observation.budgets_ms if x > 0)
+    reason = f"no size up to {max_cores} cores serves {observation.rate_rps:.3g} rps within every budget: {max_cores} cores, batch {batch}"
+    return VerticalAction(max_cores, batch, (max_cores, batch) != current, "infeasible", reason,
+                          late=edf_late(model, budgets, batch, max_cores), expired=decision.expired)
+
+
+def _least_late_batch(model: VerticalLatency, observation: VerticalObservation, cores: int, max_batch: int) -> int:
+    """At `cores`, the batch that serves the rate if any does, then makes the fewest requests late, then is
+    smallest."""
+    budgets = sorted(x for x in observation.budgets_ms if x > 0)
+    return min(range(1, max_batch + 1), key=lambda b: (model.throughput_rps(b, cores) < observation.rate_rps, edf_late(model, budgets, b, cores), b))

@@ -1,0 +1,31 @@
+"""Smoke run of benches/vertical.py --quick: Sponge and its baselines on the bandwidth trace, Biscale and
+its baselines on the three bursty pipelines, the DPs against the exact IP; tables, CSVs and the figure
+written. What the full run's figures mean is the bench's business (README, "Vertical scaling")."""
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(120)
+def test_vertical_bench_quick(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(REPO / "benches" / "vertical.py"), "--quick", "--out", str(tmp_path)],
+                            cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Sponge vs static 16 cores" in result.stdout and "Biscale on video" in result.stdout
+    assert "Algorithm 3 equal to the IP (n = 1) on 8 of 8, Algorithm 4 equal to the IP (c = 1) on 8 of 8" in result.stdout
+    with (tmp_path / "vertical.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["scenario"], r["policy"]) for r in rows} == {
+        ("sponge", p) for p in ("sponge", "static-16", "static-8", "horizontal")} | {
+        (s, p) for s in ("video", "audio", "nlp") for p in ("biscale", "horizontal", "vertical")}
+    static = next(r for r in rows if r["policy"] == "static-16")
+    assert float(static["mean_cores"]) == 16.0 and int(static["resizes"]) == 0
+    assert all(int(r["requests"]) > 0 and 0 <= float(r["violation_rate"]) <= 1 for r in rows)
+    assert (tmp_path / "vertical.png").exists() or "PNG skipped" in result.stdout
