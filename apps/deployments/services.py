@@ -55,7 +55,11 @@ MAX_BATCH_LIMIT = 2**31 - 1
 RUNTIME_KEYS = frozenset({
     "key", "device", "placement", "cpu_threads", "application", "variant", "max_batch", "batching", "profile",
     "mps_percent", "duty_cycle_ms", "turn_ms",  # models in an MPS partition only
+    "vertical",  # CPU runtimes the agent resizes in place (solvers sponge and biscale)
 })
+VERTICAL_KEYS = frozenset({"policy", "model", "min_cores", "max_cores", "max_batch", "reserve_ms"})
+VERTICAL_MODEL_KEYS = ("gamma1", "eps1", "delta1", "eta1")
+VERTICAL_POLICIES = ("sponge", "biscale")
 BATCHING_KEYS = frozenset({"policy", "params", "drop_rule", "queue_order", "slo_ms"})
 
 
@@ -298,6 +302,34 @@ def _profile_validate(raw: Any) -> tuple[list[dict] | None, str | None]:
         batches.add(batch)
         points.append({"batch": batch, "latency_ms": float(latency)})
     return sorted(points, key=lambda p: p["batch"]), None
+
+
+def _vertical_validate(raw: Any, *, cpu_threads: int, max_batch: int, host_cores: int) -> tuple[dict | None, str | None]:
+    """A CPU runtime's `vertical` block (engine.plans.problem.VerticalScaling.to_desired): the agent's fast
+    loop resizes the runtime in place between min_cores and max_cores (holding its cpu_threads, within the
+    host's cores), batch up to max_batch, on the latency model l(b, c) = gamma1*b/c + eps1/c + delta1*b + eta1."""
+    if not isinstance(raw, dict):
+        return None, "'vertical' must be an object {policy, model, min_cores, max_cores, max_batch, reserve_ms}."
+    unknown = sorted(set(raw) - VERTICAL_KEYS)
+    if unknown:
+        return None, f"vertical: unknown keys {', '.join(unknown)}."
+    if raw.get("policy") not in VERTICAL_POLICIES:
+        return None, f"vertical: 'policy' must be one of {', '.join(VERTICAL_POLICIES)}."
+    model = raw.get("model")
+    if not isinstance(model, dict) or set(model) != set(VERTICAL_MODEL_KEYS) or not all(
+            _is_number(model[k]) and model[k] >= 0 for k in VERTICAL_MODEL_KEYS) or not any(model[k] for k in VERTICAL_MODEL_KEYS):
+        return None, f"vertical: 'model' must hold {', '.join(VERTICAL_MODEL_KEYS)}, finite numbers >= 0, not all zero."
+    low, high, batch = raw.get("min_cores"), raw.get("max_cores"), raw.get("max_batch", max_batch)
+    if not (_is_int(low) and _is_int(high) and 1 <= low <= cpu_threads <= high <= host_cores):
+        return None, (f"vertical: need integers 1 <= min_cores <= cpu_threads ({cpu_threads}) <= max_cores <= the host's {host_cores} cores; "
+                      f"got {low!r} and {high!r}.")
+    if not _is_int(batch) or not max_batch <= batch <= MAX_BATCH_LIMIT:
+        return None, f"vertical: 'max_batch' must be an integer from the runtime's max_batch ({max_batch}) to {MAX_BATCH_LIMIT}."
+    reserve = raw.get("reserve_ms", 0.0)
+    if not _is_number(reserve) or reserve < 0:
+        return None, "vertical: 'reserve_ms' must be a finite number >= 0."
+    return {"policy": raw["policy"], "model": {k: float(model[k]) for k in VERTICAL_MODEL_KEYS}, "min_cores": low, "max_cores": high,
+            "max_batch": batch, "reserve_ms": float(reserve)}, None
 
 
 def _batching_validate(raw: Any, application: Application) -> tuple[dict | None, str | None]:
@@ -548,6 +580,16 @@ class _RuntimeChecker:
         if problem:
             self.fail(where, problem)
             return None
+        vertical = None
+        if item.get("vertical") is not None:
+            if rk.kind != AcceleratorKindChoices.CPU:
+                self.fail(where, "'vertical' is only for CPU runtimes (they are resized in place; GPU slices are not).")
+                return None
+            vertical, problem = _vertical_validate(item["vertical"], cpu_threads=cpu_threads, max_batch=max_batch,
+                                                   host_cores=accelerator.cpu_cores or 0)
+            if problem:
+                self.fail(where, problem)
+                return None
         if item.get("profile") is not None:
             profile, problem = _profile_validate(item["profile"])
             if problem:
@@ -570,6 +612,8 @@ class _RuntimeChecker:
             "batching": batching,
             "profile": profile,
             **mps_fields,
+            # Only where given: a key on every runtime would change every running runtime's document.
+            **({"vertical": vertical} if vertical is not None else {}),
         }
 
     def check_cpu_threads(self) -> None:

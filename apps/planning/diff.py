@@ -1,7 +1,8 @@
 """The diff of a plan against what runs now: what applying it changes, per host (MIG instances kept,
 destroyed and created, MIG mode changes; MPS partitions kept, destroyed and created, MPS mode changes and
 the duty cycles of kept partitions; runtimes added, removed, changed in variant, batch, duty cycle or turn,
-kept) and per application (routes added, removed and re-weighted), with a summary of counts.
+resized in place (a CPU runtime's cores or vertical-scaling bounds only: the agent resizes it without a
+restart), kept) and per application (routes added, removed and re-weighted), with a summary of counts.
 
 An MPS partition is named by its slot (`mps60@0`): it is kept when the same slot is in both layouts (its
 process keeps serving), else destroyed and created. A partition's duty cycle is its models' `duty_cycle_ms`
@@ -57,6 +58,10 @@ def _runtime_summary(runtime: Mapping[str, Any]) -> dict[str, Any]:
     cycle and its own turn (ms, None where not given)."""
     summary = {"key": runtime.get("key"), "application": runtime.get("application"), "variant": _variant_of(runtime),
                "max_batch": runtime.get("max_batch")}
+    if runtime.get("cpu_threads") is not None:  # a CPU runtime: its cores and in-place scaling bounds
+        vertical = runtime.get("vertical") or None
+        summary.update(cpu_threads=runtime.get("cpu_threads"),
+                       vertical=None if vertical is None else {k: vertical.get(k) for k in ("policy", "min_cores", "max_cores")})
     if _is_mps_key(runtime.get("key")):
         summary.update(duty_cycle_ms=milliseconds(runtime.get("duty_cycle_ms")), turn_ms=milliseconds(runtime.get("turn_ms")))
     return summary
@@ -200,15 +205,24 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
             for k in sorted(set(old) & set(new))
             if _runtime_signature(old[k]) != _runtime_signature(new[k])
         ]
-        kept = len(set(old) & set(new)) - len(changed)
+        # Only the cores or the in-place bounds of a CPU runtime: the agent resizes it where it runs (a fast
+        # kind of change: no restart, its routes stay).
+        resized = [
+            {"key": k, "before": old[k], "after": new[k]}
+            for k in sorted(set(old) & set(new))
+            if _runtime_signature(old[k]) == _runtime_signature(new[k])
+            and (old[k].get("cpu_threads"), old[k].get("vertical")) != (new[k].get("cpu_threads"), new[k].get("vertical"))
+        ]
+        kept = len(set(old) & set(new)) - len(changed) - len(resized)
+        summary["runtimes_resized"] += len(resized)
         summary["runtimes_added"] += len(added)
         summary["runtimes_removed"] += len(removed)
         summary["runtimes_changed"] += len(changed)
         summary["runtimes_kept"] += kept
-        host_changed = bool(gpus or added or removed or changed)
+        host_changed = bool(gpus or added or removed or changed or resized)
         summary["hosts_changed"] += int(host_changed)
         host_diffs[host_name] = {"baseline": baseline, "changed": host_changed, "gpus": gpus,
-                                 "runtimes": {"added": added, "removed": removed, "changed": changed, "kept": kept}}
+                                 "runtimes": {"added": added, "removed": removed, "changed": changed, "resized": resized, "kept": kept}}
 
     if active is not None:
         routing_before = {name: list(routes) for name, routes in active.routing.items()}
@@ -238,12 +252,12 @@ def plan_diff(*, plan: Plan, desired_states: Mapping[str, dict], routing: Mappin
         routing_diffs[application] = {"changed": changed, "added": added, "removed": removed, "reweighted": reweighted}
     summary = {k: summary.get(k, 0) for k in (
         "hosts_changed", "mig_created", "mig_destroyed", "mig_mode_changes", "mps_created", "mps_destroyed", "mps_mode_changes",
-        "runtimes_added", "runtimes_removed", "runtimes_changed", "runtimes_kept", "applications_rerouted", "routes_added",
+        "runtimes_added", "runtimes_removed", "runtimes_changed", "runtimes_resized", "runtimes_kept", "applications_rerouted", "routes_added",
         "routes_removed", "routes_reweighted",
     )}
     summary["changes"] = sum(summary[k] for k in ("mig_created", "mig_destroyed", "mig_mode_changes", "mps_created", "mps_destroyed",
                                                    "mps_mode_changes", "runtimes_added", "runtimes_removed", "runtimes_changed",
-                                                   "routes_added", "routes_removed", "routes_reweighted"))
+                                                   "runtimes_resized", "routes_added", "routes_removed", "routes_reweighted"))
     against = {"plan": active.pk if active is not None else None,
                "description": f"active plan {active.pk}" if active is not None else "the hosts' latest desired states and the active routing tables"}
     return {"against": against, "summary": summary, "hosts": host_diffs, "routing": routing_diffs}
@@ -257,6 +271,7 @@ def plan_diff_summary_text(*, summary: Mapping[str, int]) -> str:
         ("mig_destroyed", "MIG instances destroyed"), ("mig_created", "MIG instances created"),
         ("mig_mode_changes", "MIG mode changes"), ("mps_destroyed", "MPS partitions destroyed"),
         ("mps_created", "MPS partitions created"), ("mps_mode_changes", "MPS mode changes"), ("runtimes_added", "runtimes added"), ("runtimes_removed", "runtimes removed"),
-        ("runtimes_changed", "runtimes changed"), ("applications_rerouted", "applications rerouted"),
+        ("runtimes_changed", "runtimes changed"), ("runtimes_resized", "runtimes resized in place"),
+        ("applications_rerouted", "applications rerouted"),
     ) if summary.get(k)]
     return ", ".join(parts)

@@ -57,7 +57,7 @@ from engine.plans.validate import plan_validate
 from engine.simulation.simulator import SimulationConfig, simulate
 from engine.simulation.workload import arrivals_poisson
 from engine.simulation.pipeline import PipelineSimulationConfig, fleet_pipeline_simulate
-from engine.solvers.solve import PIPELINES, PLANNERS, SHARING, plan_solve
+from engine.solvers.solve import PIPELINES, PLANNERS, SHARING, VERTICAL, plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
 from .diff import plan_diff, plan_diff_summary_text
@@ -96,7 +96,7 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
 # The planners a run may use: the fleet planners, the MPS planners (gpulets' elastic partitioning with
 # interference and its baselines), which plan the fleet's MPS GPUs and leave its other devices alone, and
 # the pipeline planners (FA2, IPA), which plan the registry's pipelines on CPU hosts and the rest with proteus.
-PLAN_RUN_SOLVERS: tuple[str, ...] = PLANNERS + SHARING + PIPELINES
+PLAN_RUN_SOLVERS: tuple[str, ...] = PLANNERS + SHARING + PIPELINES + VERTICAL
 TIME_LIMIT_MAX_S = 600.0
 HEADROOM_MAX = 10.0
 PREDICTION_MAX_S = 120.0

@@ -176,6 +176,8 @@ def plan_translate(
                 stage_slo = problem.application(app_name).slo_ms  # a stage planned on its own: its SLO (the path's unless it has one)
             if stage_slo is not None:
                 runtime["batching"]["slo_ms"] = stage_slo
+            if inst.vertical is not None and cpu:
+                runtime["vertical"] = inst.vertical.to_desired()
             if mps_percent is not None:
                 # Its slot in the round comes after the planned turns (batch latency, interference included)
                 # of the models before it: the live rounds time them as the simulator does.

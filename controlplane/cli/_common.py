@@ -14,6 +14,8 @@ PLANNERS = ("proteus", "joint", "garrison", "clipper-ha", "clipper-ht", "sommeli
 MPS_PLANNERS = ("gpulets", "sbp", "best-fit", "ideal")
 # The pipeline planners (FA2, IPA): the problem's pipelines on CPU hosts, proteus for the rest.
 PIPELINE_PLANNERS = ("fa2", "ipa")
+# The vertical planners (Sponge, Biscale): CPU instances the agents resize in place, proteus for the rest.
+VERTICAL_PLANNERS = ("sponge", "biscale")
 
 
 def django_setup(settings: str = "controlplane.settings.local") -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import EXIT_INVALID, MPS_PLANNERS, PIPELINE_PLANNERS, PLANNERS, fail, number, plan_read, problem_read
+from ._common import EXIT_INVALID, MPS_PLANNERS, PIPELINE_PLANNERS, PLANNERS, VERTICAL_PLANNERS, fail, number, plan_read, problem_read
 
 plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan.", no_args_is_help=True)
 
@@ -55,6 +55,12 @@ def _plan_summary_echo(problem, plan) -> None:
             seen = (f"; simulated {PIPELINE_SIMULATION_S:g} s: {outcome.violation_ratio:.2%} violations, p99 {number(outcome.p99_ms, '.4g')} ms"
                     if outcome is not None else "")
             typer.echo(f"  path {path}: {latency} ms of SLO {q['slo_ms']:g} ms at {q['demand_rps']:g} rps ({' -> '.join(q['stages'])}){seen}")
+    for inst in plan.instances:
+        if inst.vertical is not None:
+            v = inst.vertical
+            typer.echo(f"vertical     {inst.id} ({inst.variant}): {inst.slice} core(s) at batch {inst.batch}, resized in place by {v.policy} "
+                       f"within {v.min_cores}..{v.max_cores} cores, batch up to {v.max_batch}"
+                       + (f", {v.reserve_ms:.4g} ms kept for later stages" if v.reserve_ms else ""))
     for note in plan.notes:
         typer.echo(f"  note: {note}")
 
@@ -62,7 +68,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal, or for the problem's pipelines: fa2 | ipa"),
+    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal, or for the problem's pipelines: fa2 | ipa, or with in-place vertical scaling of CPU instances: sponge | biscale"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
@@ -76,8 +82,8 @@ def plan_solve_cmd(
 
     from engine.plans.problem import OBJECTIVES, SOLVERS
 
-    if solver not in PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS:
-        raise fail(f"--solver must be one of {', '.join(PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS)}, got {solver!r}")
+    if solver not in PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS + VERTICAL_PLANNERS:
+        raise fail(f"--solver must be one of {', '.join(PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS + VERTICAL_PLANNERS)}, got {solver!r}")
     if objective is not None and objective not in OBJECTIVES:
         raise fail(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if backend is not None and backend not in SOLVERS:

@@ -268,6 +268,31 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class VerticalScaling:
+    """In-place vertical scaling of one CPU instance (thesis P2 Sponge, P4 Biscale; issue 19): the agent's
+    fast loop (workers/agent/vertical.py) re-sizes the running instance every second between `min_cores`
+    and `max_cores`, batch up to `max_batch`, by Sponge's rule (engine/vertical/controller.py) on the
+    latency model l(b, c) = gamma1*b/c + eps1/c + delta1*b + eta1 ms fitted from the variant's CPU profiles.
+    A pipeline stage keeps `reserve_ms` of every request's remaining budget for the stages after it (their
+    planned time). The plan's own size (the instance's slice and batch) is where it starts."""
+
+    policy: str  # "sponge" (flat applications) or "biscale" (pipeline stages)
+    gamma1: float
+    eps1: float
+    delta1: float
+    eta1: float
+    min_cores: int
+    max_cores: int
+    max_batch: int
+    reserve_ms: float = 0.0
+
+    def to_desired(self) -> dict[str, Any]:
+        """The runtime's `vertical` block in a desired state (what the agent reads)."""
+        return {"policy": self.policy, "model": {"gamma1": self.gamma1, "eps1": self.eps1, "delta1": self.delta1, "eta1": self.eta1},
+                "min_cores": self.min_cores, "max_cores": self.max_cores, "max_batch": self.max_batch, "reserve_ms": self.reserve_ms}
+
+
+@dataclass(frozen=True)
 class PlanInstance:
     device: str
     slice: str  # MIG profile, "full", "mpsNN" (an MPS partition of NN %), or CPU cores as text
@@ -286,6 +311,8 @@ class PlanInstance:
     # The planner's predicted slowdown from the model on the GPU's other partition (>= 1; latency_ms
     # already includes it).
     interference_factor: float = 1.0
+    # CPU instances the agent may resize in place (solvers sponge and biscale); None: a fixed size.
+    vertical: VerticalScaling | None = None
 
     @property
     def id(self) -> str:
@@ -890,6 +917,7 @@ def plan_from_dict(raw: Mapping[str, Any]) -> Plan:
                 latency_ms=float(i["latency_ms"]), capacity_rps=float(i["capacity_rps"]), assigned_rps=float(i["assigned_rps"]),
                 duty_cycle_ms=None if i.get("duty_cycle_ms") is None else float(i["duty_cycle_ms"]),
                 interference_factor=1.0 if i.get("interference_factor") is None else float(i["interference_factor"]),
+                vertical=None if i.get("vertical") is None else VerticalScaling(**i["vertical"]),
             )
             for i in raw["instances"]
         ]

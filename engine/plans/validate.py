@@ -206,8 +206,31 @@ class _Checker:
                     f"instance {iid}: duty_cycle_ms {inst.duty_cycle_ms!r} and interference_factor {inst.interference_factor!r} "
                     f"apply only to MPS partitions, and {device.name} is {kind} (expected null and 1)"
                 )
+            if inst.vertical is not None:
+                self.check_vertical(inst, device)
             self.known[iid] = inst
             self.check_batch(inst, device)
+
+    def check_vertical(self, inst: PlanInstance, device: DeviceSpec) -> None:
+        """In-place vertical scaling: CPU instances only, its bounds around the planned size and within the
+        host, a latency model that never grows with cores."""
+        v = inst.vertical
+        iid = inst.id
+        if not device.is_cpu:
+            self.error(f"instance {iid}: vertical scaling resizes CPU instances in place, and {device.name} is not a CPU host")
+            return
+        if v.policy not in ("sponge", "biscale"):
+            self.error(f"instance {iid}: vertical policy {v.policy!r} is not one of sponge, biscale")
+        cores = int(inst.slice) if inst.slice.isdigit() else 0
+        if not (1 <= v.min_cores <= cores <= v.max_cores <= (device.cores or 0)):
+            self.error(f"instance {iid}: vertical scaling between {v.min_cores} and {v.max_cores} cores must hold its planned {inst.slice} "
+                       f"and stay within {device.name}'s {device.cores}")
+        if v.max_batch < inst.batch:
+            self.error(f"instance {iid}: vertical max_batch {v.max_batch} is below the planned batch {inst.batch}")
+        coefficients = (v.gamma1, v.eps1, v.delta1, v.eta1)
+        if not all(_finite(x) and x >= 0 for x in coefficients) or not any(coefficients) or not (_finite(v.reserve_ms) and v.reserve_ms >= 0):
+            self.error(f"instance {iid}: the vertical latency model {coefficients} needs finite coefficients >= 0, not all zero, "
+                       f"and reserve_ms a finite number >= 0")
 
     def check_slice(self, inst: PlanInstance, device: DeviceSpec) -> bool:
         """The slice exists on the device's type and is written the way that kind of device needs."""

@@ -56,9 +56,9 @@ from engine.plans.capacity import profile_interpolate
 from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, PipelineSpec, Problem, ProfilePoint
 from engine.solvers.assemble import plan_from_instances
 
-__all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_fleet_solve", "replicas_place"]
+__all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_fleet_solve", "replicas_place", "rest_plan_solve"]
 
-PIPELINE_SOLVERS: tuple[str, ...] = ("fa2", "ipa")
+PIPELINE_SOLVERS: tuple[str, ...] = ("fa2", "ipa", "biscale")
 
 
 @dataclass(frozen=True)
@@ -282,6 +282,11 @@ def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact"
             outcome = PipelineOutcome(spec, solver, "infeasible", [], None, 0.0, ["the fleet has no CPU host; pipelines are planned on CPU hosts"])
         elif solver == "fa2":
             outcome = _fa2_solve(problem, spec, host_cores, method=method, time_limit_s=limit)
+        elif solver == "biscale":
+            # Biscale's horizontal plan is Algorithm 4, FA2's DP over one-core instances (thesis §p4.4.4.2);
+            # the vertical part is the agents' fast loop, bounded below (`_biscale_scaling`).
+            outcome = _fa2_solve(problem, spec, host_cores, method="dp", time_limit_s=limit)
+            outcome.solver = "biscale (Algorithm 4)"
         else:
             outcome = _ipa_solve(problem, spec, host_cores, time_limit_s=limit)
         placed_instances, outcome_notes = _outcome_place(problem, outcome, hosts, used, next_start)
@@ -291,31 +296,64 @@ def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact"
         summaries[spec.name] = _outcome_summary(problem, outcome, placed_instances)
         notes.extend(f"pipeline {spec.name}: {n}" for n in outcome.notes)
 
+    if solver == "biscale":
+        instances = _biscale_scaling(problem, instances, summaries, used, notes)
     staged = {st.application for p in problem.pipelines for st in p.stages}
-    rest_apps = tuple(a for a in problem.applications if a.name not in staged)
-    rest_plan: Plan | None = None
-    if rest_apps:
-        free_devices = tuple(d for d in problem.devices if not (d.is_cpu and used.get(d.name)))
-        if free_devices:
-            from engine.solvers.solve import plan_solve
-
-            rest_variants = tuple(v for v in problem.variants if v.application not in staged)
-            names = {v.name for v in rest_variants}
-            rest_problem = dataclasses.replace(
-                problem, applications=rest_apps, variants=rest_variants, devices=free_devices,
-                profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=(),
-            )
-            rest_plan = plan_solve(rest_problem, rest_solver)
-            instances.extend(rest_plan.instances)
-            notes.append(f"{rest_plan.solver} planned the {len(rest_apps)} application(s) outside pipelines on {len(free_devices)} device(s): "
-                         f"{rest_plan.status}")
-            notes.extend(rest_plan.notes)
-            statuses.append(rest_plan.status)
-        else:
-            notes.append(f"no device is left for the {len(rest_apps)} application(s) outside pipelines")
-            statuses.append("infeasible")
+    rest_plan, rest_notes, rest_statuses = rest_plan_solve(problem, staged, used, rest_solver, what="pipelines")
+    if rest_plan is not None:
+        instances.extend(rest_plan.instances)
+    notes.extend(rest_notes)
+    statuses.extend(rest_statuses)
     label = f"{solver}+{rest_plan.solver}" if rest_plan is not None else solver
     return _plan_compose(problem, label, instances, rest_plan, statuses, notes, summaries, time.perf_counter() - started)
+
+
+def _biscale_scaling(problem: Problem, instances: list[PlanInstance], summaries: dict[str, Any], used: dict[str, int],
+                     notes: list[str]) -> list[PlanInstance]:
+    """Every pipeline replica with its in-place vertical scaling (P4.1 fitted to its variant's CPU
+    profiles), keeping for the later stages of its tightest path their planned time (`reserve_ms`), and
+    each pipeline's summary with the models."""
+    from engine.solvers.vertical import vertical_bounds_attach, vertical_model_from_profiles
+
+    scaling: dict[str, Any] = {}
+    for spec in problem.pipelines:
+        summary = summaries.get(spec.name) or {}
+        stages = summary.get("stages") or {}
+        for app, stage in stages.items():
+            model = vertical_model_from_profiles(problem, stage["variant"])
+            if model is None:
+                notes.append(f"pipeline {spec.name}: stage {app}: {stage['variant']} has CPU profiles at fewer than two core counts; "
+                             "its replicas keep their size (no vertical scaling)")
+                continue
+            reserve = float(max((sum(stages[s]["budget_ms"] for s in q.stages[q.stages.index(app) + 1:] if s in stages)
+                                 for q in spec.paths if app in q.stages), default=0.0))
+            scaling[app] = ("biscale", model, reserve, 16)
+            stage["vertical"] = {"gamma1": model.gamma1, "eps1": model.eps1, "delta1": model.delta1, "eta1": model.eta1, "reserve_ms": reserve}
+    return vertical_bounds_attach(problem, instances, scaling, used)
+
+
+def rest_plan_solve(problem: Problem, taken: set[str], used: dict[str, int], rest_solver: str, *,
+                    what: str) -> tuple[Plan | None, list[str], list[str]]:
+    """Plan the applications not in `taken` with `rest_solver` on the devices left: every device except
+    the CPU hosts where `used` counts cores already given (to pipelines, or to vertically scaled
+    instances). Returns (the plan or None, notes, statuses); `what` names what took the rest in the notes."""
+    rest_apps = tuple(a for a in problem.applications if a.name not in taken)
+    if not rest_apps:
+        return None, [], []
+    free_devices = tuple(d for d in problem.devices if not (d.is_cpu and used.get(d.name)))
+    if not free_devices:
+        return None, [f"no device is left for the {len(rest_apps)} application(s) outside {what}"], ["infeasible"]
+    from engine.solvers.solve import plan_solve
+
+    rest_variants = tuple(v for v in problem.variants if v.application not in taken)
+    names = {v.name for v in rest_variants}
+    rest_problem = dataclasses.replace(
+        problem, applications=rest_apps, variants=rest_variants, devices=free_devices,
+        profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=(),
+    )
+    rest_plan = plan_solve(rest_problem, rest_solver)
+    notes = [f"{rest_plan.solver} planned the {len(rest_apps)} application(s) outside {what} on {len(free_devices)} device(s): {rest_plan.status}"]
+    return rest_plan, notes + list(rest_plan.notes), [rest_plan.status]
 
 
 def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[DeviceSpec], used: dict[str, int],

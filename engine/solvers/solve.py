@@ -16,6 +16,10 @@ SHARING: tuple[str, ...] = ("gpulets", "sbp", "best-fit", "ideal")
 PIPELINES: tuple[str, ...] = ("fa2", "ipa")
 # What plans a problem's pipelines when the chosen solver is not a pipeline planner.
 PIPELINE_DEFAULT = "fa2"
+# The vertical planners (solvers/vertical.py): CPU applications sized for in-place vertical scaling by the
+# agents' fast loop (Sponge); biscale plans pipelines by Biscale (solvers/pipelines.py) and the flat CPU
+# applications as sponge does; proteus the rest.
+VERTICAL: tuple[str, ...] = ("sponge", "biscale")
 
 
 def _planner_get(solver: str) -> Callable[[Problem], Plan]:
@@ -44,7 +48,11 @@ def _planner_get(solver: str) -> Callable[[Problem], Plan]:
         from engine.solvers.pipelines import pipeline_fleet_solve
 
         return lambda problem: pipeline_fleet_solve(problem, solver)
-    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES + SHARING + PIPELINES)}")
+    if solver in VERTICAL:
+        from engine.solvers.vertical import vertical_fleet_solve
+
+        return lambda problem: vertical_fleet_solve(problem, solver)
+    raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES + SHARING + PIPELINES + VERTICAL)}")
 
 
 def plan_solve(
@@ -57,7 +65,8 @@ def plan_solve(
     backend: str | None = None,
 ) -> Plan:
     """Plan with `solver` (proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier |
-    infaas, or an MPS planner: gpulets | sbp | best-fit | ideal, or a pipeline planner: fa2 | ipa). `objective`, `time_limit_s`, `mip_gap` and `backend`
+    infaas, or an MPS planner: gpulets | sbp | best-fit | ideal, or a pipeline planner: fa2 | ipa, or a
+    vertical planner: sponge | biscale). `objective`, `time_limit_s`, `mip_gap` and `backend`
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing
     at all can be served still comes back as a Plan, with status `infeasible` and notes saying why.
     A fleet with MPS GPUs and other devices both is planned in two stages, `solver` taking the devices
@@ -84,13 +93,13 @@ def plan_solve(
     planner = _planner_get(solver)
     if overrides:
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
-    if problem.pipelines and solver not in PIPELINES:
+    if problem.pipelines and solver not in PIPELINES + ("biscale",):
         # Pipelines are always planned as a whole (FA2 by default); `solver` plans the other applications.
         from engine.solvers.pipelines import pipeline_fleet_solve
 
         return pipeline_fleet_solve(problem, PIPELINE_DEFAULT, rest_solver=solver)
     from engine.solvers.mixed import fleet_is_mixed, mixed_plan_solve
 
-    if fleet_is_mixed(problem) and solver not in PIPELINES:
+    if fleet_is_mixed(problem) and solver not in PIPELINES + VERTICAL:
         return mixed_plan_solve(problem, solver, sharing_solvers=SHARING, planner_get=_planner_get)
     return planner(problem)

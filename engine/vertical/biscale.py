@@ -60,10 +60,20 @@ BiscaleMode = Literal["joint", "vertical", "horizontal"]
 
 @dataclass(frozen=True)
 class BiscaleStage:
+    """A stage: its latency model (anything with `l(b, c)` and `throughput_rps(b, c)`: the fitted P4.1, or
+    a plan's measured profile table), its largest batch and cores, and, where only some core counts may be
+    chosen (a plan sticks to profiled counts), those."""
+
     name: str
     latency: VerticalLatency
     max_batch: int = BATCH_MAX
     max_cores: int = CORES_MAX
+    core_counts: tuple[int, ...] | None = None
+
+    def cores_allowed(self) -> tuple[int, ...]:
+        if self.core_counts is None:
+            return tuple(range(1, self.max_cores + 1))
+        return tuple(c for c in sorted(set(self.core_counts)) if 1 <= c <= self.max_cores)
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,7 @@ def _vertical_dp(problem: BiscaleProblem, instances: Mapping[str, int], slot_ms:
         n = instances.get(stage.name, 1)
         best = np.full(horizon + 1, np.inf)
         chosen = np.full((horizon + 1, 2), -1, dtype=np.int32)
-        for c in range(1, stage.max_cores + 1):
+        for c in stage.cores_allowed():
             for b in range(1, stage.max_batch + 1):
                 if n * stage.latency.throughput_rps(b, c) < problem.rate_rps - 1e-9:
                     continue  # the stage's instances must serve the rate
@@ -262,7 +272,7 @@ def biscale_ip_solve(problem: BiscaleProblem, *, mode: BiscaleMode = "joint", in
     slo = float(math.floor(problem.slo_ms / slot_ms + 1e-9)) if slot_ms else problem.slo_ms
     options: dict[tuple[str, int, int], int] = {}  # (stage, c, b) -> n
     for s in problem.stages:
-        for c in (range(1, 2) if mode == "horizontal" else range(1, s.max_cores + 1)):
+        for c in ((1,) if mode == "horizontal" else s.cores_allowed()):
             for b in range(1, s.max_batch + 1):
                 h = s.latency.throughput_rps(b, c)
                 if mode == "vertical":

@@ -103,3 +103,27 @@ def test_a_pipeline_plan_lands_as_cpu_runtimes_side_by_side(pipeline_fleet, solv
     # The prediction simulated the pipeline end to end.
     path = plan.prediction["pipelines"]["video"]["paths"]["video"]
     assert path["queries"] > 0 and path["slo_violation_ratio"] < 0.05
+
+
+@pytest.mark.parametrize("solver", ["sponge", "biscale"])
+def test_vertical_plans_carry_the_in_place_scaling_bounds_to_the_desired_state(pipeline_fleet, solver):
+    plan = _run({"solver": solver, "demand": {"detect": 120, "tabular": 20}})
+    assert plan.status == "validated", plan.validation
+    runtimes = {r["application"]: r for spec in plan.desired_states.values() for r in spec["runtimes"]}
+    tabular = runtimes["tabular"]
+    assert tabular["vertical"]["policy"] == "sponge" and set(tabular["vertical"]["model"]) == {"gamma1", "eps1", "delta1", "eta1"}
+    assert tabular["vertical"]["min_cores"] <= tabular["cpu_threads"] <= tabular["vertical"]["max_cores"] <= 8
+    if solver == "biscale":
+        assert runtimes["detect"]["vertical"]["policy"] == "biscale" and runtimes["detect"]["vertical"]["reserve_ms"] > 0
+    else:  # the pipeline is FA2's, at fixed sizes
+        assert "vertical" not in runtimes["detect"]
+    for host_name, spec in plan.desired_states.items():
+        host_desired_state_validate(host=Host.objects.get(name=host_name), spec=spec)
+    # Bad bounds are refused with the field named, and nothing else is lost.
+    host_name, spec = next((h, s) for h, s in plan.desired_states.items() if any(r["application"] == "tabular" for r in s["runtimes"]))
+    bad = {**spec, "runtimes": [{**r, "vertical": {**r["vertical"], "max_cores": 99}} if r["application"] == "tabular" else r
+                                for r in spec["runtimes"]]}
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="max_cores <= the host's 8 cores"):
+        host_desired_state_validate(host=Host.objects.get(name=host_name), spec=bad)
