@@ -13,6 +13,7 @@ from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition, 
 from apps.planning.diff import partition_duty_cycles
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
+from apps.telemetry.selectors import runtime_cores_history
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.names import runtime_key_parse
 
@@ -178,6 +179,9 @@ class AcceleratorView:
     whole_runtime: RuntimeView | None = None  # a runtime on the whole GPU (MIG off)
     cpu_cores: int | None = None
     cpu_runtimes: list[RuntimeView] = field(default_factory=list)
+    # A CPU's runtimes' cores over the last minutes: {instance id: [[epoch s, cores], ...]} (empty: none
+    # reported cores); the fleet page draws it and the live feed extends it.
+    cores_history: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     mps_enabled: bool = False
     partitions: list[PartitionView] = field(default_factory=list)  # an MPS GPU's partitions, by index
     mps_free: FreeShareView | None = None  # the share no partition holds (None: none free, or MPS off)
@@ -378,6 +382,9 @@ def fleet_overview(user) -> list[HostView]:
         Runtime.objects.restrict(user, "view").filter(host__in=hosts).select_related("application", "variant")
     )
     runtime_by_key = {(r.host_id, r.key): _runtime_view(r) for r in runtimes}
+    cpu_hosts = sorted({a.host_id for a in accelerators if a.kind == AcceleratorKindChoices.CPU})
+    cores_history = runtime_cores_history(host_ids=cpu_hosts) if cpu_hosts else {}
+    host_names = {h.pk: h.name for h in hosts}
     instances_by_accelerator: dict[int, list[GpuInstance]] = {}
     for instance in instances:
         instances_by_accelerator.setdefault(instance.accelerator_id, []).append(instance)
@@ -421,6 +428,8 @@ def fleet_overview(user) -> list[HostView]:
                  if host_id == acc.host_id and (key == prefix or key.startswith(prefix + "/"))),
                 key=lambda rv: rv.key,
             )
+            view.cores_history = {f"{host_names[acc.host_id]}/{rv.key}": cores_history[(acc.host_id, rv.key)]
+                                  for rv in view.cpu_runtimes if (acc.host_id, rv.key) in cores_history}
         accelerators_by_host.setdefault(acc.host_id, []).append(view)
     return [
         HostView(

@@ -42,6 +42,10 @@ class RuntimeSample(IntervalCounts):
     queue_length = models.PositiveIntegerField(default=0)
     batches = models.PositiveIntegerField(default=0)
     batch_size_mean = models.FloatField(default=0.0)
+    # A CPU runtime's cores and batch cap at the end of the interval (they change in place under vertical
+    # scaling); null where the agent does not say (GPU runtimes).
+    cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    batch_cap = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta(IntervalCounts.Meta):
         indexes = [

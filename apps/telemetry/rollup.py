@@ -174,7 +174,7 @@ class LiveWindow:
             out.setdefault(runtime_id, {"utilization_pct": None, "memory_used_mb": None}).update({
                 "application": r.get("application", ""), "variant": r.get("variant", ""),
                 "load_rps": round(r.get("arrivals", 0) / r["interval_s"], 2), "queue": r.get("queue_length", 0),
-                "p99_ms": r.get("latency_p99_ms"),
+                "p99_ms": r.get("latency_p99_ms"), "cores": r.get("cores"), "max_batch": r.get("max_batch"),
             })
         return out
 

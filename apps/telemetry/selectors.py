@@ -88,3 +88,16 @@ def pipeline_paths_live(*, seconds: int = 60, now=None) -> dict[tuple[str, str],
         agg["violation_ratio"] = agg.pop("bad") / agg["arrivals"] if agg["arrivals"] else None
         agg["window_s"] = seconds
     return out
+
+
+def runtime_cores_history(*, host_ids: list[int], seconds: int = 300, now=None) -> dict[tuple[int, str], list[tuple[float, int]]]:
+    """Each CPU runtime's cores over the last `seconds` on the given hosts, as the agents reported them
+    (epoch seconds, cores), oldest first: what the fleet page's cores chart starts from (vertical scaling
+    resizes runtimes in place, issue 19). Runtimes that never reported cores are not listed. One query."""
+    since = (now or timezone.now()) - timedelta(seconds=seconds)
+    out: dict[tuple[int, str], list[tuple[float, int]]] = {}
+    rows = (RuntimeSample.objects.filter(host_id__in=host_ids, at__gte=since, cores__isnull=False)
+            .order_by("at").values_list("host_id", "runtime_key", "at", "cores"))
+    for host_id, key, at, cores in rows:
+        out.setdefault((host_id, key), []).append((round(at.timestamp(), 3), int(cores)))
+    return out

@@ -41,7 +41,8 @@ def _application_ids(names: Iterable[str]) -> dict[str, int]:
 
 
 RUNTIME_FIELDS = ("host_id", "runtime_key", "application_id", "application_name", "variant_name", "at", "interval_s", "arrivals",
-                  "served", "late", "dropped", "queue_length", "batches", "batch_size_mean", "latency_p50_ms", "latency_p99_ms")
+                  "served", "late", "dropped", "queue_length", "batches", "batch_size_mean", "latency_p50_ms", "latency_p99_ms",
+                  "cores", "batch_cap")
 GPU_FIELDS = ("host_id", "accelerator_index", "placement", "at", "utilization_pct", "gr_engine_active_pct", "memory_used_mb",
               "power_w", "simulated")
 
@@ -51,7 +52,8 @@ def _runtime_rows(host_id: int, report: dict[str, Any], applications: dict[str, 
     return [
         (host_id, r["key"], applications.get(r.get("application", "")), r.get("application", ""), r.get("variant", ""), at, interval_s,
          r.get("arrivals", 0), r.get("served", 0), r.get("late", 0), r.get("dropped", 0), r.get("queue_length", 0),
-         r.get("batches", 0), r.get("batch_size_mean") or 0.0, r.get("latency_p50_ms"), r.get("latency_p99_ms"))
+         r.get("batches", 0), r.get("batch_size_mean") or 0.0, r.get("latency_p50_ms"), r.get("latency_p99_ms"), r.get("cores"),
+         r.get("max_batch"))
         for r in report.get("runtimes", [])
     ]
 

@@ -43,7 +43,7 @@ def host_metrics_event(*, host_name: str, report: dict[str, Any]) -> dict[str, A
                 "key": r["key"], "application": r.get("application", ""), "variant": r.get("variant", ""),
                 "arrivals": r.get("arrivals", 0), "served": r.get("served", 0), "late": r.get("late", 0),
                 "dropped": r.get("dropped", 0), "queue_length": r.get("queue_length", 0),
-                "latency_p99_ms": r.get("latency_p99_ms"),
+                "latency_p99_ms": r.get("latency_p99_ms"), "cores": r.get("cores"), "max_batch": r.get("max_batch"),
             }
             for r in report.get("runtimes", [])
         ],

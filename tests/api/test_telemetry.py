@@ -32,7 +32,7 @@ def metrics(at=None, runtimes=None, **extra):
              "late": 1, "dropped": 1, "queue_length": 3, "batches": 20, "batch_size_mean": 5.9,
              "latency_p50_ms": 21.0, "latency_p99_ms": 48.0},
             {"key": "cpu0/0", "application": "not-registered", "variant": "mlp", "arrivals": 0, "served": 0,
-             "latency_p50_ms": None, "latency_p99_ms": None},
+             "latency_p50_ms": None, "latency_p99_ms": None, "cores": 3, "max_batch": 8},
         ],
         **extra,
     }
@@ -51,6 +51,8 @@ def test_metrics_are_stored_and_mark_the_host_seen(clients, agent_hosts):
     known, unknown = rows["gpu0/3g.20gb@4"], rows["cpu0/0"]
     assert known.application == app and known.served == 118 and known.latency_p99_ms == 48.0 and known.interval_s == 1.0
     assert unknown.application is None and unknown.application_name == "not-registered" and unknown.latency_p50_ms is None
+    # A CPU runtime says its cores and batch cap now (vertical scaling changes them in place); a GPU one does not.
+    assert (unknown.cores, unknown.batch_cap) == (3, 8) and (known.cores, known.batch_cap) == (None, None)
     gpus = {s.placement: s for s in GpuSample.objects.all()}
     assert gpus[""].utilization_pct == 71.0 and gpus[""].power_w == 250.0 and gpus[""].simulated
     assert gpus["3g.20gb@4"].gr_engine_active_pct == 64.0 and gpus["3g.20gb@4"].power_w is None and gpus["3g.20gb@4"].simulated
@@ -69,6 +71,7 @@ def test_metrics_only_from_the_hosts_own_agent(clients, agent_hosts):
     [
         (metrics(runtimes=[{"key": "gpu1", "arrivals": -1}]), "runtimes"),
         (metrics(runtimes=[{"key": "gpu1", "latency_p99_ms": "NaN"}]), "runtimes"),
+        (metrics(runtimes=[{"key": "cpu0/0", "cores": 0}]), "runtimes"),
         (metrics(at="sometime"), "at"),
         (metrics(interval_s=0), "interval_s"),
         ({**metrics(), "gpus": [{"index": 0, "utilization_pct": 140}]}, "gpus"),

@@ -101,6 +101,45 @@ def test_the_fleet_page_shows_live_load_and_utilisation(seeded, asgi_live_server
 
 
 @pytest.fixture
+def cpu_runtimes(seeded):
+    """The CPU host's two runtimes as its agent reports them, one with a minute of cores history."""
+    from datetime import timedelta
+
+    from apps.deployments.models import Runtime
+    from apps.registry.models import Application
+    from apps.telemetry.models import RuntimeSample
+
+    host = Host.objects.get(name="sim-cpu-01")
+    application = Application.objects.get(name="tabular-cpu")
+    for key in ("cpu0/0", "cpu0/1"):
+        Runtime.objects.create(host=host, key=key, application=application, variant=application.variants.first(), state="ready")
+    now = datetime.now(timezone.utc)
+    RuntimeSample.objects.bulk_create([RuntimeSample(host=host, runtime_key="cpu0/0", application_name="tabular-cpu", at=now - timedelta(seconds=60 - s),
+                                                     interval_s=1.0, cores=1) for s in range(0, 60, 5)])
+    return host.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fleet_page_charts_cores_per_cpu_runtime_as_they_are_resized(seeded, cpu_runtimes, asgi_live_server, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    _open_live(page, url, seeded, "viewer", "/fleet/")
+    line = page.locator('polyline[data-cores-line="sim-cpu-01/cpu0/0"]')
+    assert line.get_attribute("data-cores-now") == "1"  # drawn from the stored history at load
+    assert page.locator('polyline[data-cores-line="sim-cpu-01/cpu0/1"]').count() == 0
+    report = {"at": datetime.now(timezone.utc).isoformat(), "interval_s": 1.0,
+              "runtimes": [{"key": "cpu0/0", "application": "tabular-cpu", "arrivals": 40, "served": 40, "cores": 2, "max_batch": 4},
+                           {"key": "cpu0/1", "application": "tabular-cpu", "arrivals": 5, "served": 5, "cores": 1, "max_batch": 1}]}
+    response = httpx.post(f"{url}/api/v1/hosts/{cpu_runtimes}/metrics/", json=report,
+                          headers={"Authorization": f"Bearer {seeded['agent_token']}"}, timeout=5)
+    assert response.status_code == 201, response.text
+    page.wait_for_function("document.querySelector('polyline[data-cores-line=\"sim-cpu-01/cpu0/0\"]').dataset.coresNow === '2'", timeout=2000)
+    assert page.locator('li[data-instance="sim-cpu-01/cpu0/0"] [data-cores]').text_content() == "2"
+    assert page.locator('polyline[data-cores-line="sim-cpu-01/cpu0/1"]').get_attribute("data-cores-now") == "1"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator('[data-cores-chart="sim-cpu-01/cpu0"]').screenshot(path=str(SCREENSHOTS / "fleet-cores.png"))
+
+
+@pytest.fixture
 def approved_plan(seeded, settings):
     settings.TESSERA_JOBS_IN_THREAD = True  # the server runs the rollout in a thread, as the demo does
     plan = cpu_plan()

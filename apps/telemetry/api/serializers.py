@@ -86,6 +86,10 @@ class MetricsRuntimeSerializer(serializers.Serializer):
     batch_size_mean = serializers.FloatField(min_value=0.0, default=0.0, allow_null=True, help_text="null when no batch ran")
     latency_p50_ms = _LatencyMs()
     latency_p99_ms = _LatencyMs()
+    cores = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True, default=None,
+                                     help_text="A CPU runtime's cores now (they change in place under vertical scaling)")
+    max_batch = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False, allow_null=True, default=None,
+                                         help_text="Its batch cap now")
 
 
 class MetricsReportSerializer(serializers.Serializer):
@@ -194,7 +198,7 @@ class RuntimeSampleSerializer(serializers.ModelSerializer):
         fields = [
             "id", "host", "runtime_key", "application", "application_name", "variant_name", "at", "interval_s",
             "arrivals", "served", "late", "dropped", "queue_length", "batches", "batch_size_mean",
-            "latency_p50_ms", "latency_p99_ms",
+            "latency_p50_ms", "latency_p99_ms", "cores", "batch_cap",
         ]
         read_only_fields = fields
 
