@@ -45,6 +45,14 @@ nothing by itself; a submission only queues the query and calls `arrival_hook`, 
 the round calls `turn_take(now, cap)` (the drop rule, then the policy's batch, run now: the round is the
 timer; None when there is nothing to run), `turn_run` and `turn_complete`.
 
+A running batcher can be resized in place (issue 19, vertical scaling: workers/runtime/server.py's `resize`):
+`reconfigure(max_batch=..., latency_ms=..., apply=...)` takes the lock, runs `apply()` (the caller's own
+swap, e.g. the session the next batch runs on), then sets the new batch cap and latency function and
+re-plans at once (a timer set under the old latency function may be too late, or too early, now). A batch
+in flight finishes as it was decided; every decision after the call sees the new cap and latency, so the
+worker never decides with one half of a change. Round-driven batchers are sized by their round
+(`turn_take`'s cap) and are not reconfigured.
+
 `clock` returns seconds (`time.monotonic`); a clock with a `now_ms()` method (`VirtualClock`) is read in
 milliseconds directly, so replayed times stay exact. With `record_batches=True` the batcher keeps
 `batches`, one `(start_ms, [query ids], end_ms)` per batch, and `drops`, one `(query id, time_ms)` per
@@ -354,6 +362,39 @@ class InstanceBatcher:
         """Queries queued (not counting a batch in flight)."""
         with self._cond:
             return len(self.queue)
+
+    def reconfigure(self, *, max_batch: int | None = None, latency_ms: Callable[[int], float] | None = None,
+                    apply: Callable[[], None] | None = None) -> None:
+        """Change the batch cap and/or the policy's latency function of a running batcher (see the module
+        docstring); `apply` runs first, under the same lock. ValueError (nothing changed) on a cap < 1, a
+        latency function that fails at batch 1, or a round-driven batcher."""
+        if self.round_driven:
+            raise ValueError("a round-driven batcher is sized by its round, not reconfigured")
+        if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+            raise ValueError(f"max_batch must be an integer >= 1, not {max_batch!r}")
+        lat1 = None
+        if latency_ms is not None:
+            lat1 = float(latency_ms(1))
+            if not (math.isfinite(lat1) and lat1 >= 0):
+                raise ValueError(f"the latency function gives {lat1!r} ms at batch 1")
+        with self._cond:
+            if apply is not None:
+                apply()
+            if max_batch is not None:
+                self.max_batch = int(max_batch)
+            if latency_ms is not None:
+                self.latency_ms = latency_ms
+                self._lat1 = lat1  # type: ignore[assignment]
+            if self._thread is not None:
+                self._kick_needed = True
+                if self._worker_waiting:
+                    self._cond.notify()
+
+    def queued_deadlines_ms(self) -> list[tuple[float, float]]:
+        """(arrival_ms, real deadline_ms) of every query queued now (not those in a batch in flight)."""
+        margin = self.margin_ms
+        with self._cond:
+            return [(arrival, deadline + margin) for _id, arrival, deadline in self.queue.snapshot()]
 
     # ------------------------------------------------------------------ the contract (lock held)
 

@@ -51,9 +51,30 @@ matched by `id`, which is echoed back):
   500 `internal` (the model failed).
 - `{"op": "health"}` -> `{"status": 200, "state": "ready"|"draining", "key", "application", "variant",
   "instance", "simulated", "providers", "max_batch", "queue_length", "in_flight", "pid", "uptime_s",
-  "counters": {arrivals, served, late, dropped, failed, batches, queue_length since the start}}`.
+  "counters": {arrivals, served, late, dropped, failed, batches, queue_length since the start}}`, and on
+  CPU runtimes what a resize changes: "cores", "cpus", "max_batch_limit", "resizes", "vertical" (the spec's
+  block), "vertical_model" (the l(b, c) the policy plans with now, null: the profile)}`.
 - `{"op": "stats"}` -> `{"status": 200, "stats": {...}}`: `InstanceStats.snapshot_and_reset()`, the
-  interval's item of the agent's metrics `runtimes[]` (the agent calls it every second).
+  interval's item of the agent's metrics `runtimes[]` (the agent calls it every second), plus the sizes
+  `cores` (null on GPU runtimes), `max_batch`, `cpus` and what Sponge sizes an instance with: `rate_rps`
+  (arrivals per second over the interval) and `budgets_ms` (the remaining budgets, deadline minus now, of
+  the queries queued now, tightest first, then those the interval's other arrivals had on arrival, newest
+  first; at most `BUDGETS_MAX` = 512 in all). `{"op": "stats", "reader": "vertical"}` reads the sizes and
+  signals over that reader's own interval and resets nothing else (the agent's fast vertical loop; the
+  metrics interval is not disturbed).
+- `{"op": "resize", "cores": N, "max_batch": B, "cpus": [ids], "model": {...} | null}` (CPU runtimes only;
+  issue 19, vertical scaling in place): serve on N intra-op threads with batch cap B (default: unchanged;
+  1..the spec's max_batch or its largest profiled batch), every thread of the process pinned to `cpus`
+  (N distinct CPU ids; default: the CPUs the process was started with). N is at most the CPUs the process
+  may run on, unless the spec has `cpu_oversubscribe: true` (then up to 256). `model` replaces the
+  vertical latency model l(b, c) the batching policy plans with (null: back to the profile). The session
+  for N is built in the background while the current one serves (sessions are cached per core count,
+  `SESSION_CACHE_MAX`), then swapped between batches with the new cap and latency function: nothing queued
+  or in flight is dropped or failed. Answer `{"status": 200, "key", "cores", "max_batch", "cpus",
+  "resize_ms" (frame to swap), "prepared" (a session for N was cached), "affinity_error" (null, or why the
+  platform refused to pin: the resize stands), "vertical_model"}`; 400 `bad_resize` (nothing changes), 409
+  `not_cpu_runtime` (a GPU runtime, an MPS partition), 500 `resize_failed` (the new session could not be
+  built; nothing changes). `health` and `stats` report the current `cores` and `max_batch`.
 - `{"op": "metrics"}` -> `{"status": 200, "content_type": ...}` with the Prometheus text as the body.
 - `{"op": "drain", "timeout_ms": 10000}` -> stop taking queries (503 `draining` from now on) and answer
   `{"status": 200, "state": "drained"}` once nothing is queued or in flight, or `{"status": 504, "code":
@@ -94,7 +115,8 @@ from engine.dataplane.rounds import round_batch_cap
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RuntimeStats, exposition_merge
 from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBatcher
 from workers.runtime.partition import PartitionRounds, PartitionTurns, RoundMember
-from workers.runtime.simulated import SimulatedSession, profile_points
+from workers.runtime.simulated import SimulatedSession, profile_points, vertical_points
+from workers.runtime.vertical import ArrivalLog, VerticalSpec, affinity_apply, process_cpus, vertical_model_parse, vertical_parse
 from workers.wire import FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
 
 __all__ = ["UNKNOWN_INSTANCE", "BatchingSpec", "PartitionSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ServedModel",
@@ -145,6 +167,8 @@ class RuntimeSpec:
     profile: list[dict[str, Any]] = field(default_factory=list)
     instance: str | None = None
     turn_ms: float | None = None  # a partition's model: its planned turn in the round (None: its profile at max_batch)
+    vertical: dict[str, Any] | None = None  # a CPU runtime's Sponge block (workers/runtime/vertical.py), normalised
+    cpu_oversubscribe: bool = False  # a resize may ask for more cores than the process has CPUs (simulated hosts)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeSpec":
@@ -192,8 +216,17 @@ class RuntimeSpec:
             profile_points(profile)
         except ValueError as exc:
             raise RuntimeSpecError(f"spec field {exc}") from None
-        if simulated and not profile:
-            raise RuntimeSpecError("spec: a simulated runtime needs a 'profile' (its service time)")
+        vertical = data.get("vertical")
+        if vertical is not None:
+            try:
+                vertical = vertical_parse(vertical, "vertical").to_dict()
+            except ValueError as exc:
+                raise RuntimeSpecError(f"spec field {exc}") from None
+        oversubscribe = data.get("cpu_oversubscribe", False)
+        if not isinstance(oversubscribe, bool):
+            raise RuntimeSpecError(f"spec field 'cpu_oversubscribe' must be true or false, got {oversubscribe!r}")
+        if simulated and not profile and vertical is None:
+            raise RuntimeSpecError("spec: a simulated runtime needs a 'profile' (its service time) or a 'vertical' model")
         for name in ("sha256", "device_uuid", "instance"):
             if data.get(name) is not None and not isinstance(data[name], str):
                 raise RuntimeSpecError(f"spec field {name!r} must be a string or null, got {data[name]!r}")
@@ -205,7 +238,8 @@ class RuntimeSpec:
             sha256=data.get("sha256") or None, simulated=simulated, device_uuid=data.get("device_uuid") or None,
             cpu_threads=ints["cpu_threads"], max_batch=ints["max_batch"], batching=batching,
             profile=[dict(p) if isinstance(p, Mapping) else {"batch": p[0], "latency_ms": p[1]} for p in profile],
-            instance=data.get("instance") or None, turn_ms=None if turn is None else float(turn),
+            instance=data.get("instance") or None, turn_ms=None if turn is None else float(turn), vertical=vertical,
+            cpu_oversubscribe=oversubscribe,
         )
 
     @classmethod
@@ -356,6 +390,9 @@ def ready_file_write(path: str | Path, endpoint: str) -> None:
 def session_load(spec: RuntimeSpec) -> Any:
     """The spec's session: a SimulatedSession, or an OnnxSession on the artifact (sha256 checked), warm."""
     if spec.simulated:
+        if spec.vertical is not None:  # its service time is Sponge's l(b, c) at its cores
+            limit = max([spec.max_batch] + [p.batch for p in profile_points(spec.profile)])
+            return SimulatedSession(spec.profile, limit, vertical=vertical_parse(spec.vertical).model, cores=spec.cpu_threads)
         return SimulatedSession(spec.profile, spec.max_batch)
     from workers.runtime.session import OnnxSession
 
@@ -494,28 +531,83 @@ _GATHER_BYTES = 1 << 16  # an answer body above this is sent after its frame hea
 _SEND_TIMEOUT_S = 10.0
 
 
+class _Prepared:
+    """A session ready to serve at one core count: what a batch reads, as one object, so that a swap (one
+    attribute store) is never seen half done. `points`: the latency profile the batching policy plans with
+    at these cores when no vertical model says it (the spec's at its own cores, else measured on the session),
+    `model`: the vertical model a simulated session was built with (its service time)."""
+
+    __slots__ = ("cores", "session", "run_direct", "points", "model")
+
+    def __init__(self, cores: int, session: Any, run_direct: Any, points: list | None, model: Any = None) -> None:
+        self.cores = cores
+        self.session = session
+        self.run_direct = run_direct
+        self.points = points
+        self.model = model
+
+
+# Sessions kept per model, by core count, the active one included (least recently used goes first): a resize
+# back to a recent size swaps at once. Each ONNX session holds its own copy of the weights and an idle
+# thread pool of cores - 1 threads.
+SESSION_CACHE_MAX = 4
+# A resize of a spec with `cpu_oversubscribe` may ask for up to this many cores, whatever the CPUs.
+OVERSUBSCRIBED_CORES_MAX = 256
+_UNSET = object()
+NOT_CPU_RUNTIME = "not_cpu_runtime"
+
+
+def _is_cpu_runtime(spec: RuntimeSpec, session: Any) -> bool:
+    """A CPU runtime: its key names a CPU (`cpu0/1`); a key that is no fleet key: no GPU named and no CUDA."""
+    from engine.geometry import names
+
+    try:
+        return names.runtime_key_parse(spec.key).kind == "cpu"
+    except ValueError:
+        return spec.device_uuid is None and "CUDAExecutionProvider" not in list(getattr(session, "providers", []))
+
+
 class ServedModel:
     """One model a runtime process serves: its spec, session, batcher and stats, and the way of its queries
     (checks, the batch run on the batcher's worker thread, the answers). A single-model runtime has one; a
     partition runtime one per model, their batchers taking turns on the partition (`turns`, work-conserving)
-    or driven by its duty-cycle rounds (`round_driven`; `round_member` is what the rounds need)."""
+    or driven by its duty-cycle rounds (`round_driven`; `round_member` is what the rounds need).
+
+    A CPU model can be resized in place (`resize`, issue 19): its sessions are kept per core count
+    (`SESSION_CACHE_MAX`), one built in a background thread while the active one serves, and the swap is
+    one store of `_active`, which each batch reads once, taken under the batcher's lock together with the
+    new batch cap and latency function."""
 
     def __init__(self, server: "RuntimeServer", spec: RuntimeSpec, session: Any | None = None, turns: PartitionTurns | None = None,
                  *, field_prefix: str = "", round_driven: bool = False) -> None:
         self.server = server
         self.spec = spec
         self.instance = spec.instance or spec.key
-        self.session = session if session is not None else session_load(spec)
-        self.simulated = bool(getattr(self.session, "simulated", False))
-        self.signature = _input_signature(self.session)
-        self._run_direct = getattr(self.session, "run", None) if self.signature else None
-        profile = spec.profile or _measured_profile(self.session, spec.max_batch, self.signature)
-        points = profile_points(profile)
-        latency_ms, _ = policy_latency_function(points, spec.max_batch)
+        self.vertical: VerticalSpec | None = vertical_parse(spec.vertical) if spec.vertical is not None else None
+        self.model = self.vertical.model if self.vertical is not None else None  # l(b, c) the policy plans with, if any
+        session = session if session is not None else session_load(spec)
+        self.simulated = bool(getattr(session, "simulated", False))
+        self.is_cpu = _is_cpu_runtime(spec, session) and server.partition is None
+        if self.vertical is not None and not self.is_cpu:
+            raise RuntimeSpecError(f"spec field '{field_prefix}vertical': vertical scaling is for CPU runtimes only ({spec.key} is not one)")
+        self.signature = _input_signature(session)
+        profile = spec.profile or (None if self.model is not None and self.simulated else _measured_profile(session, spec.max_batch, self.signature))
+        points = profile_points(profile) if profile else []
+        # The largest batch a resize may ask for: the plan's cap, or the largest profiled batch when above it.
+        self.batch_limit = max([spec.max_batch] + [p.batch for p in points])
+        self.cores = spec.cpu_threads
+        self.cpus: frozenset[int] | None = server.cpus_allowed  # the process's CPUs until a resize pins it
+        self._active = _Prepared(self.cores, session, getattr(session, "run", None) if self.signature else None, points or None,
+                                 self.model if self.simulated else None)
+        self._sessions: dict[int, _Prepared] = {self.cores: self._active}  # by core count, least recently used first
+        self._resize_queue: Any = None  # the resize thread's work (started on the first resize)
+        self.resizes = 0
+        latency_ms = self._latency_function(self._active)
         # One registry per model: `metrics` with a key answers for that model alone, as a single-model runtime.
         self.stats = RuntimeStats()
         self.instance_stats = self.stats.instance(
             key=spec.key, application=spec.application, variant=spec.variant, instance=self.instance, simulated=self.simulated)
+        self.arrivals = ArrivalLog(time.monotonic() * 1000.0)
         b = spec.batching
         try:
             policy = batching_policy_make(b.policy, **b.params)
@@ -540,16 +632,32 @@ class ServedModel:
         self._reply_head = ('{"status":200,"application":%s,"variant":%s,"simulated":%s,"content_type":' % (
             json.dumps(spec.application), json.dumps(spec.variant), "true" if self.simulated else "false")).encode()
 
+    @property
+    def session(self) -> Any:
+        """The session batches run on now."""
+        return self._active.session
+
+    def _latency_function(self, prepared: _Prepared) -> Any:
+        """The batching policy's latency function at `prepared`'s cores: Sponge's l(b, c) when a vertical model
+        is set, else the session's profile points."""
+        if self.model is not None:
+            points = vertical_points(self.model, prepared.cores, self.batch_limit)
+        else:
+            points = prepared.points or []
+        latency_ms, _ = policy_latency_function(points, self.batch_limit)
+        return latency_ms
+
     # ------------------------------------------------------------------ the batcher's side (worker thread)
 
     def _execute(self, queries: list[_Query]) -> list[Any]:
+        active = self._active  # read once: a resize swaps it between batches, never within one
         start = time.monotonic()  # on a partition: once the turn is granted (the batcher takes it around this call)
-        if len(queries) == 1 and queries[0].batched and self._run_direct is not None:
+        if len(queries) == 1 and queries[0].batched and active.run_direct is not None:
             # One query that already has its batch axis: the model takes its arrays as they are
             # (run_batch would stack and split for nothing).
-            outputs = [self._run_direct(queries[0].inputs)]
+            outputs = [active.run_direct(queries[0].inputs)]
         else:
-            outputs = self.session.run_batch([q.inputs for q in queries])
+            outputs = active.session.run_batch([q.inputs for q in queries])
         end = time.monotonic()
         start_ms, end_ms = start * 1000.0, end * 1000.0
         compute_ms = end_ms - start_ms
@@ -567,13 +675,157 @@ class ServedModel:
                    "variant": self.spec.variant, "simulated": self.simulated, "content_type": JSON_CT}, error_body(status, code, message))
 
     def health(self, rid: Any) -> dict:
-        return {
+        health = {
             "id": rid, "status": 200, "state": "draining" if self.server.draining else "ready", "key": self.spec.key,
             "application": self.spec.application, "variant": self.spec.variant, "instance": self.instance,
-            "simulated": self.simulated, "providers": list(getattr(self.session, "providers", [])), "max_batch": self.spec.max_batch,
+            "simulated": self.simulated, "providers": list(getattr(self.session, "providers", [])), "max_batch": self.batcher.max_batch,
             "queue_length": len(self.batcher), "in_flight": self.in_flight, "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.server.started, 3), "counters": self.instance_stats.totals(),
         }
+        if self.is_cpu:  # what a resize changes (GPU runtimes keep their shape)
+            health.update(cores=self.cores, cpus=sorted(self.cpus) if self.cpus is not None else None, max_batch_limit=self.batch_limit,
+                          resizes=self.resizes, vertical=self.vertical.to_dict() if self.vertical else None,
+                          vertical_model=dataclasses.asdict(self.model) if self.model is not None else None)
+        return health
+
+    def stats_item(self, reader: str | None) -> dict:
+        """The `stats` answer's item. Without a reader (the agent's metrics loop): the interval's report
+        (`InstanceStats.snapshot_and_reset`, which starts a new interval) with the sizes and Sponge's signals
+        added; a named reader (the agent's fast vertical loop: "vertical") gets the sizes and signals over its
+        own interval, and resets nothing else."""
+        now_ms = time.monotonic() * 1000.0
+        rate, budgets, interval_s, arrivals = self.arrivals.read(reader or "", now_ms, self.batcher.queued_deadlines_ms())
+        if reader:
+            item: dict[str, Any] = {"key": self.spec.key, "application": self.spec.application, "variant": self.spec.variant,
+                                    "arrivals": arrivals, "queue_length": len(self.batcher), "interval_s": round(interval_s, 6)}
+        else:
+            item = self.instance_stats.snapshot_and_reset()
+        item["cores"] = self.cores if self.is_cpu else None
+        item["max_batch"] = self.batcher.max_batch
+        item["cpus"] = sorted(self.cpus) if self.is_cpu and self.cpus is not None else None
+        item["rate_rps"] = round(rate, 3)
+        item["budgets_ms"] = budgets
+        return item
+
+    # ------------------------------------------------------------------ resize (issue 19: vertical scaling in place)
+
+    def resize(self, conn: _Connection, header: dict) -> None:
+        """A `resize` frame (event loop thread): checked here (400 and nothing changes), done on the resize
+        thread (the new session is built there while the active one serves), answered from there."""
+        rid = header.get("id")
+        received = time.monotonic()
+        if not self.is_cpu:
+            where = "an MPS partition's models run on a GPU" if self.server.partition is not None else "it runs on a GPU"
+            self.error(conn, rid, 409, NOT_CPU_RUNTIME, f"instance {self.instance} cannot be resized: {where}; only CPU runtimes "
+                       "change their cores in place (a GPU instance is resized by the plan: a new instance)")
+            return
+        try:
+            request = self._resize_parse(header)
+        except ValueError as exc:
+            self.error(conn, rid, 400, "bad_resize", str(exc))
+            return
+        if self._resize_queue is None:
+            import queue
+
+            self._resize_queue = queue.SimpleQueue()
+            # A daemon thread, not an executor: a resize left behind never holds the process's exit.
+            threading.Thread(target=self._resize_worker, name="tessera-resize", daemon=True).start()
+        self._resize_queue.put((conn, rid, request, received))
+
+    def _resize_parse(self, header: dict) -> tuple[int, int, frozenset[int] | None, Any]:
+        """(cores, max_batch, cpus, model) of a resize frame; ValueError saying what is wrong."""
+        cores = header.get("cores")
+        allowed = self.server.cpus_allowed
+        limit = OVERSUBSCRIBED_CORES_MAX if self.spec.cpu_oversubscribe else (len(allowed) if allowed else (os.cpu_count() or 1))
+        if isinstance(cores, bool) or not isinstance(cores, int) or not 1 <= cores <= limit:
+            why = ("the spec allows oversubscription" if self.spec.cpu_oversubscribe
+                   else "the CPUs this process may run on; a spec with cpu_oversubscribe: true allows more")
+            raise ValueError(f"'cores' must be an integer in 1..{limit} ({why}), got {cores!r}")
+        max_batch = header.get("max_batch")
+        if max_batch is None:
+            max_batch = self.batcher.max_batch
+        elif isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= self.batch_limit:
+            raise ValueError(f"'max_batch' must be an integer in 1..{self.batch_limit} (the spec's max_batch, or its largest "
+                             f"profiled batch when larger), got {max_batch!r}")
+        cpus = header.get("cpus")
+        if cpus is not None:
+            if not isinstance(cpus, list) or not cpus or any(isinstance(c, bool) or not isinstance(c, int) for c in cpus) or len(set(cpus)) != len(cpus):
+                raise ValueError(f"'cpus' must be a non-empty list of distinct CPU ids, got {cpus!r}")
+            if allowed is not None and not set(cpus) <= allowed:
+                raise ValueError(f"'cpus' {sorted(set(cpus) - allowed)} are not among the CPUs this process may run on {sorted(allowed)}")
+            if len(cpus) != cores and not self.spec.cpu_oversubscribe:
+                raise ValueError(f"'cpus' names {len(cpus)} CPUs for {cores} cores; give one CPU per core (or leave 'cpus' out)")
+            cpus = frozenset(cpus)
+        model: Any = _UNSET
+        if "model" in header:
+            model = None if header["model"] is None else vertical_model_parse(header["model"], "'model'")
+        return cores, max_batch, cpus, model
+
+    def _resize_worker(self) -> None:
+        while True:
+            conn, rid, request, received = self._resize_queue.get()
+            try:
+                reply = self._resize_run(request, received)
+            except Exception as exc:  # the new session could not be built: nothing changed
+                log.warning("resize of %s failed: %s: %s", self.instance, type(exc).__name__, exc)
+                self.error(conn, rid, 500, "resize_failed", f"the resize failed and nothing changed: {type(exc).__name__}: {exc}")
+                continue
+            reply["id"] = rid
+            conn.send(reply)
+
+    def _resize_run(self, request: tuple[int, int, frozenset[int] | None, Any], received: float) -> dict:
+        """Prepare the session for the new cores (cached, or built now while the active one serves), pin the
+        threads, then swap between batches; the reply of docs/dataplane.md's `resize`."""
+        cores, max_batch, cpus, model = request
+        if model is not _UNSET and model != self.model:
+            self.model = model
+            # A simulated session's service time is its model: the cached ones are of the old model.
+            for key in [k for k, p in self._sessions.items() if self.simulated and p is not self._active]:
+                del self._sessions[key]
+        prepared_entry = self._sessions.get(cores)
+        if prepared_entry is not None and self.simulated and prepared_entry.model != self.model:
+            prepared_entry = None
+        prepared = prepared_entry is not None
+        if prepared_entry is None:
+            prepared_entry = self._session_build(cores)
+        self._sessions.pop(cores, None)
+        self._sessions[cores] = prepared_entry  # the most recently used last
+        latency_ms = self._latency_function(prepared_entry)
+        target = cpus if cpus is not None else self.server.cpus_allowed
+        affinity_error = affinity_apply(target) if target is not None else "this platform does not report the process's CPUs"
+
+        def swap() -> None:
+            self._active = prepared_entry
+            self.cores = cores
+            self.cpus = target if affinity_error is None else process_cpus()
+
+        self.batcher.reconfigure(max_batch=max_batch, latency_ms=latency_ms, apply=swap)
+        resize_ms = (time.monotonic() - received) * 1000.0
+        while len(self._sessions) > SESSION_CACHE_MAX:
+            oldest = next(k for k, p in self._sessions.items() if p is not self._active)
+            del self._sessions[oldest]  # a batch still running on it holds its own reference
+        self.resizes += 1
+        return {"status": 200, "key": self.spec.key, "cores": cores, "max_batch": max_batch,
+                "cpus": sorted(self.cpus) if self.cpus is not None else None, "resize_ms": round(resize_ms, 3), "prepared": prepared,
+                "affinity_error": affinity_error, "vertical_model": self.model is not None}
+
+    def _session_build(self, cores: int) -> _Prepared:
+        """A session at `cores`, warm, with its latency profile when no model says it (resize thread)."""
+        spec = self.spec
+        if self.simulated:
+            session = SimulatedSession(spec.profile, self.batch_limit, vertical=self.model, cores=cores)
+            return _Prepared(cores, session, None, profile_points(spec.profile) or None, self.model)
+        from workers.runtime.session import OnnxSession
+
+        assert spec.artifact_path is not None
+        session = OnnxSession(spec.artifact_path, sha256=spec.sha256, intra_op_threads=cores, device_uuid=spec.device_uuid)
+        session.warmup(sorted({1, self.batcher.max_batch, self.batch_limit}))
+        points = None
+        if self.model is None:
+            # The spec's profile was measured at its own cores; at others the session is measured now.
+            points = (profile_points(spec.profile) if spec.profile and cores == spec.cpu_threads
+                      else profile_points(_measured_profile(session, self.batch_limit, self.signature)))
+        return _Prepared(cores, session, session.run if self.signature else None, points)
 
     def infer(self, conn: _Connection, header: dict, body: bytes) -> None:
         rid = header.get("id")
@@ -597,12 +849,13 @@ class ServedModel:
         deadline_ms = arrival_ms + (float(budget) if budget is not None else self.spec.batching.slo_ms)
         query = _Query(inputs, batched, arrival_ms, deadline_ms)
         self.instance_stats.arrival()
+        self.arrivals.add(arrival_ms, deadline_ms)
         with self._count_lock:
             self.in_flight += 1
         context = (conn, rid, header)
         try:
             # The answer is encoded and sent from the thread that resolves the query (the batcher's worker).
-            self.batcher.submit(query, deadline_ms=deadline_ms, done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
+            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
         except BatcherClosed:
             with self._count_lock:
                 self.in_flight -= 1
@@ -701,6 +954,7 @@ class RuntimeServer:
         self.spec = spec
         self.started = time.monotonic()
         self.draining = False
+        self.cpus_allowed = process_cpus()  # what a resize may pin to: the CPUs the process was started with
         self._drain_waiters: list[tuple[_Connection, Any, asyncio.TimerHandle | None]] = []
         self.turns: PartitionTurns | PartitionRounds | None
         if isinstance(spec, PartitionSpec):
@@ -809,16 +1063,23 @@ class RuntimeServer:
             self._drain(conn, header)
             return
         if op not in _MODEL_OPS:
-            self._error(conn, rid, 400, "unknown_op", f"unknown op {op!r}; known: infer, health, stats, metrics, drain")
+            self._error(conn, rid, 400, "unknown_op", f"unknown op {op!r}; known: infer, health, stats, metrics, resize, drain")
             return
         model, unknown = self._select(header)
+        reader = header.get("reader") if op == "stats" else None
+        if reader is not None and not isinstance(reader, str):
+            self._error(conn, rid, 400, "malformed", f"'reader' must be a name, got {reader!r}")
+            return
         if model is None:
             if unknown is not None:
                 self._error(conn, rid, 404, UNKNOWN_INSTANCE, unknown)
             elif op == "health":
                 conn.send(self._partition_health(rid))
             elif op == "stats":
-                conn.send({"id": rid, "status": 200, "models": [m.instance_stats.snapshot_and_reset() for m in self.models]})
+                conn.send({"id": rid, "status": 200, "models": [m.stats_item(reader) for m in self.models]})
+            elif op == "resize":
+                self._error(conn, rid, 409, NOT_CPU_RUNTIME, f"partition {self.spec.key} cannot be resized: an MPS partition's "
+                            "models run on a GPU; only CPU runtimes change their cores in place")
             elif op == "metrics":
                 text = exposition_merge(m.stats.exposition() for m in self.models)
                 conn.send({"id": rid, "status": 200, "content_type": PROMETHEUS_CONTENT_TYPE}, text)
@@ -831,7 +1092,9 @@ class RuntimeServer:
         elif op == "health":
             conn.send(model.health(rid))
         elif op == "stats":
-            conn.send({"id": rid, "status": 200, "stats": model.instance_stats.snapshot_and_reset()})
+            conn.send({"id": rid, "status": 200, "stats": model.stats_item(reader)})
+        elif op == "resize":
+            model.resize(conn, header)
         else:
             conn.send({"id": rid, "status": 200, "content_type": PROMETHEUS_CONTENT_TYPE}, model.stats.exposition())
 
@@ -923,7 +1186,7 @@ class RuntimeServer:
             conn.send({"id": rid, "status": 200, "state": "drained"})
 
 
-_MODEL_OPS = frozenset(("infer", "health", "stats", "metrics"))
+_MODEL_OPS = frozenset(("infer", "health", "stats", "metrics", "resize"))
 
 
 def _host_str(host: str) -> str:

@@ -7,6 +7,11 @@ batch (the service time the simulator uses) and answers every query with no outp
 `input_names` / `output_names` (empty: any inputs are accepted) and `simulated = True`, which the runtime
 puts on every response and metric it produces for this session. The batch size is the number of queries,
 as the batcher counts them.
+
+A simulated CPU runtime whose spec has a `vertical` block (issue 19, Sponge) is given its model
+`VerticalLatency(gamma1, eps1, delta1, eta1)` and its current `cores`: its service time is then Sponge's
+l(b, c) = gamma1*b/c + eps1/c + delta1*b + eta1 ms at those cores, not the profile (still simulated: it
+computes nothing). A resize builds another session at the new cores (they cost nothing to make).
 """
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from engine.dataplane.batching import policy_latency_function
+from engine.vertical.sponge import VerticalLatency
 
-__all__ = ["ProfilePoint", "SimulatedSession", "profile_points"]
+__all__ = ["ProfilePoint", "SimulatedSession", "profile_points", "vertical_points"]
 
 
 class ProfilePoint(NamedTuple):
@@ -44,6 +50,12 @@ def profile_points(profile: Sequence[Mapping[str, Any] | Sequence[float] | Profi
     return points
 
 
+def vertical_points(model: VerticalLatency, cores: int, max_batch: int) -> list[ProfilePoint]:
+    """Sponge's l(b, c) at `cores` for every batch 1..max_batch, as profile points (what the batching policy and
+    a simulated session's service time read)."""
+    return [ProfilePoint(b, float(model.l(b, cores))) for b in range(1, max(1, int(max_batch)) + 1)]
+
+
 class SimulatedSession:
     """See the module docstring."""
 
@@ -52,10 +64,17 @@ class SimulatedSession:
     output_names: list[str] = []
     providers: list[str] = ["simulated"]
 
-    def __init__(self, profile: Sequence[Any], max_batch: int, *, sleep: Callable[[float], None] = time.sleep) -> None:
-        points = profile_points(profile)
+    def __init__(self, profile: Sequence[Any], max_batch: int, *, sleep: Callable[[float], None] = time.sleep,
+                 vertical: VerticalLatency | None = None, cores: int = 1) -> None:
+        if vertical is not None:
+            if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+                raise ValueError(f"cores must be an integer >= 1, got {cores!r}")
+            points = vertical_points(vertical, cores, max_batch)
+        else:
+            points = profile_points(profile)
         if not points:
             raise ValueError("a simulated session needs a latency profile (at least one {batch, latency_ms} point)")
+        self.cores = cores
         self.latency_ms, self.latency_at_1_ms = policy_latency_function(points, max(1, int(max_batch)))
         self._sleep = sleep
         self.input_names = []
