@@ -11,6 +11,12 @@
   original times, once it is back; overflow is counted (`tessera_agent_reports_dropped_total`) and told
   to the control plane in the next report (`dropped_reports`).
 - **Profiling loop** (a thread): runs the control plane's profiling requests for this host, one at a time.
+- **Fast vertical loop** (a thread, every `vertical_s`, about a second; issue 19): sizes the CPU runtimes
+  with a `vertical` block in place from what they measured (Sponge), within the host's cores
+  (workers/agent/vertical.py). It uses only local state, so it keeps working while the control plane is
+  away. The reconciler's in-place resizes (a desired `cpu_threads` or `vertical` change) go through it too.
+  Each metrics report's CPU runtimes carry their `cores`, `max_batch`, `cpus` and the `resizes` since the
+  previous report.
 
 The control plane being unreachable never stops serving: the runtimes keep their sessions and the router
 its tables; the agent logs the outage once and carries on."""
@@ -32,12 +38,16 @@ from .backends import DeviceBackend
 from .desired import DesiredState, DesiredStateError, desired_state_parse
 from .reconcile import Operation, ReconcileResult, Reconciler, partition_record_parse, runtimes_missing
 from .supervisor import RuntimeProcess, RuntimeSupervisor
+from .vertical import VerticalScaler
 
 __all__ = ["Agent", "AGENT_VERSION"]
 
 log = logging.getLogger("tessera.agent")
 
 AGENT_VERSION = "0.1.0"
+# A runtime's `stats` fields the agent keeps to itself (the fast loop's signals), and those only CPU runtimes report.
+_LOCAL_STATS = ("rate_rps", "budgets_ms")
+_CPU_STATS = ("cores", "max_batch", "cpus")
 def _mib(value: float | None) -> int:
     return 0 if value is None else max(0, round(value))
 
@@ -61,6 +71,8 @@ class Agent:
         exporter: Any = None,
         on_operation: Callable[[Operation], None] | None = None,
         drain_timeout_s: float = 10.0,
+        vertical_s: float = 1.0,
+        pin_cpus: bool = True,
     ) -> None:
         if client is None and desired_file is None:
             raise ValueError("give a control plane (client) or a desired-state file")
@@ -81,10 +93,14 @@ class Agent:
         self._ops_lock = threading.Lock()
         self._specs: dict[str, dict | None] = {}  # spec file -> the spec a runtime process was started with
         self._extra_on_operation = on_operation
+        self.vertical = VerticalScaler(
+            supervisor=self.supervisor, desired=lambda: self._desired, host_cores=backend.cpu_cores, on_operation=self._operation_seen,
+            interval_s=vertical_s, pin_cpus=pin_cpus,
+        )
         self.reconciler = Reconciler(
             backend=backend, supervisor=self.supervisor, artifact_fetch=self._artifact_fetch,
             on_operation=self._operation_seen, drain_timeout_s=drain_timeout_s,
-            stop_requested=lambda: self._stop.is_set(),
+            stop_requested=lambda: self._stop.is_set(), resizer=self.vertical.desired_resize,
         )
         self.converged_version: int | None = None
         self.last_result: ReconcileResult | None = None
@@ -322,6 +338,15 @@ class Agent:
                 continue
             stats = dict(reply.get("stats") or {})
             want = desired.get(key)
+            # Sponge's signals are for the fast loop, not the control plane; a CPU runtime's sizes and resizes are
+            # (the cores of each instance over time).
+            for name in _LOCAL_STATS:
+                stats.pop(name, None)
+            if (want is not None and want.device_kind == "cpu") or (want is None and isinstance(stats.get("cores"), int)):
+                stats["resizes"] = self.vertical.resizes_take(key)
+            else:
+                for name in _CPU_STATS:
+                    stats.pop(name, None)
             stats.setdefault("key", key)
             stats.setdefault("application", want.application if want else "")
             stats.setdefault("variant", want.variant["name"] if want else "")
@@ -401,6 +426,8 @@ class Agent:
             thread = threading.Thread(target=target, name=f"tessera-agent-{target.__name__.strip('_')}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        if self.vertical.interval_s > 0:
+            self.vertical.start()
 
     def run(self, *, once: bool = False) -> None:
         """Run until `stop()` (or a single pass with `once`)."""
@@ -431,6 +458,7 @@ class Agent:
             time.sleep(0.05)
         for thread in self._threads:
             thread.join(timeout=5.0)
+        self.vertical.stop()
         if stop_runtimes:
             for record in self.supervisor.observe().values():
                 self.supervisor.stop(record, drain_timeout_s=2.0)

@@ -8,7 +8,14 @@ a control plane.
 
 MPS (issue 17, gpulets): a GPU in MPS mode lists its partitions (`mps_layout`, "mps60@0", largest first);
 the runtimes of one partition (`gpu0/mps60@0/0`, `gpu0/mps60@0/1`, ...) are served by one runtime process,
-so they are grouped here into a `DesiredPartition` whose fingerprint covers every model in it."""
+so they are grouped here into a `DesiredPartition` whose fingerprint covers every model in it.
+
+Vertical scaling (issue 19, Sponge): a CPU runtime may carry a `vertical` block, `{"model": {"gamma1", "eps1",
+"delta1", "eta1"}, "min_cores", "max_cores", "policy": "sponge"}` (workers/runtime/vertical.py checks it; its
+`cpu_threads` must lie in min_cores..max_cores). A CPU runtime's `cpu_threads` and `vertical` are not part
+of its restart `fingerprint`: changing them resizes the running process in place (`resize_fingerprint`,
+the reconciler's `runtime.resize`), and with a `vertical` block the agent's fast loop sizes it from then on
+(workers/agent/vertical.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +25,7 @@ from typing import Any
 
 from engine.geometry import names
 from engine.geometry.layout import Placement, placement_parse
+from workers.runtime.vertical import VerticalSpec, vertical_parse
 
 __all__ = [
     "DesiredGpu",
@@ -63,10 +71,17 @@ class DesiredRuntime:
     mps_percent: int | None = None  # set on a model in an MPS partition (gpu0/mps60@0/1): the key's 60
     duty_cycle_ms: float | None = None  # the partition's round (the same for every model of the partition)
     turn_ms: float | None = None  # the model's planned turn in the round (None: its profile at max_batch)
+    vertical: VerticalSpec | None = None  # a CPU runtime sized by the agent's fast loop (Sponge)
 
     @property
     def device(self) -> str:
         return f"{self.device_kind}{self.device_index}"
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest batch cap a resize may set: max_batch, or the largest profiled batch when above it (the
+        runtime's own limit, workers/runtime/server.py)."""
+        return max([self.max_batch] + [b for b, _ms in self.profile])
 
     @property
     def partition_key(self) -> str | None:
@@ -75,9 +90,27 @@ class DesiredRuntime:
 
     @property
     def fingerprint(self) -> str:
-        """Changes whenever anything the runtime process was started with changes (then it is replaced)."""
-        canonical = json.dumps(self.document, sort_keys=True, separators=(",", ":"))
+        """Changes whenever anything the runtime process was started with changes (then it is replaced), except
+        a CPU runtime's `cpu_threads` and `vertical`: those are resized in place (`resize_fingerprint`)."""
+        document = self.document
+        if self.device_kind == "cpu":
+            document = {k: v for k, v in document.items() if k not in _RESIZED_IN_PLACE}
+        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def resize_fingerprint(self) -> str:
+        """Changes whenever what a CPU runtime is resized to in place changes (its `cpu_threads`, its `vertical`
+        block); "" on GPU runtimes, which are never resized."""
+        if self.device_kind != "cpu":
+            return ""
+        canonical = json.dumps({"cpu_threads": self.cpu_threads, "vertical": self.vertical.to_dict() if self.vertical else None},
+                               sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# A CPU runtime's fields a change of which resizes the running process instead of replacing it.
+_RESIZED_IN_PLACE = ("cpu_threads", "vertical")
 
 
 @dataclass(frozen=True)
@@ -260,6 +293,17 @@ def _runtime_parse(raw: Any, where: str) -> DesiredRuntime:
         threads = _int(threads, f"{where}.cpu_threads", 1)
     elif threads is not None:
         raise DesiredStateError(f"{where}: cpu_threads is for CPU runtimes only")
+    vertical = raw.get("vertical")
+    if vertical is not None:
+        if kind != "cpu":
+            raise DesiredStateError(f"{where}: vertical is for CPU runtimes only (a GPU instance is resized by the plan)")
+        try:
+            vertical = vertical_parse(vertical, f"{where}.vertical")
+        except ValueError as exc:
+            raise DesiredStateError(str(exc)) from None
+        if not vertical.min_cores <= threads <= vertical.max_cores:
+            raise DesiredStateError(f"{where}: cpu_threads {threads} is outside vertical min_cores..max_cores "
+                                    f"({vertical.min_cores}..{vertical.max_cores}); the fast loop starts from it")
     application = raw.get("application")
     if not isinstance(application, str) or not application:
         raise DesiredStateError(f"{where}.application: expected a name")
@@ -291,7 +335,7 @@ def _runtime_parse(raw: Any, where: str) -> DesiredRuntime:
         key=key, device_kind=kind, device_index=index, placement=placement, cpu_threads=threads,
         application=application, variant=variant, max_batch=max_batch, batching=batching,
         profile=tuple(sorted(profile)), document=raw, mps_percent=mps_percent, duty_cycle_ms=duty_cycle_ms,
-        turn_ms=turn_ms,
+        turn_ms=turn_ms, vertical=vertical,
     )
 
 

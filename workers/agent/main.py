@@ -12,7 +12,7 @@ from .agent import Agent
 from .backends import backend_make
 from .reconcile import Operation
 
-__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "agent_build", "crash_failpoint_from_env"]
+__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "VERTICAL_ENV", "agent_build", "crash_failpoint_from_env"]
 
 log = logging.getLogger("tessera.agent")
 
@@ -21,6 +21,8 @@ log = logging.getLogger("tessera.agent")
 CRASH_ENV = "TESSERA_AGENT_CRASH_AFTER_OPS"
 # The MPS control program of the nvml backend (default: nvidia-cuda-mps-control on the PATH).
 MPS_CONTROL_ENV = "TESSERA_MPS_CONTROL"
+# The fast vertical loop's period in seconds (default 1; 0 turns it off): workers/agent/vertical.py.
+VERTICAL_ENV = "TESSERA_AGENT_VERTICAL_S"
 
 
 def crash_failpoint_from_env() -> Callable[[Operation], None] | None:
@@ -52,6 +54,7 @@ def agent_build(
     advertise: str | None = None,
     metrics_port: int = 0,
     on_operation: Callable[[Operation], None] | None = None,
+    vertical_s: float | None = None,
 ) -> Agent:
     """The agent the options describe (ValueError with a clear message on bad options)."""
     state_dir = Path(state_dir)
@@ -81,7 +84,15 @@ def agent_build(
 
         exporter = AgentExporter(hostname=os.uname().nodename)
         exporter.serve(metrics_port, addr=bind)
+    if vertical_s is None:
+        raw = os.environ.get(VERTICAL_ENV, "1")
+        try:
+            vertical_s = float(raw)
+        except ValueError:
+            raise ValueError(f"{VERTICAL_ENV} must be a number of seconds (0: off), got {raw!r}") from None
+    if not vertical_s >= 0:
+        raise ValueError(f"the vertical loop's period must be >= 0 s (0: off), got {vertical_s!r}")
     return Agent(
         backend=device_backend, state_dir=state_dir, client=client, desired_file=desired_file, bind=bind,
-        advertise=advertise, exporter=exporter, on_operation=on_operation,
+        advertise=advertise, exporter=exporter, on_operation=on_operation, vertical_s=vertical_s,
     )

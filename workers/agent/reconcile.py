@@ -25,6 +25,15 @@ the processes of partitions that are gone or changed are drained and stopped (st
 stop while a GPU is reorganised (the percents may add up to more than 100 % meanwhile, which MPS allows);
 a GPU taken out of MPS mode has its daemon stopped after its last partition process.
 
+CPU runtimes resized in place (issue 19): a CPU runtime's `cpu_threads` and `vertical` block are not in its
+restart fingerprint (desired.py). When only they change, the running process is sent a `resize` frame at
+the end of the pass (its cores become `cpu_threads`, within the vertical bounds, its batch cap the desired
+`max_batch`, its latency model the vertical one), never restarted: the `runtime.resize` operation, a fast
+kind of change of its own (milliseconds; nothing queued or in flight is lost). The record keeps the
+`resize_fingerprint` it was resized to, so the next pass (or an agent restarted) does not resize it again.
+With the agent's fast loop (workers/agent/vertical.py) the resize goes through it (`resizer`), which keeps
+the host's core budget and the CPU pinning; from then on the fast loop sizes runtimes with a `vertical` block.
+
 Every action is an `Operation` (logged, and reported to the control plane). A runtime that fails to start
 is retried on a later pass with exponential backoff.
 """
@@ -53,8 +62,11 @@ __all__ = [
     "partition_record_key",
     "partition_record_parse",
     "partition_spec_build",
+    "resize_detail",
+    "resize_frame",
     "runtime_spec_build",
     "runtimes_missing",
+    "runtimes_unresized",
 ]
 
 log = logging.getLogger("tessera.agent")
@@ -66,7 +78,10 @@ RESTART_BACKOFF_MAX_S = 60.0
 @dataclass(frozen=True)
 class Operation:
     at: str
-    action: str  # runtime.start | runtime.drain | runtime.stop | mig.create | mig.destroy | mig.mode | mps.mode
+    # runtime.start | runtime.drain | runtime.stop | mig.create | mig.destroy | mig.mode | mps.mode, and
+    # runtime.resize: a CPU runtime's cores and batch cap changed in place (no restart; the reconciler's for a
+    # desired-state change, the fast vertical loop's every second or so), detail "1 -> 2 cores, batch 8 -> 4, ... ms".
+    action: str
     target: str
     outcome: str  # ok | failed
     detail: str = ""
@@ -82,10 +97,13 @@ class ReconcileResult:
     errors: list[str] = field(default_factory=list)
 
 
-def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, device_uuid: str | None, simulated: bool) -> dict:
-    """The runtime process's spec file (workers.runtime.server.RuntimeSpec)."""
+def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, device_uuid: str | None, simulated: bool,
+                       cpu_oversubscribe: bool = False) -> dict:
+    """The runtime process's spec file (workers.runtime.server.RuntimeSpec). `cpu_oversubscribe`: a resize may
+    give the runtime more cores than the machine has CPUs (a simulated host, whose declared cores the control
+    plane plans with)."""
     artifact = runtime.variant.get("artifact") or {}
-    return {
+    spec = {
         "key": runtime.key,
         "application": runtime.application,
         "variant": runtime.variant["name"],
@@ -105,6 +123,33 @@ def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, d
         },
         "profile": [{"batch": b, "latency_ms": ms} for b, ms in runtime.profile],
     }
+    if runtime.device_kind == "cpu":
+        spec["vertical"] = runtime.vertical.to_dict() if runtime.vertical is not None else None
+        spec["cpu_oversubscribe"] = cpu_oversubscribe
+    return spec
+
+
+def resize_frame(runtime: DesiredRuntime, cores: int, *, cpus: list[int] | None = None, max_batch: int | None = None) -> dict:
+    """The `resize` frame that makes a running CPU runtime what `runtime` says at `cores`: the desired batch cap
+    (unless `max_batch`), its vertical latency model (null without one), pinned to `cpus` (None: the CPUs it
+    was started with)."""
+    frame: dict = {"op": "resize", "cores": int(cores), "max_batch": int(max_batch if max_batch is not None else runtime.max_batch),
+                   "model": runtime.vertical.to_dict()["model"] if runtime.vertical is not None else None}
+    if cpus is not None:
+        frame["cpus"] = list(cpus)
+    return frame
+
+
+def resize_detail(before: dict | None, reply: dict) -> str:
+    """An Operation's detail for a resize answered `reply` (a runtime's `resize` answer), from `before` (its
+    sizes then: cores, max_batch; None when unknown)."""
+    before = before or {}
+    cpus = reply.get("cpus")
+    text = (f"{before.get('cores', '?')} -> {reply.get('cores')} cores, batch {before.get('max_batch', '?')} -> {reply.get('max_batch')}, "
+            f"cpus {cpus if cpus is not None else 'unpinned'}, {reply.get('resize_ms')} ms ({'prepared' if reply.get('prepared') else 'cold'})")
+    if reply.get("affinity_error"):
+        text += f"; not pinned: {reply['affinity_error']}"
+    return text
 
 
 # The supervisor record of an MPS partition's process: "<partition key>#<fingerprint>".
@@ -152,6 +197,13 @@ def runtimes_missing(desired: DesiredState, running: dict[str, RuntimeProcess]) 
     return missing
 
 
+def runtimes_unresized(desired: DesiredState, running: dict[str, RuntimeProcess]) -> list[str]:
+    """Keys of the CPU runtimes that run as desired but were not resized to the desired cores yet."""
+    return [r.key for r in desired.process_runtimes
+            if r.device_kind == "cpu" and (record := running.get(r.key)) is not None and record.fingerprint == r.fingerprint
+            and record.resize_fingerprint != r.resize_fingerprint]
+
+
 class Reconciler:
     """See the module docstring. `artifact_fetch(artifact dict) -> Path` downloads and verifies a model
     file (the control-plane client's cache); `on_operation` sees every operation after it is done (the
@@ -167,6 +219,7 @@ class Reconciler:
         drain_timeout_s: float = 10.0,
         ready_timeout_s: float = 60.0,
         stop_requested: Callable[[], bool] = lambda: False,
+        resizer: Callable[[RuntimeProcess, DesiredRuntime], dict] | None = None,
     ) -> None:
         self.backend = backend
         self.supervisor = supervisor
@@ -175,6 +228,10 @@ class Reconciler:
         self.drain_timeout_s = drain_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.stop_requested = stop_requested  # the agent is shutting down: start nothing more
+        # How a CPU runtime is resized in place to what the desired state says (the agent's fast loop, which keeps
+        # the host's core budget; by default a plain resize frame). Returns the runtime's answer, with the sizes it
+        # had before under "before" (cores, max_batch) when known.
+        self.resizer = resizer or self._resize_direct
         self.catalogue = mig_catalogue_load()
         self._failures: dict[str, tuple[int, float]] = {}  # runtime key -> (consecutive failures, retry at)
 
@@ -253,6 +310,7 @@ class Reconciler:
                 self._instance_create(index, placement, result)
         gpus = self._mps_make(desired, running, result)
         self._runtimes_start(desired, running, gpus, skip=set(), result=result)
+        self._runtimes_resize(desired, result)
 
         # Converged: every listed GPU has its layout and MPS mode, and every desired runtime runs as desired.
         running = self.supervisor.observe()
@@ -266,6 +324,9 @@ class Reconciler:
         for key in runtimes_missing(desired, running):
             if not any(e.startswith(key + ":") for e in result.errors):
                 result.errors.append(f"{key}: not running")
+        for key in runtimes_unresized(desired, running):
+            if not any(e.startswith(key + ":") for e in result.errors):
+                result.errors.append(f"{key}: not resized yet")
         wanted = {r.key for r in desired.process_runtimes} | {partition_record_key(p.key, p.fingerprint) for p in desired.partitions()}
         for key in sorted(set(running) - wanted):
             result.errors.append(f"{key}: still running though not desired")
@@ -408,6 +469,37 @@ class Reconciler:
                 stop[key] = record
         return stop
 
+    def _runtimes_resize(self, desired: DesiredState, result: ReconcileResult) -> None:
+        """Resize in place the CPU runtimes whose `cpu_threads` or `vertical` changed (see the module docstring)."""
+        running = self.supervisor.observe()
+        for key in runtimes_unresized(desired, running):
+            if self.stop_requested():
+                result.errors.append("stopped before finishing")
+                return
+            runtime, record = desired.runtime(key), running[key]
+            assert runtime is not None
+            try:
+                reply = self.resizer(record, runtime)
+            except (OSError, ValueError) as exc:  # the runtime did not answer: tried again on the next pass
+                reply = {"status": None, "message": f"{type(exc).__name__}: {exc}"}
+            if reply.get("status") != 200:
+                message = reply.get("message") or str(reply)
+                self._op("runtime.resize", key, "failed", str(message)[:500])
+                result.errors.append(f"{key}: resize failed: {message}")
+                continue
+            self.supervisor.resized(record, runtime.resize_fingerprint)
+            self._op("runtime.resize", key, "ok", resize_detail(reply.get("before"), reply) + " (desired state)")
+
+    def _resize_direct(self, record: RuntimeProcess, runtime: DesiredRuntime) -> dict:
+        """A resize frame to the desired cores (clamped into the vertical bounds), without the fast loop."""
+        before = self.supervisor.call(record, "health", timeout_s=5.0)
+        cores = runtime.cpu_threads or 1
+        if runtime.vertical is not None:
+            cores = min(max(cores, runtime.vertical.min_cores), runtime.vertical.max_cores)
+        reply = self.supervisor.request(record, resize_frame(runtime, cores), timeout_s=60.0)
+        reply["before"] = {"cores": before.get("cores"), "max_batch": before.get("max_batch")}
+        return reply
+
     def _runtime_stop(self, record: RuntimeProcess, target: str | None = None) -> None:
         target = target or record.key
         drained = self.supervisor.drain(record, self.drain_timeout_s)
@@ -449,11 +541,16 @@ class Reconciler:
             try:
                 artifact = runtime.variant.get("artifact")
                 path = self.artifact_fetch(artifact) if artifact else None
-                spec = runtime_spec_build(runtime, artifact_path=path, device_uuid=device_uuid, simulated=simulated)
+                # A simulated host plans with the cores it declares, which may be more than this machine has.
+                spec = runtime_spec_build(runtime, artifact_path=path, device_uuid=device_uuid, simulated=simulated,
+                                          cpu_oversubscribe=self.backend.name == "simulated")
                 env = {"CUDA_VISIBLE_DEVICES": "" if simulated or device_uuid is None else device_uuid}
                 if runtime.cpu_threads:
                     env["OMP_NUM_THREADS"] = str(runtime.cpu_threads)
-                record = self.supervisor.start(key=runtime.key, fingerprint=runtime.fingerprint, spec=spec, env=env, ready_timeout_s=self.ready_timeout_s)
+                # What a CPU runtime starts with is what it is resized to (GPU runtimes are never resized).
+                extra = {"resize_fingerprint": runtime.resize_fingerprint} if runtime.resize_fingerprint else {}
+                record = self.supervisor.start(key=runtime.key, fingerprint=runtime.fingerprint, spec=spec, env=env,
+                                               ready_timeout_s=self.ready_timeout_s, **extra)
                 health = self.supervisor.call(record, "health", timeout_s=5.0)
                 if health.get("status") != 200:
                     self.supervisor.stop(record, drain_timeout_s=0)

@@ -4,7 +4,9 @@ One process per runtime (`python -m workers.runtime.server`), in its own session
 restarts (an upgrade, a crash) leaves the runtimes serving. What the agent must find again after a restart
 is kept on disk under `<state dir>/runtimes/`:
 
-- `<key>.json`, the record: key, fingerprint, spec file, pid, endpoint. (The process of an MPS partition is
+- `<key>.json`, the record: key, fingerprint, spec file, pid, endpoint, and the resize fingerprint (what a
+  CPU runtime was last resized to in place: reconcile.py's `runtime.resize`; a record written before it
+  existed reads as ""). (The process of an MPS partition is
   recorded as `<partition key>#<fingerprint>`, so that its replacement can start, under a record of its
   own, while it still serves: reconcile.py, `partition_record_key`.) It is written *before* the process
   is started (without a pid) and again once it runs, each time atomically (temp file + rename).
@@ -51,6 +53,7 @@ class RuntimeProcess:
     pid: int | None = None
     endpoint: str | None = None
     started_at: float = 0.0
+    resize_fingerprint: str = ""
 
 
 def _atomic_write(path: Path, data: str) -> None:
@@ -173,6 +176,20 @@ class RuntimeSupervisor:
                 self._kill(pid, grace_s=2.0)
         return live
 
+    def running(self) -> dict[str, RuntimeProcess]:
+        """The runtimes that run now, by key, without `observe`'s clean-up (nothing removed or killed): for
+        readers in other threads than the control loop (the fast vertical loop), which must not race a start
+        whose record is written before its process exists."""
+        live = {}
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                record = RuntimeProcess(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue
+            if self._is_ours(record):
+                live[record.key] = record
+        return live
+
     def _processes_under_state_dir(self) -> list[tuple[int, str]]:
         marker = str(self.dir) + os.sep
         found = []
@@ -194,12 +211,13 @@ class RuntimeSupervisor:
 
     # ------------------------------------------------------------------ start / stop
 
-    def start(self, *, key: str, fingerprint: str, spec: dict[str, Any], env: dict[str, str] | None = None, ready_timeout_s: float = 60.0) -> RuntimeProcess:
+    def start(self, *, key: str, fingerprint: str, spec: dict[str, Any], env: dict[str, str] | None = None, ready_timeout_s: float = 60.0,
+              resize_fingerprint: str = "") -> RuntimeProcess:
         """Start a runtime and wait until it serves (it writes its endpoint to the ready file once warm)."""
         nonce = secrets.token_hex(4)
         safe = _safe(key)
         record = RuntimeProcess(
-            key=key, fingerprint=fingerprint,
+            key=key, fingerprint=fingerprint, resize_fingerprint=resize_fingerprint,
             spec_path=str(self.dir / f"{safe}.{nonce}.spec"), ready_file=str(self.dir / f"{safe}.{nonce}.ready"),
             log_path=str(self.logs / f"{safe}.log"), started_at=time.time(),
         )
@@ -296,6 +314,19 @@ class RuntimeSupervisor:
             header["key"] = key
         reply, _ = frame_call(record.endpoint, header, timeout_s=timeout_s)
         return reply
+
+    def request(self, record: RuntimeProcess, header: dict[str, Any], timeout_s: float = 2.0) -> dict:
+        """Any control frame (`resize`, `stats` with a reader, ...) on a running runtime; its answer's header."""
+        if not record.endpoint:
+            raise ConnectionError(f"runtime {record.key} has no endpoint yet")
+        reply, _ = frame_call(record.endpoint, header, timeout_s=timeout_s)
+        return reply
+
+    def resized(self, record: RuntimeProcess, resize_fingerprint: str) -> None:
+        """Remember that the runtime was resized to what `resize_fingerprint` stands for (its record, atomically)."""
+        record.resize_fingerprint = resize_fingerprint
+        if self._record_path(record.key).exists():
+            self._record_write(record)
 
     def stop_all(self, *, drain_timeout_s: float = 0.0) -> None:
         for record in self.observe().values():
