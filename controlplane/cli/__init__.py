@@ -6,7 +6,7 @@ from __future__ import annotations
 # the data plane inside its commands, so `tessera --help` stays fast and never loads the solvers.
 import typer
 
-from . import dataplane, server, simulate, tokens
+from . import dataplane, load, server, simulate, tokens
 from .mig import mig_app
 from .pipeline import pipeline_app
 from .plan import plan_app
@@ -22,6 +22,7 @@ app.command()(tokens.agent_token)
 app.command()(dataplane.agent)
 app.command()(dataplane.router)
 app.command()(simulate.simulate)
+app.command()(load.load)
 
 app.add_typer(tokens.token_app, name="token")
 app.add_typer(tokens.router_credential_app, name="router-credential")

@@ -1,0 +1,61 @@
+"""The load generator (workers/loadgen.py): arrivals burst where asked, budgets are the SLO less the
+network, and a run against a real HTTP server counts what came back in time, late and failed, with the
+budget each request was sent with in X-Tessera-Deadline-Ms."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from workers.loadgen import load_budgets, load_run, load_schedule
+
+
+def test_the_schedule_bursts_where_asked_and_budgets_are_what_the_network_leaves() -> None:
+    arrivals = load_schedule(rate_rps=20, duration_s=30, burst_at_s=10, burst_for_s=10, burst_rps=200, seed=1)
+    per_second = np.bincount(arrivals.astype(int), minlength=30)
+    assert per_second[10:20].mean() > 5 * per_second[:10].mean() and per_second[20:].mean() < 40
+    long = load_schedule(rate_rps=20, duration_s=300, seed=1)
+    budgets = load_budgets(long, slo_ms=20, payload_kb=4, rtt_ms=2, seed=1)
+    assert len(budgets) == len(long) and budgets.max() < 18  # the round trip and some transfer always
+    calm = load_budgets(long, slo_ms=20, payload_kb=4, rtt_ms=2, seed=1, dips=False)
+    assert calm.min() > budgets.min()  # dips eat into some budgets
+    with pytest.raises(ValueError):
+        load_schedule(rate_rps=0, duration_s=1)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen: list[float] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        budget = float(self.headers["X-Tessera-Deadline-Ms"])
+        _Handler.seen.append(budget)
+        status = 200 if budget >= 5 else 504
+        body = json.dumps({"outputs": []} if status == 200 else {"error": {"status": 504, "code": "deadline_exceeded"}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_run_counts_in_time_late_and_expired_against_a_real_server() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        arrivals = np.array([0.05, 0.1, 0.2, 1.1, 1.2])
+        budgets = np.array([100.0, 2.0, -1.0, 100.0, 100.0])
+        result = load_run(f"http://127.0.0.1:{server.server_address[1]}/v1/infer/x", b"{}", arrivals, budgets, concurrency=4)
+    finally:
+        server.shutdown()
+    totals = result.totals
+    assert totals == {"sent": 4, "ok": 3, "late": 1, "errors": 0, "expired": 1}
+    assert [s.second for s in result.seconds] == [0, 1]
+    assert max(_Handler.seen) <= 100.0 and min(_Handler.seen) <= 2.0  # each sent with what was left of its budget
