@@ -244,7 +244,8 @@ def test_a_simulated_cpu_runtime_serves_sponge_latency(tmp_path) -> None:
     rt = runtime_start(spec, tmp_path)
     try:
         health = frame_call(rt.endpoint, {"op": "health"})[0]
-        assert health["simulated"] is True and health["vertical"] == vertical and health["cores"] == 1
+        assert health["simulated"] is True and health["cores"] == 1
+        assert health["vertical"] == {**vertical, "max_batch": None, "reserve_ms": 0.0}
 
         def served_ms() -> float:
             started = time.perf_counter()
@@ -282,12 +283,19 @@ VERTICAL = {"model": {"gamma1": 60.0, "eps1": 0.0, "delta1": 0.0, "eta1": 1.0}, 
 
 def test_desired_vertical_block_is_checked(model_file) -> None:
     good = desired_doc(1, cpu_runtime(model_file, vertical=VERTICAL))
-    assert desired_state_parse(json.loads(json.dumps(good))).runtimes[0].vertical.max_cores == 2
+    runtime = desired_state_parse(json.loads(json.dumps(good))).runtimes[0]
+    assert runtime.vertical.max_cores == 2 and runtime.batch_limit == 4
+    # The block the control plane writes (engine.plans.problem.VerticalScaling.to_desired): a pipeline stage's.
+    stage = {**VERTICAL, "policy": "biscale", "max_batch": 16, "reserve_ms": 12.5}
+    runtime = desired_state_parse(desired_doc(1, cpu_runtime(model_file, vertical=stage))).runtimes[0]
+    assert runtime.vertical.policy == "biscale" and runtime.vertical.reserve_ms == 12.5 and runtime.batch_limit == 16
     cases = [
         ({"vertical": {**VERTICAL, "min_cores": 3}}, "min_cores 3 is above max_cores 2"),
         ({"vertical": {**VERTICAL, "policy": "hpa"}}, "vertical.policy"),
         ({"vertical": {**VERTICAL, "model": {"gamma1": 1.0}}}, "vertical.model.eps1"),
         ({"vertical": {**VERTICAL, "extra": 1}}, "unknown field(s) extra"),
+        ({"vertical": {**VERTICAL, "max_batch": 0}}, "vertical.max_batch"),
+        ({"vertical": {**VERTICAL, "reserve_ms": -1}}, "vertical.reserve_ms"),
         ({"vertical": VERTICAL, "cpu_threads": 4}, "cpu_threads 4 is outside vertical min_cores..max_cores (1..2)"),
     ]
     for change, message in cases:
@@ -423,7 +431,8 @@ FINGERPRINTS: dict[str, str] = {}
 
 
 def fake_desired(model_file) -> Any:
-    runtimes = [cpu_runtime(model_file, key=f"cpu0/{i}", threads=1, vertical={**VERTICAL, "max_cores": 4}) for i in range(3)]
+    runtimes = [cpu_runtime(model_file, key=f"cpu0/{i}", threads=1, vertical={**VERTICAL, "max_cores": 4, "reserve_ms": 10.0})
+                for i in range(3)]
     runtimes.append(cpu_runtime(model_file, key="cpu0/3", threads=2))
     desired = desired_state_parse(desired_doc(1, *runtimes))
     FINGERPRINTS.update({r.key: r.fingerprint for r in desired.runtimes})
@@ -445,7 +454,8 @@ def test_fast_loop_calls_the_controller_and_keeps_the_host_budget(model_file) ->
                             call=runtimes.call, controller=controller, on_operation=ops.append)
     scaler.tick()
     first = seen[0]
-    assert first[0] == VerticalLatency(**VERTICAL["model"]) and first[1].rate_rps == 100.0 and first[1].budgets_ms == (40.0, 45.0)
+    assert first[0] == VerticalLatency(**VERTICAL["model"]) and first[1].rate_rps == 100.0
+    assert first[1].budgets_ms == (30.0, 35.0)  # what the requests have left less the stage's reserve for later stages
     assert first[1].cores == 1 and first[1].batch == 4 and first[2]["max_batch"] == 4
     assert first[2]["max_cores"] == 4  # min(max_cores 4, the 5 cores the runtime without a vertical block leaves)
     # 7 cores, 2 of them the fixed runtime's: 5 shared max-min fairly among three that want 4 each.

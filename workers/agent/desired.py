@@ -10,9 +10,9 @@ MPS (issue 17, gpulets): a GPU in MPS mode lists its partitions (`mps_layout`, "
 the runtimes of one partition (`gpu0/mps60@0/0`, `gpu0/mps60@0/1`, ...) are served by one runtime process,
 so they are grouped here into a `DesiredPartition` whose fingerprint covers every model in it.
 
-Vertical scaling (issue 19, Sponge): a CPU runtime may carry a `vertical` block, `{"model": {"gamma1", "eps1",
-"delta1", "eta1"}, "min_cores", "max_cores", "policy": "sponge"}` (workers/runtime/vertical.py checks it; its
-`cpu_threads` must lie in min_cores..max_cores). A CPU runtime's `cpu_threads` and `vertical` are not part
+Vertical scaling (issue 19, Sponge/Biscale): a CPU runtime may carry a `vertical` block, `{"policy": "sponge"|
+"biscale", "model": {"gamma1", "eps1", "delta1", "eta1"}, "min_cores", "max_cores", "max_batch", "reserve_ms"}`
+(workers/runtime/vertical.py checks it; its `cpu_threads` must lie in min_cores..max_cores). A CPU runtime's `cpu_threads` and `vertical` are not part
 of its restart `fingerprint`: changing them resizes the running process in place (`resize_fingerprint`,
 the reconciler's `runtime.resize`), and with a `vertical` block the agent's fast loop sizes it from then on
 (workers/agent/vertical.py)."""
@@ -79,8 +79,10 @@ class DesiredRuntime:
 
     @property
     def batch_limit(self) -> int:
-        """The largest batch cap a resize may set: max_batch, or the largest profiled batch when above it (the
-        runtime's own limit, workers/runtime/server.py)."""
+        """The largest batch cap the fast loop may set: the vertical block's max_batch when it gives one, else
+        max_batch or the largest profiled batch when above it (the runtime's own limit, workers/runtime/server.py)."""
+        if self.vertical is not None and self.vertical.max_batch:
+            return self.vertical.max_batch
         return max([self.max_batch] + [b for b, _ms in self.profile])
 
     @property

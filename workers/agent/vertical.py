@@ -7,10 +7,12 @@ One tick:
 1. Observe. For every CPU runtime that runs as desired, read `{"op": "stats", "reader": "vertical"}`: its
    cores, batch cap, CPUs, the arrival rate and the remaining budgets of its queued and recent requests over
    the fast loop's own interval (the metrics loop's interval is not disturbed).
-2. Decide. For a runtime with a `vertical` block, the engine's controller (`engine.vertical.controller.
-   sponge_step`: the fewest cores, then the smallest batch, that keep every request within its budget and
-   serve the rate) within its min_cores..max_cores and batch 1..its batch limit (max_batch, or the largest
-   profiled batch when above).
+2. Decide. For a runtime with a `vertical` block (policy sponge or biscale: both are sized by Sponge's rule
+   here), the engine's controller (`engine.vertical.controller.sponge_step`: the fewest cores, then the
+   smallest batch, that keep every request within its budget and serve the rate) within its
+   min_cores..max_cores and batch 1..the block's max_batch (else the runtime's max_batch, or its largest
+   profiled batch when above; never above the limit the runtime reports). A pipeline stage's budgets are
+   what the requests have left less the block's `reserve_ms` (the later stages' planned time).
 3. Share the host. The runtimes of a host never hold more cores in all than the host has
    (`host_cores`: the CPUs the agent may run on). CPU runtimes without a `vertical` block keep their cores
    (the desired `cpu_threads`); the rest is shared among the vertical ones max-min fairly (`cores_share`:
@@ -246,14 +248,17 @@ class VerticalScaler:
     def _decide(self, runtime: DesiredRuntime, stats: dict, min_cores: int, max_cores: int) -> VerticalAction:
         assert runtime.vertical is not None
         max_cores = max(max_cores, min_cores)
+        reserve = runtime.vertical.reserve_ms
         observation = VerticalObservation(cores=int(stats["cores"]), batch=int(stats.get("max_batch") or 1),
                                           rate_rps=float(stats.get("rate_rps") or 0.0),
-                                          budgets_ms=tuple(float(b) for b in stats.get("budgets_ms") or ()))
-        action = self.controller(runtime.vertical.model, observation, min_cores=min_cores, max_cores=max_cores,
-                                 max_batch=runtime.batch_limit)
+                                          budgets_ms=tuple(float(b) - reserve for b in stats.get("budgets_ms") or ()))
+        limit = runtime.batch_limit
+        if isinstance(stats.get("max_batch_limit"), int):  # a runtime started with an older block may allow less
+            limit = max(1, min(limit, stats["max_batch_limit"]))
+        action = self.controller(runtime.vertical.model, observation, min_cores=min_cores, max_cores=max_cores, max_batch=limit)
         # Keep the decision within what this tick allows (an idle runtime keeps its size, which may be above it).
         cores = min(max(action.cores, min_cores), max_cores)
-        batch = min(max(action.batch, 1), runtime.batch_limit)
+        batch = min(max(action.batch, 1), limit)
         if (cores, batch) != (action.cores, action.batch):
             action = VerticalAction(cores, batch, (cores, batch) != (observation.cores, observation.batch), action.status,
                                     action.reason, action.late, action.expired)

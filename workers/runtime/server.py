@@ -56,7 +56,7 @@ matched by `id`, which is echoed back):
   block), "vertical_model" (the l(b, c) the policy plans with now, null: the profile)}`.
 - `{"op": "stats"}` -> `{"status": 200, "stats": {...}}`: `InstanceStats.snapshot_and_reset()`, the
   interval's item of the agent's metrics `runtimes[]` (the agent calls it every second), plus the sizes
-  `cores` (null on GPU runtimes), `max_batch`, `cpus` and what Sponge sizes an instance with: `rate_rps`
+  `cores` (null on GPU runtimes), `max_batch`, `max_batch_limit`, `cpus` and what Sponge sizes an instance with: `rate_rps`
   (arrivals per second over the interval) and `budgets_ms` (the remaining budgets, deadline minus now, of
   the queries queued now, tightest first, then those the interval's other arrivals had on arrival, newest
   first; at most `BUDGETS_MAX` = 512 in all). `{"op": "stats", "reader": "vertical"}` reads the sizes and
@@ -64,7 +64,7 @@ matched by `id`, which is echoed back):
   metrics interval is not disturbed).
 - `{"op": "resize", "cores": N, "max_batch": B, "cpus": [ids], "model": {...} | null}` (CPU runtimes only;
   issue 19, vertical scaling in place): serve on N intra-op threads with batch cap B (default: unchanged;
-  1..the spec's max_batch or its largest profiled batch), every thread of the process pinned to `cpus`
+  1..the largest of the spec's max_batch, its largest profiled batch and its vertical max_batch), every thread of the process pinned to `cpus`
   (N distinct CPU ids; default: the CPUs the process was started with). N is at most the CPUs the process
   may run on, unless the spec has `cpu_oversubscribe: true` (then up to 256). `model` replaces the
   vertical latency model l(b, c) the batching policy plans with (null: back to the profile). The session
@@ -391,8 +391,9 @@ def session_load(spec: RuntimeSpec) -> Any:
     """The spec's session: a SimulatedSession, or an OnnxSession on the artifact (sha256 checked), warm."""
     if spec.simulated:
         if spec.vertical is not None:  # its service time is Sponge's l(b, c) at its cores
-            limit = max([spec.max_batch] + [p.batch for p in profile_points(spec.profile)])
-            return SimulatedSession(spec.profile, limit, vertical=vertical_parse(spec.vertical).model, cores=spec.cpu_threads)
+            vertical = vertical_parse(spec.vertical)
+            limit = max([spec.max_batch, vertical.max_batch or 1] + [p.batch for p in profile_points(spec.profile)])
+            return SimulatedSession(spec.profile, limit, vertical=vertical.model, cores=spec.cpu_threads)
         return SimulatedSession(spec.profile, spec.max_batch)
     from workers.runtime.session import OnnxSession
 
@@ -593,8 +594,10 @@ class ServedModel:
         self.signature = _input_signature(session)
         profile = spec.profile or (None if self.model is not None and self.simulated else _measured_profile(session, spec.max_batch, self.signature))
         points = profile_points(profile) if profile else []
-        # The largest batch a resize may ask for: the plan's cap, or the largest profiled batch when above it.
-        self.batch_limit = max([spec.max_batch] + [p.batch for p in points])
+        # The largest batch a resize may ask for: the plan's cap, the largest profiled batch or the vertical
+        # block's max_batch, whichever is largest.
+        self.batch_limit = max([spec.max_batch] + [p.batch for p in points]
+                               + ([self.vertical.max_batch] if self.vertical is not None and self.vertical.max_batch else []))
         self.cores = spec.cpu_threads
         self.cpus: frozenset[int] | None = server.cpus_allowed  # the process's CPUs until a resize pins it
         self._active = _Prepared(self.cores, session, getattr(session, "run", None) if self.signature else None, points or None,
@@ -702,6 +705,7 @@ class ServedModel:
             item = self.instance_stats.snapshot_and_reset()
         item["cores"] = self.cores if self.is_cpu else None
         item["max_batch"] = self.batcher.max_batch
+        item["max_batch_limit"] = self.batch_limit
         item["cpus"] = sorted(self.cpus) if self.is_cpu and self.cpus is not None else None
         item["rate_rps"] = round(rate, 3)
         item["budgets_ms"] = budgets
@@ -745,8 +749,8 @@ class ServedModel:
         if max_batch is None:
             max_batch = self.batcher.max_batch
         elif isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= self.batch_limit:
-            raise ValueError(f"'max_batch' must be an integer in 1..{self.batch_limit} (the spec's max_batch, or its largest "
-                             f"profiled batch when larger), got {max_batch!r}")
+            raise ValueError(f"'max_batch' must be an integer in 1..{self.batch_limit} (the largest of the spec's max_batch, its "
+                             f"largest profiled batch and its vertical max_batch), got {max_batch!r}")
         cpus = header.get("cpus")
         if cpus is not None:
             if not isinstance(cpus, list) or not cpus or any(isinstance(c, bool) or not isinstance(c, int) for c in cpus) or len(set(cpus)) != len(cpus):

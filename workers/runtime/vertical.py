@@ -1,11 +1,15 @@
 """In-place vertical scaling of a CPU runtime (issue 19; Sponge and Biscale, Razavi's thesis P2/P4): what the
 runtime needs besides its sessions, kept apart from the frame server.
 
-- `vertical_parse(raw, where)`: a runtime's optional `vertical` block, `{"model": {"gamma1", "eps1",
-  "delta1", "eta1"}, "min_cores", "max_cores", "policy": "sponge"}` (the same in the agent's desired state
-  and in the runtime's spec); ValueError naming the field. The model is Sponge's l(b, c) = gamma1*b/c +
-  eps1/c + delta1*b + eta1 ms (engine/vertical/sponge.py), every coefficient finite and >= 0, positive at
-  batch 1 on max_cores (a model fitted by `vertical_latency_fit` always is).
+- `vertical_parse(raw, where)`: a runtime's optional `vertical` block, `{"policy": "sponge"|"biscale",
+  "model": {"gamma1", "eps1", "delta1", "eta1"}, "min_cores", "max_cores", "max_batch", "reserve_ms"}`
+  (engine.plans.problem.VerticalScaling.to_desired; the same in the agent's desired state and in the
+  runtime's spec); ValueError naming the field. The model is Sponge's l(b, c) = gamma1*b/c + eps1/c +
+  delta1*b + eta1 ms (engine/vertical/sponge.py), every coefficient finite and >= 0, positive at batch 1 on
+  max_cores (a model fitted by `vertical_latency_fit` always is). `max_batch` (optional) is the largest
+  batch cap the fast loop may set; `reserve_ms` (default 0) the part of every request's remaining budget a
+  pipeline stage keeps for the stages after it (Biscale). Both policies are sized by Sponge's rule every
+  interval (engine/vertical/controller.py); they differ in how the plan set the bounds and the reserve.
 - `process_cpus()`: the CPUs the process may run on now (None where the platform does not say).
 - `affinity_apply(cpus)`: pin every thread of the process (each task under /proc/self/task) to `cpus`.
   onnxruntime pins nothing when `intra_op_num_threads` is explicit (it pins only at the default of 0, or
@@ -32,13 +36,13 @@ from engine.vertical.sponge import VerticalLatency
 __all__ = ["BUDGETS_MAX", "VERTICAL_POLICIES", "ArrivalLog", "VerticalSpec", "affinity_apply", "process_cpus", "vertical_model_parse",
            "vertical_parse"]
 
-VERTICAL_POLICIES = ("sponge",)
+VERTICAL_POLICIES = ("sponge", "biscale")
 # The budgets a `stats` answer carries at most: the queued requests first (tightest first), then the
 # interval's arrivals, newest first. Sponge's solver is linear in them; 512 is ample at the rates one CPU
 # instance serves in a second, and keeps the answer small.
 BUDGETS_MAX = 512
 _MODEL_FIELDS = ("gamma1", "eps1", "delta1", "eta1")
-_VERTICAL_FIELDS = frozenset(("model", "min_cores", "max_cores", "policy"))
+_VERTICAL_FIELDS = frozenset(("model", "min_cores", "max_cores", "policy", "max_batch", "reserve_ms"))
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,12 @@ class VerticalSpec:
     min_cores: int
     max_cores: int
     policy: str = "sponge"
+    max_batch: int | None = None  # the largest batch cap the fast loop may set (None: the runtime's own limit)
+    reserve_ms: float = 0.0  # of every request's remaining budget, kept for the pipeline's later stages
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": {name: getattr(self.model, name) for name in _MODEL_FIELDS}, "min_cores": self.min_cores,
-                "max_cores": self.max_cores, "policy": self.policy}
+        return {"policy": self.policy, "model": {name: getattr(self.model, name) for name in _MODEL_FIELDS}, "min_cores": self.min_cores,
+                "max_cores": self.max_cores, "max_batch": self.max_batch, "reserve_ms": self.reserve_ms}
 
 
 def vertical_model_parse(raw: Any, where: str) -> VerticalLatency:
@@ -74,7 +80,7 @@ def vertical_model_parse(raw: Any, where: str) -> VerticalLatency:
 def vertical_parse(raw: Any, where: str = "vertical") -> VerticalSpec:
     """A `vertical` block (see the module docstring); ValueError naming the field."""
     if not isinstance(raw, Mapping):
-        raise ValueError(f"{where}: expected {{model, min_cores, max_cores, policy}}, got {raw!r}")
+        raise ValueError(f"{where}: expected {{policy, model, min_cores, max_cores, max_batch, reserve_ms}}, got {raw!r}")
     unknown = sorted(set(raw) - _VERTICAL_FIELDS)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_VERTICAL_FIELDS))}")
@@ -92,7 +98,13 @@ def vertical_parse(raw: Any, where: str = "vertical") -> VerticalSpec:
         raise ValueError(f"{where}.policy: expected one of {', '.join(VERTICAL_POLICIES)}, got {policy!r}")
     if not model.l(1, bounds["max_cores"]) > 0:
         raise ValueError(f"{where}.model: l(1, {bounds['max_cores']}) is 0 ms; a latency model must be positive")
-    return VerticalSpec(model, bounds["min_cores"], bounds["max_cores"], policy)
+    max_batch = raw.get("max_batch")
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1):
+        raise ValueError(f"{where}.max_batch: expected an integer >= 1 or null, got {max_batch!r}")
+    reserve = raw.get("reserve_ms", 0.0)
+    if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
+        raise ValueError(f"{where}.reserve_ms: expected a finite number >= 0 (ms), got {reserve!r}")
+    return VerticalSpec(model, bounds["min_cores"], bounds["max_cores"], policy, max_batch, float(reserve))
 
 
 def process_cpus() -> frozenset[int] | None:
