@@ -791,7 +791,7 @@ class ServedModel:
             prepared_entry = None
         prepared = prepared_entry is not None
         if prepared_entry is None:
-            prepared_entry = self._session_build(cores)
+            prepared_entry = self._session_build(cores, max_batch)
         self._sessions.pop(cores, None)
         self._sessions[cores] = prepared_entry  # the most recently used last
         latency_ms = self._latency_function(prepared_entry)
@@ -813,7 +813,7 @@ class ServedModel:
                 "cpus": sorted(self.cpus) if self.cpus is not None else None, "resize_ms": round(resize_ms, 3), "prepared": prepared,
                 "affinity_error": affinity_error, "vertical_model": self.model is not None}
 
-    def _session_build(self, cores: int) -> _Prepared:
+    def _session_build(self, cores: int, max_batch: int) -> _Prepared:
         """A session at `cores`, warm, with its latency profile when no model says it (resize thread)."""
         spec = self.spec
         if self.simulated:
@@ -823,7 +823,7 @@ class ServedModel:
 
         assert spec.artifact_path is not None
         session = OnnxSession(spec.artifact_path, sha256=spec.sha256, intra_op_threads=cores, device_uuid=spec.device_uuid)
-        session.warmup(sorted({1, self.batcher.max_batch, self.batch_limit}))
+        session.warmup(sorted({1, max_batch}))
         points = None
         if self.model is None:
             # The spec's profile was measured at its own cores; at others the session is measured now.

@@ -7,9 +7,10 @@ runtime needs besides its sessions, kept apart from the frame server.
   runtime's spec); ValueError naming the field. The model is Sponge's l(b, c) = gamma1*b/c + eps1/c +
   delta1*b + eta1 ms (engine/vertical/sponge.py), every coefficient finite and >= 0, positive at batch 1 on
   max_cores (a model fitted by `vertical_latency_fit` always is). `max_batch` (optional) is the largest
-  batch cap the fast loop may set; `reserve_ms` (default 0) the part of every request's remaining budget a
-  pipeline stage keeps for the stages after it (Biscale). Both policies are sized by Sponge's rule every
-  interval (engine/vertical/controller.py); they differ in how the plan set the bounds and the reserve.
+  batch cap the fast loop may set (at most `VERTICAL_BATCH_MAX`, 4096; a larger one is taken as that);
+  `reserve_ms` (default 0) the part of every request's remaining budget a pipeline stage keeps for the
+  stages after it (Biscale). Both policies are sized by Sponge's rule every interval
+  (engine/vertical/controller.py); they differ in how the plan set the bounds and the reserve.
 - `process_cpus()`: the CPUs the process may run on now (None where the platform does not say).
 - `affinity_apply(cpus)`: pin every thread of the process (each task under /proc/self/task) to `cpus`.
   onnxruntime pins nothing when `intra_op_num_threads` is explicit (it pins only at the default of 0, or
@@ -33,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 from engine.vertical.sponge import VerticalLatency
 
-__all__ = ["BUDGETS_MAX", "VERTICAL_POLICIES", "ArrivalLog", "VerticalSpec", "affinity_apply", "process_cpus", "vertical_model_parse",
+__all__ = ["BUDGETS_MAX", "VERTICAL_BATCH_MAX", "VERTICAL_POLICIES", "ArrivalLog", "VerticalSpec", "affinity_apply", "process_cpus", "vertical_model_parse",
            "vertical_parse"]
 
 VERTICAL_POLICIES = ("sponge", "biscale")
@@ -41,6 +42,9 @@ VERTICAL_POLICIES = ("sponge", "biscale")
 # interval's arrivals, newest first. Sponge's solver is linear in them; 512 is ample at the rates one CPU
 # instance serves in a second, and keeps the answer small.
 BUDGETS_MAX = 512
+# The largest batch cap a vertical block's max_batch can open (a larger one is taken as this): the latency
+# function is tabulated, and a new session warmed, up to the cap; profiles go up to 4096 too.
+VERTICAL_BATCH_MAX = 4096
 _MODEL_FIELDS = ("gamma1", "eps1", "delta1", "eta1")
 _VERTICAL_FIELDS = frozenset(("model", "min_cores", "max_cores", "policy", "max_batch", "reserve_ms"))
 
@@ -104,7 +108,8 @@ def vertical_parse(raw: Any, where: str = "vertical") -> VerticalSpec:
     reserve = raw.get("reserve_ms", 0.0)
     if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
         raise ValueError(f"{where}.reserve_ms: expected a finite number >= 0 (ms), got {reserve!r}")
-    return VerticalSpec(model, bounds["min_cores"], bounds["max_cores"], policy, max_batch, float(reserve))
+    return VerticalSpec(model, bounds["min_cores"], bounds["max_cores"], policy,
+                        None if max_batch is None else min(max_batch, VERTICAL_BATCH_MAX), float(reserve))
 
 
 def process_cpus() -> frozenset[int] | None:
