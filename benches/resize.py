@@ -4,8 +4,8 @@ running instance instead of starting one): what a `resize` costs against startin
 and whether anything is lost while the cores change under load. A script, not a test (the runtime's resize
 is tested in tests/workers/test_resize.py).
 
-    .venv/bin/python benches/resize.py            # full run (about 1.5 min on two cores)
-    .venv/bin/python benches/resize.py --quick    # smoke run, under a minute
+    .venv/bin/python benches/resize.py            # full run (about 20 s on two cores)
+    .venv/bin/python benches/resize.py --quick    # smoke run, under 10 s
     options: --out DIR (default bench-results), --reps N, --load-s S, --clients C, --hidden H
 
 Writes DIR/resize.csv (one row per measurement) and prints the table.
