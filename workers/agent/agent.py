@@ -46,7 +46,7 @@ log = logging.getLogger("tessera.agent")
 
 AGENT_VERSION = "0.1.0"
 # A runtime's `stats` fields the agent keeps to itself (the fast loop's signals), and those only CPU runtimes report.
-_LOCAL_STATS = ("rate_rps", "budgets_ms")
+_LOCAL_STATS = ("rate_rps", "budgets_ms", "max_batch_limit")
 _CPU_STATS = ("cores", "max_batch", "cpus")
 def _mib(value: float | None) -> int:
     return 0 if value is None else max(0, round(value))
