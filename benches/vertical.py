@@ -114,7 +114,7 @@ def sponge_run(task: tuple[str, int, int, float, float]) -> dict[str, Any]:
         batch = sponge_brute_force(stage.latency, [SPONGE_SLO_MS], SPONGE_RATE, max_cores=cores).batch
         policy, initial = StaticPolicy(cores, batch), (1, cores, batch)
     elif policy_name == "sponge":
-        policy, initial = SpongePolicy(stage), (1, 4, 1)
+        policy, initial = SpongePolicy(stage, headroom=HEADROOM), (1, 4, 1)
     else:
         first = biscale_horizontal_solve(BiscaleProblem((stage,), SPONGE_SLO_MS, SPONGE_RATE * HEADROOM)).decisions[stage.name]
         policy, initial = HorizontalPolicy((stage,), SPONGE_SLO_MS, headroom=HEADROOM), (first.instances, 1, first.batch)

@@ -56,6 +56,7 @@ class StageView:
     rate_rps: float  # arrivals at the stage over the interval
     budgets_ms: tuple[float, ...]  # remaining budgets of the requests queued now and of those that arrived in the interval
     rate_history: tuple[float, ...]  # arrivals per interval at the first stage, oldest first
+    queued: int = 0  # the first `queued` of budgets_ms are queued now, the rest the interval's arrivals (as the runtimes report them)
 
 
 class VerticalPolicy(Protocol):
@@ -81,7 +82,7 @@ class _Stage:
     instances: list[_Instance] = field(default_factory=list)
     queue: list[tuple[float, int, VerticalRequest]] = field(default_factory=list)  # (deadline, seq, request): EDF heap
     arrivals: int = 0
-    seen_budgets: list[float] = field(default_factory=list)
+    seen: list[tuple[float, VerticalRequest]] = field(default_factory=list)  # the interval's arrivals: (budget on arrival, request)
 
 
 @dataclass
@@ -174,9 +175,11 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
             st = state[name]
             ready = [i for i in st.instances if i.ready_at <= now and not i.stopping]
             queued = [(d - now) * 1000.0 for d, _, _ in st.queue]
+            queued_ids = {id(r) for _, _, r in st.queue}
+            arrived = [b for b, r in st.seen if id(r) not in queued_ids]  # still queued: counted above with what it has left now
             views.append(StageView(name, len(ready), sum(1 for i in st.instances if i.ready_at > now and not i.stopping),
                                    max((cores_of(i, now) for i in ready), default=1), st.batch, st.arrivals / interval_s,
-                                   tuple(queued + st.seen_budgets), tuple(rate_history)))
+                                   tuple(sorted(queued) + arrived), tuple(rate_history), queued=len(queued)))
         second = int(round(now / interval_s)) - 1
         cores_now = {name: sum(i.cores if i.pending is None else max(i.cores, i.pending[1]) for i in state[name].instances) for name in order}
         core_seconds += sum(cores_now.values()) * interval_s
@@ -187,7 +190,7 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
                            **{f"cores[{n}]": cores_now[n] for n in order}, **{f"instances[{n}]": len(state[n].instances) for n in order}})
         for name in order:
             state[name].arrivals = 0
-            state[name].seen_budgets = []
+            state[name].seen = []
         targets = policy.decide(now, views)
         for k, name in enumerate(order):
             target = targets.get(name)
@@ -222,7 +225,7 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
             k, r = payload
             st = state[order[k]]
             st.arrivals += 1
-            st.seen_budgets.append((r.deadline_s - now) * 1000.0)
+            st.seen.append(((r.deadline_s - now) * 1000.0, r))
             if k == 0:
                 second_arr[int(r.arrival_s)] = second_arr.get(int(r.arrival_s), 0) + 1
             heapq.heappush(st.queue, (r.deadline_s, next(seq), r))
@@ -269,16 +272,19 @@ class StaticPolicy:
 
 
 class SpongePolicy:
-    """One instance resized in place every interval by Sponge's scaler (`sponge_step`)."""
+    """One instance resized in place every interval by Sponge's scaler (`sponge_step`), the measured rate
+    taken times `headroom` (as the other policies take theirs: an instance sized for exactly the mean rate
+    queues past its budgets on every Poisson burst)."""
 
     name = "sponge"
 
-    def __init__(self, stage: BiscaleStage) -> None:
+    def __init__(self, stage: BiscaleStage, *, headroom: float = 1.0) -> None:
         self.stage = stage
+        self.headroom = headroom
 
     def decide(self, now_s: float, views: Sequence[StageView]) -> Mapping[str, StageTarget]:
         v = views[0]
-        action = sponge_step(self.stage.latency, VerticalObservation(v.cores, v.batch, v.rate_rps, v.budgets_ms),
+        action = sponge_step(self.stage.latency, VerticalObservation(v.cores, v.batch, v.rate_rps * self.headroom, v.budgets_ms, queued=v.queued),
                              max_cores=self.stage.max_cores, max_batch=self.stage.max_batch)
         return {v.name: StageTarget(action.cores, action.batch)}
 

@@ -7,20 +7,24 @@ requests with their remaining budgets, reordered earliest deadline first by the 
 (`sponge_brute_force`, Algorithm 2); the adapter then sends the processing component the new cores and
 the queue the new batch size (§p2.3.1, "Scaler").
 
-Where this departs, and why: the request set is the requests queued now plus those that arrived during
-the interval, each with what it had left on arrival: with a fast instance the queue is often empty when
-the scaler looks, and sizing for nothing would drop the cores to the minimum just before the next dip's
-requests arrive. With no requests and no traffic the instance keeps its size (`idle`): nothing measured
+Where this departs, and why: beside the requests queued now (Algorithm 2's EDF check), the scaler looks
+at those that arrived during the interval, each with what it had left on arrival, as a sample of what the
+next ones will bring: each must fit the worst a new request meets, 2 l(b, c) (`sponge_brute_force`'s
+`arrival_budgets_ms`). With a fast instance the queue is often empty when the scaler looks, and sizing for
+nothing would drop the cores to the minimum just before the next dip's requests arrive. An observation
+that does not say which requests are queued (`queued` None) has all of them checked as one EDF queue,
+the stricter reading. With no requests and no traffic the instance keeps its size (`idle`): nothing measured
 says it should change, and shrinking an idle instance only makes the next burst late. An infeasible
-decision (no size meets every budget) takes the largest allowed cores and the batch that is late for
-the fewest requests (thesis P4 §p4.5.1.2: when vertical scaling cannot serve the load, scale the running
-instance to its maximum and let horizontal scaling take the rest)."""
+decision (no size meets every budget) takes the size late for the fewest requests, then the fewest cores:
+where cores help that is the most there are (thesis P4 §p4.5.1.2: scale the running instance to its
+maximum and let horizontal scaling take the rest), and where the model says they do not help (a model
+whose latency hardly falls with cores), the instance is not grown for nothing."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from engine.vertical.sponge import VerticalLatency, edf_late, sponge_brute_force
+from engine.vertical.sponge import VerticalLatency, sponge_brute_force
 
 __all__ = ["VerticalAction", "VerticalObservation", "sponge_step"]
 
@@ -33,6 +37,7 @@ class VerticalObservation:
     batch: int  # its batch cap now
     rate_rps: float  # arrivals per second over the interval
     budgets_ms: tuple[float, ...]  # remaining budgets (ms) of the requests queued now and of those that arrived in the interval
+    queued: int | None = None  # the first `queued` of budgets_ms are queued now, the rest arrivals (None: all queued)
 
 
 @dataclass(frozen=True)
@@ -58,21 +63,25 @@ def sponge_step(model: VerticalLatency, observation: VerticalObservation, *, min
     current = (observation.cores, observation.batch)
     if not observation.budgets_ms and observation.rate_rps == 0:
         return VerticalAction(observation.cores, observation.batch, False, "idle", "no requests and no traffic in the interval: size kept")
-    decision = sponge_brute_force(model, observation.budgets_ms, observation.rate_rps, max_cores=max_cores, max_batch=max_batch, delta=delta)
+    queued, arrivals = _split(observation)
+    decision = sponge_brute_force(model, queued, observation.rate_rps, max_cores=max_cores, max_batch=max_batch, delta=delta,
+                                  arrival_budgets_ms=arrivals)
     if decision.status == "optimal":
         cores, batch = max(decision.cores, min_cores), decision.batch
         reason = f"{cores} cores at batch {batch} keep every request within its budget at {observation.rate_rps:.3g} rps"
         return VerticalAction(cores, batch, (cores, batch) != current, "optimal", reason, expired=decision.expired)
-    # Infeasible: everything the hardware allows, and the batch that is late for the fewest at that size.
-    batch = _least_late_batch(model, observation, max_cores, max_batch)
-    budgets = sorted(x for x in observation.budgets_ms if x > 0)
-    reason = f"no size up to {max_cores} cores serves {observation.rate_rps:.3g} rps within every budget: {max_cores} cores, batch {batch}"
-    return VerticalAction(max_cores, batch, (max_cores, batch) != current, "infeasible", reason,
-                          late=edf_late(model, budgets, batch, max_cores), expired=decision.expired)
+    # Infeasible: the size late for the fewest requests (then the fewest cores, the smallest batch), which
+    # the model puts at the most cores where cores help at all.
+    cores = max(decision.cores, min_cores)
+    reason = (f"no size up to {max_cores} cores serves {observation.rate_rps:.3g} rps within every budget: {cores} cores, "
+              f"batch {decision.batch} are late for the fewest ({decision.late})")
+    return VerticalAction(cores, decision.batch, (cores, decision.batch) != current, "infeasible", reason, late=decision.late,
+                          expired=decision.expired)
 
 
-def _least_late_batch(model: VerticalLatency, observation: VerticalObservation, cores: int, max_batch: int) -> int:
-    """At `cores`, the batch that serves the rate if any does, then makes the fewest requests late, then is
-    smallest."""
-    budgets = sorted(x for x in observation.budgets_ms if x > 0)
-    return min(range(1, max_batch + 1), key=lambda b: (model.throughput_rps(b, cores) < observation.rate_rps, edf_late(model, budgets, b, cores), b))
+def _split(observation: VerticalObservation) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if observation.queued is None:
+        return observation.budgets_ms, ()
+    if not 0 <= observation.queued <= len(observation.budgets_ms):
+        raise ValueError(f"queued must be within 0..{len(observation.budgets_ms)}, got {observation.queued!r}")
+    return observation.budgets_ms[:observation.queued], observation.budgets_ms[observation.queued:]

@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SpongeDecision", "VerticalLatency", "edf_late", "sponge_brute_force", "sponge_decision_validate", "sponge_ip_solve",
+__all__ = ["SpongeDecision", "VerticalLatency", "arrivals_late", "edf_late", "sponge_brute_force", "sponge_decision_validate", "sponge_ip_solve",
            "vertical_latency_fit"]
 
 CORES_MAX = 16  # the thesis's c_max and b_max: no significant gain beyond (§p2.4)
@@ -99,8 +99,21 @@ def edf_late(model: VerticalLatency, budgets: Sequence[float], batch: int, cores
     return late
 
 
-def _feasible(model: VerticalLatency, budgets: Sequence[float], rate_rps: float, batch: int, cores: int) -> bool:
-    return model.throughput_rps(batch, cores) >= rate_rps - 1e-9 and edf_late(model, budgets, batch, cores) == 0
+def _feasible(model: VerticalLatency, budgets: Sequence[float], rate_rps: float, batch: int, cores: int, arrivals: Sequence[float] = ()) -> bool:
+    return (model.throughput_rps(batch, cores) >= rate_rps - 1e-9 and edf_late(model, budgets, batch, cores) == 0
+            and arrivals_late(model, arrivals, batch, cores) == 0)
+
+
+def arrivals_late(model: VerticalLatency, arrivals: Sequence[float], batch: int, cores: int) -> int:
+    """Of the arrivals' budgets (sorted), how many the worst a new request meets at this size would miss:
+    the batch in service, then its own batch, 2 l(b, c)."""
+    worst = 2.0 * model.l(batch, cores)
+    late = 0
+    for budget in arrivals:
+        if worst <= budget + 1e-9:
+            break
+        late += 1
+    return late
 
 
 def _inputs_check(budgets: Sequence[float], rate_rps: float, max_cores: int, max_batch: int) -> list[float]:
@@ -116,29 +129,43 @@ def _inputs_check(budgets: Sequence[float], rate_rps: float, max_cores: int, max
     return [x for x in ordered if x > 0]
 
 
+def _arrivals_servable(model: VerticalLatency, arrival_budgets_ms: Sequence[float], max_cores: int) -> tuple[list[float], int]:
+    """The arrivals' budgets some size could meet (sorted), and how many none could (2 l(1, c_max) > budget)."""
+    arrivals = _inputs_check(arrival_budgets_ms, 0.0, max_cores, 1)
+    floor = 2.0 * model.l(1, max_cores)
+    servable = [a for a in arrivals if a + 1e-9 >= floor]
+    return servable, len(arrival_budgets_ms) - len(servable)
+
+
 def sponge_brute_force(model: VerticalLatency, budgets_ms: Sequence[float], rate_rps: float, *, max_cores: int = CORES_MAX,
-                       max_batch: int = BATCH_MAX, delta: float = 1e-3) -> SpongeDecision:
+                       max_batch: int = BATCH_MAX, delta: float = 1e-3, arrival_budgets_ms: Sequence[float] = ()) -> SpongeDecision:
     """Algorithm 2: the first (c, b), c ascending then b ascending, that keeps every queued request within
-    its remaining budget (`budgets_ms`, one per request, in any order) and serves `rate_rps`. Infeasible:
-    the configuration with the fewest late requests (then fewest cores, smallest batch), status
-    "infeasible", so the caller still gets the best it can do (and may scale out for the rest)."""
+    its remaining budget (`budgets_ms`, one per request, in any order) and serves `rate_rps`. With
+    `arrival_budgets_ms` (what recent requests had left on arrival: what the next ones will bring), also
+    each of those within the worst a new request meets, 2 l(b, c); arrivals no size could serve are left
+    out and counted in `expired`. Infeasible: the configuration with the fewest late requests (then fewest
+    cores, smallest batch), status "infeasible", so the caller still gets the best it can do (and may
+    scale out for the rest)."""
     started = time.perf_counter()
     budgets = _inputs_check(budgets_ms, rate_rps, max_cores, max_batch)
-    expired = len(budgets_ms) - len(budgets)
+    arrivals, unservable = _arrivals_servable(model, arrival_budgets_ms, max_cores)
+    expired = len(budgets_ms) - len(budgets) + unservable
     for cores in range(1, max_cores + 1):
         for batch in range(1, max_batch + 1):
-            if _feasible(model, budgets, rate_rps, batch, cores):
+            if _feasible(model, budgets, rate_rps, batch, cores, arrivals):
                 return SpongeDecision("sponge", "optimal", cores, batch, cores + delta * batch, time.perf_counter() - started, expired=expired)
-    best = min(((edf_late(model, budgets, b, c) + (0 if model.throughput_rps(b, c) >= rate_rps else len(budgets) + 1), c, b)
-                for c in range(1, max_cores + 1) for b in range(1, max_batch + 1)))
+    everyone = len(budgets) + len(arrivals)
+    best = min(((edf_late(model, budgets, b, c) + arrivals_late(model, arrivals, b, c) + (0 if model.throughput_rps(b, c) >= rate_rps else everyone + 1),
+                 c, b) for c in range(1, max_cores + 1) for b in range(1, max_batch + 1)))
     late, cores, batch = best
-    return SpongeDecision("sponge", "infeasible", cores, batch, None, time.perf_counter() - started, late=min(late, len(budgets)),
+    return SpongeDecision("sponge", "infeasible", cores, batch, None, time.perf_counter() - started, late=min(late, everyone),
                           expired=expired, notes=(f"no configuration up to {max_cores} cores and batch {max_batch} keeps every request within its budget "
                                  f"and serves {rate_rps:g} rps",))
 
 
 def sponge_ip_solve(model: VerticalLatency, budgets_ms: Sequence[float], rate_rps: float, *, max_cores: int = CORES_MAX,
-                    max_batch: int = BATCH_MAX, delta: float = 1e-3, time_limit_s: float = 10.0) -> SpongeDecision:
+                    max_batch: int = BATCH_MAX, delta: float = 1e-3, time_limit_s: float = 10.0,
+                    arrival_budgets_ms: Sequence[float] = ()) -> SpongeDecision:
     """P2.3 as an integer programme for HiGHS: one binary x[c, b] per configuration, exactly one chosen,
     minimise sum (c + delta*b) x[c, b] subject to sum late(c, b) x[c, b] = 0 (the EDF queue check, per
     configuration) and sum h(b, c) x[c, b] >= lambda."""
@@ -149,22 +176,24 @@ def sponge_ip_solve(model: VerticalLatency, budgets_ms: Sequence[float], rate_rp
 
     started = time.perf_counter()
     budgets = _inputs_check(budgets_ms, rate_rps, max_cores, max_batch)
+    arrivals, unservable = _arrivals_servable(model, arrival_budgets_ms, max_cores)
     configs = [(c, b) for c in range(1, max_cores + 1) for b in range(1, max_batch + 1)]
     x = {cb: pulp.LpVariable(f"x_{cb[0]}_{cb[1]}", cat="Binary") for cb in configs}
     lp = pulp.LpProblem("sponge", pulp.LpMinimize)
     lp += pulp.lpSum((c + delta * b) * x[(c, b)] for c, b in configs)
     lp += pulp.lpSum(x.values()) == 1, "one_configuration"
     lp += pulp.lpSum(edf_late(model, budgets, b, c) * x[(c, b)] for c, b in configs) == 0, "every_request_in_time"
+    lp += pulp.lpSum(arrivals_late(model, arrivals, b, c) * x[(c, b)] for c, b in configs) == 0, "every_arrival_in_time"
     lp += pulp.lpSum(model.throughput_rps(b, c) * x[(c, b)] for c, b in configs) >= rate_rps, "throughput_covers_rate"
     result = milp_solve(lp, SolveOptions(threads=1), time_limit_s=time_limit_s)
     chosen = [cb for cb, var in x.items() if (var.value() or 0) > 0.5]
     if not result.has_solution or not chosen:
-        fallback = sponge_brute_force(model, budgets, rate_rps, max_cores=max_cores, max_batch=max_batch, delta=delta)
+        fallback = sponge_brute_force(model, budgets, rate_rps, max_cores=max_cores, max_batch=max_batch, delta=delta, arrival_budgets_ms=arrivals)
         return SpongeDecision("sponge-ip", "infeasible", fallback.cores, fallback.batch, None, time.perf_counter() - started,
-                              late=fallback.late, notes=(f"{result.backend}: {result.state}",))
+                              late=fallback.late, expired=len(budgets_ms) - len(budgets) + unservable, notes=(f"{result.backend}: {result.state}",))
     cores, batch = chosen[0]
     return SpongeDecision("sponge-ip", "optimal", cores, batch, cores + delta * batch, time.perf_counter() - started,
-                          expired=len(budgets_ms) - len(budgets))
+                          expired=len(budgets_ms) - len(budgets) + unservable)
 
 
 def sponge_decision_validate(model: VerticalLatency, budgets_ms: Sequence[float], rate_rps: float, decision: SpongeDecision) -> list[str]:

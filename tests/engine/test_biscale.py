@@ -133,8 +133,18 @@ def test_sponge_step_sizes_for_the_budgets_it_sees_and_keeps_an_idle_instance() 
     assert tight.cores > relaxed.cores and tight.changed
     idle = sponge_step(model, VerticalObservation(6, 2, 0.0, ()))
     assert (idle.status, idle.cores, idle.batch, idle.changed) == ("idle", 6, 2, False)
+    # Beyond what any size serves: the size late for the fewest, the most cores where they help...
+    overloaded = sponge_step(model, VerticalObservation(2, 1, 20.0, (100.0,) * 60), max_cores=8)
+    assert overloaded.status == "infeasible" and overloaded.cores == 8 and 0 < overloaded.late < 60
+    # ... and no growth where they cannot help (one request whose budget no size meets).
     hopeless = sponge_step(model, VerticalObservation(2, 1, 5.0, (3.0,)), max_cores=8)
-    assert hopeless.status == "infeasible" and hopeless.cores == 8 and hopeless.late == 1
+    assert hopeless.status == "infeasible" and hopeless.cores == 1 and hopeless.late == 1
+    # Arrivals of the interval are a sample of what comes next: each must fit 2 l(b, c), none queued behind the others.
+    as_queue = sponge_step(model, VerticalObservation(1, 1, 20.0, (200.0,) * 20))
+    as_arrivals = sponge_step(model, VerticalObservation(1, 1, 20.0, (200.0,) * 20, queued=0))
+    assert as_arrivals.cores < as_queue.cores and 2 * model.l(as_arrivals.batch, as_arrivals.cores) <= 200.0
+    with pytest.raises(ValueError, match="queued"):
+        sponge_step(model, VerticalObservation(1, 1, 20.0, (200.0,), queued=2))
     assert sponge_step(model, VerticalObservation(2, 1, 5.0, (300.0,)), min_cores=3).cores == 3
     with pytest.raises(ValueError):
         sponge_step(model, VerticalObservation(2, 1, -1.0, ()))

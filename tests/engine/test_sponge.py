@@ -59,12 +59,16 @@ def test_the_brute_force_equals_the_integer_programme() -> None:
         model = VerticalLatency(rng.uniform(5, 80), rng.uniform(0, 40), rng.uniform(0, 10), rng.uniform(0.5, 5))
         budgets = [rng.uniform(20, 400) for _ in range(rng.randint(1, 24))]
         rate = rng.uniform(1, 200)
-        brute = sponge_brute_force(model, budgets, rate)
-        exact = sponge_ip_solve(model, budgets, rate)
-        assert brute.status == exact.status
+        arrivals = [rng.uniform(-10, 300) for _ in range(rng.randint(0, 12))]  # what recent requests had left on arrival
+        brute = sponge_brute_force(model, budgets, rate, arrival_budgets_ms=arrivals)
+        exact = sponge_ip_solve(model, budgets, rate, arrival_budgets_ms=arrivals)
+        assert brute.status == exact.status and brute.expired == exact.expired
         if brute.status == "optimal":
             assert (brute.cores, brute.batch) == (exact.cores, exact.batch)
             assert sponge_decision_validate(model, budgets, rate, brute) == []
+            servable = [a for a in arrivals if a >= 2 * model.l(1, 16)]
+            assert all(2 * model.l(brute.batch, brute.cores) <= a + 1e-9 for a in servable)
+            assert brute.expired == len(arrivals) - len(servable)
 
 
 def test_an_impossible_queue_is_reported_with_the_best_configuration() -> None:

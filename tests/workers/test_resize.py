@@ -24,7 +24,7 @@ from workers.agent.agent import Agent
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.agent.desired import DesiredStateError, desired_state_parse
 from workers.agent.supervisor import RuntimeProcess, RuntimeSupervisor
-from workers.agent.vertical import VerticalScaler, cores_share, cpus_assign
+from workers.agent.vertical import RATE_HEADROOM, VerticalScaler, cores_share, cpus_assign
 from workers.runtime.simulated import SimulatedSession
 from workers.runtime.vertical import process_cpus
 from workers.wire import request_encode
@@ -378,8 +378,9 @@ def test_reconcile_resizes_instead_of_restarting(tmp_path, agent_factory, model_
 def test_the_fast_loop_grows_a_vertical_runtime_from_what_it_measured(tmp_path, agent_factory, model_file) -> None:
     if len(CPUS) < 2:
         pytest.skip("needs two CPUs")
-    # Five queries with 200 ms each in the interval: on one core no batch size serves them all in time (l(b, 1)
-    # = 60b + 1 ms: batches of 4 then 1 end at 241 ms), on two one at a time does (31 ms each, the fifth at 155).
+    # Five queries with 100 ms each arrived in the interval (answered by the tick: none queued). Each new one
+    # must fit the worst it meets, a batch in service and then its own, 2 l(b, c): on one core l(1, 1) = 61 ms
+    # makes that 122 ms, over its 100; on two, 2 x 31 = 62 ms fits.
     desired = write(tmp_path / "desired.json", desired_doc(1, cpu_runtime(model_file, threads=1, vertical=VERTICAL)))
     agent = agent_factory(desired, vertical_s=0)  # ticked by hand; no control plane at all: local state only
     assert agent.step().converged
@@ -388,7 +389,7 @@ def test_the_fast_loop_grows_a_vertical_runtime_from_what_it_measured(tmp_path, 
     assert agent.supervisor.call(record, "health")["cores"] == 1
     conn = FrameClient(record.endpoint)
     for i in range(5):
-        conn.call(infer(i, deadline_ms=200.0), BODY)
+        conn.call(infer(i, deadline_ms=100.0), BODY)
     conn.close()
     time.sleep(1.0)  # the loop's interval: the rate is 5 queries over about a second
     resized = agent.vertical.tick()
@@ -454,7 +455,7 @@ def test_fast_loop_calls_the_controller_and_keeps_the_host_budget(model_file) ->
                             call=runtimes.call, controller=controller, on_operation=ops.append)
     scaler.tick()
     first = seen[0]
-    assert first[0] == VerticalLatency(**VERTICAL["model"]) and first[1].rate_rps == 100.0
+    assert first[0] == VerticalLatency(**VERTICAL["model"]) and first[1].rate_rps == 100.0 * RATE_HEADROOM  # sized with the planners' headroom
     assert first[1].budgets_ms == (30.0, 35.0)  # what the requests have left less the stage's reserve for later stages
     assert first[1].cores == 1 and first[1].batch == 4 and first[2]["max_batch"] == 4
     assert first[2]["max_cores"] == 4  # min(max_cores 4, the 5 cores the runtime without a vertical block leaves)

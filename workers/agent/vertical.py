@@ -9,7 +9,8 @@ One tick:
    the fast loop's own interval (the metrics loop's interval is not disturbed).
 2. Decide. For a runtime with a `vertical` block (policy sponge or biscale: both are sized by Sponge's rule
    here), the engine's controller (`engine.vertical.controller.sponge_step`: the fewest cores, then the
-   smallest batch, that keep every request within its budget and serve the rate) within its
+   smallest batch, that keep every queued request within its budget, each recent arrival within the worst a
+   new request meets, and serve 1.25x the measured rate, `RATE_HEADROOM`) within its
    min_cores..max_cores and batch 1..the block's max_batch (else the runtime's max_batch, or its largest
    profiled batch when above; never above the limit the runtime reports). A pipeline stage's budgets are
    what the requests have left less the block's `reserve_ms` (the later stages' planned time).
@@ -53,6 +54,9 @@ __all__ = ["VerticalScaler", "cores_share", "cpus_assign"]
 
 log = logging.getLogger("tessera.agent")
 
+# The measured rate is sized for with this headroom, as the planners size for 1.25x demand: an instance
+# sized for exactly the mean rate queues past its budgets on every Poisson burst (benches/vertical.py).
+RATE_HEADROOM = 1.25
 # How long a resize may take: a cold one builds and warms an onnxruntime session.
 RESIZE_TIMEOUT_S = 60.0
 # Resizes kept per runtime for the next metrics report (a report that cannot go out keeps them).
@@ -249,9 +253,11 @@ class VerticalScaler:
         assert runtime.vertical is not None
         max_cores = max(max_cores, min_cores)
         reserve = runtime.vertical.reserve_ms
+        budgets = tuple(float(b) - reserve for b in stats.get("budgets_ms") or ())
+        queued = stats.get("queued_budgets")
         observation = VerticalObservation(cores=int(stats["cores"]), batch=int(stats.get("max_batch") or 1),
-                                          rate_rps=float(stats.get("rate_rps") or 0.0),
-                                          budgets_ms=tuple(float(b) - reserve for b in stats.get("budgets_ms") or ()))
+                                          rate_rps=float(stats.get("rate_rps") or 0.0) * RATE_HEADROOM, budgets_ms=budgets,
+                                          queued=queued if isinstance(queued, int) and 0 <= queued <= len(budgets) else None)
         limit = runtime.batch_limit
         if isinstance(stats.get("max_batch_limit"), int):  # a runtime started with an older block may allow less
             limit = max(1, min(limit, stats["max_batch_limit"]))

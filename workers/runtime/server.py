@@ -59,7 +59,7 @@ matched by `id`, which is echoed back):
   `cores` (null on GPU runtimes), `max_batch`, `max_batch_limit`, `cpus` and what Sponge sizes an instance with: `rate_rps`
   (arrivals per second over the interval) and `budgets_ms` (the remaining budgets, deadline minus now, of
   the queries queued now, tightest first, then those the interval's other arrivals had on arrival, newest
-  first; at most `BUDGETS_MAX` = 512 in all). `{"op": "stats", "reader": "vertical"}` reads the sizes and
+  first; at most `BUDGETS_MAX` = 512 in all), `queued_budgets` how many of them are queued now. `{"op": "stats", "reader": "vertical"}` reads the sizes and
   signals over that reader's own interval and resets nothing else (the agent's fast vertical loop; the
   metrics interval is not disturbed).
 - `{"op": "resize", "cores": N, "max_batch": B, "cpus": [ids], "model": {...} | null}` (CPU runtimes only;
@@ -697,7 +697,7 @@ class ServedModel:
         added; a named reader (the agent's fast vertical loop: "vertical") gets the sizes and signals over its
         own interval, and resets nothing else."""
         now_ms = time.monotonic() * 1000.0
-        rate, budgets, interval_s, arrivals = self.arrivals.read(reader or "", now_ms, self.batcher.queued_deadlines_ms())
+        rate, budgets, interval_s, arrivals, queued = self.arrivals.read(reader or "", now_ms, self.batcher.queued_deadlines_ms())
         if reader:
             item: dict[str, Any] = {"key": self.spec.key, "application": self.spec.application, "variant": self.spec.variant,
                                     "arrivals": arrivals, "queue_length": len(self.batcher), "interval_s": round(interval_s, 6)}
@@ -709,6 +709,7 @@ class ServedModel:
         item["cpus"] = sorted(self.cpus) if self.is_cpu and self.cpus is not None else None
         item["rate_rps"] = round(rate, 3)
         item["budgets_ms"] = budgets
+        item["queued_budgets"] = queued
         return item
 
     # ------------------------------------------------------------------ resize (issue 19: vertical scaling in place)

@@ -162,16 +162,19 @@ class ArrivalLog:
         self._log.append((arrival_ms, deadline_ms))
         self._count += 1
 
-    def read(self, reader: str, now_ms: float, queued: list[tuple[float, float]]) -> tuple[float, list[float], float, int]:
-        """(rate_rps, budgets_ms, interval_s, arrivals) over `reader`'s interval (since its previous read, or the
-        start), which then begins again. `queued` is (arrival, deadline) of the queries queued now; their
-        budget is what is left now (deadline - now), that of the interval's other arrivals what they had on
-        arrival (deadline - arrival); at most BUDGETS_MAX in all, the queued ones first, tightest first."""
+    def read(self, reader: str, now_ms: float, queued: list[tuple[float, float]]) -> tuple[float, list[float], float, int, int]:
+        """(rate_rps, budgets_ms, interval_s, arrivals, queued_count) over `reader`'s interval (since its previous
+        read, or the start), which then begins again. `queued` is (arrival, deadline) of the queries queued
+        now; their budget is what is left now (deadline - now), that of the interval's other arrivals what
+        they had on arrival (deadline - arrival); at most BUDGETS_MAX in all, the queued ones first, tightest
+        first; `queued_count` says how many of the budgets are the queued ones (Sponge checks those as an EDF
+        queue and the others as a sample of what the next requests bring)."""
         count, since = self._marks.get(reader, (0, self._started_ms))
         self._marks[reader] = (self._count, now_ms)
         arrivals = self._count - count
         interval_ms = max(now_ms - since, 1e-3)
         budgets = sorted(round(deadline - now_ms, 3) for _arrival, deadline in queued)[:BUDGETS_MAX]
+        queued_count = len(budgets)
         if arrivals and len(budgets) < BUDGETS_MAX:
             queued_at = {arrival for arrival, _deadline in queued}
             log = self._log
@@ -182,4 +185,4 @@ class ArrivalLog:
                 budgets.append(round(deadline - arrival, 3))
                 if len(budgets) >= BUDGETS_MAX:
                     break
-        return arrivals * 1000.0 / interval_ms, budgets, interval_ms / 1000.0, arrivals
+        return arrivals * 1000.0 / interval_ms, budgets, interval_ms / 1000.0, arrivals, queued_count
