@@ -8,8 +8,10 @@ what it is:
   utilisations and the co-run measurements are the shared measurements themselves, imported as
   `manage.py gpulet_import` does (`apps.registry.services.gpulet`), and its partitions serve pairs of models
   time-sharing them in duty-cycle rounds;
-- the CPU application's two variants are real ONNX models trained at seed time, uploaded through the
-  same validation as any artifact, and profiled for real on this machine's CPU with onnxruntime."""
+- the CPU application's three variants are real ONNX models trained at seed time, uploaded through the
+  same validation as any artifact, and profiled for real on this machine's CPU with onnxruntime at one
+  and two threads; its runtimes (and the pipeline's calibrator) scale vertically in place: the agent's
+  fast loop resizes them by Sponge's rule on the latency model fitted to those profiles (issue 19)."""
 from __future__ import annotations
 
 import io
@@ -46,7 +48,7 @@ from engine.reference.profiles import (
     gpulet_profiles_derive,
 )
 
-from .demo_models import CALIBRATOR_INPUT, demo_calibrator_build, demo_models_build
+from .demo_models import CALIBRATOR_INPUT, CONV_MODEL_NAME, CONV_PROFILE_BATCHES, demo_calibrator_build, demo_models_build
 
 # The demo's GPU models and their illustrative speed-ups over the RTX 2080 Ti that gpulets measured (not
 # measurements: see engine.reference.profiles.GPULET_DERIVED_SPEEDUP, where the table and the partition rule live).
@@ -106,34 +108,80 @@ def _gpu_profiles_derived(variant: ModelVariant, family: str, points, gpu_key: s
     return rows
 
 
-def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, cores: int = 1) -> list[Profile]:
+# The demo's CPU profiles are measured at these thread counts: the vertical scaling's latency model
+# l(b, c) is fitted across them (engine/vertical/sponge.py), which needs two or more.
+DEMO_CPU_PROFILE_CORES = (1, 2)
+# Each profiled batch runs for about this long (at least 20, at most 200 runs): the heavy variant's batch
+# of 64 takes tens of ms.
+PROFILE_TIME_S = 0.25
+_measured: dict[tuple[str, int], list[dict]] = {}  # (model sha256, cores) -> rows: measured once per process
+
+
+def _cpu_points_measure(onnx_bytes: bytes, cores: int, batches: tuple[int, ...]) -> list[dict]:
+    import hashlib
+
+    key = (hashlib.sha256(onnx_bytes).hexdigest(), cores)
+    if key in _measured:
+        return _measured[key]
     options = ort.SessionOptions()
     options.intra_op_num_threads = cores
+    options.inter_op_num_threads = 1
     session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
     (model_input,) = session.get_inputs()
     width = int(model_input.shape[1])
     rows = []
-    for batch in (1, 2, 4, 8, 16, 32, 64):
+    for batch in batches:
         # Positive values: the calibrator takes probabilities (its log of a negative would be NaN, not slower).
         feed = {model_input.name: np.abs(np.random.default_rng(batch).normal(size=(batch, width))).astype(np.float32)}
-        for _ in range(20):
-            session.run(None, feed)  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(5):
+            session.run(None, feed)  # warm-up, and a first timing
+        runs = int(min(200, max(20, PROFILE_TIME_S / max((time.perf_counter() - t0) / 5, 1e-6))))
         samples = []
-        for _ in range(200):
+        for _ in range(runs):
             t0 = time.perf_counter()
             session.run(None, feed)
             samples.append((time.perf_counter() - t0) * 1000.0)
-        p50, p99 = float(np.percentile(samples, 50)), float(np.percentile(samples, 99))
-        rows.append(
-            Profile(
-                variant=variant, device_type=CPU_DEVICE_TYPE, cpu_cores=cores, batch_size=batch,
-                latency_p50_ms=round(max(p50, 1e-4), 4), latency_p99_ms=round(max(p99, p50, 1e-4), 4),
-                throughput_rps=round(batch * 1000.0 / max(p50, 1e-4), 3), source=ProfileSourceChoices.MEASURED,
-                source_detail=f"measured at demo seed on this machine's CPU, onnxruntime {ort.__version__}, {cores} thread(s), 200 runs",
-                measured_at=timezone.now(),
-            )
-        )
+        rows.append({"batch": batch, "p50": float(np.percentile(samples, 50)), "p99": float(np.percentile(samples, 99)), "runs": runs})
+    _measured[key] = rows
     return rows
+
+
+def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[Profile]:
+    rows = []
+    for cores in DEMO_CPU_PROFILE_CORES:
+        for point in _cpu_points_measure(onnx_bytes, cores, batches):
+            p50, p99 = point["p50"], point["p99"]
+            rows.append(
+                Profile(
+                    variant=variant, device_type=CPU_DEVICE_TYPE, cpu_cores=cores, batch_size=point["batch"],
+                    latency_p50_ms=round(max(p50, 1e-4), 4), latency_p99_ms=round(max(p99, p50, 1e-4), 4),
+                    throughput_rps=round(point["batch"] * 1000.0 / max(p50, 1e-4), 3), source=ProfileSourceChoices.MEASURED,
+                    source_detail=f"measured at demo seed on this machine's CPU, onnxruntime {ort.__version__}, {cores} thread(s), "
+                                  f"{point['runs']} runs",
+                    measured_at=timezone.now(),
+                )
+            )
+    return rows
+
+
+def _vertical_block(variant: ModelVariant, *, policy: str, cpu_cores: int, max_batch: int, reserve_ms: float = 0.0) -> dict | None:
+    """A demo CPU runtime's in-place vertical scaling (issue 19): the latency model l(b, c) fitted to its
+    measured profiles, from one core to DEMO_VERTICAL_MAX_CORES (the demo machine has few real cores; the
+    host declares more), Sponge's rule in the agent's fast loop. None when the profiles cannot fit it."""
+    from engine.vertical.sponge import vertical_latency_fit
+
+    points = [(p.batch_size, p.cpu_cores, p.latency_p50_ms) for p in variant.profiles.filter(device_type=CPU_DEVICE_TYPE)]
+    try:
+        model = vertical_latency_fit(points)
+    except ValueError:
+        return None
+    return {"policy": policy, "model": {"gamma1": round(model.gamma1, 6), "eps1": round(model.eps1, 6), "delta1": round(model.delta1, 6),
+                                        "eta1": round(model.eta1, 6)},
+            "min_cores": 1, "max_cores": min(cpu_cores, DEMO_VERTICAL_MAX_CORES), "max_batch": max(max_batch, 16), "reserve_ms": round(reserve_ms, 6)}
+
+
+DEMO_VERTICAL_MAX_CORES = 4
 
 
 def _fleet_seed() -> None:
@@ -225,7 +273,7 @@ def _registry_seed(admin) -> None:
         )
         variant.full_clean()
         variant.save()
-        measured = _cpu_profiles_measured(variant, model.onnx_bytes)
+        measured = _cpu_profiles_measured(variant, model.onnx_bytes, CONV_PROFILE_BATCHES if model.name == CONV_MODEL_NAME else (1, 2, 4, 8, 16, 32, 64))
         for row in measured:
             row.full_clean()
         Profile.objects.bulk_create(measured)
@@ -362,21 +410,32 @@ def _deployment_seed(admin) -> None:
         for accelerator in host.accelerators.order_by("kind", "index"):
             if accelerator.kind == AcceleratorKindChoices.CPU:
                 slot = 0
-                for name in ("tabular-cpu", "tabular-calibrate"):
-                    application = Application.objects.get(name=name)
+                # The CPU-heavy classifier last: the demo's first runtimes keep their keys (cpu0/0 linear,
+                # cpu0/1 the random features, cpu0/2 the calibrator), cpu0/3 the heavy one.
+                ordered = [(name, variant) for name in ("tabular-cpu", "tabular-calibrate")
+                           for variant in Application.objects.get(name=name).variants.order_by("name") if variant.name != CONV_MODEL_NAME]
+                ordered += [("tabular-cpu", v) for v in Application.objects.get(name="tabular-cpu").variants.filter(name=CONV_MODEL_NAME)]
+                for name, variant in ordered:
+                    application = variant.application
                     # The calibrator, a stage without an SLO policy, batches within half the pipeline's SLO.
                     slo_ms = application.slo_policy.latency_p99_ms if hasattr(application, "slo_policy") else DEMO_PIPELINE["slo_ms"] / 2
-                    for variant in application.variants.order_by("name"):
-                        rows = list(variant.profiles.filter(device_type=CPU_DEVICE_TYPE, cpu_cores=1))
-                        fit = _batch_fitting(rows, slo_ms / 2)
-                        if fit is None:
-                            continue
-                        key = f"cpu{accelerator.index}/{slot}"
-                        slot += 1
-                        batching = {"policy": DEFAULT_BATCHING_POLICY, **({} if hasattr(application, "slo_policy") else {"slo_ms": slo_ms})}
-                        runtimes.append({"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
-                                         "max_batch": fit[0], "batching": batching})
-                        routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
+                    rows = list(variant.profiles.filter(device_type=CPU_DEVICE_TYPE, cpu_cores=1))
+                    fit = _batch_fitting(rows, slo_ms / 2)
+                    if fit is None:
+                        continue
+                    key = f"cpu{accelerator.index}/{slot}"
+                    slot += 1
+                    batching = {"policy": DEFAULT_BATCHING_POLICY, **({} if hasattr(application, "slo_policy") else {"slo_ms": slo_ms})}
+                    runtime = {"key": key, "cpu_threads": 1, "application": application.name, "variant": variant.pk,
+                               "max_batch": fit[0], "batching": batching}
+                    # Resized in place by the agent's fast loop: Sponge for the application, the calibrator
+                    # as the pipeline's last stage (nothing to keep for stages after it).
+                    vertical = _vertical_block(variant, policy="sponge" if name == "tabular-cpu" else "biscale",
+                                               cpu_cores=accelerator.cpu_cores or 1, max_batch=fit[0])
+                    if vertical is not None:
+                        runtime["vertical"] = vertical
+                    runtimes.append(runtime)
+                    routes[application].append({"instance": f"{host.name}/{key}", "variant": variant.pk, "weight": fit[0] * 1000.0 / fit[1]})
                 continue
             if accelerator.mps_enabled:
                 turn = _mps_gpu_placement(host, accelerator, gpu_apps, turn, gpus=gpus, runtimes=runtimes, routes=routes)
@@ -446,6 +505,9 @@ def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8
         env = dict(os.environ, TESSERA_AGENT_TOKEN=tokens[host.name], TESSERA_CONTROL_PLANE=control_plane)
         cmd = [sys.executable, "-m", "controlplane.cli", "agent", "--backend", "simulated", "--simulate", _simulate_option(host),
                "--state-dir", str(state_root / host.name), "--stop-runtimes-on-exit"]
+        cpu = host.accelerators.filter(kind=AcceleratorKindChoices.CPU).first()
+        if cpu is not None and cpu.cpu_cores:
+            cmd += ["--simulate-cpu-cores", str(cpu.cpu_cores)]  # the demo's declared cores, as its GPUs are declared
         with open(log_dir / f"agent-{host.name}.log", "ab") as log:
             processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     env = dict(os.environ, TESSERA_ROUTER_TOKEN=router_token, TESSERA_CONTROL_PLANE=control_plane)

@@ -44,8 +44,23 @@ def test_demo_seed_builds_a_valid_labelled_fleet():
     assert all(p.slice.startswith("mps") and "shared/data/gpulet" in p.source_detail for p in mps_rows)
     assert CorunMeasurement.objects.count() > 3000
     cpu_rows = Profile.objects.filter(device_type="cpu")
-    assert cpu_rows.count() == 21 and set(cpu_rows.values_list("source", flat=True)) == {"measured"}
-    assert Artifact.objects.count() == 3 and ModelVariant.objects.filter(artifact__isnull=False).count() == 3
+    # Four CPU models (three classifiers, the calibrator), seven batch sizes (the heavy one five), at one and two threads.
+    assert cpu_rows.count() == (3 * 7 + 5) * 2 and set(cpu_rows.values_list("source", flat=True)) == {"measured"}
+    assert set(cpu_rows.values_list("cpu_cores", flat=True)) == {1, 2}
+    assert Artifact.objects.count() == 4 and ModelVariant.objects.filter(artifact__isnull=False).count() == 4
+    # The CPU-heavy variant is the most accurate, and two threads run its large batches faster (what its
+    # vertical scaling rests on).
+    tabular = list(ModelVariant.objects.filter(application__name="tabular-cpu").order_by("-accuracy"))
+    assert tabular[0].name == "conv-features-80" and len(tabular) == 3
+    heavy = {p.cpu_cores: p.latency_p50_ms for p in tabular[0].profiles.filter(batch_size=16)}
+    assert heavy[2] < heavy[1]
+    # Every CPU runtime of the hand-made deployment scales in place, with a latency model fitted to its profiles.
+    from apps.deployments.models import HostDesiredState
+
+    spec = HostDesiredState.objects.get(host__name="sim-cpu-01").spec
+    verticals = {r["key"]: r.get("vertical") for r in spec["runtimes"]}
+    assert len(verticals) == 4 and all(v is not None and v["min_cores"] == 1 <= v["max_cores"] for v in verticals.values())
+    assert {v["policy"] for v in verticals.values()} == {"sponge", "biscale"}
     slices = set(Profile.objects.filter(device_type="A100-SXM4-40GB").values_list("slice", flat=True))
     assert {"full", "1g.5gb", "3g.20gb", "7g.40gb"} <= slices
 

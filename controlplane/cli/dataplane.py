@@ -19,6 +19,7 @@ def agent(
     token: str = typer.Option(None, envvar="TESSERA_AGENT_TOKEN", help="The host's agent token (tsa_...)"),
     backend: str = typer.Option("nvml", help="Device backend: nvml (real GPUs) or simulated"),
     simulate: str = typer.Option("", help='Simulated GPUs, e.g. "2xA100-SXM4-40GB,1xH100-SXM5-80GB" (with --backend simulated; none: a CPU-only host)'),
+    simulate_cpu_cores: int = typer.Option(None, min=1, help="Declared CPU cores of a simulated host (with --backend simulated; default: the machine's)"),
     state_dir: Path = typer.Option(Path("var/agent"), help="Where runtime records, cached artifacts and logs live"),
     desired_file: Path = typer.Option(None, help="Follow this desired-state file instead of the control plane"),
     bind: str = typer.Option("127.0.0.1", help="Address the runtimes listen on"),
@@ -38,7 +39,7 @@ def agent(
         raise fail("give --control-plane and --token (or --desired-file to run without a control plane)")
     try:
         the_agent = agent_build(
-            control_plane=control_plane, token=token, backend=backend, simulate=simulate, state_dir=state_dir,
+            control_plane=control_plane, token=token, backend=backend, simulate=simulate, simulate_cpu_cores=simulate_cpu_cores, state_dir=state_dir,
             desired_file=desired_file, bind=bind, advertise=advertise, metrics_port=metrics_port,
             on_operation=crash_failpoint_from_env(),
         )

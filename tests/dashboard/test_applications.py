@@ -144,7 +144,7 @@ def test_profiled_variant_embeds_its_stored_profiles(client, users):
     # The CPU variants' measured profiles come out labelled as such.
     cpu_variant = ModelVariant.objects.filter(application__name="tabular-cpu").first()
     cpu = _chart_data(html, cpu_variant)["series"]
-    assert [(s["device"], s["label"], s["source"]) for s in cpu] == [("CPU", "1 core", "measured")]
+    assert [(s["device"], s["label"], s["source"]) for s in cpu] == [("CPU", "1 core", "measured"), ("CPU", "2 cores", "measured")]
     assert '<script src="/static/dashboard/profile_charts.js">' in html and "uPlot.iife.min.js" in html
 
 

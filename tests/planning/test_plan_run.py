@@ -385,3 +385,17 @@ def test_the_task_retries_a_transient_failure_without_solving_again(small_fleet,
     assert job.status == "succeeded" and job.attempts == 2 and "retrying" in job.log
     assert calls == {"solve": 1, "translate": 2}
     assert Plan.objects.get(job=job).status == "validated"
+
+
+def test_biscale_on_the_demo_fleet_resizes_the_pipeline_and_its_cpu_application_in_place(demo_fleet, fake_demand):
+    fake_demand(DEMO_DEMAND, method="ewma", window_s=300)
+    _, plan = _run({"solver": "biscale"})
+    assert plan.status == "validated", plan.validation
+    assert plan.solver == "biscale" and plan.result["solver"].startswith("biscale+sponge")
+    stages = plan.result["pipelines"]["tabular-chain"]["stages"]
+    # The most accurate classifier, the CPU-heavy one, on one-core replicas the agents grow in place.
+    assert stages["tabular-cpu"]["variant"] == "tabular-cpu/conv-features-80" and stages["tabular-cpu"]["cores_per_replica"] == 1
+    assert "vertical" in stages["tabular-cpu"] and stages["tabular-cpu"]["vertical"]["reserve_ms"] > 0
+    cpu = [r for r in plan.desired_states["sim-cpu-01"]["runtimes"]]
+    assert cpu and all(r["vertical"]["policy"] == "biscale" and r["vertical"]["max_cores"] > r["cpu_threads"] for r in cpu)
+    host_desired_state_validate(host=Host.objects.get(name="sim-cpu-01"), spec=plan.desired_states["sim-cpu-01"])

@@ -62,7 +62,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
     assert instances.count() == 5 and set(instances.values_list("state", flat=True)) == {"ready"}
     assert all(gi.uuid.startswith("MIG-sim-") for gi in instances)
     runtimes = Runtime.objects.filter(host__name__in=["sim-a100-01", "sim-cpu-01"])
-    assert runtimes.count() == 8 and set(runtimes.values_list("state", flat=True)) == {"ready"}
+    assert runtimes.count() == 9 and set(runtimes.values_list("state", flat=True)) == {"ready"}
     assert set(runtimes.filter(host__name="sim-cpu-01").values_list("simulated", flat=True)) == {False}
     assert set(runtimes.filter(host__name="sim-a100-01").values_list("simulated", flat=True)) == {True}
     assert host.operations.filter(action="mig.create", outcome="ok").count() == 5
@@ -91,7 +91,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
             for out, want in zip(answer["outputs"], expected):
                 assert out["shape"] == list(want.shape)
                 np.testing.assert_allclose(np.asarray(out["data"], dtype=np.float64).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
-        assert served_by <= {"linear", "random-features-256"} and served_by
+        assert served_by <= {"linear", "random-features-256", "conv-features-80"} and served_by
 
         # The demo's pipeline, end to end on the real CPU: the classifier, then the calibrator on its answer.
         response = httpx.post(f"{handle.url}/v1/pipelines/tabular-chain/infer", json=body, timeout=10)

@@ -48,6 +48,7 @@ def agent_build(
     token: str | None,
     backend: str,
     simulate: str = "",
+    simulate_cpu_cores: int | None = None,
     state_dir: Path,
     desired_file: Path | None = None,
     bind: str = "127.0.0.1",
@@ -63,9 +64,9 @@ def agent_build(
         # No GPUs declared: a CPU-only host. The seed keeps simulated UUIDs distinct between hosts (they are
         # unique fleet-wide) and stable across restarts of the same agent.
         seed = zlib.crc32(str(state_dir.resolve()).encode())
-        options = {"gpus": simulate, "state_file": state_dir / "simulated-gpus.json", "seed": seed}
-    elif simulate:
-        raise ValueError("--simulate is for --backend simulated")
+        options = {"gpus": simulate, "state_file": state_dir / "simulated-gpus.json", "seed": seed, "cpu_cores": simulate_cpu_cores}
+    elif simulate or simulate_cpu_cores is not None:
+        raise ValueError("--simulate and --simulate-cpu-cores are for --backend simulated")
     else:
         # MPS control daemons keep their pipes and logs under the state directory (one pair per GPU);
         # TESSERA_MPS_CONTROL names another control program than nvidia-cuda-mps-control on the PATH.

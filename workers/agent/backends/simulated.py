@@ -152,7 +152,14 @@ class SimulatedBackend:
         seed: int | str = 0,
         *,
         catalogue: MigCatalogue | None = None,
+        cpu_cores: int | None = None,
     ) -> None:
+        if cpu_cores is not None and (isinstance(cpu_cores, bool) or not isinstance(cpu_cores, int) or cpu_cores < 1):
+            raise ValueError(f"cpu_cores must be an integer >= 1, got {cpu_cores!r}")
+        # Declared CPU cores (a simulated host, as its GPUs are declared): what the agent registers and shares
+        # among vertically scaled runtimes; None: the machine's own. Runtimes then run on the machine's real
+        # CPUs, oversubscribed where the declared count is larger (the agent lets them: the host is simulated).
+        self._cpu_cores = cpu_cores
         self._catalogue = catalogue if catalogue is not None else mig_catalogue_load()
         self._seed = re.sub(r"[^A-Za-z0-9]+", "-", str(seed)).strip("-") or "0"
         self._gpus = [
@@ -178,7 +185,7 @@ class SimulatedBackend:
             return [self._gpu_info(gpu) for gpu in self._gpus]
 
     def cpu_cores(self) -> int:
-        return host_cpu_cores()
+        return self._cpu_cores if self._cpu_cores is not None else host_cpu_cores()
 
     def mig_mode_set(self, index: int, enabled: bool) -> None:
         with self._lock:
