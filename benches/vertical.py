@@ -7,7 +7,7 @@ smoke run is tests/engine/test_vertical_bench_smoke.py).
 
     .venv/bin/python benches/vertical.py            # full run (a few minutes on two cores)
     .venv/bin/python benches/vertical.py --quick    # smoke run, well under 3 minutes
-    options: --out DIR (default bench-results), --seeds N, --jobs N, --startup-s S, --resize-s S
+    options: --out DIR (default bench-results), --seeds N, --jobs N, --startup-s S, --resize-s S, --real-seconds S
 
 Writes DIR/vertical.csv (one row per scenario, policy and seed), DIR/vertical_exact.csv (one row per
 random pipeline: DP against IP) and DIR/vertical.png (cores and violations over time, needs matplotlib).
@@ -43,6 +43,13 @@ Set-up (printed with the results):
   with one instance per stage: Sponge extended to pipelines, as the thesis's baseline), `biscale`
   (engine/vertical/biscale.py's controller). The scaling policies size for max(recent peak, Holt forecast)
   of the rate (the thesis: an LSTM's predicted peak) times a headroom of 1.25, all alike.
+- The real run (`real`): the demo's CPU-heavy classifier (controlplane/demo_models.py, about 5 ms a row on one
+  core) in a real runtime process under the real agent (a desired-state file, no control plane), behind a
+  router, driven by workers/loadgen.py: 30 requests/s with a burst to 150 for a quarter of the run, SLO
+  60 ms less a synthetic network (20 KB payloads, 2 ms round trip, dips); `sponge` resizes it in place
+  by the agent's fast loop (its l(b, c) fitted to profiles measured here at 1 and 2 threads),
+  `static-1` and `static-max` keep one core and all of this machine's. The same two cores also run the
+  router and the sender.
 - Exactness: random chains of 1-3 stages (batches and cores up to 4 or 8, SLO 1.2-3x the b = c = 1
   latency, 2-60 requests/s); Algorithm 3 against P4.6 with n = 1 and Algorithm 4 against P4.6 with c = 1,
   both solved by HiGHS on the same 1 ms slots.
@@ -81,7 +88,7 @@ PIPELINES: dict[str, tuple[tuple[BiscaleStage, ...], float, float]] = {  # name:
              BiscaleStage("classify", VerticalLatency(90.0, 20.0, 4.0, 6.0))), 2.0, 12.0),
 }
 FIELDS = ["scenario", "policy", "seed", "seconds", "requests", "late_on_arrival", "violations", "violation_rate", "violations_servable",
-          "servable_violation_rate", "dropped", "mean_cores", "p99_ms", "resizes", "starts", "runtime_s"]
+          "servable_violation_rate", "dropped", "mean_cores", "p99_ms", "resizes", "starts", "runtime_s", "errors"]
 EXACT_FIELDS = ["seed", "stages", "rate_rps", "slo_ms", "vertical_dp", "vertical_ip", "horizontal_dp", "horizontal_ip", "joint_ip",
                 "vertical_equal", "horizontal_equal", "dp_ms", "ip_ms"]
 
@@ -157,6 +164,118 @@ def exact_run(seed: int) -> dict[str, Any]:
             "dp_ms": (t1 - t0) * 1000.0, "ip_ms": (t2 - t1) * 1000.0}
 
 
+# --------------------------------------------------------------------------- the real run
+
+REAL_SLO_MS = 60.0
+REAL_POLICIES = ("sponge", "static-1", "static-max")
+
+
+def _real_model(workdir: Path) -> tuple[Path, str, VerticalLatency, list[dict[str, Any]]]:
+    """The demo's CPU-heavy classifier (controlplane/demo_models.py: about 5 ms a row on one core), written to
+    `workdir`, profiled here at one and two threads (workers.profiler), and P2.2 fitted to that."""
+    import hashlib
+
+    from controlplane.demo_models import CONV_PROFILE_BATCHES, demo_conv_model_build
+    from engine.vertical.sponge import vertical_latency_fit
+    from workers.profiler import profile_sweep
+
+    model = demo_conv_model_build()
+    path = workdir / "conv.onnx"
+    path.write_bytes(model.onnx_bytes)
+    points, one_core = [], []
+    for threads in (1, 2):
+        for row in profile_sweep(model.onnx_bytes, batch_sizes=CONV_PROFILE_BATCHES, cpu_threads=threads, min_time_s=0.2, min_iterations=10):
+            points.append((row["batch_size"], threads, row["latency_p50_ms"]))
+            if threads == 1:
+                one_core.append({"batch": row["batch_size"], "latency_ms": row["latency_p50_ms"]})
+    return path, hashlib.sha256(model.onnx_bytes).hexdigest(), vertical_latency_fit(points), one_core
+
+
+def real_run(policy: str, *, seconds: float, workdir: Path, model: tuple, seed: int = 0) -> dict[str, Any]:
+    """One policy for real on this machine: the agent (desired-state file, no control plane) runs the model
+    in a runtime process, its fast loop resizing it under `sponge`; a router (static table) serves it; the
+    load generator sends Poisson traffic with a burst, budgets from the synthetic bandwidth trace."""
+    import json
+    import os
+    import threading
+
+    import numpy as np
+
+    from workers.agent.agent import Agent
+    from workers.agent.backends.simulated import SimulatedBackend
+    from workers.loadgen import load_budgets, load_run, load_schedule
+    from workers.router.app import Router
+    from workers.router.server import router_start_in_thread
+
+    path, sha, fitted, one_core = model
+    cores_here = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = cores_here if policy == "static-max" else 1
+    runtime = {"key": "cpu0/0", "device": "cpu0", "placement": None, "cpu_threads": threads, "application": "tabular",
+               "variant": {"id": 1, "name": "conv", "artifact": {"id": 1, "sha256": sha, "size_bytes": path.stat().st_size, "download": str(path)}},
+               "max_batch": 16, "batching": {"policy": "proteus", "drop_rule": "deadline", "queue_order": "edf", "slo_ms": REAL_SLO_MS},
+               "profile": one_core}
+    if policy == "sponge":
+        runtime["vertical"] = {"policy": "sponge", "model": {"gamma1": fitted.gamma1, "eps1": fitted.eps1, "delta1": fitted.delta1, "eta1": fitted.eta1},
+                               "min_cores": 1, "max_cores": cores_here, "max_batch": 16}
+    state = workdir / policy
+    desired = state / "desired.json"
+    state.mkdir(parents=True, exist_ok=True)
+    desired.write_text(json.dumps({"host": "bench", "version": 1, "gpus": [], "runtimes": [runtime]}))
+    agent = Agent(backend=SimulatedBackend(gpus="", state_file=state / "gpus.json"), state_dir=state / "agent", desired_file=desired,
+                  vertical_s=1.0, drain_timeout_s=2.0)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    handle = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            record = agent.supervisor.running().get("cpu0/0")
+            if record is not None and record.endpoint:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("the runtime did not start")
+        tables = [{"id": 1, "application": "tabular", "version": 1, "active": True, "slo_ms": REAL_SLO_MS, "drop_rule": "deadline",
+                   "routes": [{"instance": "bench/cpu0/0", "variant": "conv", "weight": 1.0, "endpoint": record.endpoint, "state": "ready"}]}]
+        router = Router(lambda: tables, None, refresh_s=1.0, name="bench")
+        handle = router_start_in_thread(router)
+        while router.refreshes == 0:
+            time.sleep(0.05)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32",
+                                       "data": np.random.default_rng(seed).normal(size=8).round(3).tolist()}]}).encode()
+        arrivals = load_schedule(rate_rps=30, duration_s=seconds, burst_at_s=0.4 * seconds, burst_for_s=0.25 * seconds, burst_rps=150, seed=seed)
+        budgets = load_budgets(arrivals, slo_ms=REAL_SLO_MS, payload_kb=20, rtt_ms=2, seed=seed)
+        samples: list[int] = []
+        stop = threading.Event()
+
+        def watch() -> None:  # the runtime's cores, as the fast loop last set them, every 0.2 s
+            while not stop.wait(0.2):
+                samples.append(int((agent.vertical.sizes.get("cpu0/0") or {}).get("cores") or threads))
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        started = time.perf_counter()
+        result = load_run(f"{handle.url}/v1/infer/tabular", body, arrivals, budgets, concurrency=64)
+        stop.set()
+        watcher.join()
+        totals = result.totals
+        late_on_arrival = int((budgets <= 0).sum())
+        requests = len(arrivals)
+        violations = totals["late"] + totals["expired"] + totals["errors"]
+        return {"scenario": "real", "policy": policy, "seed": seed, "seconds": seconds, "requests": requests, "late_on_arrival": late_on_arrival,
+                "violations": violations, "violation_rate": violations / requests if requests else 0.0,
+                "violations_servable": violations - late_on_arrival,
+                "servable_violation_rate": (violations - late_on_arrival) / max(1, requests - late_on_arrival), "dropped": totals["expired"],
+                "mean_cores": float(np.mean(samples)) if samples else float(threads), "p99_ms": None, "errors": totals["errors"],
+                "resizes": len([1 for op in agent._operations if op.action == "runtime.resize"]), "starts": 0,
+                "runtime_s": time.perf_counter() - started, "series": []}
+    finally:
+        if handle is not None:
+            handle.stop()
+        agent.stop(stop_runtimes=True)
+        thread.join(timeout=10)
+
+
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return statistics.fmean(r[key] for r in rows) if rows else float("nan")
 
@@ -187,6 +306,11 @@ def headline_print(means: dict[str, dict[str, dict[str, float]]]) -> None:
         print(f"- Sponge vs static 16 cores: {100 * saving:.1f} % fewer cores (paper: over 20 %), {100 * extra:+.3f} points of violations "
               f"(paper: under 0.3); vs horizontal-only: {fmt(fewer, '.1f')}x fewer violations among servable requests "
               f"(paper: FA2 about 5 %, the issue: 15x)")
+    r = means.get("real")
+    if r:
+        print(f"- Real run on this machine ({platform.machine()}): Sponge {100 * r['sponge']['violation_rate']:.2f} % violations at "
+              f"{r['sponge']['mean_cores']:.2f} cores on average; static one core {100 * r['static-1']['violation_rate']:.2f} %, "
+              f"static all cores ({r['static-max']['mean_cores']:.0f}) {100 * r['static-max']['violation_rate']:.2f} %")
     for scenario in PIPELINES:
         p = means.get(scenario)
         if not p:
@@ -213,7 +337,7 @@ def figure(rows: list[dict[str, Any]], path: Path) -> str:
     plt = pyplot_load()
     if plt is None:
         return PNG_SKIPPED.format(name=path.name)
-    scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+    scenarios = list(dict.fromkeys(r["scenario"] for r in rows if r["series"]))
     fig, axes = plt.subplots(2, len(scenarios), figsize=(4.2 * len(scenarios), 5.6), squeeze=False, sharex="col")
     for col, scenario in enumerate(scenarios):
         for policy in dict.fromkeys(r["policy"] for r in rows if r["scenario"] == scenario):
@@ -236,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--startup-s", type=float, default=5.0, help="seconds before a new instance serves")
     parser.add_argument("--resize-s", type=float, default=0.05, help="seconds an in-place resize takes")
+    parser.add_argument("--real-seconds", type=float, default=None, help="length of each real run (default 60, quick 20; 0: no real run)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1 or args.startup_s < 0 or args.resize_s < 0:
@@ -251,6 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     tasks_biscale = [(s, p, seed, pipeline_seconds, args.startup_s, args.resize_s) for s in PIPELINES for p in ("biscale", "horizontal", "vertical")
                      for seed in seeds]
     rows = parallel_map(sponge_run, tasks_sponge, args.jobs) + parallel_map(biscale_run, tasks_biscale, args.jobs)
+    real_seconds = args.real_seconds if args.real_seconds is not None else (20.0 if args.quick else 60.0)
+    if real_seconds > 0:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model = _real_model(Path(tmp))
+            print(f"\nReal run: the demo's CPU-heavy classifier, l(b, c) fitted here: {model[2]}; {real_seconds:g} s per policy")
+            for policy in REAL_POLICIES:
+                rows.append(real_run(policy, seconds=real_seconds, workdir=Path(tmp), model=model))
     means = table_print(rows)
     headline_print(means)
     exact_rows = parallel_map(exact_run, list(range(8 if args.quick else 40)), args.jobs)
