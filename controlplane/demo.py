@@ -167,8 +167,9 @@ def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, batches: tu
 
 def _vertical_block(variant: ModelVariant, *, policy: str, cpu_cores: int, max_batch: int, reserve_ms: float = 0.0) -> dict | None:
     """A demo CPU runtime's in-place vertical scaling (issue 19): the latency model l(b, c) fitted to its
-    measured profiles, from one core to DEMO_VERTICAL_MAX_CORES (the demo machine has few real cores; the
-    host declares more), Sponge's rule in the agent's fast loop. None when the profiles cannot fit it."""
+    measured profiles, from one core to the most it was profiled at (as the planners bound it: the model
+    is not trusted past that, and the demo machine's real cores are few, whatever the host declares),
+    Sponge's rule in the agent's fast loop. None when the profiles cannot fit it."""
     from engine.vertical.sponge import vertical_latency_fit
 
     points = [(p.batch_size, p.cpu_cores, p.latency_p50_ms) for p in variant.profiles.filter(device_type=CPU_DEVICE_TYPE)]
@@ -178,10 +179,8 @@ def _vertical_block(variant: ModelVariant, *, policy: str, cpu_cores: int, max_b
         return None
     return {"policy": policy, "model": {"gamma1": round(model.gamma1, 6), "eps1": round(model.eps1, 6), "delta1": round(model.delta1, 6),
                                         "eta1": round(model.eta1, 6)},
-            "min_cores": 1, "max_cores": min(cpu_cores, DEMO_VERTICAL_MAX_CORES), "max_batch": max(max_batch, 16), "reserve_ms": round(reserve_ms, 6)}
-
-
-DEMO_VERTICAL_MAX_CORES = 4
+            "min_cores": 1, "max_cores": min(cpu_cores, max(c for _, c, _ in points)), "max_batch": max(max_batch, 16),
+            "reserve_ms": round(reserve_ms, 6)}
 
 
 def _fleet_seed() -> None:

@@ -17,8 +17,9 @@ by Biscale (engine/solvers/pipelines.py) and its flat CPU applications as `spong
 Where this departs, and why: the planned sizes are among the variant's profiled core counts (the
 validator checks every plan against measured profiles), while the fast loop may take any count between
 its bounds on the fitted model; an instance may grow into every core of its host that no planned
-instance holds (`max_cores`), several vertical instances on one host sharing that room, which the agent
-divides between them (it never gives out more than the host has)."""
+instance holds, up to the largest core count its variant was profiled at (`max_cores`: the model is not
+extrapolated past what it was fitted on), several vertical instances on one host sharing that room,
+which the agent divides between them (it never gives out more than the host has)."""
 from __future__ import annotations
 
 import math
@@ -87,7 +88,9 @@ def vertical_bounds_attach(problem: Problem, instances: Sequence[PlanInstance], 
                            used: Mapping[str, int]) -> list[PlanInstance]:
     """Each instance whose application is in `scaling` (application -> (policy, model, reserve_ms,
     max_batch)) with its VerticalScaling: from one core to its planned cores plus every core of its host
-    that no planned instance holds (`used`: cores given per host)."""
+    that no planned instance holds (`used`: cores given per host), and no more than the variant was
+    profiled at: the fitted model is not trusted past the core counts it was fitted on (a host larger than
+    the machine that profiled the variant gets a profiling request first, then the room)."""
     out = []
     for inst in instances:
         app = problem.variant(inst.variant).application
@@ -97,9 +100,11 @@ def vertical_bounds_attach(problem: Problem, instances: Sequence[PlanInstance], 
         policy, model, reserve_ms, max_batch = scaling[app]
         device = problem.device(inst.device)
         free = max(0, (device.cores or 0) - used.get(inst.device, 0))
+        profiled = max(_core_counts(problem, inst.variant, device.cores or 0), default=int(inst.slice))
         out.append(PlanInstance(**{**inst.__dict__, "vertical": VerticalScaling(
             policy, round(model.gamma1, 6), round(model.eps1, 6), round(model.delta1, 6), round(model.eta1, 6), min_cores=1,
-            max_cores=int(inst.slice) + free, max_batch=max(inst.batch, max_batch), reserve_ms=round(reserve_ms, 6))}))
+            max_cores=max(int(inst.slice), min(int(inst.slice) + free, profiled)), max_batch=max(inst.batch, max_batch),
+            reserve_ms=round(reserve_ms, 6))}))
     return out
 
 

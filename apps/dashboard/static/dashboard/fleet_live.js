@@ -24,11 +24,14 @@
     var svg = chart.el.querySelector("svg");
     var width = 320, height = 90, left = 22, bottom = 14, top = 4;
     var ids = Object.keys(chart.series);
-    var highest = chart.max;
+    // The scale: one core above the most any runtime held in the window (at least 2), so that a step from
+    // one core to two reads on a 16-core host too (the caption gives the host's cores).
+    var highest = 2;
     ids.forEach(function (id) {
       chart.series[id] = chart.series[id].filter(function (p) { return p[0] >= now - WINDOW_S; });
-      chart.series[id].forEach(function (p) { highest = Math.max(highest, p[1]); });
+      chart.series[id].forEach(function (p) { highest = Math.max(highest, p[1] + 1); });
     });
+    highest = Math.min(highest, Math.max(chart.max, 2));
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     function x(t) { return left + (width - left - 2) * (1 - (now - t) / WINDOW_S); }
     function y(c) { return height - bottom - (height - bottom - top) * c / highest; }
