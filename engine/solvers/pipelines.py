@@ -2,8 +2,8 @@
 applications planned by Proteus (or the planner named) on what is left.
 
 A problem's `pipelines` (engine/plans/problem.py, `PipelineSpec`) are DAGs of stages, each an application
-of the registry with its own variants and profiles. `plan_solve(problem, "fa2" | "ipa")` plans each
-pipeline as a whole:
+of the registry with its own variants and profiles. `plan_solve(problem, "fa2" | "ipa" | "biscale")`
+plans each pipeline as a whole:
 
 - `fa2` (thesis P1 §p1.4): per stage one variant (pinned, else the most accurate with CPU profiles: FA2
   scales, it does not trade accuracy), one homogeneous instance size (the variant's smallest profiled core
@@ -14,6 +14,11 @@ pipeline as a whole:
 - `ipa` (thesis P3 §p3.4, linear pipelines): per stage the variant, batch and replicas maximising
   alpha * PAS - beta * cores - delta * batches (engine/pipelines/ipa.py) with each variant's base allocation
   R_m found as P3.1 defines it (`ipa_base_allocation`).
+- `biscale` (thesis P4 §p4.4): `fa2` with FA2's dynamic programme, which over one-core replicas is
+  Biscale's horizontal Algorithm 4, and every replica given its in-place vertical scaling
+  (`VerticalScaling`: P4.1 fitted to the variant's CPU profiles, the room its host leaves, and the later
+  stages' planned time kept out of its budgets, `reserve_ms`), which the agents' fast loop uses
+  (engine/solvers/vertical.py, workers/agent/vertical.py).
 
 Each stage's latency d(b) is the thesis's quadratic fitted to its CPU profile at the instance's core count
 and raised until it is nowhere below the profile (`stage_latency_bound`): the solvers plan with the
