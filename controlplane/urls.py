@@ -6,7 +6,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from apps.core.views import healthz
+from apps.core.views import healthz, metrics
 
 api_v1 = [
     path("", include("apps.core.api.urls")),
@@ -28,6 +28,7 @@ urlpatterns = [
     path("api/v1/", include((api_v1, "api"))),
     path("api-auth/", include("rest_framework.urls")),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),  # the control plane's own Prometheus metrics
     # Pages link the SVG favicon (templates/base.html); this answers browsers that ask for /favicon.ico anyway.
     path("favicon.ico", RedirectView.as_view(url=f"{settings.STATIC_URL}img/favicon.svg"), name="favicon"),
     # The operator dashboard (server-rendered pages, login at /login/).

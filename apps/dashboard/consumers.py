@@ -22,6 +22,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.core.consumers import UNAUTHENTICATED
+from apps.core.metrics import live_sockets
 from apps.core.streams import CHANGE_GROUP, stream_server_loop_register
 from apps.jobs.streams import JOB_GROUP
 from apps.telemetry.rollup import LiveWindow
@@ -66,6 +67,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.dirty = False
         stream_server_loop_register(asyncio.get_running_loop())
         await self.accept()
+        live_sockets.inc()
+        self.counted = True
         self.pump = asyncio.get_running_loop().create_task(self._pump())
 
     @classmethod
@@ -75,6 +78,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS).decode()
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            live_sockets.dec()
+            self.counted = False
         pump = getattr(self, "pump", None)
         if pump is not None:
             pump.cancel()

@@ -27,6 +27,8 @@ from apps.core.transactions import transaction_retry
 from apps.inventory.models import Host, RouterCredential
 from apps.registry.models import Application, Pipeline
 
+from apps.core.metrics import agent_reports_ingested
+
 from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
 from .streams import host_metrics_batch_event, host_metrics_event, metrics_publish, router_report_event
 
@@ -121,6 +123,7 @@ def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) 
             Host.objects.filter(pk=host_id).update(dropped_reports=F("dropped_reports") + count)
         if events:
             transaction.on_commit(lambda: metrics_publish(host_metrics_batch_event(events)))
+    agent_reports_ingested.inc(len(events))  # stored: the transaction above has committed (or an outer one holds it)
     return written
 
 

@@ -5,6 +5,7 @@ from rest_framework.views import APIView
 
 from apps.core.api.permissions import IsAgent
 from apps.core.api.viewsets import TesseraReadOnlyModelViewSet
+from apps.core.metrics import agent_reports_rejected
 from apps.core.principals import principal_is_agent, principal_is_router
 from apps.inventory.services import host_visible_find
 
@@ -49,7 +50,12 @@ class HostMetricsView(APIView):
         host = _reporting_host(request.user, pk)
         if host is None:
             raise exceptions.NotFound("No such host.")
-        written = host_metrics_ingest(host=host, report=report_validate(MetricsReportSerializer, request.data))
+        try:
+            report = report_validate(MetricsReportSerializer, request.data)
+        except exceptions.ValidationError:
+            agent_reports_rejected.labels(reason="invalid").inc()
+            raise
+        written = host_metrics_ingest(host=host, report=report)
         return Response(written, status=status.HTTP_201_CREATED)
 
 

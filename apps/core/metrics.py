@@ -1,0 +1,115 @@
+"""The control plane's own Prometheus metrics, served at `GET /metrics` (issue 21, section 4).
+
+Process-local counters and gauges, counted where things happen:
+- `tessera_agent_reports_ingested_total`: agents' metrics reports stored (a report delivered twice counts once);
+- `tessera_agent_reports_rejected_total{reason}`: reports refused (`invalid`: the body failed validation);
+- `tessera_live_sockets`: dashboard WebSockets open in this process.
+
+And, read from the database and the broker at each scrape (`FleetCollector`), so that every process
+answers the same:
+- `tessera_plans{status}`: plans by status;
+- `tessera_plan_solve_seconds` (a summary: `_sum` and `_count` over every plan, the solver's time);
+- `tessera_plan_last_solve_seconds`: the newest plan's;
+- `tessera_hosts{status}`: hosts by status;
+- `tessera_celery_queue_length{queue}`: tasks waiting in the broker (Redis only; absent otherwise);
+- `tessera_database_up`, `tessera_broker_up`: whether this scrape could read them (a scrape never fails
+  because one is away: monitoring needs the endpoint most then).
+
+Names follow Prometheus's conventions (`promtool check metrics`): counters end in `_total`, times are in
+seconds, and nothing else carries a unit suffix it does not have."""
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+
+__all__ = ["CONTROL_PLANE_REGISTRY", "FleetCollector", "agent_reports_ingested", "agent_reports_rejected", "live_sockets"]
+
+log = logging.getLogger("tessera.metrics")
+
+CONTROL_PLANE_REGISTRY = CollectorRegistry(auto_describe=True)
+
+agent_reports_ingested = Counter("tessera_agent_reports_ingested", "Agents' metrics reports stored by this process",
+                                 registry=CONTROL_PLANE_REGISTRY)
+agent_reports_rejected = Counter("tessera_agent_reports_rejected", "Agents' metrics reports refused by this process",
+                                 ["reason"], registry=CONTROL_PLANE_REGISTRY)
+live_sockets = Gauge("tessera_live_sockets", "Dashboard WebSockets open in this process", registry=CONTROL_PLANE_REGISTRY)
+
+# Broker queues whose length is exported: Celery's default queue (the only one Tessera routes to).
+CELERY_QUEUES = ("celery",)
+
+
+class FleetCollector:
+    """Figures read at scrape time from the database and the broker (see the module docstring)."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # dynamic: nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._database()
+        yield from self._broker()
+
+    def _database(self) -> Iterable[Metric]:
+        from django.db import DatabaseError
+        from django.db.models import Count, Sum
+
+        from apps.inventory.models import Host
+        from apps.planning.models import Plan
+
+        up = GaugeMetricFamily("tessera_database_up", "1 when this scrape could read the database")
+        try:
+            plans = list(Plan.objects.values("status").annotate(n=Count("id")))
+            totals = Plan.objects.aggregate(n=Count("id"), seconds=Sum("solve_seconds"))
+            newest = Plan.objects.order_by("-id").values_list("solve_seconds", flat=True).first()
+            hosts = list(Host.objects.values("status").annotate(n=Count("id")))
+        except DatabaseError as exc:
+            log.warning("metrics: the database is away: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        by_status = GaugeMetricFamily("tessera_plans", "Plans by status", labels=["status"])
+        for row in plans:
+            by_status.add_metric([row["status"]], row["n"])
+        yield by_status
+        solve = SummaryMetricFamily("tessera_plan_solve_seconds", "The solver's time of every plan")
+        solve.add_metric([], count_value=totals["n"] or 0, sum_value=float(totals["seconds"] or 0.0))
+        yield solve
+        if newest is not None:
+            last = GaugeMetricFamily("tessera_plan_last_solve_seconds", "The newest plan's solver time")
+            last.add_metric([], float(newest))
+            yield last
+        host_status = GaugeMetricFamily("tessera_hosts", "Hosts by status", labels=["status"])
+        for row in hosts:
+            host_status.add_metric([row["status"]], row["n"])
+        yield host_status
+
+    def _broker(self) -> Iterable[Metric]:
+        from django.conf import settings
+
+        url = getattr(settings, "CELERY_BROKER_URL", "") or ""
+        if not url.startswith(("redis://", "rediss://")):
+            return  # in-process tasks (the embedded defaults) or another broker: no queue to read
+        up = GaugeMetricFamily("tessera_broker_up", "1 when this scrape could read the broker")
+        try:
+            import redis
+
+            client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+            lengths = {queue: client.llen(queue) for queue in CELERY_QUEUES}
+        except Exception as exc:  # any failure of the broker: report it away, never fail the scrape
+            log.warning("metrics: the broker is away: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        depth = GaugeMetricFamily("tessera_celery_queue_length", "Tasks waiting in the broker", labels=["queue"])
+        for queue, length in lengths.items():
+            depth.add_metric([queue], length)
+        yield depth
+
+
+CONTROL_PLANE_REGISTRY.register(FleetCollector())
