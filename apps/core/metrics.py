@@ -58,19 +58,15 @@ class FleetCollector:
         from apps.inventory.models import Host
         from apps.planning.models import Plan
 
-        up = GaugeMetricFamily("tessera_database_up", "1 when this scrape could read the database")
         try:
             plans = list(Plan.objects.values("status").annotate(n=Count("id")))
             totals = Plan.objects.aggregate(n=Count("id"), seconds=Sum("solve_seconds"))
             newest = Plan.objects.order_by("-id").values_list("solve_seconds", flat=True).first()
             hosts = list(Host.objects.values("status").annotate(n=Count("id")))
         except DatabaseError as exc:
-            log.warning("metrics: the database is away: %s", exc)
-            up.add_metric([], 0)
-            yield up
+            yield _up("database", exc)
             return
-        up.add_metric([], 1)
-        yield up
+        yield _up("database")
         by_status = GaugeMetricFamily("tessera_plans", "Plans by status", labels=["status"])
         for row in plans:
             by_status.add_metric([row["status"]], row["n"])
@@ -93,23 +89,28 @@ class FleetCollector:
         url = getattr(settings, "CELERY_BROKER_URL", "") or ""
         if not url.startswith(("redis://", "rediss://")):
             return  # in-process tasks (the embedded defaults) or another broker: no queue to read
-        up = GaugeMetricFamily("tessera_broker_up", "1 when this scrape could read the broker")
         try:
             import redis
 
             client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
             lengths = {queue: client.llen(queue) for queue in CELERY_QUEUES}
         except Exception as exc:  # any failure of the broker: report it away, never fail the scrape
-            log.warning("metrics: the broker is away: %s", exc)
-            up.add_metric([], 0)
-            yield up
+            yield _up("broker", exc)
             return
-        up.add_metric([], 1)
-        yield up
+        yield _up("broker")
         depth = GaugeMetricFamily("tessera_celery_queue_length", "Tasks waiting in the broker", labels=["queue"])
         for queue, length in lengths.items():
             depth.add_metric([queue], length)
         yield depth
+
+
+def _up(service: str, error: Exception | None = None) -> GaugeMetricFamily:
+    """`tessera_<service>_up`: 1, or 0 with the error logged."""
+    if error is not None:
+        log.warning("metrics: the %s is away: %s", service, error)
+    up = GaugeMetricFamily(f"tessera_{service}_up", f"1 when this scrape could read the {service}")
+    up.add_metric([], 0 if error is not None else 1)
+    return up
 
 
 CONTROL_PLANE_REGISTRY.register(FleetCollector())

@@ -4,6 +4,8 @@ reports stored and refused), and a database that is away is reported, not a fail
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from unittest import mock
 
 import pytest
@@ -66,3 +68,16 @@ def test_a_database_that_is_away_is_reported_and_the_scrape_still_answers(client
         families = _scrape(client)
     assert _value(families, "tessera_database_up") == 0
     assert "tessera_plans" not in families and "tessera_live_sockets" in families
+
+
+def test_promtool_finds_nothing_to_lint(client) -> None:
+    """Debian's promtool (.ci/run installs the `prometheus` package) on the whole exposition."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        from tests.conftest import service_unavailable
+
+        service_unavailable("no promtool (apt-get install prometheus)")
+    HostFactory(name="lint-host", status="online")
+    text = client.get("/metrics").content
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (result.stdout, result.stderr)
