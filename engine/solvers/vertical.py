@@ -130,7 +130,8 @@ def vertical_fleet_solve(problem: Problem, solver: str = "sponge", *, rest_solve
     placed_all: list[PlanInstance] = []
     scaling: dict[str, tuple[str, VerticalLatency, float, int]] = {}
     taken: set[str] = set()
-    for name in vertical_apps(problem):
+    cpu_apps = vertical_apps(problem)
+    for name in cpu_apps:
         app = problem.application(name)
         picked = _vertical_variant(problem, name, host_cores)
         if picked is None:
@@ -174,7 +175,7 @@ def vertical_fleet_solve(problem: Problem, solver: str = "sponge", *, rest_solve
             placed_all.append(PlanInstance(**{**inst.__dict__, "assigned_rps": min(share, inst.capacity_rps)}))
         scaling[name] = ("sponge", model, 0.0, BATCH_MAX)
     placed_all = vertical_bounds_attach(problem, placed_all, scaling, used)
-    if not vertical_apps(problem):
+    if not cpu_apps:
         notes.append("the problem has no CPU applications (every variant profiled on CPUs only); nothing scales vertically")
     rest_plan, rest_notes, rest_statuses = rest_plan_solve(problem, taken, used, rest_solver, what="vertically scaled applications")
     notes.extend(rest_notes)
