@@ -7,7 +7,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def onnx_mlp_bytes(n_in: int = 4, hidden: int = 8, n_out: int = 3, seed: int = 0) -> bytes:
+def onnx_mlp_bytes(n_in: int = 4, hidden: int = 8, n_out: int = 3, seed: int = 0, probabilities: bool = False) -> bytes:
+    """x [batch, n_in] -> logits [batch, n_out]; with `probabilities`, also their softmax as a second output."""
     rng = np.random.default_rng(seed)
     w1 = numpy_helper.from_array(rng.normal(size=(n_in, hidden)).astype(np.float32), "w1")
     b1 = numpy_helper.from_array(np.zeros(hidden, np.float32), "b1")
@@ -22,6 +23,9 @@ def onnx_mlp_bytes(n_in: int = 4, hidden: int = 8, n_out: int = 3, seed: int = 0
         nodes, f"mlp{seed}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", n_in])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", n_out])], [w1, b1, w2],
     )
+    if probabilities:
+        graph.node.append(helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1))
+        graph.output.append(helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", n_out]))
     model = helper.make_model(graph, producer_name="tessera-tests", opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)

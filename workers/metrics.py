@@ -12,12 +12,16 @@ queue_ms, compute_ms, late)`, `dropped(latency_ms)` (the drop rule gave up on it
   latency_p50_ms, latency_p99_ms (null when nothing was served), plus busy_ms (time spent running batches,
   what a simulated GPU's utilisation is made of) and failed. Counts are for the interval since the last call.
 - `InstanceStats.totals()`: the same counts since the start (health checks).
-- Prometheus (`RuntimeStats.exposition()`, text format), cumulative, Triton names where Triton has them,
-  labels `model` (application), `version` (variant), `instance`, `simulated` ("true"/"false"):
-  `nv_inference_request_success`, `nv_inference_request_failure`, `nv_inference_count` (queries),
-  `nv_inference_exec_count` (batches), `nv_inference_request_duration_us`, `nv_inference_queue_duration_us`,
-  `nv_inference_compute_infer_duration_us` (cumulative microseconds, as Triton's counters; exposed without
-  a `_total` suffix, as Triton names them); and with labels `application`, `variant`, `instance`,
+- Prometheus (`RuntimeStats.exposition()`, text format), cumulative, Triton names, types and HELP texts
+  where Triton has them (triton-inference-server/core, src/metrics.cc), labels `model` (application),
+  `version` (variant), `instance`, `simulated` ("true"/"false"): `nv_inference_request_success`,
+  `nv_inference_request_failure` (with Triton's `reason`: REJECTED for queries the drop rule gave up on,
+  BACKEND for the model's errors, OTHER for the rest, CANCELED never; all four always present, as
+  Triton initialises them), `nv_inference_count` (queries), `nv_inference_exec_count` (batches),
+  `nv_inference_request_duration_us`, `nv_inference_queue_duration_us`,
+  `nv_inference_compute_infer_duration_us` (cumulative microseconds of successful requests only, as
+  Triton's counters; exposed without a `_total` suffix, as Triton names them), the gauge
+  `nv_inference_pending_request_count` (queued, not yet in a batch); and with labels `application`, `variant`, `instance`,
   `simulated`: `tessera_queries_total{outcome="served"|"late"|"dropped"|"failed"}` (the outcomes partition
   the answered queries: "served" here is on time, unlike the report's `served`), `tessera_queue_length`,
   `tessera_batch_size` (histogram), `tessera_query_latency_seconds` (histogram).
@@ -60,6 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
+    "FAILURE_REASONS",
     "LATENCY_BUCKETS_S",
     "MAX_LATENCY_SAMPLES",
     "PROMETHEUS_CONTENT_TYPE",
@@ -78,6 +83,8 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MAX_LATENCY_SAMPLES = 20_000
+# Triton's failure reasons, the `reason` label of nv_inference_request_failure (core, src/infer_stats.h).
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 # Triton's counters carry no `_total` suffix; prometheus_client adds one to every counter family's HELP and
 # TYPE lines, so `exposition` takes it off again for these names.
@@ -189,6 +196,7 @@ class InstanceStats:
         self._since = time.monotonic()
         # cumulative (Prometheus, health)
         self.c_arrivals = self.c_on_time = self.c_late = self.c_dropped = self.c_failed = self.c_batches = self.c_batched = 0
+        self.c_failed_by_reason = {reason: 0 for reason in FAILURE_REASONS if reason != "REJECTED"}  # the drops are REJECTED
         self.c_request_us = self.c_queue_us = self.c_compute_us = 0.0
         self.h_latency = _Histogram(LATENCY_BUCKETS_S)
         self.h_batch = _Histogram(BATCH_SIZE_BUCKETS)
@@ -221,18 +229,22 @@ class InstanceStats:
             self.c_queue_us += queue_ms * 1000.0
             self.c_compute_us += compute_ms * 1000.0
 
+    # A failure's times go into no duration counter: Triton's cover successful requests only
+    # (core, src/infer_stats.cc, UpdateFailure), so duration / success is the mean latency of answers.
     def dropped(self, latency_ms: float = 0.0, queue_ms: float = 0.0) -> None:
+        """The drop rule gave up on a query (Triton's REJECTED: a timeout in the scheduler)."""
         with self._lock:
             self._dropped += 1
             self.c_dropped += 1
-            self.c_request_us += latency_ms * 1000.0
-            self.c_queue_us += queue_ms * 1000.0
 
-    def failed(self, latency_ms: float = 0.0) -> None:
+    def failed(self, latency_ms: float = 0.0, *, reason: str = "OTHER") -> None:
+        """A query answered with an error: `reason` "BACKEND" when the model failed, else "OTHER"."""
+        if reason not in self.c_failed_by_reason:
+            raise ValueError(f"failure reason {reason!r}: one of {sorted(self.c_failed_by_reason)}")
         with self._lock:
             self._failed += 1
             self.c_failed += 1
-            self.c_request_us += latency_ms * 1000.0
+            self.c_failed_by_reason[reason] += 1
 
     def batch(self, size: int, compute_ms: float) -> None:
         with self._lock:
@@ -289,9 +301,9 @@ class InstanceStats:
         triton = [self.application, self.variant, self.instance, sim]
         tessera = [self.application, self.variant, self.instance, sim]
         with self._lock:
+            failures = {"REJECTED": self.c_dropped, **self.c_failed_by_reason}
             values = {
                 "nv_inference_request_success": self.c_on_time + self.c_late,
-                "nv_inference_request_failure": self.c_dropped + self.c_failed,
                 "nv_inference_count": self.c_batched,
                 "nv_inference_exec_count": self.c_batches,
                 "nv_inference_request_duration_us": self.c_request_us,
@@ -301,8 +313,13 @@ class InstanceStats:
             outcomes = (("served", self.c_on_time), ("late", self.c_late), ("dropped", self.c_dropped), ("failed", self.c_failed))
             h_latency = (self.h_latency.buckets(), self.h_latency.sum)
             h_batch = (self.h_batch.buckets(), self.h_batch.sum)
+        labels = dict(zip(_TRITON_LABELS, triton))
         for name, value in values.items():
-            fams[name].add_sample(name, dict(zip(_TRITON_LABELS, triton)), float(value))
+            fams[name].add_sample(name, labels, float(value))
+        for reason in FAILURE_REASONS:
+            fams["nv_inference_request_failure"].add_sample("nv_inference_request_failure", {**labels, "reason": reason},
+                                                            float(failures[reason]))
+        fams["nv_inference_pending_request_count"].add_sample("nv_inference_pending_request_count", labels, float(queue_length))
         for outcome, value in outcomes:
             fams["tessera_queries"].add_metric(tessera + [outcome], float(value))
         fams["tessera_queue_length"].add_metric(tessera, float(queue_length))
@@ -312,14 +329,16 @@ class InstanceStats:
 
 _TRITON_LABELS = ("model", "version", "instance", "simulated")
 _TESSERA_LABELS = ["application", "variant", "instance", "simulated"]
+# Triton's own HELP texts (core, src/metrics.cc); a Tessera query is Triton's request, its batch an execution.
 _TRITON_HELP = {
-    "nv_inference_request_success": "Number of successful inference requests (on time or late)",
-    "nv_inference_request_failure": "Number of failed inference requests (dropped by the drop rule, or errors)",
-    "nv_inference_count": "Number of inferences performed (queries in batches)",
-    "nv_inference_exec_count": "Number of model executions (batches)",
-    "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds (arrival at the runtime to answer)",
-    "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds",
-    "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds (the batch's run, per query)",
+    "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
+    "nv_inference_request_failure": "Number of failed inference requests, all batch sizes",
+    "nv_inference_count": "Number of inferences performed (does not include cached requests)",
+    "nv_inference_exec_count": "Number of model executions performed (does not include cached requests)",
+    "nv_inference_request_duration_us": "Cumulative inference request duration in microseconds (includes cached requests)",
+    "nv_inference_queue_duration_us": "Cumulative inference queuing duration in microseconds (includes cached requests)",
+    "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    "nv_inference_pending_request_count": "Instantaneous number of pending requests awaiting execution per-model.",
 }
 
 
@@ -333,6 +352,8 @@ class _RuntimeCollector:
 
     def collect(self) -> Iterable[Metric]:
         fams: dict[str, Metric] = {name: _triton_family(name) for name in TRITON_COUNTERS}
+        fams["nv_inference_pending_request_count"] = Metric(
+            "nv_inference_pending_request_count", _TRITON_HELP["nv_inference_pending_request_count"], "gauge")
         fams["tessera_queries"] = CounterMetricFamily(
             "tessera_queries", "Queries answered by the runtime, by outcome (served = on time)", labels=_TESSERA_LABELS + ["outcome"])
         fams["tessera_queue_length"] = GaugeMetricFamily("tessera_queue_length", "Queries queued at the instance", labels=_TESSERA_LABELS)
@@ -445,7 +466,7 @@ class ApplicationStats:
         self._samples = _Samples()
         self.c = {"served": 0, "late": 0, "dropped": 0, "no_route": 0, "failed": 0}
         self.h_latency = _Histogram(LATENCY_BUCKETS_S)
-        # (variant, instance, simulated) -> [success, failure, duration_us]
+        # (variant, instance, simulated) -> [success, failure, duration_us, success duration_us, last answer (epoch ms)]
         self.per_instance: dict[tuple[str, str, bool], list[float]] = {}
 
     def arrival(self) -> None:
@@ -456,7 +477,8 @@ class ApplicationStats:
         key = (variant, instance, simulated)
         row = self.per_instance.get(key)
         if row is None:
-            row = self.per_instance[key] = [0, 0, 0.0]
+            row = self.per_instance[key] = [0, 0, 0.0, 0.0, 0.0]
+        row[4] = time.time() * 1000.0
         return row
 
     def served(self, latency_ms: float, late: bool, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
@@ -472,6 +494,7 @@ class ApplicationStats:
             row = self._instance(variant, instance, simulated)
             row[0] += 1
             row[2] += latency_ms * 1000.0
+            row[3] += latency_ms * 1000.0
 
     def dropped(self, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
         with self._lock:
@@ -496,6 +519,21 @@ class ApplicationStats:
                 row = self._instance(variant, instance, simulated)
                 row[1] += 1
                 row[2] += latency_ms * 1000.0
+
+    def per_variant(self) -> dict[str, dict[str, float]]:
+        """Since the start, per variant: answers (`success`, `success_us`), failures (`failure`, `failure_us`)
+        and the last answer's time (`last_ms`, epoch ms): the protocol's model statistics."""
+        out: dict[str, dict[str, float]] = {}
+        with self._lock:
+            rows = [(k[0], list(v)) for k, v in self.per_instance.items()]
+        for variant, (ok, bad, us, ok_us, last) in rows:
+            agg = out.setdefault(variant, {"success": 0, "success_us": 0.0, "failure": 0, "failure_us": 0.0, "last_ms": 0.0})
+            agg["success"] += ok
+            agg["success_us"] += ok_us
+            agg["failure"] += bad
+            agg["failure_us"] += us - ok_us
+            agg["last_ms"] = max(agg["last_ms"], last)
+        return out
 
     def snapshot_and_reset(self, routing_version: int | None) -> dict[str, Any]:
         with self._lock:
@@ -582,7 +620,7 @@ class _RouterCollector:
             for outcome, value in counts.items():
                 queries.add_metric([app.application, outcome], float(value))
             latency.add_metric([app.application], buckets, total)
-            for (variant, instance, simulated), (ok, bad, us) in rows:
+            for (variant, instance, simulated), (ok, bad, us, _ok_us, _last) in rows:
                 labels = {"model": app.application, "version": variant, "instance": instance, "simulated": _label(simulated)}
                 triton["nv_inference_request_success"].add_sample("nv_inference_request_success", labels, float(ok))
                 triton["nv_inference_request_failure"].add_sample("nv_inference_request_failure", labels, float(bad))

@@ -3,7 +3,8 @@
 1. The inference API's bodies: the KServe v2 / Triton inference protocol, JSON tensors and the binary
    tensor extension.
 
-   - `request_decode(body, header_length) -> (request id, {input name: ndarray}, wants binary outputs)`.
+   - `request_decode(body, header_length) -> (request id, {input name: ndarray}, RequestedOutputs)`: the
+     outputs asked for and which of them as binary data (truthy when any).
      `header_length` is the `Inference-Header-Content-Length` HTTP header (None: the whole body is JSON).
      An input with `"parameters": {"binary_data_size": N}` takes its N raw little-endian bytes from the
      bytes after the JSON header, inputs in order; the arrays alias the body (no copy) and are read-only.
@@ -47,6 +48,7 @@ __all__ = [
     "JSON_CONTENT_TYPE",
     "MAX_BODY_BYTES",
     "MAX_HEADER_BYTES",
+    "RequestedOutputs",
     "WRONG_MODEL",
     "WireError",
     "datatype_of",
@@ -246,12 +248,67 @@ def request_decode(body: bytes | bytearray | memoryview, header_length: int | No
             tensors[name] = _json_tensor(entry["data"], dt, shape, where)
     if header_length is not None and offset != end:
         raise WireError(f"the body has {end - offset} bytes after the binary inputs that no input claims")
-    wants_binary = bool(_parameters(doc, "the request").get("binary_data_output", False))
+    return request_id, tensors, _requested_outputs(doc)
+
+
+class RequestedOutputs:
+    """What a request's `outputs` and `parameters.binary_data_output` ask of the answer (the protocol's
+    "Inference Request JSON Object" and the binary tensor data extension): which outputs, in the order asked
+    (`names`; None: every output the model has), and which of them as binary data (an output's own
+    `parameters.binary_data` wins over the request's `binary_data_output`). Truthy when any output is to be
+    binary, so `if requested:` reads as before this class."""
+
+    __slots__ = ("names", "binary_default", "binary")
+
+    def __init__(self, names: tuple[str, ...] | None = None, binary_default: bool = False, binary: Mapping[str, bool] | None = None) -> None:
+        self.names = names
+        self.binary_default = binary_default
+        self.binary = dict(binary or {})
+
+    def __bool__(self) -> bool:
+        return self.binary_default or any(self.binary.values())
+
+    def __repr__(self) -> str:
+        return f"RequestedOutputs(names={self.names!r}, binary_default={self.binary_default!r}, binary={self.binary!r})"
+
+    def select(self, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs asked for, in the order asked; WireError names one the model does not have."""
+        if self.names is None:
+            return dict(outputs)
+        unknown = [n for n in self.names if n not in outputs]
+        if unknown:
+            raise WireError(f"unexpected inference output {unknown[0]!r}: the model's outputs are {list(outputs)}")
+        return {n: outputs[n] for n in self.names}
+
+    def binary_for(self, name: str) -> bool:
+        return self.binary.get(name, self.binary_default)
+
+
+def _requested_outputs(doc: Mapping[str, Any]) -> RequestedOutputs:
+    binary_default = _parameters(doc, "the request").get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise WireError(f"parameters.binary_data_output must be true or false, got {binary_default!r}")
     outputs = doc.get("outputs")
-    if isinstance(outputs, list) and not wants_binary:
-        wants_binary = any(isinstance(o, dict) and isinstance(o.get("parameters"), dict) and o["parameters"].get("binary_data")
-                           for o in outputs)
-    return request_id, tensors, wants_binary
+    if outputs is None:
+        return RequestedOutputs(None, binary_default)
+    if not isinstance(outputs, list):
+        raise WireError("'outputs' must be a list of {name, parameters}")
+    names: list[str] = []
+    binary: dict[str, bool] = {}
+    for i, entry in enumerate(outputs):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise WireError(f"outputs[{i}] must be an object with a non-empty 'name'")
+        name = entry["name"]
+        if name in names:
+            raise WireError(f"output {name!r} is asked for twice")
+        names.append(name)
+        flag = _parameters(entry, f"output {name!r}").get("binary_data")
+        if flag is not None:
+            if not isinstance(flag, bool):
+                raise WireError(f"output {name!r}: parameters.binary_data must be true or false, got {flag!r}")
+            binary[name] = flag
+    # An empty list asks for every output, as an absent one does (Triton reads it so).
+    return RequestedOutputs(tuple(names) or None, binary_default, binary)
 
 
 def _loads(raw: bytes | bytearray | memoryview | str) -> Any:
@@ -293,16 +350,18 @@ def _contiguous_le(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def _tensor_entries(tensors: Mapping[str, np.ndarray], binary: bool) -> tuple[list[dict[str, Any]], list[Any], bool]:
-    """KServe v2 tensor entries of a request or response, with `binary` the raw buffers that follow the
-    JSON header in the same order, and whether every number in JSON is finite (see `_dumps`)."""
+def _tensor_entries(tensors: Mapping[str, np.ndarray], binary: bool | RequestedOutputs) -> tuple[list[dict[str, Any]], list[Any], bool]:
+    """KServe v2 tensor entries of a request or response, with the raw buffers of those sent as binary
+    (`binary`: all or none, or per output as `RequestedOutputs` says) that follow the JSON header in the
+    same order, and whether every number in JSON is finite (see `_dumps`)."""
     entries: list[dict[str, Any]] = []
     buffers: list[Any] = []
     finite = True
+    per_output = isinstance(binary, RequestedOutputs)
     for name, value in tensors.items():
         array = _contiguous_le(value)
         entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype_of(array)}
-        if binary:
+        if binary.binary_for(name) if per_output else binary:  # type: ignore[union-attr]
             entry["parameters"] = {"binary_data_size": array.nbytes}
             buffers.append(memoryview(array).cast("B") if array.size else b"")
         else:
@@ -319,10 +378,11 @@ def response_encode(
     model_name: str,
     model_version: str | None = None,
     parameters: Mapping[str, Any] | None = None,
-    binary: bool = False,
+    binary: bool | RequestedOutputs = False,
 ) -> tuple[bytes, int | None]:
     """A KServe v2 inference response -> (body, header length for `Inference-Header-Content-Length` or
-    None for a JSON-only body)."""
+    None for a JSON-only body). `binary` as the request asked (`RequestedOutputs`: per output; the caller
+    has already `select`ed the outputs)."""
     doc: dict[str, Any] = {}
     if request_id is not None:
         doc["id"] = request_id
@@ -333,7 +393,7 @@ def response_encode(
     if parameters:
         doc["parameters"] = dict(parameters)
     header = _dumps(doc, finite=finite)
-    if not binary:
+    if not buffers and not binary:
         return header, None
     return b"".join([header, *buffers]), len(header)
 

@@ -81,7 +81,30 @@ def test_binary_inputs_alias_the_body_and_mix_with_json() -> None:
 def test_binary_outputs_asked_per_output_the_triton_way() -> None:
     body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}],
                        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
-    assert request_decode(body)[2] is True
+    requested = request_decode(body)[2]
+    assert requested and requested.names == ("y",) and requested.binary_for("y") and not requested.binary_default
+
+
+def test_outputs_selected_and_binary_per_output_as_triton_asks() -> None:
+    from workers.wire import response_decode
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}],
+                       "outputs": [{"name": "b", "parameters": {"binary_data": True}}, {"name": "a"}]}).encode()
+    _, _, requested = request_decode(body)
+    outputs = requested.select({"a": np.array([1.5], np.float32), "b": np.array([2, 3], np.int64), "c": np.zeros(1, np.float32)})
+    assert list(outputs) == ["b", "a"]  # in the order asked; "c" left out
+    answer, header_length = response_encode("q", outputs, model_name="m", binary=requested)
+    doc, decoded = response_decode(answer, header_length)
+    assert [o["name"] for o in doc["outputs"]] == ["b", "a"]
+    assert doc["outputs"][0]["parameters"] == {"binary_data_size": 16} and doc["outputs"][1]["data"] == [1.5]
+    assert decoded["b"].tolist() == [2, 3]
+    with pytest.raises(WireError, match="unexpected inference output 'z'"):
+        request_decode(body.replace(b'"a"', b'"z"'))[2].select(outputs)
+    for bad, message in (({"outputs": {"a": 1}}, "'outputs' must be a list"), ({"outputs": [{"name": "a"}, {"name": "a"}]}, "asked for twice"),
+                         ({"outputs": [{"name": "a", "parameters": {"binary_data": "yes"}}]}, "binary_data must be true or false"),
+                         ({"parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false")):
+        doc = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}], **bad}
+        with pytest.raises(WireError, match=message):
+            request_decode(json.dumps(doc).encode())
 
 
 @pytest.mark.parametrize(

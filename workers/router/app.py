@@ -7,12 +7,16 @@ import json
 import logging
 import socket
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RouterStats
+from workers.router.asgi import body_read as _body_read
+from workers.router.asgi import response_send as _send
 from workers.router.dispatch import Dispatcher, DispatchError
-from workers.router.pipelines import PipelineError, stage_request_build
-from workers.router.table import RoutingTables
+from workers.router.oip import oip_handle
+from workers.router.pipelines import PipelineError, RouterPipeline, output_asks_split, stage_request_build
+from workers.router.table import Application, RoutingTables
 from workers.wire import error_body
 
 __all__ = ["Router"]
@@ -36,7 +40,14 @@ class Router:
 
     HTTP:
 
-    - `POST /v1/infer/{application}`: the KServe v2 body (JSON, or the binary extension with
+    - `/v2/...`: the Open Inference Protocol (KServe v2, Triton's HTTP API) with the binary tensor data,
+      parameters, model configuration, model repository and statistics extensions (workers/router/oip.py):
+      what `tritonclient`, `perf_analyzer` and KServe clients speak. A model is an application (or a
+      pipeline); a version is a variant (a pipeline's: a path). `repository(action, name)` is how its
+      `load`/`unload` reach the control plane.
+    - `POST /v1/infer/{application}`: Tessera's own path, kept because its errors carry machine-readable
+      codes in the body (the protocol's error object is a bare message; /v2 puts the code in a header) and
+      `tessera load`, the benches and existing clients use it. Otherwise the same as /v2's infer: the KServe v2 body (JSON, or the binary extension with
       `Inference-Header-Content-Length`) is forwarded unchanged with its content type and header length; the
       runtime's answer is relayed with `X-Tessera-Variant` (and `Inference-Header-Content-Length` for binary
       outputs). The deadline is now + the table's `slo_ms`, or now + `X-Tessera-Deadline-Ms` when that is
@@ -66,8 +77,12 @@ class Router:
         upstream_grace_s: float = 2.0,
         connect_timeout_s: float = 1.0,
         unavailable_s: float = 1.0,
+        repository: Callable[[str, str], None] | None = None,
     ) -> None:
         self.report = report
+        # ("load" | "unload", model name) -> None, or RepositoryActionError: the control plane's pinning and
+        # releasing, for the protocol's model repository extension (workers/router/oip.py); blocking.
+        self.repository = repository
         self.refresh_s = refresh_s
         self.report_s = report_s
         self.name = name or socket.gethostname()
@@ -165,6 +180,10 @@ class Router:
                 if self._loop is None:
                     await self.startup()
                 await self._pipeline_infer(scope, receive, send, path[len("/v1/pipelines/"):-len("/infer")])
+            elif path == "/v2" or path.startswith("/v2/"):
+                if self._loop is None:
+                    await self.startup()
+                await oip_handle(self, scope, receive, send)
             elif scope["method"] != "GET":
                 await _send_error(send, 405 if path in ("/metrics", "/healthz", "/v1/routing-tables") else 404, "not_found", f"{scope['method']} {path}")
             elif path == "/metrics":
@@ -199,43 +218,33 @@ class Router:
         if app is None:
             await _send_error(send, 404, "unknown_application", f"no routing table for application {application!r}")
             return
-        stats = self.stats.application(application)
-        stats.arrival()
-        content_type = None
-        header_length = None
-        budget_ms = app.slo_ms
         try:
-            for name, value in scope["headers"]:
-                if name == b"content-type":
-                    content_type = value.decode("latin-1")
-                elif name == b"inference-header-content-length":
-                    header_length = int(value)
-                    if header_length < 0:
-                        raise ValueError
-                elif name == b"x-tessera-deadline-ms":
-                    client = float(value)
-                    if not client >= 0 or client == float("inf"):
-                        raise ValueError
-                    if client < budget_ms:
-                        budget_ms = client
-        except ValueError:
-            stats.failed()
-            await _send_error(send, 400, "malformed", "Inference-Header-Content-Length must be an integer >= 0 and X-Tessera-Deadline-Ms a number >= 0")
+            request = request_headers_parse(scope["headers"])
+        except ValueError as exc:
+            self.stats.application(application).arrival()
+            self.stats.application(application).failed()
+            await _send_error(send, 400, "malformed", str(exc))
             return
         body = await _body_read(receive)
         try:
-            status, reply, reply_body, variant = await self.dispatcher.dispatch(app, stats, body, content_type, header_length, t0, budget_ms)
+            status, reply, reply_body, variant = await self.application_infer(app, request, body, t0)
         except DispatchError as exc:
             await _send_error(send, exc.status, exc.code, exc.message)
             return
-        headers = [(b"content-type", (reply.get("content_type") or "application/json").encode()),
-                   (b"content-length", str(len(reply_body)).encode()), (b"x-tessera-variant", variant.encode())]
-        hl = reply.get("header_length")
-        if hl is not None:
-            headers.append((b"inference-header-content-length", str(hl).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply_body})
+        await _send_reply(send, status, reply, reply_body, [(b"x-tessera-variant", variant.encode())])
 
+    async def application_infer(self, app: Application, request: "InferHeaders", body: bytes, t0: float, *,
+                                variant: str | None = None, budget_ms: float | None = None) -> tuple[int, dict, bytes, str]:
+        """One query to `app` (received at `t0`): counted, dispatched within min(SLO, the client's deadline,
+        `budget_ms`), to an instance of `variant` only when one is named. The runtime's (status, answer
+        header, body, variant); raises `DispatchError` when the router answers itself."""
+        stats = self.stats.application(app.name)
+        stats.arrival()
+        budget = app.slo_ms
+        for limit in (request.deadline_ms, budget_ms):
+            if limit is not None and limit < budget:
+                budget = limit
+        return await self.dispatcher.dispatch(app, stats, body, request.content_type, request.header_length, t0, budget, variant=variant)
 
     async def _pipeline_infer(self, scope: dict, receive: Callable, send: Callable, name: str) -> None:
         t0 = time.monotonic()
@@ -251,82 +260,123 @@ class Router:
                 elif header == b"inference-header-content-length":
                     raise PipelineError(400, "malformed", "pipelines take KServe v2 JSON requests, not the binary tensor extension")
                 elif header == b"x-tessera-deadline-ms":
-                    client_ms = float(value)
-                    if not client_ms >= 0 or client_ms == float("inf"):
-                        raise PipelineError(400, "malformed", "X-Tessera-Deadline-Ms must be a number >= 0")
-            path, stages, slo_ms = pipeline.path(chosen)
-        except ValueError:
-            await _send_error(send, 400, "malformed", "X-Tessera-Deadline-Ms must be a number >= 0")
+                    client_ms = _deadline_parse(value)
+        except ValueError as exc:
+            await _send_error(send, 400, "malformed", str(exc))
             return
         except PipelineError as exc:
             await _send_error(send, exc.status, exc.code, exc.message)
             return
+        body = await _body_read(receive)
+        try:
+            status, body, content_type, headers = await self.pipeline_infer(pipeline, chosen, body, t0, client_ms)
+        except PipelineError as exc:
+            await _send_error(send, exc.status, exc.code, exc.message)
+            return
+        await _send(send, status, body, content_type, headers)
+
+    async def pipeline_infer(self, pipeline: RouterPipeline, chosen: str | None, body: bytes, t0: float,
+                             client_ms: float | None) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+        """A KServe v2 JSON query sent stage to stage along the path `chosen` (None: the first) of `pipeline`,
+        each stage with what is left of the path's SLO (or the client's deadline when sooner). (status, body,
+        content type, headers): the last stage's answer, or a stage's refusal relayed with the stage named;
+        raises `PipelineError` when the router answers itself."""
+        name = pipeline.name
+        path, stages, slo_ms = pipeline.path(chosen)
         budget_ms = min(slo_ms, client_ms) if client_ms is not None else slo_ms
         stats = self.stats.path(name, path)
         stats.arrival()
-        body = await _body_read(receive)
         variants: list[str] = []
         previous = None
+        reply: dict = {}
+        asks: dict = {}
+        if len(stages) > 1:
+            body, asks = output_asks_split(body)
         for stage in stages:
             now = time.monotonic()
             elapsed_ms = (now - t0) * 1000.0
             app = self.tables.apps.get(stage)
-            try:
-                if app is None:
-                    stats.outcome("no_route", elapsed_ms)
-                    raise PipelineError(503, "no_route", f"stage {stage} of {name}: no routing table for it")
-                if elapsed_ms >= budget_ms:
-                    # The thesis's drop rule: a query already past its SLO is dropped at the stage it reached.
-                    stats.outcome("dropped", elapsed_ms, stage=stage)
-                    raise PipelineError(504, "deadline_exceeded", f"dropped before stage {stage} of {name}: {elapsed_ms:.1f} ms "
-                                                                  f"spent of the path's {budget_ms:g} ms")
-                if previous is not None:
-                    try:
-                        body = stage_request_build(body, pipeline.stages.get(stage, {}), stage=stage, previous=previous)
-                    except PipelineError:
-                        stats.outcome("failed", elapsed_ms)
-                        raise
-                app_stats = self.stats.application(stage)
-                app_stats.arrival()
+            if app is None:
+                stats.outcome("no_route", elapsed_ms)
+                raise PipelineError(503, "no_route", f"stage {stage} of {name}: no routing table for it")
+            if elapsed_ms >= budget_ms:
+                # The thesis's drop rule: a query already past its SLO is dropped at the stage it reached.
+                stats.outcome("dropped", elapsed_ms, stage=stage)
+                raise PipelineError(504, "deadline_exceeded", f"dropped before stage {stage} of {name}: {elapsed_ms:.1f} ms "
+                                                              f"spent of the path's {budget_ms:g} ms")
+            if previous is not None:
                 try:
-                    status, reply, body, variant = await self.dispatcher.dispatch(app, app_stats, body, "application/json", None, now,
-                                                                                  budget_ms - elapsed_ms)
-                except DispatchError as exc:
-                    outcome = {"deadline_exceeded": "dropped", "no_route": "no_route"}.get(exc.code, "failed")
-                    stats.outcome(outcome, (time.monotonic() - t0) * 1000.0, stage=stage)
-                    raise PipelineError(exc.status, exc.code, f"stage {stage} of {name}: {exc.message}") from None
-            except PipelineError as exc:
-                await _send_error(send, exc.status, exc.code, exc.message)
-                return
+                    body = stage_request_build(body, pipeline.stages.get(stage, {}), stage=stage, previous=previous,
+                                               asks=asks if stage == stages[-1] else None)
+                except PipelineError:
+                    stats.outcome("failed", elapsed_ms)
+                    raise
+            app_stats = self.stats.application(stage)
+            app_stats.arrival()
+            try:
+                status, reply, body, variant = await self.dispatcher.dispatch(app, app_stats, body, "application/json", None, now,
+                                                                              budget_ms - elapsed_ms)
+            except DispatchError as exc:
+                outcome = {"deadline_exceeded": "dropped", "no_route": "no_route"}.get(exc.code, "failed")
+                stats.outcome(outcome, (time.monotonic() - t0) * 1000.0, stage=stage)
+                raise PipelineError(exc.status, exc.code, f"stage {stage} of {name}: {exc.message}") from None
             if status != 200:  # the runtime refused the request (its decoding): relayed, with the stage named
                 stats.outcome("failed", (time.monotonic() - t0) * 1000.0)
-                await _send(send, status, body, (reply.get("content_type") or "application/json").encode(),
-                            [(b"x-tessera-failed-stage", stage.encode())])
-                return
+                return status, body, (reply.get("content_type") or "application/json").encode(), [(b"x-tessera-failed-stage", stage.encode())]
             variants.append(f"{stage}={variant}")
             previous = stage
         latency_ms = (time.monotonic() - t0) * 1000.0
         stats.outcome("late" if latency_ms > budget_ms else "served", latency_ms)
         headers = [(b"x-tessera-variant", ", ".join(variants).encode()), (b"x-tessera-path", path.encode())]
-        await _send(send, 200, body, (reply.get("content_type") or "application/json").encode(), headers)
+        if reply.get("header_length") is not None:  # the client asked the last stage for binary outputs
+            headers.append((b"inference-header-content-length", str(reply["header_length"]).encode()))
+        return 200, body, (reply.get("content_type") or "application/json").encode(), headers
 
 
-async def _body_read(receive: Callable) -> bytes:
-    message = await receive()
-    body = message.get("body", b"")
-    if message.get("more_body"):
-        chunks = [body]
-        while message.get("more_body"):
-            message = await receive()
-            chunks.append(message.get("body", b""))
-        body = b"".join(chunks)
-    return body
+@dataclass(frozen=True)
+class InferHeaders:
+    """What the router reads of an inference request's HTTP headers."""
+
+    content_type: str | None = None
+    header_length: int | None = None  # Inference-Header-Content-Length: the binary tensor extension
+    deadline_ms: float | None = None  # X-Tessera-Deadline-Ms: the client's own budget
 
 
-async def _send(send: Callable, status: int, body: bytes, content_type: bytes, extra: list | None = None) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    if extra:
-        headers.extend(extra)
+def request_headers_parse(headers: list) -> InferHeaders:
+    """An ASGI request's headers -> `InferHeaders`; ValueError saying which header is malformed."""
+    content_type = header_length = deadline_ms = None
+    for name, value in headers:
+        if name == b"content-type":
+            content_type = value.decode("latin-1")
+        elif name == b"inference-header-content-length":
+            try:
+                header_length = int(value)
+            except ValueError:
+                header_length = -1
+            if header_length < 0:
+                raise ValueError("Inference-Header-Content-Length must be an integer >= 0")
+        elif name == b"x-tessera-deadline-ms":
+            deadline_ms = _deadline_parse(value)
+    return InferHeaders(content_type, header_length, deadline_ms)
+
+
+def _deadline_parse(value: bytes) -> float:
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not ms >= 0 or ms == float("inf"):
+        raise ValueError("X-Tessera-Deadline-Ms must be a number >= 0")
+    return ms
+
+
+async def _send_reply(send: Callable, status: int, reply: dict, body: bytes, extra: list) -> None:
+    """Relay a runtime's answer: its content type and, for binary outputs, its JSON header's length."""
+    headers = [(b"content-type", (reply.get("content_type") or "application/json").encode()),
+               (b"content-length", str(len(body)).encode()), *extra]
+    hl = reply.get("header_length")
+    if hl is not None:
+        headers.append((b"inference-header-content-length", str(hl).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

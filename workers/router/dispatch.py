@@ -91,10 +91,14 @@ class Dispatcher:
         return bad
 
     async def dispatch(self, app: Application, stats: ApplicationStats, body: bytes, content_type: str | None,
-                       header_length: int | None, t0: float, budget_ms: float) -> tuple[int, dict, bytes, str]:
-        """Send the query (received at `t0`, `time.monotonic`, with `budget_ms` to its deadline) to an instance;
-        (status, the runtime's answer header, its body, the variant that answered), its outcome counted in
-        `stats`. Raises `DispatchError` when the router answers itself (no route, deadline, upstream error)."""
+                       header_length: int | None, t0: float, budget_ms: float, *, variant: str | None = None) -> tuple[int, dict, bytes, str]:
+        """Send the query (received at `t0`, `time.monotonic`, with `budget_ms` to its deadline) to an instance
+        (of `variant` only, when named: the protocol's model version); (status, the runtime's answer header,
+        its body, the variant that answered), its outcome counted in `stats`. Raises `DispatchError` when the
+        router answers itself (no route, deadline, upstream error)."""
+        others = None
+        if variant is not None:
+            others = frozenset(i for i, r in app.routes.items() if r.variant != variant)
         loop = asyncio.get_running_loop()
         clock = time.monotonic  # not loop.time(): uvloop's clock ticks in milliseconds
         application = app.name
@@ -110,10 +114,12 @@ class Dispatcher:
                 if app.picker is None:
                     raise NoRouteAvailable(f"{application}: the routing table is empty")
                 excluded = self.excluded(app, now)
+                if others:
+                    excluded = others.union(excluded)
                 instance = app.picker.choose_excluding(excluded) if excluded else app.picker.choose()
             except NoRouteAvailable as exc:
                 stats.no_route()
-                message = str(exc)
+                message = str(exc) if variant is None else f"{application}: no instance of variant {variant!r} can take the query now"
                 stale = sorted(i for (a, i), v in self.stale.items() if a == application and v == app.version)
                 if stale:
                     message += f" ({', '.join(stale)} now serve another model; the routing table is being updated)"

@@ -88,9 +88,32 @@ def pipelines_from_apps(apps: Mapping[str, Any]) -> dict[str, RouterPipeline]:
     return out
 
 
-def stage_request_build(answer_body: bytes, mapping: Mapping[str, str], *, stage: str, previous: str) -> bytes:
+def output_asks_split(body: bytes) -> tuple[bytes, dict]:
+    """A pipeline request's body -> (the body for the first stage, what the client asked of the answer).
+    What the client asks of the outputs (`outputs`, `parameters.binary_data_output`: which, and as binary
+    data) is asked of the last stage only: the stages between answer in JSON, which the next stage's
+    request is built from. A body that asks nothing is returned as it is, unparsed."""
+    if b'"outputs"' not in body and b"binary_data_output" not in body:
+        return body, {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body, {}  # the first stage's runtime says what is wrong with it
+    if not isinstance(doc, dict):
+        return body, {}
+    asks: dict = {}
+    if "outputs" in doc:
+        asks["outputs"] = doc.pop("outputs")
+    params = doc.get("parameters")
+    if isinstance(params, dict) and "binary_data_output" in params:
+        asks["parameters"] = {"binary_data_output": params.pop("binary_data_output")}
+    return orjson.dumps(doc), asks
+
+
+def stage_request_build(answer_body: bytes, mapping: Mapping[str, str], *, stage: str, previous: str, asks: Mapping | None = None) -> bytes:
     """The next stage's request from the previous stage's JSON answer: its outputs as inputs, renamed by
-    `mapping` (this stage's input -> the previous stage's output) or under their own names."""
+    `mapping` (this stage's input -> the previous stage's output) or under their own names; `asks` (the
+    client's `outputs` and `parameters`, see `output_asks_split`) for the last stage."""
     try:
         answer = orjson.loads(answer_body)
         outputs = {o["name"]: o for o in answer["outputs"]}
@@ -105,4 +128,4 @@ def stage_request_build(answer_body: bytes, mapping: Mapping[str, str], *, stage
     else:
         pairs = [(name, o) for name, o in outputs.items()]
     inputs = [{"name": name, "datatype": o.get("datatype"), "shape": o.get("shape"), "data": o.get("data")} for name, o in pairs]
-    return orjson.dumps({"inputs": inputs})
+    return orjson.dumps({"inputs": inputs, **(asks or {})})

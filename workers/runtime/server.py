@@ -117,7 +117,8 @@ from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBat
 from workers.runtime.partition import PartitionRounds, PartitionTurns, RoundMember
 from workers.runtime.simulated import SimulatedSession, profile_points, vertical_points
 from workers.runtime.vertical import ArrivalLog, VerticalSpec, affinity_apply, process_cpus, vertical_model_parse, vertical_parse
-from workers.wire import FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, WireError, error_body, frame_pack, request_decode, response_encode
+from workers.wire import (FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, RequestedOutputs, WireError, error_body, frame_pack,
+                          request_decode, response_encode)
 
 __all__ = ["UNKNOWN_INSTANCE", "BatchingSpec", "PartitionSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ServedModel",
            "ready_file_write", "main", "session_load", "spec_from_dict", "spec_load"]
@@ -894,7 +895,7 @@ class ServedModel:
                     raise WireError(f"input {name!r}: shape {list(array.shape)} but the model takes {list(dims)}")
         return batched
 
-    def _infer_done(self, context: tuple, query: _Query, request_id: str | None, binary: bool, result: Any, exc: BaseException | None) -> None:
+    def _infer_done(self, context: tuple, query: _Query, request_id: str | None, binary: RequestedOutputs, result: Any, exc: BaseException | None) -> None:
         """A query's answer (any thread; usually the batcher's worker, right after its batch)."""
         conn, rid, header = context
         now_ms = time.monotonic() * 1000.0
@@ -910,6 +911,12 @@ class ServedModel:
                         params["instance"] = instance
                     if version is not None:
                         params["routing_version"] = version
+                try:
+                    result = binary.select(result)
+                except WireError as err:  # an output the model does not have: the request's fault
+                    stats.failed(latency)
+                    self.error(conn, rid, 400, "malformed", str(err))
+                    return
                 try:
                     body, header_length = response_encode(request_id, result, model_name=self.spec.application,
                                                           model_version=self.spec.variant, parameters=params, binary=binary)
@@ -935,7 +942,7 @@ class ServedModel:
                 stats.failed(latency)
                 self.error(conn, rid, 503, "draining", "the instance shut down before serving the query")
             else:
-                stats.failed(latency)
+                stats.failed(latency, reason="BACKEND")
                 self.error(conn, rid, 500, "internal", f"the model failed: {type(exc).__name__}: {exc}")
         finally:
             with self._count_lock:

@@ -6,6 +6,7 @@ from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 from apps.policies.choices import DropRuleChoices
 from apps.registry.models import Application
 from engine.dataplane.batching import BATCHING_POLICIES
+from engine.dataplane.tensors import TensorSpecError, oip_tensor_metadata
 from engine.geometry.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
 
 from ..choices import ROUTE_STATE_UNKNOWN, OperationOutcomeChoices, RuntimeStateChoices
@@ -128,9 +129,14 @@ class RoutingTableSerializer(serializers.ModelSerializer):
         help_text="When the application is a pipeline stage: the pipeline's name, stages and paths, so that the router runs it"
     )
 
+    model = serializers.SerializerMethodField(
+        help_text="The application as an Open Inference Protocol model: its inputs and outputs (datatype, shape; -1 where a "
+        "dimension varies) and each variant's, by variant name (a variant is a model version)"
+    )
+
     class Meta:
         model = RoutingTable
-        fields = ["id", "application", "version", "active", "slo_ms", "drop_rule", "routes", "pipeline", "created"]
+        fields = ["id", "application", "version", "active", "slo_ms", "drop_rule", "routes", "pipeline", "model", "created"]
         read_only_fields = fields
 
     @staticmethod
@@ -161,6 +167,24 @@ class RoutingTableSerializer(serializers.ModelSerializer):
     def get_pipeline(self, obj) -> dict | None:
         pipeline = self._pipeline(obj)
         return None if pipeline is None else {"name": pipeline.name, "stages": pipeline.stages, "paths": pipeline.paths}
+
+    @extend_schema_field(serializers.JSONField())
+    def get_model(self, obj) -> dict:
+        """What a router answers to `GET /v2/models/{application}` and `.../versions/{variant}`: the registry's
+        tensor specs in the protocol's spelling. The application's inputs are its `input_spec` (what every
+        variant accepts); its outputs those every variant has, so a client that names them gets them from
+        whichever variant the plan routes it to."""
+        versions = {}
+        for variant in obj.application.variants.all():
+            versions[variant.name] = {"inputs": _oip_specs(variant.inputs), "outputs": _oip_specs(variant.outputs)}
+        inputs = _oip_specs(obj.application.input_spec) or next((v["inputs"] for v in versions.values() if v["inputs"]), [])
+        common = None
+        for v in versions.values():
+            names = {t["name"] for t in v["outputs"]}
+            common = names if common is None else common & names
+        first = next(iter(versions.values()), {"outputs": []})
+        outputs = [t for t in first["outputs"] if common and t["name"] in common]
+        return {"platform": "onnxruntime_onnx", "inputs": inputs, "outputs": outputs, "versions": versions}
 
     @extend_schema_field(serializers.ChoiceField(choices=DropRuleChoices.choices))
     def get_drop_rule(self, obj) -> str:
@@ -204,6 +228,18 @@ class RoutingTableSerializer(serializers.ModelSerializer):
                 "state": state if serves or state != RuntimeStateChoices.READY else ROUTE_STATE_UNKNOWN,
             })
         return result
+
+
+def _oip_specs(specs) -> list[dict]:
+    """Registry tensor specs in the protocol's spelling; a spec the protocol cannot spell is left out (the
+    registry validates names and shapes, not every type ONNX has)."""
+    out = []
+    for spec in specs or []:
+        try:
+            out.extend(oip_tensor_metadata([spec]))
+        except (TensorSpecError, KeyError, TypeError):
+            continue
+    return out
 
 
 class RouteRequestSerializer(serializers.Serializer):

@@ -1,0 +1,238 @@
+"""The router's Open Inference Protocol (workers/router/oip.py) driven by Triton's own Python client,
+`tritonclient.http`, against real runtime processes running onnxruntime: health, server and model metadata,
+model configuration, readiness, inference with JSON and with binary tensors, output selection, a version
+(variant) named explicitly, the `timeout` parameter, Triton-shaped errors with their status codes, the
+statistics extension and the model repository extension's index, load and unload."""
+from __future__ import annotations
+
+import copy
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from engine.dataplane.tensors import oip_tensor_metadata
+from tests.onnx_builders import onnx_mlp_bytes
+from tests.workers.dataplane_helpers import runtime_spec, runtime_start
+from workers.router import Router, router_start_in_thread
+from workers.router.oip import RepositoryActionError
+from workers.runtime.session import OnnxSession
+
+pytestmark = pytest.mark.timeout(300)
+
+VARIANTS = ("small", "big")
+SPEC_IN = [{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 4]}]
+SPEC_OUT = [{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]},
+            {"name": "probabilities", "dtype": "tensor(float)", "shape": ["batch", 3]}]
+PIPELINE = {"name": "chain", "stages": [{"application": "tabular", "max_batch": 4},
+                                        {"application": "calibrate", "max_batch": 4, "inputs": {"x": "logits"}}],
+            "paths": [{"name": "main", "stages": ["tabular", "calibrate"], "slo_ms": 5000.0, "demand_rps": 1.0}]}
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, bytes]:
+    return {"small": onnx_mlp_bytes(seed=1, probabilities=True), "big": onnx_mlp_bytes(hidden=32, seed=2, probabilities=True),
+            "calibrate": onnx_mlp_bytes(n_in=3, hidden=4, n_out=3, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def runtimes(models, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("oip-runtimes")
+    started = {}
+    try:
+        for k, name in enumerate(models):
+            path = workdir / f"{name}.onnx"
+            path.write_bytes(models[name])
+            application = "calibrate" if name == "calibrate" else "tabular"
+            spec = runtime_spec(key=f"cpu0/{k}", application=application, variant=name, instance=f"host/cpu0/{k}", artifact_path=str(path))
+            started[name] = runtime_start(spec, workdir, name)
+        yield started
+    finally:
+        for rt in started.values():
+            rt.stop()
+
+
+def _tables(runtimes, *, tabular_routes=VARIANTS, pipeline=None) -> list[dict]:
+    """The tables as the control plane lists them, `model` block included (RoutingTableSerializer.get_model)."""
+    versions = {v: {"inputs": oip_tensor_metadata(SPEC_IN), "outputs": oip_tensor_metadata(SPEC_OUT)} for v in VARIANTS}
+    calibrate_io = {"inputs": oip_tensor_metadata([{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 3]}]),
+                    "outputs": oip_tensor_metadata([{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]}])}
+    return [
+        {"id": 1, "application": "tabular", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
+         "routes": [{"instance": f"host/cpu0/{VARIANTS.index(v)}", "variant": v, "weight": 1.0, "endpoint": runtimes[v].endpoint,
+                     "state": "ready"} for v in tabular_routes],
+         "pipeline": copy.deepcopy(pipeline),
+         "model": {"platform": "onnxruntime_onnx", **versions["small"], "versions": versions}},
+        {"id": 2, "application": "calibrate", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
+         "routes": [{"instance": "host/cpu0/2", "variant": "calibrate", "weight": 1.0, "endpoint": runtimes["calibrate"].endpoint,
+                     "state": "ready"}],
+         "pipeline": copy.deepcopy(pipeline), "model": {"platform": "onnxruntime_onnx", **calibrate_io, "versions": {"calibrate": calibrate_io}}},
+    ]
+
+
+@pytest.fixture
+def serve():
+    handles = []
+
+    def start(tables, repository=None):
+        router = Router(lambda: copy.deepcopy(tables), None, refresh_s=0.2, report_s=1.0, name="oip-router", repository=repository)
+        handle = router_start_in_thread(router)
+        handles.append(handle)
+        url = handle.url.removeprefix("http://")
+        return triton.InferenceServerClient(url, network_timeout=60.0, connection_timeout=10.0), handle.url
+
+    yield start
+    for handle in handles:
+        handle.stop()
+
+
+def _expected(models, variant: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    return OnnxSession(models[variant]).run({"x": x})
+
+
+def _request(x: np.ndarray, *, binary: bool, outputs=("logits", "probabilities")):
+    inp = triton.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    return [inp], [triton.InferRequestedOutput(name, binary_data=binary) for name in outputs]
+
+
+def test_health_server_and_model_metadata_and_configuration(runtimes, serve) -> None:
+    client, _ = serve(_tables(runtimes))
+    assert client.is_server_live() and client.is_server_ready()
+    server = client.get_server_metadata()
+    assert server["name"] == "tessera-router" and {"binary_tensor_data", "model_repository", "statistics"} <= set(server["extensions"])
+    assert client.is_model_ready("tabular") and client.is_model_ready("tabular", "big")
+    metadata = client.get_model_metadata("tabular")
+    assert metadata["name"] == "tabular" and metadata["versions"] == ["big", "small"] and metadata["platform"] == "onnxruntime_onnx"
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    assert [o["name"] for o in metadata["outputs"]] == ["logits", "probabilities"]
+    assert client.get_model_metadata("tabular", "big")["versions"] == ["big"]
+    config = client.get_model_config("tabular")
+    assert config["max_batch_size"] == 0 and config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}]
+    assert config["parameters"]["tessera_slo_ms"] == {"string_value": "5000"}
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_inference_with_json_and_binary_tensors_answers_as_the_routed_variant(runtimes, models, serve, binary) -> None:
+    client, _ = serve(_tables(runtimes))
+    x = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    seen = set()
+    for i in range(12):
+        inputs, outputs = _request(x, binary=binary)
+        result = client.infer("tabular", inputs, outputs=outputs, request_id=f"q{i}")
+        answer = result.get_response()
+        assert answer["id"] == f"q{i}" and answer["model_name"] == "tabular"
+        variant = answer["model_version"]
+        seen.add(variant)
+        expected = _expected(models, variant, x)
+        np.testing.assert_allclose(result.as_numpy("logits"), expected["logits"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("probabilities"), expected["probabilities"], rtol=1e-5, atol=1e-6)
+        assert all(("binary_data_size" in o.get("parameters", {})) == binary for o in answer["outputs"])
+    assert seen == set(VARIANTS)  # both routes draw queries; each answer is its own variant's computation
+
+
+def test_outputs_are_selected_and_a_version_pins_the_variant(runtimes, models, serve) -> None:
+    client, _ = serve(_tables(runtimes))
+    x = np.ones((2, 4), np.float32)
+    inputs, outputs = _request(x, binary=True, outputs=("probabilities",))
+    for _ in range(6):
+        result = client.infer("tabular", inputs, model_version="big", outputs=outputs)
+        answer = result.get_response()
+        assert answer["model_version"] == "big" and [o["name"] for o in answer["outputs"]] == ["probabilities"]
+        np.testing.assert_allclose(result.as_numpy("probabilities"), _expected(models, "big", x)["probabilities"], rtol=1e-5)
+    # Mixed: one output binary, the other JSON, in the order asked.
+    mixed = [triton.InferRequestedOutput("probabilities", binary_data=False), triton.InferRequestedOutput("logits", binary_data=True)]
+    answer = client.infer("tabular", inputs, outputs=mixed).get_response()
+    assert [o["name"] for o in answer["outputs"]] == ["probabilities", "logits"]
+    assert "data" in answer["outputs"][0] and "binary_data_size" in answer["outputs"][1]["parameters"]
+
+
+def test_errors_have_triton_s_shape_and_status(runtimes, serve) -> None:
+    client, url = serve(_tables(runtimes, tabular_routes=("small",)))
+    x = np.ones((1, 4), np.float32)
+    inputs, outputs = _request(x, binary=False)
+    cases = [
+        (lambda: client.infer("nope", inputs), "404", "unknown model: 'nope'"),
+        (lambda: client.infer("tabular", inputs, model_version="huge"), "404", "version 'huge' is not found"),
+        (lambda: client.infer("tabular", inputs, model_version="big"), "503", "no instance of variant 'big'"),
+        (lambda: client.infer("tabular", inputs, outputs=[triton.InferRequestedOutput("nope")]), "400", "unexpected inference output 'nope'"),
+        (lambda: client.infer("tabular", [_named("y", x)]), "400", "missing inputs ['x']"),
+        (lambda: client.infer("tabular", inputs, timeout=0), "504", "deadline"),
+        (lambda: client.get_model_metadata("nope"), "404", "unknown model"),
+    ]
+    for call, status, message in cases:
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert caught.value.status() == status and message in caught.value.message(), (status, caught.value)
+    assert not client.is_model_ready("tabular", "big")  # known, not routed: not ready (400), not unknown
+    raw = httpx.post(f"{url}/v2/models/nope/infer", content=b"{}")
+    assert raw.status_code == 404 and set(raw.json()) == {"error"} and raw.headers["x-tessera-error-code"] == "unknown_model"
+    bad = httpx.post(f"{url}/v2/models/tabular/infer", content=b'{"inputs": [], "parameters": {"timeout": "soon"}}')
+    assert bad.status_code == 400 and "parameters.timeout" in bad.json()["error"]
+    assert httpx.get(f"{url}/v2/models/tabular/infer").status_code == 405
+
+
+def _named(name: str, x: np.ndarray):
+    inp = triton.InferInput(name, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=False)
+    return inp
+
+
+def test_statistics_count_what_the_router_answered(runtimes, serve) -> None:
+    client, _ = serve(_tables(runtimes))
+    inputs, outputs = _request(np.ones((1, 4), np.float32), binary=True)
+    for _ in range(5):
+        client.infer("tabular", inputs, model_version="small", outputs=outputs)
+    stats = client.get_inference_statistics("tabular")["model_stats"]
+    small = next(s for s in stats if s["version"] == "small")
+    assert small["inference_stats"]["success"]["count"] == 5 and small["inference_stats"]["success"]["ns"] > 0
+    assert small["last_inference"] > 0
+    assert client.get_inference_statistics("tabular", "big")["model_stats"] == []
+
+
+def test_a_pipeline_is_a_model_whose_versions_are_its_paths(runtimes, models, serve) -> None:
+    client, url = serve(_tables(runtimes, tabular_routes=("small",), pipeline=PIPELINE))
+    metadata = client.get_model_metadata("chain")
+    assert metadata["platform"] == "tessera_pipeline" and metadata["versions"] == ["main"]
+    assert metadata["inputs"][0]["name"] == "x" and metadata["outputs"][0]["name"] == "logits"
+    assert client.is_model_ready("chain")
+    x = np.random.default_rng(1).normal(size=(2, 4)).astype(np.float32)
+    inputs = [_named("x", x)]
+    middle = _expected(models, "small", x)["logits"]
+    expected = OnnxSession(models["calibrate"]).run({"x": middle})["logits"]
+    # tritonclient asks for binary outputs by default: the last stage answers so, the stage between in JSON.
+    result = client.infer("chain", inputs, model_version="main")
+    assert "binary_data_size" in result.get_response()["outputs"][0]["parameters"]
+    np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-6)
+    as_json = client.infer("chain", inputs, outputs=[triton.InferRequestedOutput("logits", binary_data=False)])
+    np.testing.assert_allclose(as_json.as_numpy("logits"), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("chain", _request(x, binary=True)[0])
+    assert caught.value.status() == "400" and "binary" in caught.value.message()
+    assert httpx.get(f"{url}/v2/models/chain/versions/other").status_code == 404
+
+
+def test_repository_index_load_and_unload_go_through_the_control_plane(runtimes, serve) -> None:
+    calls = []
+
+    def repository(action: str, name: str) -> None:
+        calls.append((action, name))
+        if name == "forbidden":
+            raise RepositoryActionError(403, "this router's credential may not load or unload models")
+
+    client, _ = serve(_tables(runtimes, tabular_routes=("small",)), repository)
+    index = client.get_model_repository_index()
+    assert {"name": "tabular", "version": "small", "state": "READY", "reason": ""} in index
+    assert any(e["name"] == "calibrate" and e["state"] == "READY" for e in index)
+    client.unload_model("tabular")
+    client.load_model("tabular")
+    assert calls == [("unload", "tabular"), ("load", "tabular")]
+    with pytest.raises(InferenceServerException) as caught:
+        client.load_model("forbidden")
+    assert caught.value.status() == "403" and "may not" in caught.value.message()
+    plain, _ = serve(_tables(runtimes))  # a router with no control plane behind it
+    with pytest.raises(InferenceServerException) as caught:
+        plain.unload_model("tabular")
+    assert caught.value.status() == "501"

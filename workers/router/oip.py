@@ -1,0 +1,391 @@
+"""The Open Inference Protocol (KServe v2, Triton's HTTP API) on the router: what lets `tritonclient`,
+`perf_analyzer` and KServe's SDK talk to a Tessera fleet as to one inference server.
+
+Source: the protocol's REST specification (kserve/open-inference-protocol, specification/protocol/
+inference_rest.md: health, server and model metadata, model ready, inference, the error object) and
+Triton's extensions to it (triton-inference-server/server docs/protocol/: extension_binary_data.md,
+extension_model_configuration.md, extension_model_repository.md, extension_statistics.md,
+extension_parameters.md). Status codes follow Triton's mapping of its error kinds (src/http_server.cc,
+`HttpCodeFromError`): not found 404, unavailable 503, unsupported 501, invalid argument 400.
+
+How Tessera's objects map onto the protocol's:
+
+- A model is an application: the router picks the variant by the active routing table's weights, so the
+  plan decides. A model version is a variant: `/v2/models/{app}/versions/{variant}/infer` sends the query to
+  an instance of that variant only (for debugging; it still needs a route in the table). A pipeline is a
+  model too (platform `tessera_pipeline`); its versions are its paths.
+- Errors are the protocol's `{"error": "<message>"}`; Tessera's machine-readable code (`no_route`,
+  `deadline_exceeded`, ...) rides in the `X-Tessera-Error-Code` header.
+- The request parameter `timeout` (microseconds, Triton's) is a deadline like `X-Tessera-Deadline-Ms`: the
+  query gets the smaller of it and the application's SLO.
+- The model repository extension maps onto the control plane: `load` pins an application into planning and
+  `unload` releases it (its routes are withdrawn at once and later plans give it no capacity), each through
+  the control plane's API with the router's own credential, which an operator must have allowed to do so.
+  `index` lists what the router's tables hold.
+
+Differences from Triton, on purpose: a model's `max_batch_size` is 0 in its configuration (the client sends
+whole tensors with their batch axis; the runtimes batch queries server-side, by the plan's batch size);
+`/v2/models/{m}/stats` counts what this router saw (answers and failures with their durations), not the
+queue and compute times, which the runtimes' `nv_inference_*` metrics carry. Not served: shared memory,
+sequences, tracing, logging, classification.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import orjson
+
+from engine.dataplane.tensors import OIP_TO_TRITON_DATATYPE
+from workers.router.asgi import body_read as _body
+from workers.router.asgi import response_send as _send
+from workers.router.dispatch import DispatchError
+from workers.router.pipelines import PipelineError, RouterPipeline
+from workers.router.table import Application
+
+if TYPE_CHECKING:
+    from workers.router.app import Router
+
+__all__ = ["OIP_EXTENSIONS", "RepositoryActionError", "oip_handle"]
+
+OIP_EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration", "model_repository", "statistics")
+
+_MODEL_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?:/(?P<action>ready|config|stats|infer))?/?$")
+_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<name>[^/]+)/(?P<action>load|unload)/?$")
+_JSON = b"application/json"
+_PIPELINE_PLATFORM = "tessera_pipeline"
+
+
+class _OipError(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+class RepositoryActionError(Exception):
+    """What the control plane answered to a load or unload (`status`: its HTTP status, 503 when it is away)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+async def oip_handle(router: "Router", scope: dict, receive: Callable, send: Callable) -> None:
+    """Answer one `/v2...` request (see the module docstring)."""
+    path, method = scope["path"], scope["method"]
+    try:
+        if path in ("/v2", "/v2/"):
+            _method(method, "GET")
+            await _json(send, 200, {"name": "tessera-router", "version": _version(), "extensions": list(OIP_EXTENSIONS)})
+        elif path == "/v2/health/live":
+            _method(method, "GET")
+            await _json(send, 200, {"live": True})
+        elif path == "/v2/health/ready":
+            _method(method, "GET")
+            ready = router.tables.refreshes > 0 or bool(router.tables.apps)
+            await _json(send, 200 if ready else 400, {"ready": ready})
+        elif path in ("/v2/repository/index", "/v2/repository/index/"):
+            _method(method, "POST")
+            body = await _body(receive)
+            ready_only = _json_body(body, "the index request").get("ready", False) if body.strip() else False
+            await _json(send, 200, _repository_index(router, bool(ready_only)))
+        elif (m := _REPOSITORY_PATH.match(path)) is not None:
+            _method(method, "POST")
+            await _body(receive)
+            await _repository_action(router, m["action"], m["name"])
+            await _send(send, 200, b"", _JSON)
+        elif path in ("/v2/models/stats", "/v2/models/stats/"):
+            _method(method, "GET")
+            await _json(send, 200, {"model_stats": [s for app in sorted(router.tables.apps) for s in _stats(router, app, None)]})
+        elif (m := _MODEL_PATH.match(path)) is not None:
+            await _model(router, scope, receive, send, m["name"], m["version"], m["action"])
+        else:
+            raise _OipError(404, f"no such path {path}", "not_found")
+    except _OipError as exc:
+        await _json(send, exc.status, {"error": exc.message}, [(b"x-tessera-error-code", exc.code.encode())])
+
+
+async def _model(router: "Router", scope: dict, receive: Callable, send: Callable, name: str, version: str | None,
+                 action: str | None) -> None:
+    app = router.tables.apps.get(name)
+    pipeline = router.tables.pipelines.get(name) if app is None else None
+    if app is None and pipeline is None:
+        raise _OipError(404, f"Request for unknown model: '{name}' is not found", "unknown_model")
+    if action == "infer":
+        _method(scope["method"], "POST")
+        if app is not None:
+            await _application_infer(router, scope, receive, send, app, version)
+        else:
+            await _pipeline_infer(router, scope, receive, send, pipeline, version)  # type: ignore[arg-type]
+        return
+    _method(scope["method"], "GET")
+    if app is not None:
+        _version_known(app, version)
+    elif version is not None and version not in pipeline.paths:  # type: ignore[union-attr]
+        raise _OipError(404, f"Request for unknown model: '{name}' version '{version}' is not found (its versions are its paths: "
+                             f"{', '.join(pipeline.paths)})", "unknown_version")  # type: ignore[union-attr]
+    if action is None:
+        await _json(send, 200, _app_metadata(app, version) if app is not None else _pipeline_metadata(router, pipeline, version))
+    elif action == "ready":
+        ready = _app_ready(app, version) if app is not None else _pipeline_ready(router, pipeline, version)
+        await _send(send, 200 if ready else 400, b"", _JSON)
+    elif action == "config":
+        await _json(send, 200, _config(app, version) if app is not None else _pipeline_config(router, pipeline, version))
+    else:  # stats
+        if app is None:
+            raise _OipError(400, f"statistics are kept per application: ask for the stages of pipeline '{name}'", "unsupported")
+        await _json(send, 200, {"model_stats": _stats(router, name, version)})
+
+
+# --------------------------------------------------------------------------- inference
+
+
+async def _application_infer(router: "Router", scope: dict, receive: Callable, send: Callable, app: Application,
+                             version: str | None) -> None:
+    from workers.router.app import request_headers_parse  # the router's own module imports this one
+
+    t0 = time.monotonic()
+    if version is not None:
+        _version_known(app, version)
+    try:
+        request = request_headers_parse(scope["headers"])
+    except ValueError as exc:
+        raise _OipError(400, str(exc), "malformed") from None
+    body = await _body(receive)
+    budget_ms = _timeout_ms(body, request.header_length)
+    try:
+        status, reply, reply_body, variant = await router.application_infer(app, request, body, t0, variant=version, budget_ms=budget_ms)
+    except DispatchError as exc:
+        raise _OipError(exc.status, exc.message, exc.code) from None
+    if status != 200:
+        await _relay_refusal(send, status, reply_body, [(b"x-tessera-variant", variant.encode())])
+        return
+    headers = [(b"content-type", (reply.get("content_type") or "application/json").encode()),
+               (b"content-length", str(len(reply_body)).encode()), (b"x-tessera-variant", variant.encode())]
+    if reply.get("header_length") is not None:
+        headers.append((b"inference-header-content-length", str(reply["header_length"]).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": reply_body})
+
+
+async def _pipeline_infer(router: "Router", scope: dict, receive: Callable, send: Callable, pipeline: RouterPipeline,
+                          version: str | None) -> None:
+    from workers.router.app import request_headers_parse
+
+    t0 = time.monotonic()
+    try:
+        request = request_headers_parse(scope["headers"])
+    except ValueError as exc:
+        raise _OipError(400, str(exc), "malformed") from None
+    if request.header_length is not None:
+        raise _OipError(400, "pipelines take JSON tensors, not the binary tensor data extension", "malformed")
+    body = await _body(receive)
+    client_ms = request.deadline_ms
+    timeout_ms = _timeout_ms(body, None)
+    if timeout_ms is not None:
+        client_ms = timeout_ms if client_ms is None else min(client_ms, timeout_ms)
+    try:
+        status, reply_body, content_type, headers = await router.pipeline_infer(pipeline, version, body, t0, client_ms)
+    except PipelineError as exc:
+        raise _OipError(exc.status, exc.message, exc.code) from None
+    if status != 200:
+        await _relay_refusal(send, status, reply_body, headers)
+        return
+    await _send(send, status, reply_body, content_type, headers)
+
+
+def _timeout_ms(body: bytes, header_length: int | None) -> float | None:
+    """The request's `parameters.timeout` (Triton's, in microseconds) in milliseconds, or None. Only a JSON
+    header that mentions it is parsed here; the runtime decodes the tensors."""
+    head = body[:header_length] if header_length is not None else body
+    if b'"timeout"' not in head:
+        return None
+    params = _json_body(head, "the inference request").get("parameters")
+    timeout = params.get("timeout") if isinstance(params, dict) else None
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise _OipError(400, f"parameters.timeout must be a whole number of microseconds >= 0, got {timeout!r}", "malformed")
+    return timeout / 1000.0
+
+
+async def _relay_refusal(send: Callable, status: int, body: bytes, headers: list) -> None:
+    """A runtime's refusal (Tessera's error object) in the protocol's shape, its code in a header."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    if isinstance(error, dict):
+        message, code = str(error.get("message", "")), str(error.get("code", "error"))
+    else:
+        message, code = (error if isinstance(error, str) else body.decode("utf-8", "replace")), "error"
+    await _json(send, status, {"error": message}, [*headers, (b"x-tessera-error-code", code.encode())])
+
+
+# --------------------------------------------------------------------------- metadata, readiness, configuration
+
+
+def _model_doc(app: Application) -> dict:
+    model = app.table.get("model")
+    return model if isinstance(model, dict) else {}
+
+
+def _routed_variants(app: Application) -> list[str]:
+    return sorted({r.variant for r in app.routes.values() if r.variant and r.weight > 0})
+
+
+def _version_known(app: Application, version: str | None) -> None:
+    if version is None:
+        return
+    known = set(_model_doc(app).get("versions") or {}) | {r.variant for r in app.routes.values()}
+    if version not in known:
+        raise _OipError(404, f"Request for unknown model: '{app.name}' version '{version}' is not found "
+                             f"(its versions are its variants: {', '.join(sorted(known)) or 'none'})", "unknown_version")
+
+
+def _app_metadata(app: Application, version: str | None) -> dict:
+    model = _model_doc(app)
+    tensors = (model.get("versions") or {}).get(version, {}) if version is not None else model
+    return {"name": app.name, "versions": [version] if version is not None else _routed_variants(app),
+            "platform": model.get("platform", "onnxruntime_onnx"),
+            "inputs": list(tensors.get("inputs") or []), "outputs": list(tensors.get("outputs") or [])}
+
+
+def _app_ready(app: Application, version: str | None) -> bool:
+    return any(r.state == "ready" and r.endpoint is not None and r.weight > 0 and (version is None or r.variant == version)
+               for r in app.routes.values())
+
+
+def _config(app: Application, version: str | None) -> dict:
+    metadata = _app_metadata(app, version)
+    return {
+        "name": app.name, "platform": metadata["platform"], "backend": "onnxruntime",
+        # 0: the client's tensors carry their own batch axis (Triton's meaning); Tessera batches server-side.
+        "max_batch_size": 0,
+        "input": [_config_tensor(t) for t in metadata["inputs"]],
+        "output": [_config_tensor(t) for t in metadata["outputs"]],
+        "parameters": {"tessera_slo_ms": {"string_value": f"{app.slo_ms:g}"},
+                       "tessera_variants": {"string_value": ",".join(metadata["versions"])}},
+    }
+
+
+def _config_tensor(tensor: dict) -> dict:
+    return {"name": tensor["name"], "data_type": OIP_TO_TRITON_DATATYPE.get(tensor.get("datatype", ""), "TYPE_INVALID"),
+            "dims": list(tensor.get("shape") or [])}
+
+
+def _pipeline_stages(pipeline: RouterPipeline, version: str | None) -> tuple[str, ...]:
+    return pipeline.paths[version or pipeline.first_path][0]
+
+
+def _pipeline_metadata(router: "Router", pipeline: RouterPipeline, version: str | None) -> dict:
+    stages = _pipeline_stages(pipeline, version)
+    first, last = router.tables.apps.get(stages[0]), router.tables.apps.get(stages[-1])
+    return {"name": pipeline.name, "versions": [version] if version is not None else list(pipeline.paths),
+            "platform": _PIPELINE_PLATFORM,
+            "inputs": list(_model_doc(first).get("inputs") or []) if first else [],
+            "outputs": list(_model_doc(last).get("outputs") or []) if last else []}
+
+
+def _pipeline_ready(router: "Router", pipeline: RouterPipeline, version: str | None) -> bool:
+    return all(stage in router.tables.apps and _app_ready(router.tables.apps[stage], None)
+               for stage in _pipeline_stages(pipeline, version))
+
+
+def _pipeline_config(router: "Router", pipeline: RouterPipeline, version: str | None) -> dict:
+    metadata = _pipeline_metadata(router, pipeline, version)
+    stages = _pipeline_stages(pipeline, version)
+    slo_ms = pipeline.paths[version or pipeline.first_path][1]
+    return {"name": pipeline.name, "platform": _PIPELINE_PLATFORM, "max_batch_size": 0,
+            "input": [_config_tensor(t) for t in metadata["inputs"]], "output": [_config_tensor(t) for t in metadata["outputs"]],
+            "parameters": {"tessera_slo_ms": {"string_value": f"{slo_ms:g}"}, "tessera_stages": {"string_value": ",".join(stages)}}}
+
+
+def _stats(router: "Router", name: str, version: str | None) -> list[dict]:
+    """Triton's model statistics (extension_statistics.md) from what this router counted, per variant."""
+    per_variant = router.stats.application(name).per_variant()
+    rows = []
+    zero = {"count": 0, "ns": 0}
+    for variant, agg in sorted(per_variant.items()):
+        if version is not None and variant != version:
+            continue
+        rows.append({
+            "name": name, "version": variant, "last_inference": int(agg["last_ms"]),
+            "inference_count": int(agg["success"]), "execution_count": int(agg["success"]),
+            "inference_stats": {"success": {"count": int(agg["success"]), "ns": int(agg["success_us"] * 1000)},
+                                "fail": {"count": int(agg["failure"]), "ns": int(agg["failure_us"] * 1000)},
+                                # Measured by the runtimes, not here: their nv_inference_queue/compute_* metrics.
+                                "queue": dict(zero), "compute_input": dict(zero), "compute_infer": dict(zero),
+                                "compute_output": dict(zero), "cache_hit": dict(zero), "cache_miss": dict(zero)},
+            "batch_stats": [],
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- the model repository
+
+
+def _repository_index(router: "Router", ready_only: bool) -> list[dict]:
+    """One entry per application and variant the tables route (a table with no routes: one entry, UNAVAILABLE),
+    and one per pipeline path."""
+    entries: list[dict] = []
+    for name in sorted(router.tables.apps):
+        app = router.tables.apps[name]
+        variants = _routed_variants(app)
+        if not variants:
+            entries.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "the active plan gives it no capacity"})
+        for variant in variants:
+            ready = _app_ready(app, variant)
+            entries.append({"name": name, "version": variant, "state": "READY" if ready else "UNAVAILABLE",
+                            "reason": "" if ready else "no ready instance of this variant"})
+    for name in sorted(router.tables.pipelines):
+        pipeline = router.tables.pipelines[name]
+        for path in pipeline.paths:
+            ready = _pipeline_ready(router, pipeline, path)
+            entries.append({"name": name, "version": path, "state": "READY" if ready else "UNAVAILABLE",
+                            "reason": "" if ready else "a stage has no ready instance"})
+    return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+
+async def _repository_action(router: "Router", action: str, name: str) -> None:
+    if router.repository is None:
+        raise _OipError(501, "this router has no control plane to load or unload models through", "unsupported")
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.run_in_executor(None, router.repository, action, name)
+    except RepositoryActionError as exc:
+        raise _OipError(exc.status, exc.message, "repository") from None
+    await router.tables.refresh()  # the withdrawn or returned routes, now rather than at the next refresh
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _method(method: str, allowed: str) -> None:
+    if method != allowed and not (allowed == "GET" and method == "HEAD"):
+        raise _OipError(405, f"{method} is not allowed here; use {allowed}", "method_not_allowed")
+
+
+def _json_body(body: bytes, what: str) -> dict:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _OipError(400, f"{what} is not valid JSON: {exc}", "malformed") from None
+    if not isinstance(doc, dict):
+        raise _OipError(400, f"{what} must be a JSON object", "malformed")
+    return doc
+
+
+async def _json(send: Callable, status: int, doc: Any, extra: list | None = None) -> None:
+    await _send(send, status, orjson.dumps(doc), _JSON, extra)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("tessera")
+    except Exception:  # not installed as a distribution (a source checkout run in place)
+        return "0"
