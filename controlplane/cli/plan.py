@@ -1,13 +1,13 @@
-"""`tessera plan`: solve a planning problem, validate a plan."""
+"""`tessera plan`: solve a planning problem, validate a plan, export a stored plan for other servers."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
 
-from ._common import EXIT_INVALID, MPS_PLANNERS, PIPELINE_PLANNERS, PLANNERS, VERTICAL_PLANNERS, fail, number, plan_read, problem_read
+from ._common import EXIT_INVALID, MPS_PLANNERS, django_setup, PIPELINE_PLANNERS, PLANNERS, VERTICAL_PLANNERS, fail, number, plan_read, problem_read
 
-plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan.", no_args_is_help=True)
+plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan, export a stored plan.", no_args_is_help=True)
 
 
 def _verdict_echo(verdict) -> None:
@@ -131,3 +131,39 @@ def plan_validate_cmd(
     _verdict_echo(verdict)
     if not verdict.valid:
         raise typer.Exit(EXIT_INVALID)
+
+
+# What `plan export --format` writes: Triton model repositories (apps/planning/export.py).
+EXPORT_FORMATS = ("triton-repository",)
+
+
+@plan_app.command("export")
+def plan_export_cmd(
+    plan_id: int = typer.Argument(..., help="Id of a stored plan (GET /api/v1/plans/)"),
+    export_format: str = typer.Option(..., "--format", help="triton-repository: one Triton model repository per MIG instance, whole GPU, MPS partition or CPU allotment"),
+    out: Path = typer.Option(..., "--out", help="Folder to create (it must not exist, or be empty)"),
+) -> None:
+    """Export a stored plan for serving by other means; exit 0 when written, 2 when it cannot be (nothing is written).
+
+    --format triton-repository: a Triton model repository per instance (config.pbtxt and the ONNX file),
+    a launch.sh per host and index.json (docs/deploy.md)."""
+    if export_format not in EXPORT_FORMATS:
+        raise fail(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {export_format!r}")
+    django_setup()
+    from apps.planning.export import plan_triton_repository_export
+    from apps.planning.models import Plan
+    from engine.dataplane.triton import TritonExportError
+
+    plan = Plan.objects.filter(pk=plan_id).first()
+    if plan is None:
+        raise fail(f"no plan {plan_id}")
+    try:
+        export = plan_triton_repository_export(plan=plan, out=out)
+    except TritonExportError as exc:
+        raise fail(str(exc)) from exc
+    models = sum(len(server["models"]) for server in export.servers)
+    typer.echo(f"plan {plan.pk} ({plan.status}): {len(export.servers)} Triton server(s), {models} model(s), written to {out}")
+    for server in export.servers:
+        names = ", ".join(m["name"] for m in server["models"])
+        wait = f"   (set ${server['pending_device_variable']} first)" if server["pending_device_variable"] else ""
+        typer.echo(f"  {server['host']:<16} {server['server']:<20} port {server['ports']['http']}: {names}{wait}")
