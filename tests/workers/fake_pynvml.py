@@ -18,13 +18,15 @@
   instance count, past the compute slices or with a second media-extension instance; destroying a GPU
   instance that still has compute instances is IN_USE; GPU instance ids are the lowest free ones (NVML
   reuses them), MIG device UUIDs are never reused; whole-GPU utilisation is NOT_SUPPORTED under MIG; GPM
-  (per-instance activity) exists on Hopper and newer only and needs two samples; a GPU reset applies a
-  pending MIG mode and loses every MIG instance.
+  (per-instance or whole-GPU activity) exists on Hopper and newer only, needs two samples of the same
+  instance or GPU, and answers each requested metric with its own return code (NOT_SUPPORTED for one the
+  GPU does not compute, `FakeGpu.gpm_metrics_missing`); a GPU reset applies a pending MIG mode and loses
+  every MIG instance.
 
 Profiles, ids and placements come from the MIG catalogue; `FakeGpu.placements_override` and
 `profile_names_override` make the "hardware" disagree with it. Tests drive activity with
-`instance_activity_set` / `gpu_activity_set`, press the reset button with `gpu_reset`, and make the next
-call of a function fail with `fail_next`.
+`instance_activity_set` / `gpu_activity_set` (GPM figures by their telemetry names, `GPM_METRICS`), press
+the reset button with `gpu_reset`, and make the next call of a function fail with `fail_next`.
 """
 from __future__ import annotations
 
@@ -58,6 +60,16 @@ _CI_PROFILE_SLICES = {
 }
 _SMS_PER_SLICE = 14  # illustrative: 98 SMs over 7 slices, as on A100
 
+# GPM figures the fake keeps, by the backend's telemetry name -> NVML GPM metric id.
+GPM_METRICS = {
+    "gr_engine_active_pct": _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    "sm_active_pct": _pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy_pct": _pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active_pct": _pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
+    "dram_active_pct": _pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+}
+DRIVER_VERSION = "550.54.15"
+
 
 def _gi_profile_enum(profile: MigProfileSpec) -> int:
     """The NVML_GPU_INSTANCE_PROFILE_* enum of a catalogue profile."""
@@ -89,6 +101,13 @@ def _out(ref: Any) -> Any:
     raise TypeError(f"expected ctypes.byref(...) or a pointer, got {type(ref).__name__}")
 
 
+def _gpm_figures(figures: dict[str, float]) -> dict[str, float]:
+    unknown = sorted(set(figures) - set(GPM_METRICS))
+    if unknown:
+        raise TypeError(f"unknown GPM figures {unknown} (known: {sorted(GPM_METRICS)})")
+    return {name: float(value) for name, value in figures.items() if value is not None}
+
+
 def _address(handle: Any) -> int | None:
     if not isinstance(handle, ctypes._Pointer):
         raise TypeError(f"expected an NVML handle (a ctypes pointer), got {type(handle).__name__}")
@@ -112,9 +131,14 @@ class FakeGpu:
     # profile name -> the name the v2 profile info gives it instead.
     profile_names_override: dict[str, str] = field(default_factory=dict)
     gpm_supported: bool | None = None  # default: as NVML, Hopper (H100, H200) and newer only
+    # GPM metric names (GPM_METRICS keys) this GPU does not compute: NOT_SUPPORTED for that metric alone.
+    gpm_metrics_missing: tuple[str, ...] = ()
     utilization_pct: float = 0.0
     power_w: float = 60.0
     memory_used_mb: float = 0.0
+    temperature_c: int = 40
+    # the whole GPU's GPM figures (read while MIG is off), by GPM_METRICS name
+    activity: dict[str, float] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- NVML objects
@@ -182,6 +206,7 @@ class _Device(_Obj):
                 self.profiles[enum] = _FakeProfile(enum, profile, placements, f"MIG {nvml_name}")
         hopper = self.spec is not None and self.spec.name.startswith(("H100", "H200"))
         self.gpm_supported = hopper if config.gpm_supported is None else config.gpm_supported
+        self.pci_bus_id = f"00000000:{0x07 + index:02X}:00.0"  # NVML's domain:bus:device.function
 
     def profile_by_id(self, profile_id: int) -> _FakeProfile | None:
         return next((p for p in self.profiles.values() if p.profile_id == profile_id), None)
@@ -203,7 +228,7 @@ class _GpuInstance(_Obj):
         super().__init__()
         self.device, self.gi_id, self.profile, self.start, self.size = device, gi_id, profile, start, size
         self.compute_instances: dict[int, _ComputeInstance] = {}
-        self.activity_pct = 0.0
+        self.activity: dict[str, float] = {}  # GPM figures by GPM_METRICS name; unset ones read 0
         self.memory_used_mb = 0.0
 
     @property
@@ -236,7 +261,8 @@ class _GpmSample(_Obj):
 
     def __init__(self) -> None:
         super().__init__()
-        self.taken: tuple[int, int, int, float] | None = None  # (device index, gi id, sequence, activity)
+        # (device index, gi id or -1 for the whole GPU, sequence, GPM figures at the time)
+        self.taken: tuple[int, int, int, dict[str, float]] | None = None
 
 
 def _api(fn: Callable) -> Callable:
@@ -262,7 +288,8 @@ class FakeNvml:
     """The fake ``pynvml`` module. Its state (MIG modes, instances) lives as long as the object, like a
     GPU's across agent restarts: hand the same object to successive backends."""
 
-    def __init__(self, gpus: Sequence[FakeGpu | str] = ()) -> None:
+    def __init__(self, gpus: Sequence[FakeGpu | str] = (), *, driver_version: str = DRIVER_VERSION) -> None:
+        self.driver_version = driver_version
         self.devices = [_Device(i, g if isinstance(g, FakeGpu) else FakeGpu(g)) for i, g in enumerate(gpus)]
         self.calls: list[str] = []
         self._init_count = 0
@@ -305,8 +332,9 @@ class FakeNvml:
 
     def gpu_activity_set(
         self, index: int, *, utilization_pct: float | None = None, power_w: float | None = None,
-        memory_used_mb: float | None = None,
+        memory_used_mb: float | None = None, temperature_c: int | None = None, **gpm: float,
     ) -> None:
+        """The whole GPU's readings; `gpm`: GPM figures by GPM_METRICS name."""
         config = self.devices[index].config
         if utilization_pct is not None:
             config.utilization_pct = utilization_pct
@@ -314,14 +342,16 @@ class FakeNvml:
             config.power_w = power_w
         if memory_used_mb is not None:
             config.memory_used_mb = memory_used_mb
+        if temperature_c is not None:
+            config.temperature_c = temperature_c
+        config.activity.update(_gpm_figures(gpm))
 
     def instance_activity_set(
-        self, index: int, placement: str, *, gr_engine_active_pct: float | None = None,
-        memory_used_mb: float | None = None,
+        self, index: int, placement: str, *, memory_used_mb: float | None = None, **gpm: float,
     ) -> None:
+        """A MIG instance's readings; `gpm`: GPM figures by GPM_METRICS name (gr_engine_active_pct, ...)."""
         gi = self._gi_at(index, str(placement_parse(str(placement))))
-        if gr_engine_active_pct is not None:
-            gi.activity_pct = gr_engine_active_pct
+        gi.activity.update(_gpm_figures(gpm))
         if memory_used_mb is not None:
             gi.memory_used_mb = memory_used_mb
 
@@ -424,6 +454,22 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return int(round(self._parent(handle).config.power_w * 1000))  # milliwatts
+
+    @_api
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        if sensor != _pynvml.NVML_TEMPERATURE_GPU:
+            _fail(_pynvml.NVML_ERROR_INVALID_ARGUMENT)  # the GPU die is the only sensor NVML defines
+        return int(self._parent(handle).config.temperature_c)
+
+    @_api
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        info = _pynvml.nvmlPciInfo_t()
+        info.busId = self._parent(handle).pci_bus_id.encode()  # bytes in the structure, as pynvml returns it
+        return info
+
+    @_api
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver_version  # pynvml decodes this one to str
 
     # ------------------------------------------------------------------ MIG mode
 
@@ -686,6 +732,16 @@ class FakeNvml:
         self._retire(self._resolve(gpmSample, _GpmSample))
 
     @_api
+    def nvmlGpmSampleGet(self, device: Any, gpmSample: Any) -> Any:
+        parent = self._parent(device)
+        sample = self._resolve(gpmSample, _GpmSample)
+        if not parent.gpm_supported:
+            _fail(_pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_sequence += 1
+        sample.taken = (parent.index, -1, self._gpm_sequence, dict(parent.config.activity))
+        return gpmSample
+
+    @_api
     def nvmlGpmMigSampleGet(self, device: Any, gpuInstanceId: int, gpmSample: Any) -> Any:
         parent = self._parent(device)
         sample = self._resolve(gpmSample, _GpmSample)
@@ -695,7 +751,7 @@ class FakeNvml:
         if gi is None:
             _fail(_pynvml.NVML_ERROR_INVALID_ARGUMENT)
         self._gpm_sequence += 1
-        sample.taken = (parent.index, gi.gi_id, self._gpm_sequence, gi.activity_pct)
+        sample.taken = (parent.index, gi.gi_id, self._gpm_sequence, dict(gi.activity))
         return gpmSample
 
     @_api
@@ -707,10 +763,13 @@ class FakeNvml:
         # Two samples of the same instance, in order: the metric is what happened between them.
         if first is None or second is None or first[:2] != second[:2] or first[2] >= second[2]:
             _fail(_pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        missing = {GPM_METRICS[name] for name in self.devices[second[0]].config.gpm_metrics_missing}
+        by_id = {metric_id: name for name, metric_id in GPM_METRICS.items()}
         for k in range(metricsGet.numMetrics):
             metric = metricsGet.metrics[k]
-            if metric.metricId == _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
-                metric.value, metric.nvmlReturn = second[3], _pynvml.NVML_SUCCESS
-            else:
+            name = by_id.get(metric.metricId)
+            if name is None or metric.metricId in missing:
                 metric.value, metric.nvmlReturn = 0.0, _pynvml.NVML_ERROR_NOT_SUPPORTED
+            else:  # what the instance did between the samples: the figures set before the second one
+                metric.value, metric.nvmlReturn = second[3].get(name, 0.0), _pynvml.NVML_SUCCESS
         return metricsGet

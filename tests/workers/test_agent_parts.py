@@ -31,7 +31,8 @@ def test_exporter_uses_dcgm_names_and_merges_the_runtimes_metrics() -> None:
     telemetry = [
         GpuTelemetry(index=0, uuid="GPU-a", utilization_pct=None, memory_used_mb=9000.0, power_w=210.0, simulated=True,
                      instances=(MigInstanceTelemetry(Placement("3g.20gb", 4), "MIG-x", 64.0, 8000.0),)),
-        GpuTelemetry(index=1, uuid="GPU-b", utilization_pct=37.0, memory_used_mb=100.0, power_w=None, simulated=False, instances=()),
+        GpuTelemetry(index=1, uuid="GPU-b", utilization_pct=37.0, memory_used_mb=100.0, power_w=None, simulated=False, instances=(),
+                     pci_bus_id="00000000:08:00.0", driver_version="550.54.15"),
     ]
     exporter.update(telemetry, gi_ids={(0, "3g.20gb@4"): 2}, model_names={0: "NVIDIA A100-SXM4-40GB", 1: "NVIDIA L4"})
     exporter.runtime_metrics = lambda: [runtime_text("gpu0/3g.20gb@4", 3), runtime_text("gpu0/4g.20gb@0", 5)]
@@ -40,20 +41,26 @@ def test_exporter_uses_dcgm_names_and_merges_the_runtimes_metrics() -> None:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         exporter.close()
-    gpu_a = 'GPU_I_ID="",GPU_I_PROFILE="",Hostname="gpu-host-1",UUID="GPU-a",gpu="0",modelName="NVIDIA A100-SXM4-40GB",simulated="true"'
-    mig = 'GPU_I_ID="2",GPU_I_PROFILE="3g.20gb",Hostname="gpu-host-1",UUID="MIG-x",gpu="0",modelName="NVIDIA A100-SXM4-40GB",simulated="true"'
+    # dcgm-exporter's labels: the GPU's UUID on a MIG instance's series too, GPU_I_* only there, device from the
+    # index, pci_bus_id empty where there is no bus (simulated GPUs), plus Tessera's `simulated`.
+    gpu_a = 'Hostname="gpu-host-1",UUID="GPU-a",device="nvidia0",gpu="0",modelName="NVIDIA A100-SXM4-40GB",pci_bus_id="",simulated="true"'
+    mig = ('GPU_I_ID="2",GPU_I_PROFILE="3g.20gb",Hostname="gpu-host-1",UUID="GPU-a",device="nvidia0",gpu="0",'
+           'modelName="NVIDIA A100-SXM4-40GB",pci_bus_id="",simulated="true"')
+    assert "# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge" in text
     assert f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{mig}}} 0.64" in text
     assert f"DCGM_FI_DEV_FB_USED{{{mig}}} 8000.0" in text and f"DCGM_FI_DEV_FB_USED{{{gpu_a}}} 9000.0" in text
     assert f"DCGM_FI_DEV_POWER_USAGE{{{gpu_a}}} 210.0" in text
     assert "DCGM_FI_DEV_GPU_UTIL{" + gpu_a not in text  # not reported under MIG, rather than 0
-    assert 'DCGM_FI_DEV_GPU_UTIL{GPU_I_ID="",GPU_I_PROFILE="",Hostname="gpu-host-1",UUID="GPU-b",gpu="1",modelName="NVIDIA L4",simulated="false"} 37.0' in text
+    assert "DCGM_FI_PROF_SM_ACTIVE" not in text  # no backend read it: absent, not 0
+    assert ('DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION="550.54.15",Hostname="gpu-host-1",UUID="GPU-b",device="nvidia1",gpu="1",'
+            'modelName="NVIDIA L4",pci_bus_id="00000000:08:00.0",simulated="false"} 37.0') in text
     # Both runtimes' Triton counters, under one family each (Triton's names have no _total).
     success = [line for line in text.splitlines() if line.startswith("nv_inference_request_success{")]
     assert len(success) == 2 and text.count("# TYPE nv_inference_request_success counter") == 1
     assert any('instance="h/gpu0/4g.20gb@0"' in line and line.endswith(" 5.0") for line in success)
     # A GPU instance that is gone is dropped from the exposition.
     exporter.update(telemetry[1:])
-    assert "MIG-x" not in exporter.scrape().decode()
+    assert "GPU_I_PROFILE" not in exporter.scrape().decode()
 
 
 def client_with(handler) -> ControlPlaneClient:

@@ -8,7 +8,9 @@ import shutil
 import subprocess
 
 from tests.conftest import service_unavailable
-from workers.agent.exporter import AgentExporter
+from tests.workers.fake_pynvml import FakeGpu, FakeNvml
+from workers.agent.backends.nvml import NvmlBackend
+from workers.agent.exporter import DCGM_FIELDS, AgentExporter
 from workers.metrics import RouterStats, RuntimeStats
 
 BORROWED = ("nv_inference_", "DCGM_FI_")
@@ -55,5 +57,12 @@ def test_the_agent_exporters_exposition_lints_clean_but_for_dcgms_names() -> Non
     runtime = RuntimeStats()
     runtime.instance(key="gpu0", application="classify", variant="resnet50").served(3.0)
     exporter = AgentExporter(hostname="h", runtime_metrics=lambda: [runtime.exposition()])
-    exporter.fb_used.labels("0", "GPU-1", "NVIDIA A100", "", "", "h", "true").set(1024.0)
-    assert _own(_lint(exporter.scrape())) == []
+    # Every DCGM family: a Hopper GPU with MIG (per-instance GPM) and one without (whole-GPU GPM), read twice.
+    fake = FakeNvml([FakeGpu("H100-SXM5-80GB", mig_enabled=True), "H100-SXM5-80GB"])
+    with NvmlBackend(nvml=fake) as backend:
+        backend.mig_instance_create(0, "3g.40gb@4")
+        backend.telemetry()
+        exporter.update(backend.telemetry(), gi_ids={(0, "3g.40gb@4"): 1})
+    text = exporter.scrape()
+    assert all(f"# TYPE {name} gauge".encode() in text for name, *_ in DCGM_FIELDS.values())
+    assert _own(_lint(text)) == []

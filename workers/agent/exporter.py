@@ -1,8 +1,14 @@
-"""The agent's Prometheus `/metrics` (names in docs/dataplane.md):
+"""The agent's Prometheus `/metrics` (names in docs/metrics.md):
 
-- GPU telemetry under the DCGM exporter's names, set by the agent every second. As in DCGM, a MIG
-  instance's series carry `GPU_I_PROFILE` and `GPU_I_ID`, a whole GPU's have them empty, and plain
-  utilisation is absent under MIG (NVML does not report it there; the graphics-engine activity is).
+- GPU telemetry as NVIDIA's dcgm-exporter writes it, set by the agent every second: the same metric names,
+  HELP texts (etc/default-counters.csv, etc/dcp-metrics-included.csv), types (gauges), units (MiB, W, C,
+  %, profiling figures as ratios 0..1) and labels (internal/pkg/rendermetrics/render_metrics.go:
+  `gpu`, `UUID` (the GPU's, on a MIG instance's series too), `pci_bus_id`, `device` ("nvidia<gpu>"),
+  `modelName`, `GPU_I_PROFILE` and `GPU_I_ID` on MIG instances' series only, `Hostname` (as released up
+  to 4.5.3-4.8.2; the exporter's main branch has since renamed it `hostname`), and the driver's version
+  as `DCGM_FI_DRIVER_VERSION`, a "label" field of the default counters), plus Tessera's `simulated`.
+  A figure the backend cannot read is absent, never 0: plain utilisation under MIG (NVML does not report
+  it there), profiling figures without GPM (before Hopper), the first second of GPM (it needs two samples).
 - Each runtime's own counters and histograms (Triton's `nv_inference_*` and Tessera's), read from the
   runtime at scrape time (its `metrics` frame) and merged in: they are cumulative in the runtime process,
   so they survive an agent restart, and nothing is counted twice.
@@ -16,27 +22,61 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from workers.metrics import exposition_merge
 
-__all__ = ["AgentExporter"]
+__all__ = ["DCGM_FIELDS", "AgentExporter"]
 
 log = logging.getLogger("tessera.agent")
 
-_LABELS = ("gpu", "UUID", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "Hostname", "simulated")
+
+def _whole(value: float) -> float:
+    return float(int(value))  # DCGM's integer fields (MiB, %, C) carry no fraction
+
+
+def _ratio(percent: float) -> float:
+    return percent / 100.0  # DCGM's profiling fields are ratios
+
+
+def _same(value: float) -> float:
+    return float(value)
+
+
+# Telemetry attribute -> (DCGM field, dcgm-exporter's HELP text, conversion, read on MIG instances too).
+DCGM_FIELDS: dict[str, tuple[str, str, Callable[[float], float], bool]] = {
+    "utilization_pct": ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _whole, False),
+    "memory_used_mb": ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", _whole, True),
+    "memory_free_mb": ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", _whole, True),
+    "power_w": ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", _same, False),
+    "temperature_c": ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", _whole, False),
+    "gr_engine_active_pct": ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", _ratio, True),
+    "sm_active_pct": ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.", _ratio, True),
+    "sm_occupancy_pct": ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.", _ratio, True),
+    "tensor_active_pct": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active.", _ratio, True),
+    "dram_active_pct": ("DCGM_FI_PROF_DRAM_ACTIVE",
+                        "Ratio of cycles the device memory interface is active sending or receiving data.", _ratio, True),
+}
+
+
+class _GpuCollector:
+    """The GPU families as of the last `AgentExporter.update` (built there, handed out at each scrape)."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
 class AgentExporter:
     def __init__(self, *, hostname: str, runtime_metrics: Callable[[], list[bytes]] | None = None) -> None:
         self.hostname = hostname
         self.runtime_metrics = runtime_metrics or (lambda: [])  # set by the agent: one text per runtime
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.gpu_util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilisation (%); absent on MIG-enabled GPUs", _LABELS, registry=r)
-        self.gr_active = Gauge("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Graphics engine active ratio (0..1)", _LABELS, registry=r)
-        self.fb_used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (MiB)", _LABELS, registry=r)
-        self.power = Gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (W)", _LABELS, registry=r)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._gpus = _GpuCollector()
+        self.registry.register(self._gpus)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -48,30 +88,34 @@ class AgentExporter:
         model_names: dict[int, str] | None = None,
     ) -> None:
         """One reading of every GPU (`GpuTelemetry`); `gi_ids`: (GPU index, placement) -> NVML GPU
-        instance id; `model_names`: GPU index -> NVML name. Series of GPUs and instances that are gone are
-        dropped, so a destroyed MIG instance does not linger at its last value."""
+        instance id; `model_names`: GPU index -> NVML name. The families are rebuilt from this reading
+        alone, so a destroyed MIG instance does not linger at its last value."""
         gi_ids = gi_ids or {}
         model_names = model_names or {}
+        families = {attribute: GaugeMetricFamily(name, help_text) for attribute, (name, help_text, _, _) in DCGM_FIELDS.items()}
+
+        def add(attribute: str, labels: dict[str, str], value: float | None) -> None:
+            if value is None:
+                return  # not read: absent, as in DCGM
+            name, _, convert, _ = DCGM_FIELDS[attribute]
+            families[attribute].add_sample(name, labels, convert(value))
+
+        for gpu in telemetry:
+            labels = {"gpu": str(gpu.index), "UUID": gpu.uuid, "pci_bus_id": gpu.pci_bus_id, "device": f"nvidia{gpu.index}",
+                      "modelName": model_names.get(gpu.index, "")}
+            tail = {"Hostname": self.hostname, "simulated": "true" if gpu.simulated else "false"}
+            if gpu.driver_version:
+                tail["DCGM_FI_DRIVER_VERSION"] = gpu.driver_version
+            for attribute in DCGM_FIELDS:
+                add(attribute, {**labels, **tail}, getattr(gpu, attribute))
+            for instance in gpu.instances:
+                gi_id = gi_ids.get((gpu.index, str(instance.placement)))
+                mig = {**labels, "GPU_I_PROFILE": instance.placement.profile, "GPU_I_ID": "" if gi_id is None else str(gi_id), **tail}
+                for attribute, (_, _, _, per_instance) in DCGM_FIELDS.items():
+                    if per_instance:
+                        add(attribute, mig, getattr(instance, attribute))
         with self._lock:
-            for gauge in (self.gpu_util, self.gr_active, self.fb_used, self.power):
-                gauge.clear()
-            for gpu in telemetry:
-                simulated = "true" if gpu.simulated else "false"
-                whole = (str(gpu.index), gpu.uuid, model_names.get(gpu.index, ""), "", "", self.hostname, simulated)
-                if gpu.utilization_pct is not None:
-                    self.gpu_util.labels(*whole).set(gpu.utilization_pct)
-                self.fb_used.labels(*whole).set(gpu.memory_used_mb or 0.0)
-                if gpu.power_w is not None:
-                    self.power.labels(*whole).set(gpu.power_w)
-                for instance in gpu.instances:
-                    placement = str(instance.placement)
-                    gi_id = gi_ids.get((gpu.index, placement))
-                    mig = (str(gpu.index), instance.uuid, model_names.get(gpu.index, ""), instance.placement.profile,
-                           "" if gi_id is None else str(gi_id), self.hostname, simulated)
-                    if instance.gr_engine_active_pct is not None:
-                        self.gr_active.labels(*mig).set(instance.gr_engine_active_pct / 100.0)
-                    if instance.memory_used_mb is not None:
-                        self.fb_used.labels(*mig).set(instance.memory_used_mb)
+            self._gpus.families = [family for family in families.values() if family.samples]
 
     def scrape(self) -> bytes:
         """The whole exposition: the GPUs' gauges and every runtime's metrics."""

@@ -101,18 +101,28 @@ class GpuInfo:
 class MigInstanceTelemetry:
     """Activity of one MIG instance. `gr_engine_active_pct` follows DCGM's GR_ENGINE_ACTIVE (as a
     percentage); None where the hardware cannot measure it (NVML's GPM needs Hopper or newer), never a
-    made-up number."""
+    made-up number. So do the other profiling figures, each DCGM's field of the same name as a percentage:
+    `sm_active_pct` (SM_ACTIVE), `sm_occupancy_pct` (SM_OCCUPANCY), `tensor_active_pct`
+    (PIPE_TENSOR_ACTIVE), `dram_active_pct` (DRAM_ACTIVE)."""
 
     placement: Placement
     uuid: str
     gr_engine_active_pct: float | None
     memory_used_mb: float | None
+    memory_free_mb: float | None = None
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_active_pct: float | None = None
 
 
 @dataclass(frozen=True)
 class GpuTelemetry:
     """One GPU's sample for the metrics post. `utilization_pct` is None on a MIG-enabled GPU: NVML does
-    not report whole-GPU utilisation there, only per-instance activity (`instances`)."""
+    not report whole-GPU utilisation there, only per-instance activity (`instances`). The profiling
+    figures (`gr_engine_active_pct` and the rest, as on `MigInstanceTelemetry`) are the whole GPU's, read
+    only while MIG is off; `pci_bus_id` ("00000000:07:00.0", NVML's form) and `driver_version` are ""
+    where there is no such thing (simulated GPUs)."""
 
     index: int
     uuid: str
@@ -121,6 +131,15 @@ class GpuTelemetry:
     power_w: float | None
     simulated: bool
     instances: tuple[MigInstanceTelemetry, ...] = ()
+    memory_free_mb: float | None = None
+    temperature_c: float | None = None
+    gr_engine_active_pct: float | None = None
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_active_pct: float | None = None
+    pci_bus_id: str = ""
+    driver_version: str = ""
 
 
 @runtime_checkable

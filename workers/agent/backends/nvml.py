@@ -18,8 +18,10 @@ How NVML is used, and why:
 - ctypes conventions. pynvml declares no argtypes, so pointers are passed explicitly (``byref``) and
   lists come back through arrays the caller allocates, as the C API expects.
 - Activity. NVML reports no utilisation on a MIG-enabled GPU; per-instance activity comes from GPM
-  (``NVML_GPM_METRIC_GRAPHICS_UTIL`` between two samples, Hopper and newer). Where GPM is missing the
-  backend reports None, never an estimate.
+  (``nvmlGpmMigSampleGet``; on a GPU without MIG, ``nvmlGpmSampleGet``), computed between two samples
+  (Hopper and newer): graphics activity, SMs busy, warp occupancy, HMMA tensor activity and DRAM
+  bandwidth, in one ``nvmlGpmMetricsGet`` (`_GPM_METRICS`). Where GPM is missing, or NVML does not
+  compute one of them, the backend reports None, never an estimate.
 
 - MPS (issue 17). NVML has no MPS switch: MPS mode is the GPU's MPS control daemon running
   (backends/mps.py), one per GPU under `mps_dir`, refused while MIG is enabled (a GPU is partitioned one
@@ -58,6 +60,18 @@ __all__ = ["NvmlBackend"]
 
 _MIB = 1024 * 1024
 _T = TypeVar("_T")
+# Telemetry field <- NVML GPM metric (NVML API reference, "GPM Enums", nvmlGpmMetricId_t), each 0..100 %
+# and the counterpart of the DCGM profiling field the exporter names (DCGM user guide, "Profiling Metrics"):
+# GRAPHICS_UTIL ~ GR_ENGINE_ACTIVE, SM_UTIL ~ SM_ACTIVE, SM_OCCUPANCY ~ SM_OCCUPANCY,
+# HMMA_TENSOR_UTIL ~ PIPE_TENSOR_ACTIVE (DCGM's "tensor (HMMA) pipe"), DRAM_BW_UTIL ~ DRAM_ACTIVE.
+_GPM_METRICS = (
+    ("gr_engine_active_pct", "NVML_GPM_METRIC_GRAPHICS_UTIL"),
+    ("sm_active_pct", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor_active_pct", "NVML_GPM_METRIC_HMMA_TENSOR_UTIL"),
+    ("dram_active_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+)
+_NO_ACTIVITY: dict[str, float | None] = {name: None for name, _ in _GPM_METRICS}
 
 
 @dataclass(frozen=True)
@@ -128,7 +142,9 @@ class NvmlBackend:
         self._lock = threading.RLock()
         self._profiles: dict[str, dict[str, _Profile]] = {}  # GPU uuid -> profiles (while MIG is on)
         self._gpm_support: dict[str, bool] = {}
-        self._gpm_samples: dict[tuple[str, int, Placement], Any] = {}
+        # (GPU uuid, GPU instance id, placement), or (GPU uuid, -1, None) for a whole GPU -> the last GPM sample
+        self._gpm_samples: dict[tuple[str, int, Placement | None], Any] = {}
+        self._driver_version: str | None = None
         self._closed = False
         try:
             nvml.nvmlInit()
@@ -294,7 +310,8 @@ class NvmlBackend:
         nvml = self._nvml
         with self._lock, self._reported("reading telemetry"):
             samples: list[GpuTelemetry] = []
-            live: set[tuple[str, int, Placement]] = set()
+            live: set[tuple[str, int, Placement | None]] = set()
+            driver_version = self._driver()
             for index in range(nvml.nvmlDeviceGetCount()):
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = nvml.nvmlDeviceGetUUID(handle)
@@ -302,22 +319,39 @@ class NvmlBackend:
                 power_mw = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
                 instances: tuple[MigInstanceTelemetry, ...] = ()
                 utilization = None
+                activity = _NO_ACTIVITY
                 if enabled:
                     instances = self._instances_telemetry(uuid, handle, live)
                 else:
                     rates = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
                     utilization = None if rates is None else float(rates.gpu)
+                    activity = self._gpm_activity(uuid, handle, None, live)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                temperature = self._optional(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+                pci = self._optional(lambda: nvml.nvmlDeviceGetPciInfo(handle))
                 samples.append(GpuTelemetry(
                     index=index,
                     uuid=uuid,
                     utilization_pct=utilization,
-                    memory_used_mb=nvml.nvmlDeviceGetMemoryInfo(handle).used / _MIB,
+                    memory_used_mb=memory.used / _MIB,
+                    memory_free_mb=memory.free / _MIB,
                     power_w=None if power_mw is None else power_mw / 1000.0,
+                    temperature_c=None if temperature is None else float(temperature),
                     simulated=False,
                     instances=instances,
+                    pci_bus_id="" if pci is None else _c_text(pci.busId),
+                    driver_version=driver_version,
+                    **activity,
                 ))
-            self._gpm_forget(set(self._gpm_samples) - live)  # instances gone since the last call
+            self._gpm_forget(set(self._gpm_samples) - live)  # instances (or whole-GPU modes) gone since the last call
             return samples
+
+    def _driver(self) -> str:
+        """The driver's version (""  where NVML does not say), read once: it cannot change under a loaded NVML."""
+        if self._driver_version is None:
+            version = self._optional(self._nvml.nvmlSystemGetDriverVersion)
+            self._driver_version = "" if version is None else _c_text(version)
+        return self._driver_version
 
     def catalogue_disagreements(self) -> list[str]:
         with self._lock, self._reported("comparing MIG profiles with the catalogue"):
@@ -640,7 +674,7 @@ class NvmlBackend:
     # ------------------------------------------------------------------ activity
 
     def _instances_telemetry(
-        self, uuid: str, handle: Any, live: set[tuple[str, int, Placement]]
+        self, uuid: str, handle: Any, live: set[tuple[str, int, Placement | None]]
     ) -> tuple[MigInstanceTelemetry, ...]:
         nvml = self._nvml
         table = self._profile_table(uuid, nvml.nvmlDeviceGetName(handle), handle)
@@ -648,15 +682,15 @@ class NvmlBackend:
         rows = []
         for gi in self._gpu_instances(handle, table):
             mig = migs.get(gi.gpu_instance_id)
-            memory = None
+            info = None
             if mig is not None:
                 info = self._optional(lambda: nvml.nvmlDeviceGetMemoryInfo(mig.handle))
-                memory = None if info is None else info.used / _MIB
             rows.append(MigInstanceTelemetry(
                 placement=gi.placement,
                 uuid=mig.uuid if mig is not None else "",
-                gr_engine_active_pct=self._graphics_activity(uuid, handle, gi, live),
-                memory_used_mb=memory,
+                memory_used_mb=None if info is None else info.used / _MIB,
+                memory_free_mb=None if info is None else info.free / _MIB,
+                **self._gpm_activity(uuid, handle, gi, live),
             ))
         return tuple(rows)
 
@@ -673,43 +707,51 @@ class NvmlBackend:
             self._gpm_support[uuid] = supported
         return self._gpm_support[uuid]
 
-    def _graphics_activity(
-        self, uuid: str, handle: Any, gi: _GpuInstance, live: set[tuple[str, int, Placement]]
-    ) -> float | None:
-        """GPM's graphics activity of a GPU instance since the previous call (None the first time, and
-        where GPM is missing): GPM metrics are computed between two samples, so one is kept per
-        instance from one telemetry call to the next."""
+    def _gpm_activity(
+        self, uuid: str, handle: Any, gi: _GpuInstance | None, live: set[tuple[str, int, Placement | None]]
+    ) -> dict[str, float | None]:
+        """GPM's activity figures (`_GPM_METRICS`) of a GPU instance, or of the whole GPU when `gi` is None,
+        since the previous call: all None the first time and where GPM is missing, one None where NVML
+        does not compute that metric. GPM metrics are computed between two samples, so one is kept per
+        instance (or GPU) from one telemetry call to the next."""
         if not self._gpm_supported(uuid, handle):
-            return None
+            return _NO_ACTIVITY
         nvml = self._nvml
-        key = (uuid, gi.gpu_instance_id, gi.placement)  # ids are reused: the placement tells instances apart
+        # GPU instance ids are reused: the placement tells instances apart.
+        key = (uuid, -1, None) if gi is None else (uuid, gi.gpu_instance_id, gi.placement)
         live.add(key)
         sample = nvml.nvmlGpmSampleAlloc()
         try:
-            nvml.nvmlGpmMigSampleGet(handle, gi.gpu_instance_id, sample)
+            if gi is None:
+                nvml.nvmlGpmSampleGet(handle, sample)
+            else:
+                nvml.nvmlGpmMigSampleGet(handle, gi.gpu_instance_id, sample)
         except nvml.NVMLError:
             nvml.nvmlGpmSampleFree(sample)
-            return None
+            return _NO_ACTIVITY
         previous = self._gpm_samples.get(key)
         self._gpm_samples[key] = sample
         if previous is None:
-            return None
+            return _NO_ACTIVITY
         try:
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = 1
+            request.numMetrics = len(_GPM_METRICS)
             request.sample1, request.sample2 = previous, sample
-            request.metrics[0].metricId = nvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+            for k, (_, metric_id) in enumerate(_GPM_METRICS):
+                request.metrics[k].metricId = getattr(nvml, metric_id)
             try:
                 nvml.nvmlGpmMetricsGet(request)
             except nvml.NVMLError:
-                return None
-            metric = request.metrics[0]
-            return float(metric.value) if metric.nvmlReturn == nvml.NVML_SUCCESS else None
+                return _NO_ACTIVITY
+            return {
+                name: float(request.metrics[k].value) if request.metrics[k].nvmlReturn == nvml.NVML_SUCCESS else None
+                for k, (name, _) in enumerate(_GPM_METRICS)
+            }
         finally:
             nvml.nvmlGpmSampleFree(previous)
 
-    def _gpm_forget(self, keys: set[tuple[str, int, Placement]]) -> None:
+    def _gpm_forget(self, keys: set[tuple[str, int, Placement | None]]) -> None:
         for key in keys:
             sample = self._gpm_samples.pop(key, None)
             if sample is not None:
@@ -738,6 +780,11 @@ def _instance_info(gi: _GpuInstance, mig: _MigDevice | None) -> MigInstanceInfo:
         gpu_instance_id=gi.gpu_instance_id,
         compute_instance_id=mig.compute_instance_id if mig is not None else None,
     )
+
+
+def _c_text(raw: bytes | str) -> str:
+    """A C string from pynvml (bytes in structures, str from its decorated getters) as text."""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _slices_text(slices: list[int]) -> str:

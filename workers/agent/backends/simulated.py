@@ -14,9 +14,10 @@ With a `state_file`, the GPUs' state (MIG mode and instances) is written after e
 instances when the agent dies, so a killed and restarted agent must find the instances it made before.
 
 Telemetry is derived from a load the agent feeds (`set_load`, the fraction of the last interval a
-runtime was busy): utilisation or graphics activity is that fraction, memory and power grow with it.
-The memory and power figures are illustrative, chosen to look plausible on a dashboard; nothing is
-measured.
+runtime was busy): utilisation and graphics activity are that fraction, SM activity a fixed share of it,
+memory and power grow with it. The SM, memory and power figures are illustrative, chosen to look
+plausible on a dashboard; nothing is measured. Figures a simulation has nothing to derive from (SM
+occupancy, tensor and DRAM activity, temperature, PCI bus id, driver version) are left out.
 """
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ _POWER_DEFAULT_W = (50.0, 300.0)
 # Illustrative memory use of a slice: a context's reserve when idle, plus activations when busy.
 _MEMORY_IDLE_FRACTION = 0.02
 _MEMORY_BUSY_FRACTION = 0.5
+# Illustrative: while a slice's graphics engine is active, its kernels keep most, not all, of its SMs busy
+# (DCGM's SM_ACTIVE is at most GR_ENGINE_ACTIVE).
+_SM_ACTIVE_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -320,13 +324,17 @@ class SimulatedBackend:
         spec = gpu.model.spec
         if not gpu.mig_enabled or spec is None:
             busy = self._loads.get((gpu.index, None), 0.0)
+            used_mb = _memory_used(gpu.model.memory_mb, busy)
             return GpuTelemetry(
                 index=gpu.index,
                 uuid=gpu.uuid,
                 utilization_pct=100.0 * busy,
-                memory_used_mb=_memory_used(gpu.model.memory_mb, busy),
+                memory_used_mb=used_mb,
+                memory_free_mb=gpu.model.memory_mb - used_mb,
                 power_w=idle_w + (full_w - idle_w) * busy,
                 simulated=True,
+                gr_engine_active_pct=100.0 * busy,
+                sm_active_pct=100.0 * _SM_ACTIVE_SHARE * busy,
             )
         rows = []
         compute_busy = 0.0  # busy fraction of the whole GPU's SMs, for power
@@ -334,18 +342,23 @@ class SimulatedBackend:
             profile = spec.profile_get(placement.profile)
             busy = self._loads.get((gpu.index, placement), 0.0)
             capacity_mb = gpu.model.memory_mb * profile.memory_slices / spec.memory_slices
+            used_mb = _memory_used(capacity_mb, busy)
             rows.append(MigInstanceTelemetry(
                 placement=placement,
                 uuid=gpu.instances[placement].uuid,
                 gr_engine_active_pct=100.0 * busy,
-                memory_used_mb=_memory_used(capacity_mb, busy),
+                memory_used_mb=used_mb,
+                memory_free_mb=capacity_mb - used_mb,
+                sm_active_pct=100.0 * _SM_ACTIVE_SHARE * busy,
             ))
             compute_busy += busy * profile.compute_slices / spec.compute_slices
+        used_mb = sum(row.memory_used_mb or 0.0 for row in rows)
         return GpuTelemetry(
             index=gpu.index,
             uuid=gpu.uuid,
             utilization_pct=None,  # as NVML: no whole-GPU utilisation under MIG
-            memory_used_mb=sum(row.memory_used_mb or 0.0 for row in rows),
+            memory_used_mb=used_mb,
+            memory_free_mb=gpu.model.memory_mb - used_mb,
             power_w=idle_w + (full_w - idle_w) * compute_busy,
             simulated=True,
             instances=tuple(rows),
