@@ -198,15 +198,43 @@ def _check_starts_legal(model: GpuModelSpec, resolved: _Resolved) -> LayoutVerdi
 
 
 def _check_media_extensions(model: GpuModelSpec, resolved: _Resolved) -> LayoutVerdict | None:
-    # The media engines (NVJPG, OFA) exist once per GPU, so only one +me instance fits.
-    media = [placement for placement, profile in resolved if profile.media_extensions]
+    # The media extensions (NVJPG, OFA) exist once per GPU, so only one +me (or +me.all) instance fits,
+    # whatever its size (on A30 a 1g and a 2g profile carry them). A +me.all instance takes every media
+    # engine (MIG user guide, Profile References), so only -me instances (none) may sit beside it.
+    media = [placement for placement, profile in resolved if profile.holds_media_extensions]
     if len(media) > 1:
         reason = (
-            f"{', '.join(map(str, media))}: at most one media-extension (+me) instance fits on "
+            f"{', '.join(map(str, media))}: at most one media-extension (+me or +me.all) instance fits on "
             f"{model.name}, the layout has {len(media)}"
         )
         return _invalid(CODE_MEDIA_EXTENSION_OVER, reason)
+    every = next((placement for placement, profile in resolved if profile.media_engines_all), None)
+    if every is not None:
+        holders = [p for p, profile in resolved if p != every and not profile.media_engines_none]
+        if holders:
+            reason = (
+                f"{every} takes every media engine of {model.name}, so only -me instances may sit beside it; "
+                f"{', '.join(map(str, holders))} {'holds' if len(holders) == 1 else 'hold'} media engines"
+            )
+            return _invalid(CODE_MEDIA_EXTENSION_OVER, reason)
     return None
+
+
+def _media_state_after(state: tuple[int, bool, bool], profile: MigProfileSpec) -> tuple[int, bool, bool] | None:
+    """(media-extension instances, a +me.all among them, an instance holding media engines besides it)
+    after adding `profile`, or None when the media-engine rules refuse it (see _check_media_extensions)."""
+    holders, every, engines = state
+    if profile.holds_media_extensions and holders >= 1:
+        return None
+    if profile.media_engines_all and engines:
+        return None
+    if every and not profile.media_engines_none:
+        return None
+    return (
+        holders + int(profile.holds_media_extensions),
+        every or profile.media_engines_all,
+        engines or (not profile.media_engines_none and not profile.media_engines_all),
+    )
 
 
 def _check_counts(model: GpuModelSpec, resolved: _Resolved) -> LayoutVerdict | None:
@@ -252,14 +280,19 @@ def _slices_text(slices: Sequence[int]) -> str:
 
 
 def mig_layout_require_valid(model: GpuModelSpec, layout: LayoutLike, what: str) -> Layout:
+    """The layout, valid on `model` (else InvalidLayout), with every profile under its catalogue name (a
+    board's other name for a profile, such as early GB200's 7g.189gb, becomes 7g.186gb)."""
     placements = layout_parse(layout)
     verdict = mig_layout_validate(model, placements)
     if not verdict.valid:
         raise InvalidLayout(verdict, what)
-    return placements
+    return tuple(sorted(Placement(model.profile_get(p.profile).name, p.start) for p in placements))
 
 
 # --------------------------------------------------------------------------- enumeration
+
+
+_NO_MEDIA = (0, False, False)
 
 
 @dataclass(frozen=True)
@@ -269,16 +302,19 @@ class _Occupancy:
     slices: frozenset[int]
     counts: Mapping[str, int]
     compute: int
-    media: int
+    media: tuple[int, bool, bool]
 
     @classmethod
     def of(cls, model: GpuModelSpec, layout: Layout) -> _Occupancy:
         profiles = [model.profile_get(placement.profile) for placement in layout]
+        media: tuple[int, bool, bool] | None = _NO_MEDIA
+        for spec in profiles:
+            media = _media_state_after(media, spec) if media is not None else None
         return cls(
             slices=frozenset(s for p, spec in zip(layout, profiles) for s in spec.occupies(p.start)),
             counts=Counter(spec.name for spec in profiles),
             compute=sum(spec.compute_slices for spec in profiles),
-            media=sum(1 for spec in profiles if spec.media_extensions),
+            media=media if media is not None else (99, True, True),
         )
 
     def admits(self, model: GpuModelSpec, profile: MigProfileSpec, start: int) -> bool:
@@ -287,7 +323,7 @@ class _Occupancy:
             and self.slices.isdisjoint(profile.occupies(start))
             and self.counts.get(profile.name, 0) < profile.max_count
             and self.compute + profile.compute_slices <= model.compute_slices
-            and not (profile.media_extensions and self.media >= 1)
+            and _media_state_after(self.media, profile) is not None
         )
 
 
@@ -310,7 +346,7 @@ def _layouts_all(model: GpuModelSpec) -> tuple[Layout, ...]:
     index_of = {profile.name: i for i, profile in enumerate(model.profiles)}
 
     @functools.lru_cache(maxsize=None)
-    def suffixes(cursor: int, counts: tuple[int, ...], compute: int, media: int) -> tuple[Layout, ...]:
+    def suffixes(cursor: int, counts: tuple[int, ...], compute: int, media: tuple[int, bool, bool]) -> tuple[Layout, ...]:
         # Walk the memory slices left to right: either nothing starts at `cursor`, or
         # one instance starts there and the walk resumes after it. Each layout has
         # exactly one such walk, so nothing is produced twice and nothing overlaps.
@@ -321,25 +357,21 @@ def _layouts_all(model: GpuModelSpec) -> tuple[Layout, ...]:
         found = list(suffixes(cursor + 1, counts, compute, media))
         for profile in profiles_at[cursor]:
             i = index_of[profile.name]
+            media_after = _media_state_after(media, profile)
             if (
                 cursor + profile.memory_slices > model.memory_slices
                 or counts[i] >= profile.max_count
                 or compute + profile.compute_slices > model.compute_slices
-                or (profile.media_extensions and media >= 1)
+                or media_after is None
             ):
                 continue
             after = counts[:i] + (counts[i] + 1,) + counts[i + 1:]
             head = Placement(profile.name, cursor)
-            rest = suffixes(
-                cursor + profile.memory_slices,
-                after,
-                compute + profile.compute_slices,
-                media + int(profile.media_extensions),
-            )
+            rest = suffixes(cursor + profile.memory_slices, after, compute + profile.compute_slices, media_after)
             found.extend((head, *tail) for tail in rest)
         return tuple(found)
 
-    layouts = suffixes(0, (0,) * len(model.profiles), 0, 0)
+    layouts = suffixes(0, (0,) * len(model.profiles), 0, _NO_MEDIA)
     return tuple(sorted(layouts, key=_layout_sort_key))
 
 
@@ -439,9 +471,13 @@ def _counts_normalise(model: GpuModelSpec, counts: Mapping[str, int]) -> dict[Mi
 
 def _counts_can_fit(model: GpuModelSpec, wanted: Mapping[MigProfileSpec, int]) -> bool:
     # Cheap necessary conditions first, so hopeless requests skip the search.
+    media: tuple[int, bool, bool] | None = _NO_MEDIA
+    for profile, n in wanted.items():
+        for _ in range(n):
+            media = _media_state_after(media, profile) if media is not None else None
     return (
-        all(n <= profile.max_count for profile, n in wanted.items())
-        and sum(n for profile, n in wanted.items() if profile.media_extensions) <= 1
+        media is not None
+        and all(n <= profile.max_count for profile, n in wanted.items())
         and sum(profile.compute_slices * n for profile, n in wanted.items()) <= model.compute_slices
         and sum(profile.memory_slices * n for profile, n in wanted.items()) <= model.memory_slices
     )

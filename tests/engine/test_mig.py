@@ -32,6 +32,7 @@ from engine.geometry.catalogue import (
     UnknownMigProfile,
     gpu_model_canonical,
     mig_catalogue_load,
+    pci_device_id_format,
     plain_gpu_model_find,
 )
 from engine.geometry.layout import (
@@ -69,12 +70,88 @@ def _table(one: str, one_double: str, two: str, three_four: str, seven: str) -> 
     }
 
 
+# The 7-slice GPUs. A100/H100/H200/B200 from the guide's tables; H100 94GB and 96GB (GH200) from the
+# guide's H100 tables; H20, GH200 144GB, GB200, B300 and GB300 from mig-parted's config-default.yaml (their
+# all-* and all-balanced configs), the guide having no table for them.
 NVIDIA_TABLES = {
     "A100-SXM4-40GB": _table("5gb", "10gb", "10gb", "20gb", "40gb"),
     "A100-SXM4-80GB": _table("10gb", "20gb", "20gb", "40gb", "80gb"),
     "H100-SXM5-80GB": _table("10gb", "20gb", "20gb", "40gb", "80gb"),
     "H100-PCIE-80GB": _table("10gb", "20gb", "20gb", "40gb", "80gb"),
     "H200-141GB": _table("18gb", "35gb", "35gb", "71gb", "141gb"),
+    "H100-94GB": _table("12gb", "24gb", "24gb", "47gb", "94gb"),
+    "H100-96GB": _table("12gb", "24gb", "24gb", "48gb", "96gb"),
+    "H20-96GB": _table("12gb", "24gb", "24gb", "48gb", "96gb"),
+    "GH200-144GB": _table("18gb", "36gb", "36gb", "72gb", "144gb"),
+    "B200-180GB": _table("23gb", "45gb", "45gb", "90gb", "180gb"),
+    "GB200-186GB": _table("23gb", "47gb", "47gb", "93gb", "186gb"),
+    "B300-269GB": _table("34gb", "67gb", "67gb", "135gb", "269gb"),
+    "GB300-278GB": _table("35gb", "70gb", "70gb", "139gb", "278gb"),
+}
+# The GPUs with quarter or half slices: (memory slices, compute slices) and the profiles as above.
+# A30: the guide's table, ids and placements from `nvidia-smi mig -lgip/-lgipp` on an A30 ({0,1,2,3}:1,
+# {0,2}:2, {0}:4). RTX PRO 6000: the guide's table, ids and placements from -lgip/-lgipp on a Server
+# Edition ({0,3,6,9}:3, {0,6}:6, {0}:12: twelve placement units). RTX PRO 5000 / 4500: the guide's 2-slice
+# tables, no published ids (None) or -lgipp.
+Q, H = (0, 1, 2, 3), (0, 1)
+SLICED_TABLES = {
+    "A30-24GB": ((4, 4), {
+        "1g.6gb": (14, 1, 1, Q, 4, False), "1g.6gb+me": (21, 1, 1, Q, 1, True),
+        "2g.12gb": (5, 2, 2, (0, 2), 2, False), "2g.12gb+me": (6, 2, 2, (0, 2), 1, True),
+        "4g.24gb": (0, 4, 4, (0,), 1, False),
+    }),
+    "RTX-PRO-6000-Blackwell-96GB": ((12, 4), {
+        "1g.24gb": (14, 3, 1, (0, 3, 6, 9), 4, False), "1g.24gb+me": (21, 3, 1, (0, 3, 6, 9), 1, True),
+        "1g.24gb+gfx": (47, 3, 1, (0, 3, 6, 9), 4, False), "1g.24gb+me.all": (65, 3, 1, (0, 3, 6, 9), 1, False),
+        "1g.24gb-me": (67, 3, 1, (0, 3, 6, 9), 4, False),
+        "2g.48gb": (5, 6, 2, (0, 6), 2, False), "2g.48gb+gfx": (35, 6, 2, (0, 6), 2, False),
+        "2g.48gb+me.all": (64, 6, 2, (0, 6), 1, False), "2g.48gb-me": (66, 6, 2, (0, 6), 2, False),
+        "4g.96gb": (0, 12, 4, (0,), 1, False), "4g.96gb+gfx": (32, 12, 4, (0,), 1, False),
+    }),
+    "RTX-PRO-5000-Blackwell-48GB": ((2, 2), {
+        "1g.24gb": (None, 1, 1, H, 2, False), "1g.24gb+me": (None, 1, 1, H, 1, True),
+        "1g.24gb+gfx": (None, 1, 1, H, 2, False), "1g.24gb+me.all": (None, 1, 1, H, 1, False),
+        "1g.24gb-me": (None, 1, 1, H, 2, False), "2g.48gb": (None, 2, 2, (0,), 1, False),
+        "2g.48gb+gfx": (None, 2, 2, (0,), 1, False),
+    }),
+    "RTX-PRO-4500-Blackwell-32GB": ((2, 2), {
+        "1g.16gb": (None, 1, 1, H, 2, False), "1g.16gb+gfx": (None, 1, 1, H, 2, False),
+        "1g.16gb+me.all": (None, 1, 1, H, 1, False), "1g.16gb-me": (None, 1, 1, H, 2, False),
+        "2g.32gb": (None, 2, 2, (0,), 1, False), "2g.32gb+gfx": (None, 2, 2, (0,), 1, False),
+    }),
+}
+# Every product of the guide's Supported GPUs table (Table 1) but Thor (unified memory, no memory slices;
+# see the catalogue's notes), as NVML names it, with the model it must resolve to.
+SUPPORTED_GPUS = {
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "RTX-PRO-6000-Blackwell-96GB",
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "RTX-PRO-6000-Blackwell-96GB",
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": "RTX-PRO-6000-Blackwell-96GB",
+    "NVIDIA RTX PRO 5000 Blackwell": "RTX-PRO-5000-Blackwell-48GB",
+    "NVIDIA RTX PRO 4500 Blackwell": "RTX-PRO-4500-Blackwell-32GB",
+    "NVIDIA GB200": "GB200-186GB",
+    "NVIDIA B200": "B200-180GB",
+    "NVIDIA H100 80GB HBM3": "H100-SXM5-80GB",
+    "NVIDIA H100 PCIe": "H100-PCIE-80GB",
+    "NVIDIA H100 NVL": "H100-94GB",
+    "NVIDIA GH200 480GB": "H100-96GB",
+    "NVIDIA H20": "H20-96GB",
+    "NVIDIA H200": "H200-141GB",
+    "NVIDIA H200 NVL": "H200-141GB",
+    "NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB",
+    "NVIDIA A100-SXM4-80GB": "A100-SXM4-80GB",
+    "NVIDIA A100-PCIE-40GB": "A100-SXM4-40GB",
+    "NVIDIA A100 80GB PCIe": "A100-SXM4-80GB",
+    "NVIDIA A30": "A30-24GB",
+}
+# PCI device ids (mig-parted's device-filter form) -> model: mig-parted's config-default.yaml groups and
+# pci.ids.
+PCI_IDS = {
+    "0x20B710DE": "A30-24GB", "0x20B010DE": "A100-SXM4-40GB", "0x20F110DE": "A100-SXM4-40GB",
+    "0x20B210DE": "A100-SXM4-80GB", "0x20B510DE": "A100-SXM4-80GB", "0x233010DE": "H100-SXM5-80GB",
+    "0x233110DE": "H100-PCIE-80GB", "0x232110DE": "H100-94GB", "0x234210DE": "H100-96GB",
+    "0x232910DE": "H20-96GB", "0x233510DE": "H200-141GB", "0x233B10DE": "H200-141GB",
+    "0x234810DE": "GH200-144GB", "0x290110DE": "B200-180GB", "0x294110DE": "GB200-186GB",
+    "0x318210DE": "B300-269GB", "0x31C210DE": "GB300-278GB", "0x2BB510DE": "RTX-PRO-6000-Blackwell-96GB",
 }
 NOMINAL_GB = {
     "A100-SXM4-40GB": {"1g.5gb": 5, "1g.5gb+me": 5, "1g.10gb": 10, "2g.10gb": 10, "3g.20gb": 20, "4g.20gb": 20, "7g.40gb": 40},
@@ -86,8 +163,11 @@ MODEL_MEMORY_MIB = {
     "H100-SXM5-80GB": 81559,
     "H100-PCIE-80GB": 81559,
     "H200-141GB": 143771,
+    "H100-94GB": 95830,
+    "RTX-PRO-6000-Blackwell-96GB": 97887,
 }
 MODELS = tuple(NVIDIA_TABLES)
+ALL_TABLES = {**{m: ((8, 7), t) for m, t in NVIDIA_TABLES.items()}, **SLICED_TABLES}
 A100 = "A100-SXM4-40GB"
 
 
@@ -110,10 +190,11 @@ def catalogue() -> MigCatalogue:
 # ----------------------------------------------------------------------------- catalogue facts
 
 
-@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("model_name", sorted(ALL_TABLES))
 def test_profiles_match_nvidia_tables(catalogue, model_name):
     model = catalogue.gpu_model_get(model_name)
-    expected = NVIDIA_TABLES[model_name]
+    slices, expected = ALL_TABLES[model_name]
+    assert (model.memory_slices, model.compute_slices) == slices
     assert set(model.profile_names) == set(expected)
     for profile in model.profiles:
         profile_id, size, compute, starts, max_count, media = expected[profile.name]
@@ -125,11 +206,34 @@ def test_profiles_match_nvidia_tables(catalogue, model_name):
         assert profile.media_extensions is media, profile.name
 
 
-@pytest.mark.parametrize("model_name", MODELS)
-def test_model_slices_and_memory(catalogue, model_name):
-    model = catalogue.gpu_model_get(model_name)
-    assert (model.memory_slices, model.compute_slices) == (8, 7)
-    assert model.memory_mib == MODEL_MEMORY_MIB[model_name]
+@pytest.mark.parametrize("model_name", sorted(MODEL_MEMORY_MIB))
+def test_model_memory_as_nvidia_smi_reports_it(catalogue, model_name):
+    assert catalogue.gpu_model_get(model_name).memory_mib == MODEL_MEMORY_MIB[model_name]
+
+
+def test_catalogue_holds_exactly_the_tabled_models(catalogue):
+    assert set(catalogue.gpu_model_names) == set(ALL_TABLES)
+
+
+@pytest.mark.parametrize(("nvml_name", "model_name"), sorted(SUPPORTED_GPUS.items()))
+def test_every_supported_gpu_resolves_and_cites_its_sources(catalogue, nvml_name, model_name):
+    model = catalogue.gpu_model_get(nvml_name)
+    assert model.name == model_name and model.origin == "catalogue" and model.label == model_name
+    assert {"profiles", "pci_device_ids", "memory_mib"} <= set(model.source)
+    assert all(len(text) > 20 for text in model.source.values())
+    assert mig_layouts_enumerate(model, maximal=True), model_name
+
+
+@pytest.mark.parametrize(("device_id", "model_name"), sorted(PCI_IDS.items()))
+def test_pci_device_ids(catalogue, device_id, model_name):
+    assert catalogue.gpu_model_find_by_pci(device_id).name == model_name
+    assert catalogue.gpu_model_find_by_pci(int(device_id, 16)).name == model_name
+    assert pci_device_id_format(int(device_id, 16)) == device_id.upper().replace("0X", "0x")
+
+
+@pytest.mark.parametrize("device_id", ["0x20F310DE", "0x2BB5", "20B010DE", "", None, True, "0x1:0x2"])
+def test_pci_device_ids_the_catalogue_lacks(catalogue, device_id):
+    assert catalogue.gpu_model_find_by_pci(device_id) is None
 
 
 @pytest.mark.parametrize("model_name", sorted(NOMINAL_GB))
@@ -152,8 +256,9 @@ def test_catalogue_file_cites_sources_first():
     assert next(iter(data)) == "source"
     assert "Multi-Instance GPU User Guide" in data["source"]["primary"]
     assert any("Supported MIG Profiles" in section for section in data["source"]["sections"])
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert any("Disagreement" in note for note in data["notes"])
+    assert all("source" in model for model in data["gpu_models"])
 
 
 def test_default_catalogue_is_cached_and_explicit_path_is_not(catalogue):
@@ -349,8 +454,8 @@ def test_guide_layouts_are_valid(model_name, layout):
          "compute slices sum to 8, more than the 7 of A100-SXM4-40GB "
          "(4g.20gb@0: 4, 3g.20gb@4: 3, 1g.5gb@6: 1)"),
         ("1g.5gb+me@0 1g.5gb+me@1", "media_extension_over",
-         "1g.5gb+me@0, 1g.5gb+me@1: at most one media-extension (+me) instance fits on A100-SXM4-40GB, "
-         "the layout has 2"),
+         "1g.5gb+me@0, 1g.5gb+me@1: at most one media-extension (+me or +me.all) instance fits on "
+         "A100-SXM4-40GB, the layout has 2"),
         ("1g.18gb@0", "unknown_profile",
          "1g.18gb@0: profile 1g.18gb does not exist on A100-SXM4-40GB "
          "(known: 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb)"),
@@ -396,11 +501,13 @@ def test_validate_takes_a_spec_or_a_name(catalogue):
 def _brute_force(model_name: str) -> tuple[set[frozenset], set[frozenset]]:
     """All valid and all maximal layouts by trying every subset of (profile, start) placements.
 
-    Independent of the module: rules and numbers come from NVIDIA_TABLES. Each
-    instance takes at least one of the 7 compute slices, so no valid layout has more
-    than 7 instances and subsets of up to 7 placements cover them all.
+    Independent of the module: rules and numbers come from NVIDIA_TABLES or SLICED_TABLES, the rules
+    written out here from the guide: no overlap, each profile's instance count, the GPU's compute slices,
+    at most one instance with media extensions (+me or +me.all), and beside a +me.all instance (all media
+    engines) only -me instances (no media engine). Each instance takes at least one compute slice, so
+    subsets of up to that many placements cover every layout.
     """
-    table = NVIDIA_TABLES[model_name]
+    (_, compute), table = ALL_TABLES[model_name]
     candidates = [(name, start) for name, spec in table.items() for start in spec[3]]
     masks = {(name, start): ((1 << table[name][1]) - 1) << start for name, start in candidates}
 
@@ -411,15 +518,17 @@ def _brute_force(model_name: str) -> tuple[set[frozenset], set[frozenset]]:
                 return False
             used |= masks[placement]
         names = Counter(name for name, _ in subset)
+        every = any(name.endswith("+me.all") for name, _ in subset)
         return (
             all(n <= table[name][4] for name, n in names.items())
-            and sum(table[name][2] for name, _ in subset) <= 7
-            and sum(n for name, n in names.items() if table[name][5]) <= 1
+            and sum(table[name][2] for name, _ in subset) <= compute
+            and sum(1 for name, _ in subset if name.endswith(("+me", "+me.all"))) <= 1
+            and not (every and any(not name.endswith(("+me.all", "-me")) for name, _ in subset))
         )
 
     layouts = {
         frozenset(subset)
-        for k in range(8)
+        for k in range(compute + 1)
         for subset in itertools.combinations(candidates, k)
         if valid(subset)
     }
@@ -491,6 +600,84 @@ def test_enumeration_returns_fresh_lists():
     first = mig_layouts_enumerate(A100)
     first.clear()
     assert len(mig_layouts_enumerate(A100)) == 2319
+
+
+@pytest.mark.parametrize("model_name", sorted(SLICED_TABLES))
+def test_sliced_gpus_enumerate_exactly_their_brute_force(model_name):
+    expected_all, expected_maximal = _brute_force(model_name)
+    assert set(_as_sets(mig_layouts_enumerate(model_name))) == expected_all
+    assert set(_as_sets(mig_layouts_enumerate(model_name, maximal=True))) == expected_maximal
+    for layout in mig_layouts_enumerate(model_name):
+        assert mig_layout_validate(model_name, layout).valid
+
+
+@pytest.mark.parametrize(("model_name", "layout", "code", "reason"), [
+    # A30: quarter slices, and one set of media extensions (1 JPEG, 1 OFA) for a 1g or a 2g +me instance.
+    ("A30-24GB", "1g.6gb+me@0 1g.6gb@1 2g.12gb@2", None, None),
+    ("A30-24GB", "2g.12gb+me@0 2g.12gb@2", None, None),
+    ("A30-24GB", "1g.6gb@0 1g.6gb@1 1g.6gb@2 1g.6gb@3", None, None),
+    ("A30-24GB", "1g.6gb+me@0 2g.12gb+me@2", "media_extension_over",
+     "1g.6gb+me@0, 2g.12gb+me@2: at most one media-extension (+me or +me.all) instance fits on A30-24GB, the layout has 2"),
+    ("A30-24GB", "2g.12gb@1", "illegal_start", None),
+    ("A30-24GB", "1g.6gb@4", "illegal_start", None),
+    ("A30-24GB", "4g.24gb@0 1g.6gb@0", "compute_over", None),
+    ("A30-24GB", "2g.12gb@0 2g.12gb@2 2g.12gb@2", "too_many", None),
+    # RTX PRO 6000: twelve placement units, three per quarter.
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb+me.all@0 1g.24gb-me@3 1g.24gb-me@6 1g.24gb-me@9", None, None),
+    ("RTX-PRO-6000-Blackwell-96GB", "2g.48gb+me.all@6 2g.48gb-me@0", None, None),
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb+gfx@0 1g.24gb+me@3 2g.48gb@6", None, None),
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb+me.all@0 1g.24gb@3", "media_extension_over",
+     "1g.24gb+me.all@0 takes every media engine of RTX-PRO-6000-Blackwell-96GB, so only -me instances may sit "
+     "beside it; 1g.24gb@3 holds media engines"),
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb+me@0 2g.48gb+me.all@6", "media_extension_over", None),
+    ("RTX-PRO-6000-Blackwell-96GB", "1g.24gb@1", "illegal_start",
+     "1g.24gb@1: start 1 is not a legal start for 1g.24gb on RTX-PRO-6000-Blackwell-96GB (legal: 0, 3, 6, 9)"),
+    ("RTX-PRO-6000-Blackwell-96GB", "2g.48gb@0 1g.24gb@3", "overlap",
+     "2g.48gb@0 overlaps 1g.24gb@3 on memory slices 3-5"),
+    ("RTX-PRO-5000-Blackwell-48GB", "1g.24gb+me.all@0 1g.24gb-me@1", None, None),
+    ("RTX-PRO-5000-Blackwell-48GB", "1g.24gb+gfx@0 1g.24gb+me.all@1", "media_extension_over", None),
+])
+def test_sliced_gpu_layouts(model_name, layout, code, reason):
+    verdict = mig_layout_validate(model_name, layout)
+    assert verdict.valid is (code is None), verdict
+    assert verdict.code == code
+    if reason is not None:
+        assert verdict.reason == reason
+
+
+def test_profile_ids_differ_across_gpus(catalogue):
+    # One id, three profiles: ids are only ever read with their GPU model.
+    assert catalogue.gpu_model_get("A100-SXM4-40GB").profile_by_id(14).name == "2g.10gb"
+    assert catalogue.gpu_model_get("A30-24GB").profile_by_id(14).name == "1g.6gb"
+    assert catalogue.gpu_model_get("RTX-PRO-6000-Blackwell-96GB").profile_by_id(14).name == "1g.24gb"
+    assert catalogue.gpu_model_get("A30-24GB").profile_by_id(5).name == "2g.12gb"
+    assert catalogue.gpu_model_get("RTX-PRO-5000-Blackwell-48GB").profile_by_id(0) is None
+
+
+def test_profile_attributes(catalogue):
+    rtx = catalogue.gpu_model_get("RTX-PRO-6000-Blackwell-96GB")
+    every, none, gfx, me = (rtx.profile_get(n) for n in ("1g.24gb+me.all", "1g.24gb-me", "1g.24gb+gfx", "1g.24gb+me"))
+    assert (every.attributes, every.media_engines_all, every.holds_media_extensions) == (("me.all",), True, True)
+    assert (none.lacks, none.media_engines_none, none.holds_media_extensions) == (("me",), True, False)
+    assert (gfx.attributes, gfx.holds_media_extensions) == (("gfx",), False)
+    assert (me.attributes, me.media_extensions, me.holds_media_extensions) == (("me",), True, True)
+
+
+def test_renamed_gb200_profiles_resolve_to_the_production_names(catalogue):
+    gb200 = catalogue.gpu_model_get("NVIDIA GB200")
+    for early, production in [("1g.24gb", "1g.23gb"), ("1g.24gb+me", "1g.23gb+me"), ("3g.95gb", "3g.93gb"),
+                              ("4g.95gb", "4g.93gb"), ("7g.189gb", "7g.186gb")]:
+        assert gb200.profile_get(early).name == production
+    assert mig_layout_validate(gb200, "7g.189gb@0").valid
+    assert mig_layout_validate(gb200, "1g.24gb@0 1g.23gb@1 3g.95gb@4").valid
+    assert mig_layout_validate(gb200, "1g.24gb+me@0 1g.23gb+me@1").code == "media_extension_over"
+    placed = mig_counts_to_layout(gb200, {"1g.24gb": 2, "2g.47gb": 1, "3g.95gb": 1})
+    assert layout_counts(placed) == {"1g.23gb": 2, "2g.47gb": 1, "3g.93gb": 1}
+    assert mig_layout_validate(gb200, placed).valid
+    diff = mig_layout_diff(gb200, "7g.189gb@0", "7g.186gb@0")
+    assert diff.operations == () and diff.keep == (Placement("7g.186gb", 0),)
+    # The early names are GB200's only: 1g.24gb is another profile on H100 94GB.
+    assert catalogue.gpu_model_get("H100-94GB").profile_get("1g.24gb").memory_slices == 2
 
 
 # ----------------------------------------------------------------------------- diff

@@ -293,8 +293,8 @@ def test_catalogue_compare():
     assert catalogue_compare(_gpu(extra)) == [
         "gpu0 1g.5gb+gfx: NVML reports starts [0, 1], the catalogue does not list the profile for A100-SXM4-40GB"
     ]
-    (line,) = catalogue_compare(_gpu({"1g.6gb": (0,)}, model="NVIDIA A30"))
-    assert line.startswith("gpu0 NVIDIA A30: NVML reports MIG profiles ['1g.6gb'], but the catalogue does not know")
+    (line,) = catalogue_compare(_gpu({"1g.5gb": (0,)}, model="NVIDIA A800 40GB PCIe"))
+    assert line.startswith("gpu0 NVIDIA A800 40GB PCIe: NVML reports MIG profiles ['1g.5gb'], but the catalogue does not know")
 
 
 # --------------------------------------------------------------------------- NVML only
@@ -651,7 +651,7 @@ def test_backend_make(tmp_path):
     with pytest.raises(ValueError, match="unknown device backend 'cuda'.*nvml, simulated"):
         backend_make("cuda")
     with pytest.raises(ValueError, match="unknown GPU model"):
-        backend_make("simulated", gpus="1xB200")
+        backend_make("simulated", gpus="1xA800")
 
 
 # --------------------------------------------------------------------------- a real GPU
