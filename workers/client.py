@@ -157,6 +157,11 @@ class ControlPlaneClient:
     def router_report(self, payload: dict) -> None:
         self._request("POST", f"{API}/router-reports/", json=payload)
 
+    def repository_action(self, action: str, model: str) -> dict:
+        """The model repository extension's `load` or `unload` of `model` (an application), with this router's
+        credential (which an admin must have allowed: `may_load_models`)."""
+        return self._json("POST", f"{API}/routing-tables/repository/", json={"model": model, "action": action})
+
     def router_name(self) -> str:
         """The router name this client's router credential is scoped to (a router sees its own only)."""
         credentials = self._list(f"{API}/router-credentials/")

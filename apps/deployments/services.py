@@ -728,6 +728,10 @@ def _routes_validate(*, application: Application, routes: Any) -> list[dict]:
 
 def _routing_table_activate(*, application: Application, routes: list[dict], actor: Any) -> RoutingTable:
     application = Application.objects.select_for_update().get(pk=application.pk)
+    if application.released:
+        # Released (the model repository's unload) after the plan being applied was made: the release wins,
+        # and the application stays without routes until it is pinned again.
+        routes = []
     tables = RoutingTable.objects.filter(application=application)
     latest = tables.aggregate(latest=Max("version"))["latest"] or 0
     # Deactivate first: at most one active table per application is a database constraint.
@@ -766,6 +770,37 @@ def routing_table_publish(*, application: Application, routes: Any, actor: Any =
     one in the same transaction. `routes` is [{instance: "<host>/<runtime key>", variant: id, weight}]."""
     validated = _routes_validate(application=application, routes=routes)
     return _routing_table_activate(application=application, routes=validated, actor=actor)
+
+
+# --------------------------------------------------------------------------- the model repository: pin and release
+
+
+@transaction.atomic
+def application_release(*, application: Application, actor: Any = None) -> RoutingTable | None:
+    """The Open Inference Protocol's model unload: take `application` out of service. Its routes are
+    withdrawn at once (an empty routing table, which routers hold within their refresh), it stays without
+    routes through any plan applied later, and the planner leaves it out, until `application_pin`. Its
+    runtimes keep their slots until a plan gives those to others. Releasing a released application changes
+    nothing (None)."""
+    application = Application.objects.select_for_update().get(pk=application.pk)
+    if application.released:
+        return None
+    application.released = True
+    application.save(update_fields=["released", "last_updated"])
+    return _routing_table_activate(application=application, routes=[], actor=actor)
+
+
+@transaction.atomic
+def application_pin(*, application: Application, actor: Any = None) -> bool:
+    """The Open Inference Protocol's model load: put a released `application` back into planning; its routes
+    return with the next plan applied (Tessera's plans wait for approval unless the re-planning policy
+    applies them itself). True when it was released; pinning an application in service changes nothing."""
+    application = Application.objects.select_for_update().get(pk=application.pk)
+    if not application.released:
+        return False
+    application.released = False
+    application.save(update_fields=["released", "last_updated"])
+    return True
 
 
 # --------------------------------------------------------------------------- a slot changes what it serves

@@ -315,6 +315,11 @@ class RouterCredential(ChangeLoggedModel):
         default=0, editable=False,
         help_text="Reports the router had to drop (its outage buffer overflowed), as its later reports said",
     )
+    may_load_models = models.BooleanField(
+        default=False,
+        help_text="Whether the router may pin and release applications for the Open Inference Protocol's model "
+        "repository extension (POST /v2/repository/models/{name}/load|unload): off unless an admin allows it",
+    )
 
     audit_exclude_fields = ("token_hash", "last_used", "dropped_reports")
 

@@ -32,10 +32,11 @@ def host_agent_token_rotate(*, host: Host) -> str:
 
 
 @transaction.atomic
-def router_credential_issue(*, name: str, description: str | None = None) -> tuple[RouterCredential, str]:
+def router_credential_issue(*, name: str, description: str | None = None, may_load_models: bool | None = None) -> tuple[RouterCredential, str]:
     """Issue a credential for router `name` (created on first issue; re-issuing replaces the secret, so the
     previous one stops working, and lifts a revocation). Returns it with its secret, shown once. Raises
-    ValidationError for a name that is not a valid router name."""
+    ValidationError for a name that is not a valid router name. `may_load_models` (None: as it was; off
+    for a new one): whether the router may relay the model repository's load and unload."""
     credential = RouterCredential.objects.select_for_update().filter(name=name).first() or RouterCredential(name=name)
     secret = token_generate(ROUTER_TOKEN_PREFIX)
     credential.token_hash = token_hash(secret)
@@ -43,6 +44,8 @@ def router_credential_issue(*, name: str, description: str | None = None) -> tup
     credential.revoked = None
     if description is not None:
         credential.description = description
+    if may_load_models is not None:
+        credential.may_load_models = may_load_models
     credential.full_clean(validate_unique=False)
     credential.save()
     return credential, secret

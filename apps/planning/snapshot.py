@@ -413,6 +413,9 @@ def fleet_problem_build(
                 "pipeline": staged[application.name]["pipeline"],
             }
             continue
+        if application.released:
+            snapshot.left_out["applications"][application.name] = "released (the model repository's unload); load it to plan it again"
+            continue
         if policy is None:
             snapshot.left_out["applications"][application.name] = "no SLO policy"
             continue

@@ -101,6 +101,11 @@ class Application(ChangeLoggedModel):
     task = models.CharField(max_length=40, choices=TaskChoices.choices, default=TaskChoices.OTHER)
     description = models.TextField(blank=True)
     input_spec = models.JSONField(default=list, blank=True, help_text="[{name, dtype, shape}] every variant accepts")
+    released = models.BooleanField(
+        default=False,
+        help_text="Taken out of service (the model repository's unload): its routes are withdrawn and plans give it no "
+        "capacity until it is pinned again (load)",
+    )
 
     class Meta:
         ordering = ["name"]

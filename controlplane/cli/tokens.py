@@ -56,6 +56,9 @@ router_credential_app = typer.Typer(help="Routers' credentials, each scoped to o
 def router_credential_issue_cmd(
     name: str = typer.Argument(..., help="Router name: the name its reports carry"),
     description: str = typer.Option(None, help="What or where the router is"),
+    may_load_models: bool = typer.Option(None, "--may-load-models/--may-not-load-models",
+                                         help="Whether the router may relay the Open Inference Protocol's model load/unload "
+                                              "(pin/release an application); omitted: as it was, off for a new credential"),
 ) -> None:
     """Issue a credential for router NAME and print it (shown once; re-issuing replaces the previous one)."""
     django_setup()
@@ -66,7 +69,7 @@ def router_credential_issue_cmd(
 
     try:
         with change_context(source="command"):
-            _, secret = router_credential_issue(name=name, description=description)
+            _, secret = router_credential_issue(name=name, description=description, may_load_models=may_load_models)
     except ValidationError as exc:
         typer.echo(f"error: {'; '.join(exc.messages)}", err=True)
         raise typer.Exit(2) from None

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from apps.deployments.models import Runtime
-from apps.inventory.models import GpuInstance, Host, MpsPartition
+from apps.inventory.models import GpuInstance, Host, MpsPartition, RouterCredential
 from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 from apps.registry.models import ModelVariant, Profile, ProfilingRequest
 from apps.telemetry.models import ApplicationSample, GpuSample, RuntimeSample
@@ -170,3 +170,51 @@ def test_profiling_request_on_the_real_cpu_posts_measured_profiles(fleet) -> Non
     profiling_request_run(listed[0], client=gpu_agent.client, backend=gpu_agent.backend, cache_dir=gpu_agent.state_dir / "artifacts")
     failing.refresh_from_db()
     assert failing.status == "failed" and ("simulated" in failing.error or "artifact" in failing.error)
+
+
+def test_triton_s_client_talks_to_the_fleet_and_its_load_and_unload_reach_the_control_plane(fleet) -> None:
+    """tritonclient against the router of the demo fleet: the model's metadata comes from the registry, JSON
+    and binary inferences are onnxruntime's numbers on the routed variant's artifact, and the repository
+    extension's unload and load release and pin the application through the control plane with the router's
+    credential (refused while the credential is not allowed to)."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    from apps.registry.models import Application
+
+    wait_for(lambda: Host.objects.get(name="sim-cpu-01").converged_version == 1, what="sim-cpu-01 to converge")
+    router, _ = router_build(control_plane=fleet["url"], token=router_credential_issue(name="oip-router")[1])
+    handle = router_start_in_thread(router)
+    try:
+        client = triton.InferenceServerClient(handle.url.removeprefix("http://"), network_timeout=30.0)
+        wait_for(lambda: client.is_model_ready("tabular-cpu"), what="tabular-cpu to be ready at the router")
+        metadata = client.get_model_metadata("tabular-cpu")
+        assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 8]}]
+        rows = np.random.default_rng(3).normal(size=(4, 8)).astype(np.float32)
+        for binary in (False, True):
+            inp = triton.InferInput("input", [4, 8], "FP32")
+            inp.set_data_from_numpy(rows, binary_data=binary)
+            result = client.infer("tabular-cpu", [inp], outputs=[triton.InferRequestedOutput(metadata["outputs"][0]["name"], binary_data=binary)])
+            variant = result.get_response()["model_version"]
+            artifact = ModelVariant.objects.get(application__name="tabular-cpu", name=variant).artifact
+            expected = ort.InferenceSession(artifact.file.open("rb").read(), providers=["CPUExecutionProvider"]).run(None, {"input": rows})[0]
+            np.testing.assert_allclose(result.as_numpy(metadata["outputs"][0]["name"]), expected, rtol=1e-5, atol=1e-6)
+
+        with pytest.raises(InferenceServerException) as refused:
+            client.unload_model("tabular-cpu")
+        assert refused.value.status() == "403" and not Application.objects.get(name="tabular-cpu").released
+        credential = RouterCredential.objects.get(name="oip-router")  # an admin allows it (the admin's form does this)
+        credential.may_load_models = True
+        credential.save()
+        client.unload_model("tabular-cpu")
+        assert Application.objects.get(name="tabular-cpu").released
+        assert not client.is_model_ready("tabular-cpu")  # the router refreshed its tables: no routes left
+        inp = triton.InferInput("input", [4, 8], "FP32")
+        inp.set_data_from_numpy(rows)
+        with pytest.raises(InferenceServerException) as gone:
+            client.infer("tabular-cpu", [inp])
+        assert gone.value.status() == "503"
+        client.load_model("tabular-cpu")
+        assert not Application.objects.get(name="tabular-cpu").released
+    finally:
+        handle.stop()

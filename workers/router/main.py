@@ -2,13 +2,16 @@
 the router's own credential (scoped to its name)."""
 from __future__ import annotations
 
-from workers.client import ControlPlaneClient, ReportBacklog, report_backlog_capacity
+from typing import Callable
+
+from workers.client import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable, ReportBacklog, report_backlog_capacity
 from workers.metrics import ReportBacklogCollector
 
 from .app import Router
+from .oip import RepositoryActionError
 from .server import router_serve
 
-__all__ = ["router_build", "router_main"]
+__all__ = ["repository_relay", "router_build", "router_main"]
 
 
 def router_build(*, control_plane: str, token: str, name: str | None = None, report_s: float = 1.0) -> tuple[Router, ControlPlaneClient]:
@@ -22,10 +25,25 @@ def router_build(*, control_plane: str, token: str, name: str | None = None, rep
     if name is None:
         name = client.router_name()
     backlog = ReportBacklog(client.router_report, capacity=report_backlog_capacity(report_s), what=f"router {name} report")
-    router = Router(client.routing_tables, backlog.submit, report_s=report_s, name=name)
+    router = Router(client.routing_tables, backlog.submit, report_s=report_s, name=name, repository=repository_relay(client))
     router.stats.registry.register(ReportBacklogCollector("tessera_router", backlog))
     router.report_backlog = backlog
     return router, client
+
+
+def repository_relay(client: ControlPlaneClient) -> Callable[[str, str], None]:
+    """The router's `repository` callable: a load or unload relayed to the control plane, its refusal
+    (403 not allowed, 404 unknown model) or absence (503) as `RepositoryActionError`."""
+
+    def relay(action: str, model: str) -> None:
+        try:
+            client.repository_action(action, model)
+        except ControlPlaneRejected as exc:
+            raise RepositoryActionError(exc.status, str(exc).split(": ", 1)[-1]) from None
+        except ControlPlaneUnavailable as exc:
+            raise RepositoryActionError(503, f"the control plane is unavailable: {exc}") from None
+
+    return relay
 
 
 def router_main(*, control_plane: str, token: str, host: str, port: int, name: str | None = None) -> None:

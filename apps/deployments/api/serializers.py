@@ -242,6 +242,19 @@ def _oip_specs(specs) -> list[dict]:
     return out
 
 
+class RepositoryActionSerializer(serializers.Serializer):
+    model = serializers.CharField(help_text="The application's name (the protocol's model name)")
+    action = serializers.ChoiceField(choices=["load", "unload"], help_text="unload: release it; load: pin it back into planning")
+
+
+class RepositoryActionResultSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    action = serializers.CharField()
+    released = serializers.BooleanField()
+    changed = serializers.BooleanField(help_text="False when it already was as asked")
+    routing_table_version = serializers.IntegerField(allow_null=True, help_text="The active table's version now")
+
+
 class RouteRequestSerializer(serializers.Serializer):
     instance = serializers.CharField(help_text='"<host>/<runtime key>", e.g. "sim-cpu-01/cpu0/0"')
     variant = serializers.IntegerField(help_text="The model variant's id (a variant of the application)")

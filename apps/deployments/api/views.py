@@ -1,15 +1,20 @@
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, generics, parsers, status
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from apps.core.api.viewsets import RestrictedQuerysetMixin, TesseraModelViewSet, TesseraReadOnlyModelViewSet
 from apps.inventory.models import Host
+from apps.registry.models import Application
 from apps.inventory.services import host_visible_find
 
 from ..filtersets import HostDesiredStateFilterSet, HostOperationFilterSet, RoutingTableFilterSet, RuntimeFilterSet
 from ..models import HostDesiredState, HostOperation, RoutingTable, Runtime
-from ..services import RoutersBehind, host_desired_state_change, routing_table_publish
+from ..services import RoutersBehind, application_pin, application_release, host_desired_state_change, routing_table_publish
+from .permissions import MayLoadModels
 from .serializers import (
+    RepositoryActionResultSerializer,
+    RepositoryActionSerializer,
     DesiredStateDocumentSerializer,
     DesiredStateRequestSerializer,
     HostDesiredStateSerializer,
@@ -102,6 +107,28 @@ class RoutingTableViewSet(TesseraModelViewSet):
         routes = [dict(route) for route in publish.validated_data["routes"]]
         table = routing_table_publish(application=publish.validated_data["application"], routes=routes, actor=request.user)
         return Response(self.get_serializer(table).data, status=status.HTTP_201_CREATED)
+
+
+    @extend_schema(request=RepositoryActionSerializer, responses={200: RepositoryActionResultSerializer})
+    @action(detail=False, methods=["post"], url_path="repository", permission_classes=[MayLoadModels])
+    def repository(self, request):
+        """The Open Inference Protocol's model repository extension, as routers relay it: `unload` releases an
+        application (its routes withdrawn now, left out of plans), `load` pins it back into planning. Open to
+        operators (`registry.change_application`) and to routers whose credential an admin allowed to."""
+        body = RepositoryActionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        application = Application.objects.filter(name=body.validated_data["model"]).first()
+        if application is None:
+            raise exceptions.NotFound(f"Request for unknown model: '{body.validated_data['model']}' is not found")
+        if body.validated_data["action"] == "unload":
+            table = application_release(application=application, actor=request.user)
+            changed = table is not None
+        else:
+            changed = application_pin(application=application, actor=request.user)
+        application.refresh_from_db(fields=["released"])
+        active = RoutingTable.objects.filter(application=application, active=True).values_list("version", flat=True).first()
+        return Response({"model": application.name, "action": body.validated_data["action"], "released": application.released,
+                         "changed": changed, "routing_table_version": active})
 
 
 class RuntimeViewSet(TesseraReadOnlyModelViewSet):

@@ -91,7 +91,8 @@ class RouterCredentialSerializer(TesseraModelSerializer):
 
     class Meta:
         model = RouterCredential
-        fields = ["id", "display", "name", "description", "token_prefix", "active", "revoked", "last_used", "created", "last_updated"]
+        fields = ["id", "display", "name", "description", "token_prefix", "active", "revoked", "may_load_models", "last_used", "created",
+                  "last_updated"]
         read_only_fields = ["token_prefix", "revoked", "last_used", "created", "last_updated"]
 
 
@@ -101,6 +102,8 @@ class RouterCredentialIssueSerializer(serializers.Serializer):
     name = serializers.RegexField(r"^[a-zA-Z0-9][a-zA-Z0-9._-]*$", max_length=100,
                                   error_messages={"invalid": "Use letters, digits, '.', '_' and '-', starting with a letter or digit."})
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    may_load_models = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                               help_text="Let the router relay the model repository's load/unload (omitted: as it was; off when new)")
 
 
 class RouterCredentialIssuedSerializer(RouterCredentialSerializer):
