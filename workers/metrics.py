@@ -609,7 +609,7 @@ class _RouterCollector:
         triton = {name: _triton_family(name, help_text) for name, help_text in (
             ("nv_inference_request_success", "Successful inference requests through the router"),
             ("nv_inference_request_failure", "Failed inference requests through the router (dropped or errors at an instance)"),
-            ("nv_inference_request_duration_us", "Cumulative request duration at the router in microseconds"),
+            ("nv_inference_request_duration_us", "Cumulative request duration at the router in microseconds (successful requests)"),
         )}
         versions = self._stats.versions()
         for app in self._stats.applications():
@@ -620,11 +620,12 @@ class _RouterCollector:
             for outcome, value in counts.items():
                 queries.add_metric([app.application, outcome], float(value))
             latency.add_metric([app.application], buckets, total)
-            for (variant, instance, simulated), (ok, bad, us, _ok_us, _last) in rows:
+            # As Triton's, the duration counter covers successful requests only: duration / success is their mean.
+            for (variant, instance, simulated), (ok, bad, _us, ok_us, _last) in rows:
                 labels = {"model": app.application, "version": variant, "instance": instance, "simulated": _label(simulated)}
                 triton["nv_inference_request_success"].add_sample("nv_inference_request_success", labels, float(ok))
                 triton["nv_inference_request_failure"].add_sample("nv_inference_request_failure", labels, float(bad))
-                triton["nv_inference_request_duration_us"].add_sample("nv_inference_request_duration_us", labels, float(us))
+                triton["nv_inference_request_duration_us"].add_sample("nv_inference_request_duration_us", labels, float(ok_us))
         for application, v in versions.items():
             if v is not None:
                 version.add_metric([application], float(v))

@@ -23,7 +23,7 @@ from tests.workers.fake_pynvml import DRIVER_VERSION, FakeGpu, FakeNvml
 from workers.agent.backends.nvml import NvmlBackend
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.agent.exporter import AgentExporter
-from workers.metrics import RuntimeStats
+from workers.metrics import RouterStats, RuntimeStats
 from workers.wire import request_encode
 
 PROFILING = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
@@ -251,3 +251,16 @@ def test_a_runtime_process_speaks_tritons_metrics(tmp_path) -> None:
     (duration,) = families["nv_inference_request_duration_us"].samples
     assert 0 < duration.value / 3 < 30_000_000  # microseconds per answered query
     assert families["nv_inference_pending_request_count"].samples[0].value == 0
+
+
+def test_the_routers_triton_durations_count_answers_only() -> None:
+    stats = RouterStats("r1")
+    application = stats.application("classify")
+    application.served(10.0, False, variant="resnet50", instance="h/gpu0/0")
+    application.served(30.0, True, variant="resnet50", instance="h/gpu0/0")
+    application.dropped(900.0, variant="resnet50", instance="h/gpu0/0")
+    families = triton_families(stats.exposition())
+    assert [s.value for s in families["nv_inference_request_success"].samples] == [2.0]
+    assert [s.value for s in families["nv_inference_request_failure"].samples] == [1.0]
+    # Triton's duration / success: the answers' mean latency, 20 ms, not pulled up by the drop.
+    assert [s.value for s in families["nv_inference_request_duration_us"].samples] == [pytest.approx(40_000.0)]
