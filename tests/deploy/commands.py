@@ -78,3 +78,10 @@ def command_check(argv: list[str], env: dict[str, str] | None = None) -> tuple[s
         celery_check(argv[1:])
         return "celery", argv[1:]
     raise AssertionError(f"unexpected program {argv!r}")
+
+
+def production_settings_load(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Set Django up in a fresh interpreter with exactly `env` (and PATH); prints MEDIA_ROOT and ALLOWED_HOSTS."""
+    code = "import django; django.setup(); from django.conf import settings; print(settings.MEDIA_ROOT, settings.ALLOWED_HOSTS)"
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PATH": os.environ["PATH"], **env},
+                          capture_output=True, text=True, timeout=120)

@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,7 +26,7 @@ from apps.core.views import healthz
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.device_plugin import GPU_RESOURCE, GpuView, device_plugin_resources
 from engine.geometry.layout import mig_layouts_enumerate
-from tests.deploy.commands import REPO, command_check
+from tests.deploy.commands import REPO, command_check, production_settings_load
 from tests.deploy.kustomize import json_patch, render, yaml_documents
 from workers.agent.exporter import AgentExporter
 from workers.router.app import Router
@@ -279,23 +278,17 @@ def test_every_secret_the_manifests_read_is_in_the_example_with_its_keys():
                 assert ref["name"] == "tessera-config" and ref["key"] in config
 
 
-def _production_settings_load(env: dict[str, str]) -> subprocess.CompletedProcess:
-    code = "import django; django.setup(); from django.conf import settings; print(settings.MEDIA_ROOT, settings.ALLOWED_HOSTS)"
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PATH": os.environ["PATH"], **env},
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_the_secret_and_config_are_exactly_what_production_settings_need():
     """The control plane's environment (ConfigMap + tessera-secrets) loads the production settings, and
     each secret is required: without it start-up stops with ImproperlyConfigured."""
     config = _find(BUILT["base"], "ConfigMap", "tessera-config")["data"]
     secrets = _secrets()["tessera-secrets"]
     assert config["DJANGO_SETTINGS_MODULE"] == "controlplane.settings.production"
-    loaded = _production_settings_load({**config, **secrets})
+    loaded = production_settings_load({**config, **secrets})
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split()[0] == config["TESSERA_MEDIA_ROOT"]
     for key in secrets:
-        without = _production_settings_load({**config, **{k: v for k, v in secrets.items() if k != key}})
+        without = production_settings_load({**config, **{k: v for k, v in secrets.items() if k != key}})
         assert without.returncode != 0 and "ImproperlyConfigured" in without.stderr and key in without.stderr
 
 
