@@ -69,26 +69,42 @@ def mig_layouts_cmd(
 @mig_app.command("export")
 def mig_export_cmd(
     placements: list[str] = typer.Argument(None, help="GPU instances as profile@start (none: MIG on, no instances)"),
-    gpu: str = typer.Option(..., "--gpu", help="GPU model"),
-    name: str = typer.Option("tessera", "--name", help="Name of the mig-parted config"),
-    devices: str = typer.Option("all", "--devices", help="'all' or comma-separated GPU indices"),
+    gpu: str = typer.Option(None, "--gpu", help="GPU model (with placements)"),
+    plan_id: int = typer.Option(None, "--plan", help="Export a stored plan instead: one config per host (GET /api/v1/plans/)"),
+    name: str = typer.Option("tessera", "--name", help="Name of the mig-parted config (with --gpu)"),
+    devices: str = typer.Option("all", "--devices", help="'all' or comma-separated GPU indices (with --gpu)"),
+    device_filter: bool = typer.Option(False, "--device-filter", help="Apply only to the model's boards (its PCI device ids)"),
     mig_off: bool = typer.Option(False, "--mig-off", help="Disable MIG on the devices instead"),
     out: Path = typer.Option(None, "--out", help="Write the config.yaml here instead of printing it"),
 ) -> None:
-    """Write a layout as a mig-parted config.yaml (version v1); the exact placements ride along as a comment."""
+    """Write a layout (--gpu and placements) or a stored plan's MIG geometry (--plan) as a mig-parted
+    config.yaml (version v1) that `nvidia-mig-parted apply` takes; the exact placements ride along as
+    comments. With --plan: one config per host, and the node label nvidia.com/mig.config=<config> to set on
+    each (NVIDIA's MIG manager applies the config its node's label names)."""
+    if (gpu is None) == (plan_id is None):
+        raise fail("give either --gpu (and placements) or --plan")
+    if plan_id is not None:
+        if placements:
+            raise fail("--plan takes no placements: the plan's layouts are exported")
+        _plan_export(plan_id, out)
+        return
     from engine.geometry.layout import InvalidLayout
-    from engine.geometry.migparted import mig_parted_export
+    from engine.geometry.migparted import MigPartedExportEntry, mig_parted_export
 
     model = _gpu_model(gpu)
     layout = None if mig_off else _layout(placements or [])
     try:
         targets = "all" if devices.strip() == "all" else tuple(int(d) for d in devices.split(","))
-        text = mig_parted_export({name: [(model, layout, targets)]})
+        text = mig_parted_export({name: [MigPartedExportEntry(model, layout, targets, device_filter or None)]})
     except InvalidLayout as exc:
         typer.echo(f"invalid: {exc}")
         raise typer.Exit(EXIT_INVALID) from exc
     except ValueError as exc:
         raise fail(str(exc)) from exc
+    _write(text, out)
+
+
+def _write(text: str, out: Path | None) -> None:
     if out is None:
         typer.echo(text, nl=False)
     else:
@@ -96,42 +112,86 @@ def mig_export_cmd(
         typer.echo(f"wrote {out}")
 
 
+def _plan_export(plan_id: int, out: Path | None) -> None:
+    from ._common import django_setup
+
+    django_setup()
+    from apps.planning.mig_export import plan_mig_parted_export
+    from apps.planning.models import Plan
+
+    plan = Plan.objects.filter(pk=plan_id).first()
+    if plan is None:
+        raise fail(f"no plan {plan_id}")
+    try:
+        export = plan_mig_parted_export(plan=plan)
+    except ValueError as exc:
+        raise fail(f"plan {plan_id}: {exc}") from exc
+    _write(export.text, out)
+    if out is not None:
+        for line in export.label_lines():
+            typer.echo(f"label {line}")
+        for note in export.notes:
+            typer.echo(f"note: {note}")
+
+
+_STATUS_TEXT = {"filtered_out": "not for this board", "not_for_model": "for other GPUs", "does_not_fit": "CANNOT APPLY"}
+
+
 @mig_app.command("import")
 def mig_import_cmd(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="mig-parted config.yaml"),
-    gpu: str = typer.Option(None, "--gpu", help="Also place each entry's instance counts on this GPU model"),
+    gpu: str = typer.Option(None, "--gpu", help="Resolve each config on this GPU model and place its instance counts"),
+    config_name: str = typer.Option(None, "--config", help="Only this config (the name a node label would select)"),
+    pci_id: str = typer.Option(None, "--pci-id", help="The board's PCI device id (0xDDDDVVVV), where the model's boards differ"),
 ) -> None:
-    """Read a mig-parted config.yaml: per config and entry, the devices and instance counts (and, with
-    --gpu, a concrete layout for those counts)."""
-    from engine.geometry.catalogue import UnknownMigProfile
-    from engine.geometry.layout import mig_counts_to_layout
-    from engine.geometry.migparted import MigPartedError, mig_parted_import
+    """Read a mig-parted config.yaml: per config and entry, the devices and instance counts. With --gpu,
+    which entries apply to that GPU model (device-filter against its PCI device ids, profile names against
+    its profiles) and a concrete layout for each. Exit 1 when an entry that applies cannot be placed (or
+    the --config named has no entry for the GPU), 2 for a malformed file or unknown GPU."""
+    from engine.geometry.migparted import MigPartedError, mig_parted_import, mig_parted_resolve
 
     try:
         configs = mig_parted_import(config.read_text())
     except MigPartedError as exc:
         raise fail(str(exc)) from exc
+    if config_name is not None:
+        if config_name not in configs:
+            raise fail(f"no config {config_name!r} in {config} (configs: {', '.join(configs)})")
+        configs = {config_name: configs[config_name]}
     model = _gpu_model(gpu) if gpu else None
-    unplaceable = False
+    if model is None and pci_id is not None:
+        raise fail("--pci-id needs --gpu")
+    failed = False
     for cname, entries in configs.items():
         typer.echo(f"{cname}:")
-        for entry in entries:
-            devices = entry.devices if entry.devices == "all" else ",".join(map(str, entry.devices))
-            if not entry.mig_enabled:
-                typer.echo(f"  devices {devices}: MIG disabled")
-                continue
-            counts = ", ".join(f"{n} x {p}" for p, n in entry.counts.items()) or "no instances"
-            line = f"  devices {devices}: {counts}"
-            if model is not None:
-                try:
-                    layout = mig_counts_to_layout(model, entry.counts)
-                except (UnknownMigProfile, ValueError) as exc:
-                    layout, line = None, f"{line} -> {exc}"
-                if layout is not None:
-                    line += " -> " + (" ".join(map(str, layout)) or "(no instances)")
-                elif "->" not in line:
-                    line += f" -> does not fit on {model.name}"
-                unplaceable = unplaceable or layout is None
+        if model is None:
+            for entry in entries:
+                typer.echo(f"  {_entry_text(entry)}")
+            continue
+        try:
+            targets = mig_parted_resolve(entries, model, device_id=pci_id)
+        except (MigPartedError, ValueError) as exc:
+            raise fail(f"{cname}: {exc} (--pci-id)") from exc
+        for target in targets:
+            line = f"  {_entry_text(target.entry)}"
+            if target.status == "applies":
+                if target.entry.mig_enabled:
+                    line += " -> " + (" ".join(map(str, target.layout)) or "(no instances)")
+            else:
+                line += f" -> {_STATUS_TEXT[target.status]}: {target.reason}"
             typer.echo(line)
-    if unplaceable:
+        failed = failed or any(t.status == "does_not_fit" for t in targets)
+        if config_name is not None and not any(t.status == "applies" for t in targets):
+            typer.echo(f"  no entry of {cname} applies to {model.label}")
+            failed = True
+    if failed:
         raise typer.Exit(EXIT_INVALID)
+
+
+def _entry_text(entry) -> str:
+    devices = entry.devices if entry.devices == "all" else ",".join(map(str, entry.devices))
+    board = f" [{', '.join(entry.device_filter)}]" if entry.device_filter else ""
+    if not entry.mig_enabled:
+        return f"devices {devices}{board}: MIG disabled"
+    counts = ", ".join(f"{n} x {p}" for p, n in entry.counts.items()) or "no instances"
+    return f"devices {devices}{board}: {counts}"

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from controlplane.cli import app
+from engine.geometry.catalogue import mig_catalogue_load
 
 from .test_problem_format import small_problem_dict
 
@@ -49,7 +50,7 @@ def test_mig_validate_accepts_nvml_names() -> None:
         (["3g.20gb@0", "2g.10gb@2"], "invalid: 3g.20gb@0 overlaps 2g.10gb@2 on memory slices 2-3"),
         (["3g.20gb@2"], "invalid: 3g.20gb@2: start 2 is not a legal start for 3g.20gb on A100-SXM4-40GB (legal: 0, 4)"),
         (["3g.40gb@0"], "invalid: 3g.40gb@0: profile 3g.40gb does not exist on A100-SXM4-40GB"),
-        (["1g.5gb+me@0", "1g.5gb+me@1"], "at most one media-extension (+me) instance"),
+        (["1g.5gb+me@0", "1g.5gb+me@1"], "at most one media-extension (+me or +me.all) instance"),
     ],
 )
 def test_mig_validate_invalid_layout_exits_1_with_the_reason(placements: list[str], reason: str) -> None:
@@ -127,6 +128,58 @@ def test_mig_import_counts_that_do_not_fit_exit_1(tmp_path: Path) -> None:
     result = run("mig", "import", str(config), "--gpu", "A100-SXM4-40GB")
     assert result.exit_code == 1
     assert "does not fit on A100-SXM4-40GB" in result.stdout
+
+
+CONFIG_DEFAULT = Path(__file__).parent / "data" / "mig-parted-config-default.yaml"
+
+
+@pytest.mark.parametrize("gpu", [m.name for m in mig_catalogue_load().gpu_models] + ["NVIDIA A30", "NVIDIA GB200", "NVIDIA H100 NVL"])
+def test_mig_layouts_of_every_catalogue_gpu(gpu: str) -> None:
+    result = run("mig", "layouts", "--gpu", gpu, "--maximal")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines and "-" not in lines
+    for line in lines:
+        assert run("mig", "validate", "--gpu", gpu, *line.split()).exit_code == 0, line
+
+
+def test_mig_import_plans_mig_parted_config_default_per_gpu() -> None:
+    result = run("mig", "import", str(CONFIG_DEFAULT), "--gpu", "A100-SXM4-40GB")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert ("all-1g.10gb:\n  devices all [0x233010DE, 0x233110DE, 0x232210DE, 0x20B210DE, 0x20B510DE, 0x20F310DE, "
+            "0x20F510DE, 0x232410DE]: 7 x 1g.10gb -> not for this board") in out
+    assert "  devices all [0x20B010DE, 0x20B110DE, 0x20F110DE, 0x20F610DE]: 4 x 1g.10gb -> 1g.10gb@0 1g.10gb@2 1g.10gb@4 1g.10gb@6" in out
+    assert "all-balanced:" in out and "2 x 1g.5gb, 1 x 2g.10gb, 1 x 3g.20gb -> 2g.10gb@0 1g.5gb@2 1g.5gb@3 3g.20gb@4" in out
+    assert "all-1g.24gb.gfx:\n  devices all: 4 x 1g.24gb+gfx -> for other GPUs: profile '1g.24gb+gfx' does not exist" in out
+    assert "CANNOT APPLY" not in out
+
+
+def test_mig_import_one_config_on_a_board() -> None:
+    result = run("mig", "import", str(CONFIG_DEFAULT), "--gpu", "RTX-PRO-6000-Blackwell-96GB", "--config", "all-balanced")
+    assert result.exit_code == 2 and "treat RTX-PRO-6000-Blackwell-96GB's boards differently" in result.stderr
+    result = run("mig", "import", str(CONFIG_DEFAULT), "--gpu", "RTX-PRO-6000-Blackwell-96GB", "--config", "all-balanced",
+                 "--pci-id", "0x2BB510DE")
+    assert result.exit_code == 0, result.output
+    assert "devices all [0x2BB510DE]: 2 x 1g.24gb, 1 x 2g.48gb -> 2g.48gb@0 1g.24gb@6 1g.24gb@9" in result.stdout
+    result = run("mig", "import", str(CONFIG_DEFAULT), "--gpu", "RTX-PRO-6000-Blackwell-96GB", "--config", "all-balanced",
+                 "--pci-id", "0x2BB110DE")
+    assert result.exit_code == 1
+    assert "no entry of all-balanced applies to RTX-PRO-6000-Blackwell-96GB" in result.stdout
+    result = run("mig", "import", str(CONFIG_DEFAULT), "--gpu", "RTX-PRO-5000-Blackwell-48GB", "--config", "all-1g.24gb")
+    assert result.exit_code == 1
+    assert "4 x 1g.24gb -> CANNOT APPLY: 4 x 1g.24gb does not fit on RTX-PRO-5000-Blackwell-48GB" in result.stdout
+    assert run("mig", "import", str(CONFIG_DEFAULT), "--config", "nope").exit_code == 2
+    assert run("mig", "import", str(CONFIG_DEFAULT), "--pci-id", "0x2BB510DE").exit_code == 2
+
+
+def test_mig_export_with_the_models_device_filter() -> None:
+    result = run("mig", "export", "--gpu", "A30-24GB", "--device-filter", "--devices", "0,1", "2g.12gb+me@0", "1g.6gb@2", "1g.6gb@3")
+    assert result.exit_code == 0, result.output
+    assert '    - device-filter: ["0x20B710DE"]\n      devices: [0, 1]\n      mig-enabled: true\n' in result.stdout
+    assert '        "2g.12gb+me": 1\n        "1g.6gb": 2\n' in result.stdout
+    assert run("mig", "export", "--gpu", "A30-24GB", "--plan", "3").exit_code == 2
+    assert run("mig", "export").exit_code == 2
 
 
 # ----------------------------------------------------------------------------- plan
