@@ -100,3 +100,20 @@ def fake_demand(monkeypatch):
         return module
 
     return install
+
+
+@pytest.fixture
+def validated_plan(db):
+    """make(demand) -> a Plan made by a manual plan run (10 s limit) for {application: rps}, checked valid."""
+    from apps.jobs.services import job_execute
+    from apps.planning.models import Plan
+    from apps.planning.services import plan_run_execute, plan_run_start
+
+    def make(demand: dict[str, float]) -> Plan:
+        job = plan_run_start(trigger="manual", options={"time_limit_s": 10, "demand": demand})
+        job_execute(job_id=job.pk, work=lambda j: plan_run_execute(job=j))
+        plan = Plan.objects.get(job=job)
+        assert plan.status == "validated", plan.validation
+        return plan
+
+    return make

@@ -6,10 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from apps.jobs.services import job_execute
 from apps.planning.mig_export import plan_mig_parted_export
-from apps.planning.models import Plan
-from apps.planning.services import plan_run_execute, plan_run_start
 from controlplane.cli import app
 from engine.geometry.layout import layout_parse
 from engine.geometry.migparted import mig_parted_import, mig_parted_resolve
@@ -17,16 +14,8 @@ from engine.geometry.migparted import mig_parted_import, mig_parted_resolve
 pytestmark = pytest.mark.django_db
 
 
-def _plan(demand: dict[str, float]) -> Plan:
-    job = plan_run_start(trigger="manual", options={"time_limit_s": 10, "demand": demand})
-    job_execute(job_id=job.pk, work=lambda j: plan_run_execute(job=j))
-    plan = Plan.objects.get(job=job)
-    assert plan.status == "validated", plan.validation
-    return plan
-
-
-def test_a_plan_exports_one_config_per_host_that_gives_back_its_layouts(small_fleet):
-    plan = _plan({"classify": 2000, "tabular": 100})
+def test_a_plan_exports_one_config_per_host_that_gives_back_its_layouts(small_fleet, validated_plan):
+    plan = validated_plan({"classify": 2000, "tabular": 100})
     export = plan_mig_parted_export(plan=plan)
     config = f"tessera-plan-{plan.pk}-node-a"
     assert export.labels == {"node-a": config}  # node-cpu has no GPU
@@ -44,8 +33,8 @@ def test_a_plan_exports_one_config_per_host_that_gives_back_its_layouts(small_fl
         assert applying[-1].entry.device_filter == ("0x20B010DE", "0x20B110DE", "0x20F110DE")
 
 
-def test_the_cli_prints_the_config_and_the_labels(small_fleet, tmp_path):
-    plan = _plan({"classify": 2000, "tabular": 100})
+def test_the_cli_prints_the_config_and_the_labels(small_fleet, validated_plan, tmp_path):
+    plan = validated_plan({"classify": 2000, "tabular": 100})
     runner = CliRunner()
     printed = runner.invoke(app, ["mig", "export", "--plan", str(plan.pk)])
     assert printed.exit_code == 0, printed.output
@@ -61,8 +50,8 @@ def test_the_cli_prints_the_config_and_the_labels(small_fleet, tmp_path):
     assert placements.exit_code == 2 and "takes no placements" in placements.stderr
 
 
-def test_a_plan_without_mig_gpus_says_so(small_fleet):
-    plan = _plan({"tabular": 100})
+def test_a_plan_without_mig_gpus_says_so(small_fleet, validated_plan):
+    plan = validated_plan({"tabular": 100})
     plan.desired_states = {"node-cpu": plan.desired_states["node-cpu"]}
     plan.save(update_fields=["desired_states"])
     with pytest.raises(ValueError, match="no host has a MIG-capable GPU"):
