@@ -8,7 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from apps.core.models import ChangeLoggedModel
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.catalogue import CatalogueError, GpuModelSpec, gpu_model_from_nvml, mig_catalogue_load
 from engine.geometry.layout import Placement, mig_layout_validate
 from engine.sharing.partitions import MPS_PARTITIONS_DEFAULT, mps_layout_format, mps_layout_validate
 
@@ -93,6 +93,15 @@ class Accelerator(ChangeLoggedModel):
         help_text="The partition sizes (percent of the SMs) allowed on this GPU, e.g. [20, 40, 50, 60, 80, 100]; "
         "empty: the engine's default (" + ", ".join(map(str, MPS_PARTITIONS_DEFAULT)) + ")",
     )
+    pci_device_id = models.CharField(
+        max_length=10, blank=True, editable=False,
+        help_text='The board\'s PCI device id as NVML reports it, in mig-parted\'s device-filter form ("0x20B010DE")',
+    )
+    nvml_profiles = models.JSONField(
+        default=list, blank=True, editable=False,
+        help_text="The GPU instance profiles NVML reports on this GPU while MIG is on (name, id, memory and compute "
+        "slices, MiB, starts, instances), as its agent last said; a GPU the MIG catalogue lacks is planned from it",
+    )
 
     class Meta:
         ordering = ["host__name", "kind", "index"]
@@ -104,11 +113,28 @@ class Accelerator(ChangeLoggedModel):
         return f"{self.host.name}/{self.kind}{self.index}" if self.host_id else f"{self.kind}{self.index}"
 
     @property
-    def gpu_model(self):
-        """The catalogue entry for this GPU, or None for CPUs and GPUs the MIG catalogue does not know."""
+    def gpu_model(self) -> GpuModelSpec | None:
+        """The catalogue entry for this GPU (by NVML's name, else by the board's PCI device id), or None for
+        CPUs and GPUs the MIG catalogue does not know."""
         if self.kind != AcceleratorKindChoices.GPU:
             return None
-        return mig_catalogue_load().gpu_model_find(self.model_name)
+        catalogue = mig_catalogue_load()
+        return catalogue.gpu_model_find(self.model_name) or (
+            catalogue.gpu_model_find_by_pci(self.pci_device_id) if self.pci_device_id else None
+        )
+
+    @property
+    def gpu_model_planned(self) -> GpuModelSpec | None:
+        """The model the planner and the geometry use: the catalogue's, else, for a GPU the catalogue lacks,
+        one described from the NVML profile table its agent reported (labelled "from NVML, not in the
+        catalogue"); None when there is neither (or the table is inconsistent)."""
+        model = self.gpu_model
+        if model is not None or self.kind != AcceleratorKindChoices.GPU or not self.nvml_profiles:
+            return model
+        try:
+            return gpu_model_from_nvml(self.model_name, self.memory_mb, self.nvml_profiles)
+        except CatalogueError:
+            return None
 
     @property
     def mps_partitions_allowed(self) -> tuple[int, ...]:
@@ -164,9 +190,10 @@ class Accelerator(ChangeLoggedModel):
                 errors["memory_mb"] = "A GPU needs its memory size in MiB."
             if self.mig_enabled and not self.mig_capable:
                 errors["mig_enabled"] = "MIG cannot be enabled on a GPU that is not MIG capable."
-            if self.mig_capable and self.gpu_model is None:
+            if self.mig_enabled and self.gpu_model_planned is None:
                 known = ", ".join(mig_catalogue_load().gpu_model_names)
-                errors["model_name"] = f"No MIG catalogue entry for {self.model_name!r}; known MIG GPUs: {known}."
+                errors["model_name"] = (f"No MIG catalogue entry for {self.model_name!r} and no NVML profile table reported "
+                                        f"for it; known MIG GPUs: {known}.")
         if errors:
             raise ValidationError(errors)
 
@@ -180,7 +207,7 @@ class GpuInstance(ChangeLoggedModel):
 
     accelerator = models.ForeignKey(Accelerator, on_delete=models.CASCADE, related_name="gpu_instances")
     profile = models.CharField(max_length=30, help_text='MIG profile name, e.g. "3g.20gb"')
-    placement_start = models.PositiveSmallIntegerField(help_text="First memory slice (0..7)")
+    placement_start = models.PositiveSmallIntegerField(help_text="First memory slice, as nvidia-smi mig -lgipp counts them")
     placement_size = models.PositiveSmallIntegerField(editable=False, help_text="Memory slices occupied, from the catalogue")
     uuid = models.CharField(max_length=80, blank=True, help_text="MIG device UUID, once created")
     state = models.CharField(max_length=20, choices=GpuInstanceStateChoices.choices, default=GpuInstanceStateChoices.PENDING)
@@ -207,7 +234,9 @@ class GpuInstance(ChangeLoggedModel):
             raise ValidationError({"accelerator": "GPU instances live on GPUs, not CPUs."})
         if not accelerator.mig_enabled:
             raise ValidationError({"accelerator": f"MIG is not enabled on {accelerator}."})
-        spec = accelerator.gpu_model
+        spec = accelerator.gpu_model_planned
+        if spec is None:
+            raise ValidationError({"accelerator": f"{accelerator}: neither the MIG catalogue nor NVML describes its profiles."})
         if spec.profile_find(self.profile) is None:
             known = ", ".join(spec.profile_names)
             raise ValidationError({"profile": f"{self.profile!r} is not a MIG profile of {spec.name} (known: {known})."})
@@ -219,7 +248,7 @@ class GpuInstance(ChangeLoggedModel):
             raise ValidationError({"placement_start": verdict.reason})
 
     def save(self, *args, **kwargs):
-        spec = self.accelerator.gpu_model
+        spec = self.accelerator.gpu_model_planned
         profile = spec.profile_find(self.profile) if spec is not None else None
         if profile is not None:
             self.profile = profile.name  # canonical spelling ("MIG 3G.20GB" -> "3g.20gb")

@@ -18,7 +18,8 @@ from .choices import AcceleratorKindChoices, GpuInstanceStateChoices, HostStatus
 from .models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential, mps_partitions_problem
 
 # mps_enabled is optional in a report (older agents leave it out): absent, the stored value stays.
-ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "mps_enabled", "cpu_cores")
+ACCELERATOR_REPORT_FIELDS = ("uuid", "model_name", "memory_mb", "mig_capable", "mig_enabled", "mps_enabled", "cpu_cores",
+                             "pci_device_id", "nvml_profiles")
 
 
 @transaction.atomic
@@ -93,11 +94,14 @@ def _save_if_changed(obj, values: dict[str, Any]) -> bool:
 
 
 def _instances_apply(accelerator: Accelerator, reported: list[dict[str, Any]]) -> None:
-    spec = accelerator.gpu_model
+    spec = accelerator.gpu_model_planned  # the catalogue's model, else NVML's table for the GPU
     layout = [Placement(i["profile"], i["start"]) for i in reported]
     if reported:
-        if not accelerator.mig_enabled or spec is None:
+        if not accelerator.mig_enabled:
             raise ValidationError({"accelerators": f"{accelerator}: MIG instances reported on a GPU without MIG enabled."})
+        if spec is None:
+            raise ValidationError({"accelerators": f"{accelerator}: MIG instances reported on a GPU that neither the MIG "
+                                                   "catalogue nor a reported NVML profile table describes."})
         verdict = mig_layout_validate(spec, layout)
         if not verdict.valid:
             raise ValidationError({"accelerators": f"{accelerator}: reported MIG layout is invalid: {verdict.reason}"})
@@ -197,7 +201,8 @@ def host_actual_state_apply(*, host: Host, report: dict[str, Any]) -> Host:
     nothing: an invalid part (an impossible MIG layout, say) changes nothing. The data-plane parts of the
     report (runtimes, operations) are applied by apps.deployments.services.host_report_apply, which calls
     this in the same transaction. Accelerators' `placements` are not stored: the agent sums up what differs
-    from the catalogue in `catalogue_disagreements`."""
+    from the catalogue in `catalogue_disagreements`; their NVML profile tables (`nvml_profiles`) are, so
+    that a GPU the catalogue lacks can be planned from what NVML reports."""
     host = Host.objects.select_for_update().get(pk=host.pk)
     host_values = {"backend": report["backend"]}
     # Optional parts (older agents leave them out): a key that is absent leaves the stored value alone.

@@ -39,7 +39,7 @@ from typing import Any
 
 import pynvml as _pynvml
 
-from engine.geometry.catalogue import MigProfileSpec, mig_catalogue_load
+from engine.geometry.catalogue import GpuModelSpec, MigProfileSpec, mig_catalogue_load
 from engine.geometry.layout import placement_parse
 
 __all__ = ["FakeGpu", "FakeNvml"]
@@ -71,11 +71,18 @@ GPM_METRICS = {
 DRIVER_VERSION = "550.54.15"
 
 
-def _gi_profile_enum(profile: MigProfileSpec) -> int:
-    """The NVML_GPU_INSTANCE_PROFILE_* enum of a catalogue profile."""
-    if profile.media_extensions:
-        return _pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1  # 1g.5gb+me
-    if profile.compute_slices == 1 and profile.memory_slices == 2:
+def _gi_profile_enum(profile: MigProfileSpec, model: GpuModelSpec) -> int:
+    """The NVML_GPU_INSTANCE_PROFILE_* enum of a catalogue profile (nvml.h: REV1 carries the media
+    extensions, ALL_ME all media engines, NO_ME none, GFX graphics; REV2 is the 1g on two memory slices)."""
+    by_kind = {
+        "me": {1: "1_SLICE_REV1", 2: "2_SLICE_REV1"}, "me.all": {1: "1_SLICE_ALL_ME", 2: "2_SLICE_ALL_ME"},
+        "gfx": {1: "1_SLICE_GFX", 2: "2_SLICE_GFX", 3: "3_SLICE_GFX", 4: "4_SLICE_GFX"},
+        "-me": {1: "1_SLICE_NO_ME", 2: "2_SLICE_NO_ME"},
+    }
+    kind = "-me" if profile.media_engines_none else next(iter(profile.attributes), None)
+    if kind is not None:
+        return getattr(_pynvml, f"NVML_GPU_INSTANCE_PROFILE_{by_kind[kind][profile.compute_slices]}")
+    if profile.compute_slices == 1 and profile.memory_slices == 2 and model.memory_slices == 8:
         return _pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2  # 1g.10gb on A100-40GB
     return {
         1: _pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
@@ -139,6 +146,9 @@ class FakeGpu:
     temperature_c: int = 40
     # the whole GPU's GPM figures (read while MIG is off), by GPM_METRICS name
     activity: dict[str, float] = field(default_factory=dict)
+    # A MIG GPU the catalogue lacks: its profiles, as the "hardware" has them (`model` is then its NVML name).
+    spec: GpuModelSpec | None = None
+    pci_device_id: int | None = None  # default: the catalogue model's first board, else 0 (unknown)
 
 
 # --------------------------------------------------------------------------- NVML objects
@@ -170,7 +180,8 @@ class _FakeProfile:
 
     @property
     def profile_id(self) -> int:
-        return self.spec.profile_id
+        # A profile whose id the catalogue does not know gets one past NVML's enums, as real ids are not enums.
+        return self.spec.profile_id if self.spec.profile_id is not None else 100 + self.enum
 
 
 class _Device(_Obj):
@@ -180,8 +191,10 @@ class _Device(_Obj):
         self.config = config
         self.uuid = f"GPU-{uuid_module.UUID(int=0xFA4E << 64 | index)}"
         catalogue = mig_catalogue_load()
-        self.spec = catalogue.gpu_model_find(config.model)
-        if self.spec is not None:
+        self.spec = config.spec or catalogue.gpu_model_find(config.model)
+        if config.spec is not None:
+            self.name, self.memory_mb = config.model, config.spec.memory_mib
+        elif self.spec is not None:
             self.name = next((n for n in self.spec.nvml_names if n.startswith("NVIDIA")), self.spec.name)
             self.memory_mb = self.spec.memory_mib
         elif config.model in NON_MIG_GPUS:
@@ -202,11 +215,13 @@ class _Device(_Obj):
                         for p in override
                     )
                 nvml_name = config.profile_names_override.get(profile.name, profile.name)
-                enum = _gi_profile_enum(profile)
+                enum = _gi_profile_enum(profile, self.spec)
                 self.profiles[enum] = _FakeProfile(enum, profile, placements, f"MIG {nvml_name}")
         hopper = self.spec is not None and self.spec.name.startswith(("H100", "H200"))
         self.gpm_supported = hopper if config.gpm_supported is None else config.gpm_supported
         self.pci_bus_id = f"00000000:{0x07 + index:02X}:00.0"  # NVML's domain:bus:device.function
+        boards = self.spec.pci_device_ids if self.spec is not None else ()
+        self.pci_device_id = config.pci_device_id if config.pci_device_id is not None else (boards[0] if boards else 0)
 
     def profile_by_id(self, profile_id: int) -> _FakeProfile | None:
         return next((p for p in self.profiles.values() if p.profile_id == profile_id), None)
@@ -465,6 +480,7 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
         info = _pynvml.nvmlPciInfo_t()
         info.busId = self._parent(handle).pci_bus_id.encode()  # bytes in the structure, as pynvml returns it
+        info.pciDeviceId = self._parent(handle).pci_device_id
         return info
 
     @_api

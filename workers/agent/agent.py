@@ -230,6 +230,9 @@ class Agent:
                 "memory_mb": gpu.memory_mb, "mig_capable": gpu.mig_capable, "mig_enabled": gpu.mig_enabled,
                 "instances": [{"profile": i.placement.profile, "start": i.placement.start, "uuid": i.uuid, "state": "ready"} for i in gpu.instances],
                 "placements": {name: list(starts) for name, starts in gpu.placements.items()},
+                **({"pci_device_id": gpu.pci_device_id} if gpu.pci_device_id else {}),
+                # NVML's profile table, while MIG is on: a GPU the catalogue lacks is planned from it.
+                **({"nvml_profiles": [dict(p) for p in gpu.nvml_profiles]} if gpu.nvml_profiles else {}),
                 "mps_enabled": gpu.mps_enabled,
                 # Only while MPS is on (a process left on a GPU whose daemon died is no partition of it).
                 "mps_partitions": [{"percent": percent, "index": index}

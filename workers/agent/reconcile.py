@@ -51,7 +51,7 @@ from engine.geometry import names
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import Placement, mig_layout_diff, mig_layout_validate
 
-from .backends import BackendError, DeviceBackend, GpuInfo
+from .backends import BackendError, DeviceBackend, GpuInfo, gpu_model_of
 from .desired import DesiredPartition, DesiredRuntime, DesiredState, runtime_key_parse
 from .supervisor import RuntimeProcess, RuntimeStartError, RuntimeSupervisor
 
@@ -255,9 +255,12 @@ class Reconciler:
             if gpu is None:
                 result.errors.append(f"gpu{want.index}: no such GPU on this host")
                 continue
-            spec = self.catalogue.gpu_model_find(gpu.model_name)
+            spec = gpu_model_of(gpu, self.catalogue)
             if want.mig_enabled and (not gpu.mig_capable or spec is None):
-                result.errors.append(f"gpu{want.index}: {gpu.model_name} is not a MIG GPU the catalogue knows")
+                result.errors.append(
+                    f"gpu{want.index}: {gpu.model_name} is not a MIG GPU the catalogue knows, nor one whose NVML "
+                    "profile table is known (MIG off)"
+                )
                 continue
             if spec is not None and want.layout:
                 verdict = mig_layout_validate(spec, want.layout)

@@ -113,9 +113,13 @@ class RouterCredentialIssuedSerializer(RouterCredentialSerializer):
         fields = [*RouterCredentialSerializer.Meta.fields, "token"]
 
 
+# Placement starts count NVML's placement units (8 on most MIG GPUs, 12 on RTX PRO 6000 Blackwell).
+MAX_PLACEMENT_UNIT = 63
+
+
 class ReportedGpuInstanceSerializer(serializers.Serializer):
     profile = serializers.CharField(max_length=30)
-    start = serializers.IntegerField(min_value=0, max_value=7)
+    start = serializers.IntegerField(min_value=0, max_value=MAX_PLACEMENT_UNIT)
     uuid = serializers.CharField(max_length=80, required=False, allow_blank=True, default="")
     state = serializers.ChoiceField(choices=GpuInstanceStateChoices.choices, default=GpuInstanceStateChoices.READY)
 
@@ -124,6 +128,19 @@ class ReportedMpsPartitionSerializer(serializers.Serializer):
     percent = serializers.IntegerField(min_value=1, max_value=100, help_text="Share of the GPU's SMs")
     index = serializers.IntegerField(min_value=0, max_value=99, help_text="Place in the GPU's layout, largest first")
     state = serializers.ChoiceField(choices=MpsPartitionStateChoices.choices, default=MpsPartitionStateChoices.READY)
+
+
+class ReportedNvmlProfileSerializer(serializers.Serializer):
+    """One GPU instance profile as NVML describes it on the GPU (nvmlDeviceGetGpuInstanceProfileInfo and the
+    profile's possible placements)."""
+
+    name = serializers.RegexField(r"^[0-9]+g\.[0-9]+gb(?:[+-][A-Za-z][A-Za-z0-9.]*(?:,[A-Za-z][A-Za-z0-9.]*)*)?$", max_length=40)
+    profile_id = serializers.IntegerField(min_value=0, max_value=255, allow_null=True)
+    memory_slices = serializers.IntegerField(min_value=1, max_value=MAX_PLACEMENT_UNIT + 1)
+    compute_slices = serializers.IntegerField(min_value=1, max_value=64)
+    memory_mb = serializers.IntegerField(min_value=0)
+    starts = serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=MAX_PLACEMENT_UNIT), max_length=64)
+    max_count = serializers.IntegerField(min_value=1, max_value=64)
 
 
 class ReportedAcceleratorSerializer(serializers.Serializer):
@@ -144,8 +161,17 @@ class ReportedAcceleratorSerializer(serializers.Serializer):
         help_text="The GPU's MPS partitions whose processes run (they replace the stored ones); left out, the stored ones "
         "stay unless MPS is off. During a reorganisation the old and the new ones together",
     )
+    pci_device_id = serializers.RegexField(
+        r"^0x[0-9A-F]{8}$", required=False, allow_blank=True,
+        help_text='The board\'s PCI device id, as mig-parted\'s device-filter writes it ("0x20B010DE")',
+    )
+    nvml_profiles = ReportedNvmlProfileSerializer(
+        many=True, required=False, max_length=64,
+        help_text="NVML backend: the GPU's instance profiles while MIG is on (stored; a GPU the catalogue lacks is "
+        "planned from them)",
+    )
     placements = serializers.DictField(
-        child=serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=7)), required=False,
+        child=serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=MAX_PLACEMENT_UNIT)), required=False,
         help_text="NVML backend: the starts NVML reports for each MIG profile. Accepted, not stored: the agent "
         "states what differs from the catalogue in catalogue_disagreements.",
     )

@@ -27,7 +27,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from engine.geometry.catalogue import MigCatalogue, mig_catalogue_load
+from engine.geometry.catalogue import (
+    NVML_ORIGIN_LABEL,
+    CatalogueError,
+    GpuModelSpec,
+    MigCatalogue,
+    gpu_model_from_nvml,
+    mig_catalogue_load,
+)
 from engine.geometry.layout import Placement, placement_parse
 
 __all__ = [
@@ -40,6 +47,7 @@ __all__ = [
     "MigInstanceTelemetry",
     "backend_make",
     "catalogue_compare",
+    "gpu_model_of",
     "host_cpu_cores",
     "placement_coerce",
 ]
@@ -74,7 +82,9 @@ class GpuInfo:
     `model_name` is the name NVML reports ("NVIDIA A100-SXM4-40GB"); the catalogue resolves it.
     `placements` maps each GPU instance profile to the starts NVML reports as possible on an empty GPU,
     for the cross-check against the catalogue (`catalogue_compare`); NVML reports profiles only while MIG
-    is enabled, so it is ``{}`` otherwise.
+    is enabled, so it is ``{}`` otherwise. `nvml_profiles` is NVML's whole profile table then (name, id,
+    memory and compute slices, MiB, starts, instances: what a GPU the catalogue lacks is planned from) and
+    `pci_device_id` the board's PCI device id ("0x20B010DE", mig-parted's device-filter form; "" unknown).
     """
 
     index: int
@@ -87,6 +97,8 @@ class GpuInfo:
     placements: dict[str, tuple[int, ...]] = field(default_factory=dict)
     simulated: bool = False
     mps_enabled: bool = False  # the GPU's MPS control daemon runs (simulated: the mode is set)
+    pci_device_id: str = ""
+    nvml_profiles: tuple[dict[str, Any], ...] = ()
 
     @property
     def layout(self) -> tuple[Placement, ...]:
@@ -227,10 +239,14 @@ def catalogue_compare(gpu: GpuInfo, catalogue: MigCatalogue | None = None) -> li
     catalogue = catalogue if catalogue is not None else mig_catalogue_load()
     where = f"gpu{gpu.index}"
     model = catalogue.gpu_model_find(gpu.model_name)
+    if model is None and gpu.pci_device_id:
+        model = catalogue.gpu_model_find_by_pci(gpu.pci_device_id)
     if model is None:
+        board = f" (PCI device id {gpu.pci_device_id})" if gpu.pci_device_id else ""
         return [
-            f"{where} {gpu.model_name}: NVML reports MIG profiles {sorted(gpu.placements)}, but the "
-            f"catalogue does not know this model (known: {', '.join(catalogue.gpu_model_names)})"
+            f"{where} {gpu.model_name}{board}: NVML reports MIG profiles {sorted(gpu.placements)}, but the "
+            f"catalogue does not know this model (known: {', '.join(catalogue.gpu_model_names)}); it is planned "
+            f"from NVML's profile table ({NVML_ORIGIN_LABEL})"
         ]
     lines = []
     for profile in model.profiles:
@@ -251,6 +267,22 @@ def catalogue_compare(gpu: GpuInfo, catalogue: MigCatalogue | None = None) -> li
             f"the catalogue does not list the profile for {model.name}"
         )
     return lines
+
+
+def gpu_model_of(gpu: GpuInfo, catalogue: MigCatalogue | None = None) -> GpuModelSpec | None:
+    """The MIG model of `gpu`: the catalogue's (by NVML's name, else by the board's PCI device id), else
+    one described from the NVML profile table the GPU reports (labelled "from NVML, not in the
+    catalogue"), else None (no MIG, or MIG off on a GPU the catalogue lacks)."""
+    catalogue = catalogue if catalogue is not None else mig_catalogue_load()
+    model = catalogue.gpu_model_find(gpu.model_name)
+    if model is None and gpu.pci_device_id:
+        model = catalogue.gpu_model_find_by_pci(gpu.pci_device_id)
+    if model is None and gpu.nvml_profiles:
+        try:
+            model = gpu_model_from_nvml(gpu.model_name, gpu.memory_mb, gpu.nvml_profiles)
+        except CatalogueError:
+            return None
+    return model
 
 
 def backend_make(name: str, **options: Any) -> DeviceBackend:

@@ -4,10 +4,14 @@ How NVML is used, and why:
 
 - Profiles. NVML names GPU instance profiles by enum (``NVML_GPU_INSTANCE_PROFILE_*``); asking for an
   enum's profile info gives the profile's *id*, the "ID" column of ``nvidia-smi mig -lgip`` that the
-  catalogue stores as ``profile_id``. Every other MIG call takes that id. Profiles are matched to
-  catalogue names by id, so placements read the way the planner writes them; a profile the catalogue
-  does not know keeps NVML's own name. NVML describes profiles only while MIG is enabled, and the
-  description does not change while the mode lasts, so it is read once per GPU and MIG mode.
+  catalogue stores as ``profile_id``. Every other MIG call takes that id. Ids are per GPU model (14 is
+  2g.10gb on A100, 1g.6gb on A30), so the GPU's catalogue model is found first (by NVML's name, else by
+  the board's PCI device id); a profile is then matched by the name NVML gives it (a board's other name,
+  such as early GB200's 7g.189gb, resolves to the catalogue's), else by id, so placements read the way
+  the planner writes them; a profile the catalogue does not know keeps NVML's own name. NVML describes
+  profiles only while MIG is enabled, and the description does not change while the mode lasts, so it is
+  read once per GPU and MIG mode. The whole table is reported (`GpuInfo.nvml_profiles`): a GPU the
+  catalogue lacks is planned from it.
 - Placements. ``nvmlDeviceGetGpuInstancePossiblePlacements`` lists every legal ``{start, size}`` of a
   profile regardless of what is already on the GPU; that is what `GpuInfo.placements` reports and what
   `catalogue_disagreements` compares with the catalogue. Instances are created at an explicit placement
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.geometry.catalogue import MigCatalogue, mig_catalogue_load
+from engine.geometry.catalogue import GpuModelSpec, MigCatalogue, mig_catalogue_load, pci_device_id_format
 from engine.geometry.layout import Placement, mig_layout_validate
 
 from . import (
@@ -84,6 +88,16 @@ class _Profile:
     compute_slices: int
     instance_count: int
     placements: tuple[tuple[int, int], ...]  # every possible (start, size), in memory slices
+    memory_mb: int = 0
+
+    def as_report(self) -> dict[str, Any]:
+        """The profile as the agent reports it (`GpuInfo.nvml_profiles`)."""
+        sizes = {size for _, size in self.placements}
+        return {
+            "name": self.name, "profile_id": self.profile_id, "memory_slices": max(sizes),
+            "compute_slices": self.compute_slices, "memory_mb": self.memory_mb, "starts": list(self.starts),
+            "max_count": self.instance_count,
+        }
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -359,7 +373,7 @@ class NvmlBackend:
             for index in range(self._nvml.nvmlDeviceGetCount()):
                 gpu = self._gpu_info(index)
                 lines.extend(catalogue_compare(gpu, self._catalogue))
-                model = self._catalogue.gpu_model_find(gpu.model_name)
+                model = self._catalogue_model(gpu.model_name, self._handle(index))
                 if model is None or not gpu.mig_enabled:
                     continue
                 # What the starts alone do not show: the slices a placement takes, and the profile's name.
@@ -373,10 +387,20 @@ class NvmlBackend:
                             f"gpu{index} {profile.name}: NVML reports placements of {sizes} memory slices, "
                             f"the catalogue {spec.memory_slices}"
                         )
-                    if profile.nvml_name and profile.nvml_name != spec.name:
+                    if profile.nvml_name and profile.nvml_name != spec.name and profile.nvml_name not in spec.aliases:
                         lines.append(
                             f"gpu{index} {profile.name}: NVML names profile id {profile.profile_id} "
                             f"{profile.nvml_name!r}, the catalogue {spec.name!r}"
+                        )
+                    if spec.profile_id is not None and spec.profile_id != profile.profile_id:
+                        lines.append(
+                            f"gpu{index} {profile.name}: NVML gives it profile id {profile.profile_id}, "
+                            f"the catalogue {spec.profile_id}"
+                        )
+                    if spec.max_count != profile.instance_count:
+                        lines.append(
+                            f"gpu{index} {profile.name}: NVML allows {profile.instance_count} instance(s), "
+                            f"the catalogue {spec.max_count}"
                         )
             return lines
 
@@ -487,9 +511,11 @@ class NvmlBackend:
         capable, enabled, _ = self._mig_mode(handle)
         instances: tuple[MigInstanceInfo, ...] = ()
         placements: dict[str, tuple[int, ...]] = {}
+        profiles: tuple[dict[str, Any], ...] = ()
         if enabled:
             table = self._profile_table(uuid, name, handle)
             placements = {profile.name: profile.starts for profile in table.values()}
+            profiles = tuple(profile.as_report() for profile in sorted(table.values(), key=lambda p: p.profile_id))
             migs = self._mig_devices(handle)
             instances = tuple(
                 _instance_info(gi, migs.get(gi.gpu_instance_id)) for gi in self._gpu_instances(handle, table)
@@ -507,6 +533,8 @@ class NvmlBackend:
             placements=placements,
             simulated=False,
             mps_enabled=self._mps is not None and self._mps.running(index),
+            pci_device_id=self._pci_device_id(handle),
+            nvml_profiles=profiles,
         )
 
     def _forget_gpu(self, uuid: str) -> None:
@@ -521,8 +549,7 @@ class NvmlBackend:
         if cached is not None:
             return cached
         nvml = self._nvml
-        model = self._catalogue.gpu_model_find(model_name)
-        catalogue_by_id = {p.profile_id: p for p in model.profiles} if model is not None else {}
+        model = self._catalogue_model(model_name, handle)
         table: dict[str, _Profile] = {}
         seen: set[int] = set()
         for enum in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
@@ -534,7 +561,9 @@ class NvmlBackend:
             if not placements:
                 continue
             nvml_name = _nvml_profile_name(getattr(info, "name", b""))
-            spec = catalogue_by_id.get(info.id)
+            spec = None
+            if model is not None:
+                spec = (model.profile_find(nvml_name) if nvml_name else None) or model.profile_by_id(int(info.id))
             # nvidia-smi's naming ("<compute>g.<memory>gb") is the last resort for a nameless profile.
             if spec is not None:
                 name = spec.name
@@ -547,9 +576,22 @@ class NvmlBackend:
                 compute_slices=int(info.sliceCount),
                 instance_count=int(info.instanceCount),
                 placements=placements,
+                memory_mb=int(getattr(info, "memorySizeMB", 0)),
             )
         self._profiles[uuid] = table
         return table
+
+    def _catalogue_model(self, model_name: str, handle: Any) -> GpuModelSpec | None:
+        """The GPU's catalogue model: by NVML's name, else by the board's PCI device id."""
+        return self._catalogue.gpu_model_find(model_name) or (
+            self._catalogue.gpu_model_find_by_pci(self._pci_device_id(handle)) if self._pci_device_id(handle) else None
+        )
+
+    def _pci_device_id(self, handle: Any) -> str:
+        """The board's PCI device id, "0x20B010DE" ("" where NVML does not say)."""
+        info = self._optional(lambda: self._nvml.nvmlDeviceGetPciInfo(handle))
+        device_id = int(getattr(info, "pciDeviceId", 0) or 0) if info is not None else 0
+        return pci_device_id_format(device_id) if device_id else ""
 
     def _profile_query(self, query: Callable[..., Any], *args: Any) -> Any | None:
         """A GPU or compute instance profile's info, None where it is not offered. pynvml asks for the
@@ -761,7 +803,8 @@ class NvmlBackend:
 
 def _profile_lookup(table: dict[str, _Profile], name: str) -> _Profile | None:
     key = name.strip().lower().removeprefix("mig ").strip()
-    return table.get(name) or table.get(key)
+    # By the catalogue's name, else by the board's own (early GB200 boards call 7g.186gb 7g.189gb).
+    return table.get(name) or table.get(key) or next((p for p in table.values() if p.nvml_name == key), None)
 
 
 def _nvml_profile_name(raw: bytes | str) -> str | None:

@@ -33,7 +33,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.geometry.catalogue import PLAIN_GPU_MODELS, GpuModelSpec, MigCatalogue, mig_catalogue_load, plain_gpu_model_find
+from engine.geometry.catalogue import (
+    PLAIN_GPU_MODELS,
+    GpuModelSpec,
+    MigCatalogue,
+    mig_catalogue_load,
+    pci_device_id_format,
+    plain_gpu_model_find,
+)
 from engine.geometry.layout import Placement, mig_layout_validate, placement_parse
 
 from . import (
@@ -317,6 +324,7 @@ class SimulatedBackend:
             placements={p.name: p.starts for p in spec.profiles} if spec is not None and gpu.mig_enabled else {},
             simulated=True,
             mps_enabled=gpu.mps_enabled,
+            pci_device_id=pci_device_id_format(spec.pci_device_ids[0]) if spec is not None and spec.pci_device_ids else "",
         )
 
     def _gpu_telemetry(self, gpu: _Gpu) -> GpuTelemetry:
