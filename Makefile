@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock vendor bench-peers clean
+.PHONY: demo test lock vendor bench-peers perf-analyzer clean
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ bench-peers:
 	python3 -m venv $(PEERS)/mlserver && $(PEERS)/mlserver/bin/pip install --quiet --disable-pip-version-check "mlserver==1.7.1" "onnxruntime>=1.18" numpy
 	python3 -m venv $(PEERS)/ray && $(PEERS)/ray/bin/pip install --quiet --disable-pip-version-check "ray[serve]==2.60.0" "onnxruntime>=1.18" numpy
 	/usr/bin/python3.11 -m venv $(PEERS)/pytriton && $(PEERS)/pytriton/bin/pip install --quiet --disable-pip-version-check "nvidia-pytriton==0.7.0" "onnxruntime>=1.18" numpy
+
+## NVIDIA's perf_analyzer for benches/oip.py: the binary in tritonclient 2.41.0's manylinux wheel (the last that
+## ships it; PyPI's perf-analyzer is a placeholder), libcudart from nvidia-cuda-runtime-cu12 (loaded even without
+## a GPU) and Debian's libb64-0d.
+perf-analyzer:
+	command -v apt-get >/dev/null && { dpkg -s libb64-0d >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q libb64-0d; } || true
+	python3 -m venv $(PEERS)/perf-analyzer && $(PEERS)/perf-analyzer/bin/pip install --quiet --disable-pip-version-check "tritonclient==2.41.0" "nvidia-cuda-runtime-cu12==12.9.79"
 
 clean:
 	rm -rf $(VENV) var

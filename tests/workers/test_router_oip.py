@@ -56,7 +56,7 @@ def runtimes(models, tmp_path_factory):
 
 def _tables(runtimes, *, tabular_routes=VARIANTS, pipeline=None) -> list[dict]:
     """The tables as the control plane lists them, `model` block included (RoutingTableSerializer.get_model)."""
-    versions = {v: {"inputs": oip_tensor_metadata(SPEC_IN), "outputs": oip_tensor_metadata(SPEC_OUT)} for v in VARIANTS}
+    versions = {v: {"id": 11 + i, "inputs": oip_tensor_metadata(SPEC_IN), "outputs": oip_tensor_metadata(SPEC_OUT)} for i, v in enumerate(VARIANTS)}
     calibrate_io = {"inputs": oip_tensor_metadata([{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 3]}]),
                     "outputs": oip_tensor_metadata([{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]}])}
     return [
@@ -186,10 +186,13 @@ def test_statistics_count_what_the_router_answered(runtimes, serve) -> None:
     for _ in range(5):
         client.infer("tabular", inputs, model_version="small", outputs=outputs)
     stats = client.get_inference_statistics("tabular")["model_stats"]
-    small = next(s for s in stats if s["version"] == "small")
+    small = next(s for s in stats if s["version"] == "11")  # by number: perf_analyzer reads versions as integers
     assert small["inference_stats"]["success"]["count"] == 5 and small["inference_stats"]["success"]["ns"] > 0
     assert small["last_inference"] > 0
     assert client.get_inference_statistics("tabular", "big")["model_stats"] == []
+    # A number names the variant too, for inference as for statistics.
+    assert client.infer("tabular", inputs, model_version="12", outputs=outputs).get_response()["model_version"] == "big"
+    assert [s["version"] for s in client.get_inference_statistics("tabular", "12")["model_stats"]] == ["12"]
 
 
 def test_a_pipeline_is_a_model_whose_versions_are_its_paths(runtimes, models, serve) -> None:

@@ -11,8 +11,10 @@ extension_parameters.md). Status codes follow Triton's mapping of its error kind
 How Tessera's objects map onto the protocol's:
 
 - A model is an application: the router picks the variant by the active routing table's weights, so the
-  plan decides. A model version is a variant: `/v2/models/{app}/versions/{variant}/infer` sends the query to
-  an instance of that variant only (for debugging; it still needs a route in the table). A pipeline is a
+  plan decides. A model version is a variant, named by its name or by its number (the registry's id:
+  Triton's clients and perf_analyzer read versions as whole numbers, so statistics give the number):
+  `/v2/models/{app}/versions/{variant}/infer` sends the query to an instance of that variant only (for
+  debugging; it still needs a route in the table). A pipeline is a
   model too (platform `tessera_pipeline`); its versions are its paths.
 - Errors are the protocol's `{"error": "<message>"}`; Tessera's machine-readable code (`no_route`,
   `deadline_exceeded`, ...) rides in the `X-Tessera-Error-Code` header.
@@ -98,7 +100,8 @@ async def oip_handle(router: "Router", scope: dict, receive: Callable, send: Cal
             await _send(send, 200, b"", _JSON)
         elif path in ("/v2/models/stats", "/v2/models/stats/"):
             _method(method, "GET")
-            await _json(send, 200, {"model_stats": [s for app in sorted(router.tables.apps) for s in _stats(router, app, None)]})
+            apps = router.tables.apps
+            await _json(send, 200, {"model_stats": [s for name in sorted(apps) for s in _stats(router, apps[name], None)]})
         elif (m := _MODEL_PATH.match(path)) is not None:
             await _model(router, scope, receive, send, m["name"], m["version"], m["action"])
         else:
@@ -122,7 +125,7 @@ async def _model(router: "Router", scope: dict, receive: Callable, send: Callabl
         return
     _method(scope["method"], "GET")
     if app is not None:
-        _version_known(app, version)
+        version = _version_known(app, version)
     elif version is not None and version not in pipeline.paths:  # type: ignore[union-attr]
         raise _OipError(404, f"Request for unknown model: '{name}' version '{version}' is not found (its versions are its paths: "
                              f"{', '.join(pipeline.paths)})", "unknown_version")  # type: ignore[union-attr]
@@ -136,7 +139,7 @@ async def _model(router: "Router", scope: dict, receive: Callable, send: Callabl
     else:  # stats
         if app is None:
             raise _OipError(400, f"statistics are kept per application: ask for the stages of pipeline '{name}'", "unsupported")
-        await _json(send, 200, {"model_stats": _stats(router, name, version)})
+        await _json(send, 200, {"model_stats": _stats(router, app, version)})
 
 
 # --------------------------------------------------------------------------- inference
@@ -147,8 +150,7 @@ async def _application_infer(router: "Router", scope: dict, receive: Callable, s
     from workers.router.app import request_headers_parse  # the router's own module imports this one
 
     t0 = time.monotonic()
-    if version is not None:
-        _version_known(app, version)
+    version = _version_known(app, version)
     try:
         request = request_headers_parse(scope["headers"])
     except ValueError as exc:
@@ -236,13 +238,26 @@ def _routed_variants(app: Application) -> list[str]:
     return sorted({r.variant for r in app.routes.values() if r.variant and r.weight > 0})
 
 
-def _version_known(app: Application, version: str | None) -> None:
+def _version_known(app: Application, version: str | None) -> str | None:
+    """The variant a version names: its name, or its number (the registry's id: Triton's clients and
+    perf_analyzer take versions as whole numbers); 404 for one the application does not have."""
     if version is None:
-        return
-    known = set(_model_doc(app).get("versions") or {}) | {r.variant for r in app.routes.values()}
-    if version not in known:
-        raise _OipError(404, f"Request for unknown model: '{app.name}' version '{version}' is not found "
-                             f"(its versions are its variants: {', '.join(sorted(known)) or 'none'})", "unknown_version")
+        return None
+    versions = _model_doc(app).get("versions") or {}
+    known = set(versions) | {r.variant for r in app.routes.values()}
+    if version in known:
+        return version
+    for name, doc in versions.items():
+        if isinstance(doc, dict) and str(doc.get("id")) == version:
+            return name
+    raise _OipError(404, f"Request for unknown model: '{app.name}' version '{version}' is not found "
+                         f"(its versions are its variants, by name or number: {', '.join(sorted(known)) or 'none'})", "unknown_version")
+
+
+def _version_number(app: Application, variant: str) -> str:
+    """A variant's number as a version, where the table gives one (else its name)."""
+    doc = (_model_doc(app).get("versions") or {}).get(variant)
+    return str(doc["id"]) if isinstance(doc, dict) and doc.get("id") is not None else variant
 
 
 def _app_metadata(app: Application, version: str | None) -> dict:
@@ -303,8 +318,10 @@ def _pipeline_config(router: "Router", pipeline: RouterPipeline, version: str | 
             "parameters": {"tessera_slo_ms": {"string_value": f"{slo_ms:g}"}, "tessera_stages": {"string_value": ",".join(stages)}}}
 
 
-def _stats(router: "Router", name: str, version: str | None) -> list[dict]:
-    """Triton's model statistics (extension_statistics.md) from what this router counted, per variant."""
+def _stats(router: "Router", app: Application, version: str | None) -> list[dict]:
+    """Triton's model statistics (extension_statistics.md) from what this router counted, per variant, each
+    under its number as the version (perf_analyzer reads versions as integers)."""
+    name = app.name
     per_variant = router.stats.application(name).per_variant()
     rows = []
     zero = {"count": 0, "ns": 0}
@@ -312,7 +329,7 @@ def _stats(router: "Router", name: str, version: str | None) -> list[dict]:
         if version is not None and variant != version:
             continue
         rows.append({
-            "name": name, "version": variant, "last_inference": int(agg["last_ms"]),
+            "name": name, "version": _version_number(app, variant), "last_inference": int(agg["last_ms"]),
             "inference_count": int(agg["success"]), "execution_count": int(agg["success"]),
             "inference_stats": {"success": {"count": int(agg["success"]), "ns": int(agg["success_us"] * 1000)},
                                 "fail": {"count": int(agg["failure"]), "ns": int(agg["failure_us"] * 1000)},

@@ -176,7 +176,8 @@ class RoutingTableSerializer(serializers.ModelSerializer):
         whichever variant the plan routes it to."""
         versions = {}
         for variant in obj.application.variants.all():
-            versions[variant.name] = {"inputs": _oip_specs(variant.inputs), "outputs": _oip_specs(variant.outputs)}
+            # "id": the variant's number as a version too: Triton's clients and perf_analyzer read versions as integers.
+            versions[variant.name] = {"id": variant.pk, "inputs": _oip_specs(variant.inputs), "outputs": _oip_specs(variant.outputs)}
         inputs = _oip_specs(obj.application.input_spec) or next((v["inputs"] for v in versions.values() if v["inputs"]), [])
         common = None
         for v in versions.values():

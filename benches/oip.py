@@ -1,0 +1,207 @@
+#!/usr/bin/env python
+"""NVIDIA's perf_analyzer against the demo's router over the Open Inference Protocol (issue 21, section 1):
+the standard load generator of Triton users, unmodified, measures a Tessera fleet as it would measure a
+Triton server. A script, not a test (the protocol is tested with tritonclient in tests/workers/test_router_oip.py).
+
+    make perf-analyzer                              # once: perf_analyzer in var/bench-peers/perf-analyzer
+    .venv/bin/python benches/oip.py                 # full run (about 3 minutes on two cores)
+    .venv/bin/python benches/oip.py --quick         # smoke run, about 1.5 minutes
+    options: --out DIR (default bench-results), --perf-analyzer PATH, --concurrency 1,2,4,8, --window-ms MS
+
+Writes DIR/oip.csv (one row per tensor format and concurrency) and DIR/oip.png, and prints the table.
+
+Setup (printed with the results):
+- perf_analyzer: the binary tritonclient 2.41.0's manylinux wheel ships (the last wheel that carries it;
+  PyPI's `perf-analyzer` package is a 2 KB placeholder), with libcudart from nvidia-cuda-runtime-cu12 and
+  Debian's libb64-0d; it runs on the CPU. `make perf-analyzer` installs it.
+- Fleet: `tessera demo` in a temporary directory (SQLite, simulated agents, its real CPU runtimes running
+  onnxruntime), router on its own port. Model `tabular-cpu` (input [1, 8] FP32); the version is the
+  `linear` variant's number (`-x`), so every query goes to the instances of one variant and the server
+  statistics perf_analyzer reads are that variant's. The demo's SLO (20 ms) and drop rule (slo-2x) stay as
+  seeded: perf_analyzer stops at the first failed request, so a level whose queries the runtime drops is
+  reported as failed, with the reason, not measured around.
+- For each tensor format (binary: the binary tensor data extension; json: JSON tensors both ways) and each
+  concurrency: perf_analyzer's closed loop (`--concurrency-range C`), stabilised on the average latency,
+  `--measurement-interval` windows; throughput and client-side p50/p99 latency from its CSV.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from _common import PNG_SKIPPED, csv_rows_write, figure_write, fmt, pyplot_load  # noqa: E402
+
+FIELDS = ["format", "concurrency", "status", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms", "avg_ms", "error"]
+DEFAULT_PA = REPO / "var" / "bench-peers" / "perf-analyzer" / "bin" / "perf_analyzer"
+MODEL = "tabular-cpu"
+VARIANT = "linear"
+READY_TIMEOUT_S = 240.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def demo_start(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """`tessera demo` in `workdir` (its own SQLite and data plane), until its router says the model is ready."""
+    port, router_port = _free_port(), _free_port()
+    env = {**os.environ, "TESSERA_VAR_DIR": str(workdir), "TESSERA_ADMIN_PASSWORD": "Bench-oip-admin-1"}
+    log = open(workdir / "demo.log", "w")
+    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "tessera"), "demo", "--port", str(port), "--router-port", str(router_port)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    router = f"127.0.0.1:{router_port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"tessera demo exited ({proc.returncode}):\n{_tail(workdir / 'demo.log')}")
+        status, _ = _get(f"http://{router}/v2/models/{MODEL}/versions/{VARIANT}/ready")
+        if status == 200:
+            return proc, router
+        time.sleep(1.0)
+    demo_stop(proc, workdir)
+    raise SystemExit(f"the demo's router did not get {MODEL} ready in {READY_TIMEOUT_S:.0f} s:\n{_tail(workdir / 'demo.log')}")
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def demo_stop(proc: subprocess.Popen, workdir: Path) -> None:
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: the demo drains its agents, which stop their runtimes
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    # Runtimes run in sessions of their own (they outlive an agent's restart by design): any the drain left.
+    subprocess.run(["pkill", "-f", str(workdir)], check=False)
+
+
+def perf_analyzer_env(binary: Path) -> dict[str, str]:
+    """libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel in the same venv (perf_analyzer links it even
+    on a machine without a GPU)."""
+    libs = sorted(binary.parent.parent.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
+    env = dict(os.environ)
+    if libs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(libs[0]), env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def perf_analyzer_run(binary: Path, router: str, version: str, *, tensor_format: str, concurrency: int, window_ms: int,
+                      workdir: Path) -> dict[str, Any]:
+    report = workdir / f"pa-{tensor_format}-{concurrency}.csv"
+    cmd = [str(binary), "-m", MODEL, "-x", version, "-u", router, "-i", "http", "--shape", "input:1,8",
+           "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
+           "--stability-percentage", "30", "--input-tensor-format", tensor_format, "--output-tensor-format", tensor_format, "-f", str(report)]
+    proc = subprocess.run(cmd, env=perf_analyzer_env(binary), capture_output=True, text=True, timeout=max(120, window_ms // 100))
+    row: dict[str, Any] = {"format": tensor_format, "concurrency": concurrency}
+    if proc.returncode != 0 or not report.exists():
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+        row.update(status="failed", error=(lines[-1] if lines else f"exit {proc.returncode}")[:200])
+        return row
+    with report.open() as f:
+        measured = next(csv.DictReader(f))
+    us = lambda key: int(measured[key]) / 1000.0  # noqa: E731 - perf_analyzer writes microseconds
+    row.update(status="ok", throughput_per_s=float(measured["Inferences/Second"]), p50_ms=us("p50 latency"),
+               p90_ms=us("p90 latency"), p99_ms=us("p99 latency"), avg_ms=us("Avg latency"), error="")
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results")
+    parser.add_argument("--perf-analyzer", type=Path, default=DEFAULT_PA)
+    parser.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,2,4,8; --quick: 1,4)")
+    parser.add_argument("--window-ms", type=int, default=None, help="measurement window (default 3000; --quick: 1500)")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if not args.perf_analyzer.exists():
+        raise SystemExit(f"perf_analyzer not found at {args.perf_analyzer}: run `make perf-analyzer` (and `apt-get install libb64-0d`)")
+    levels = [int(c) for c in (args.concurrency or ("1,4" if args.quick else "1,2,4,8")).split(",")]
+    window_ms = args.window_ms or (1500 if args.quick else 3000)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tessera-oip-bench-") as tmp:
+        workdir = Path(tmp)
+        started = time.monotonic()
+        proc, router = demo_start(workdir)
+        try:
+            status, body = _get(f"http://{router}/v2/models/{MODEL}/config")
+            config = json.loads(body) if status == 200 else {}
+            status, body = _get(f"http://{router}/v1/routing-tables")
+            tables = {t["application"]: t for t in json.loads(body)["tables"]} if status == 200 else {}
+            version = str(tables[MODEL]["model"]["versions"][VARIANT]["id"])
+            print(f"demo ready in {time.monotonic() - started:.0f} s; router {router}; {MODEL} version {VARIANT} is number {version}; "
+                  f"SLO {config.get('parameters', {}).get('tessera_slo_ms', {}).get('string_value')} ms")
+            time.sleep(5.0)  # the demo's first planning and profiling settle
+            for tensor_format in ("binary", "json"):
+                for concurrency in levels:
+                    row = perf_analyzer_run(args.perf_analyzer, router, version, tensor_format=tensor_format, concurrency=concurrency,
+                                            window_ms=window_ms, workdir=workdir)
+                    rows.append(row)
+                    print(f"  {tensor_format:6} c={concurrency}: {row['status']} {fmt(row.get('throughput_per_s'), '.0f')}/s "
+                          f"p50 {fmt(row.get('p50_ms'), '.2f')} ms p99 {fmt(row.get('p99_ms'), '.2f')} ms {row.get('error', '')}")
+            status, body = _get(f"http://{router}/v2/models/{MODEL}/versions/{version}/stats")
+            stats = json.loads(body)["model_stats"] if status == 200 else []
+        finally:
+            demo_stop(proc, workdir)
+    path = csv_rows_write(args.out / "oip.csv", rows, FIELDS)
+    print(f"\nperf_analyzer against `tessera demo`'s router, model {MODEL} version {VARIANT} ({platform.machine()}, "
+          f"{os.cpu_count()} CPUs, {window_ms} ms windows)")
+    print(f"{'format':8} {'conc':>4} {'status':7} {'infer/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}")
+    for r in rows:
+        print(f"{r['format']:8} {r['concurrency']:>4} {r['status']:7} {fmt(r.get('throughput_per_s'), '8.0f')} "
+              f"{fmt(r.get('p50_ms'), '7.2f')} {fmt(r.get('p90_ms'), '7.2f')} {fmt(r.get('p99_ms'), '7.2f')}")
+    for s in stats:
+        success = s["inference_stats"]["success"]
+        print(f"router statistics (the protocol's stats extension): version {s['version']}: {success['count']} answered, "
+              f"{s['inference_stats']['fail']['count']} failed")
+    print(f"wrote {path}")
+    plt = pyplot_load()
+    if plt is None:
+        print(PNG_SKIPPED.format(name="oip.png"))
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for tensor_format, marker in (("binary", "o"), ("json", "s")):
+        ok = [r for r in rows if r["format"] == tensor_format and r["status"] == "ok"]
+        ax.plot([r["throughput_per_s"] for r in ok], [r["p99_ms"] for r in ok], marker=marker, label=f"{tensor_format} tensors")
+        for r in ok:
+            ax.annotate(f"c={r['concurrency']}", (r["throughput_per_s"], r["p99_ms"]), fontsize=7)
+    ax.set_xlabel("inferences / s (perf_analyzer)")
+    ax.set_ylabel("p99 latency (ms, client side)")
+    ax.legend()
+    print(figure_write(plt, fig, args.out / "oip.png", f"perf_analyzer on the demo's router ({MODEL}/{VARIANT})"))
+
+
+if __name__ == "__main__":
+    main()
