@@ -185,6 +185,10 @@ class AcceleratorView:
     mps_enabled: bool = False
     partitions: list[PartitionView] = field(default_factory=list)  # an MPS GPU's partitions, by index
     mps_free: FreeShareView | None = None  # the share no partition holds (None: none free, or MPS off)
+    # Where NVML disagrees with the MIG catalogue on this GPU (its agent's lines), and, for a GPU the
+    # catalogue lacks, the label of the model planned from its NVML table.
+    catalogue_disagreements: list[str] = field(default_factory=list)
+    nvml_model_label: str = ""
 
     @property
     def svg_width(self) -> int:
@@ -234,6 +238,9 @@ class HostView:
     last_seen: object
     accelerators: list[AcceleratorView]
     dropped_reports: int = 0
+    # Catalogue disagreements the agent reported that name no GPU of the host (each GPU's are on its view).
+    catalogue_disagreements: list[str] = field(default_factory=list)
+    catalogue_disagreement_count: int = 0
 
 
 def _runtime_view(runtime: Runtime) -> RuntimeView:
@@ -385,6 +392,7 @@ def fleet_overview(user) -> list[HostView]:
     cpu_hosts = sorted({a.host_id for a in accelerators if a.kind == AcceleratorKindChoices.CPU})
     cores_history = runtime_cores_history(host_ids=cpu_hosts) if cpu_hosts else {}
     host_names = {h.pk: h.name for h in hosts}
+    disagreements_by_host = {h.pk: [str(line) for line in h.catalogue_disagreements or []] for h in hosts}
     instances_by_accelerator: dict[int, list[GpuInstance]] = {}
     for instance in instances:
         instances_by_accelerator.setdefault(instance.accelerator_id, []).append(instance)
@@ -409,6 +417,13 @@ def fleet_overview(user) -> list[HostView]:
         )
         if acc.kind == AcceleratorKindChoices.GPU:
             view.memory_slices = gpu_memory_slices(catalogue, acc.model_name)
+            planned = acc.gpu_model_planned
+            if planned is not None:
+                view.memory_slices = planned.memory_slices
+                view.nvml_model_label = planned.label if planned.from_nvml else ""
+            view.catalogue_disagreements = [
+                line for line in disagreements_by_host.get(acc.host_id, []) if line.startswith(f"gpu{acc.index} ")
+            ]
             if acc.mps_enabled:
                 mps_partitions_draw(view, _mps_partitions_of(
                     acc, partitions_by_accelerator.get(acc.pk, []), runtime_by_key, duty_cycles_by_host.get(acc.host_id, {}),
@@ -436,9 +451,17 @@ def fleet_overview(user) -> list[HostView]:
             name=h.name, status=h.status, status_label=h.get_status_display(), backend=h.backend,
             backend_label=h.get_backend_display(), simulated=h.simulated, last_seen=h.last_seen,
             accelerators=accelerators_by_host.get(h.pk, []), dropped_reports=h.dropped_reports,
+            catalogue_disagreements=_host_level_disagreements(disagreements_by_host[h.pk], accelerators_by_host.get(h.pk, [])),
+            catalogue_disagreement_count=len(disagreements_by_host[h.pk]),
         )
         for h in hosts
     ]
+
+
+def _host_level_disagreements(lines: list[str], views: list[AcceleratorView]) -> list[str]:
+    """The lines no GPU view of the host shows (a GPU no longer in the inventory, say)."""
+    shown = {line for view in views for line in view.catalogue_disagreements}
+    return [line for line in lines if line not in shown]
 
 
 def router_credentials_for(user) -> list[RouterCredential]:

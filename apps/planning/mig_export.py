@@ -55,7 +55,7 @@ def plan_mig_parted_export(*, plan: Plan) -> PlanMigPartedExport:
                 continue
             if not accelerator.mig_capable:
                 continue  # nothing for mig-parted to do on a GPU without MIG
-            model = accelerator.gpu_model
+            model = accelerator.gpu_model_planned
             if model is None:
                 notes.append(f"{where} ({accelerator.model_name}): not in the MIG catalogue and its agent reported no "
                              "NVML profile table; left out")
