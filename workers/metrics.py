@@ -466,7 +466,8 @@ class ApplicationStats:
         self._samples = _Samples()
         self.c = {"served": 0, "late": 0, "dropped": 0, "no_route": 0, "failed": 0}
         self.h_latency = _Histogram(LATENCY_BUCKETS_S)
-        # (variant, instance, simulated) -> [success, failure, duration_us, success duration_us, last answer (epoch ms)]
+        # (variant, instance, simulated) -> [success, failure, duration_us, success duration_us, last answer (epoch ms),
+        #   queue_us, compute_us (of the successes, as their runtimes measured them)]
         self.per_instance: dict[tuple[str, str, bool], list[float]] = {}
 
     def arrival(self) -> None:
@@ -477,11 +478,12 @@ class ApplicationStats:
         key = (variant, instance, simulated)
         row = self.per_instance.get(key)
         if row is None:
-            row = self.per_instance[key] = [0, 0, 0.0, 0.0, 0.0]
+            row = self.per_instance[key] = [0, 0, 0.0, 0.0, 0.0, 0.0, 0.0]
         row[4] = time.time() * 1000.0
         return row
 
-    def served(self, latency_ms: float, late: bool, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
+    def served(self, latency_ms: float, late: bool, *, variant: str = "", instance: str = "", simulated: bool = False,
+               queue_us: float = 0.0, compute_us: float = 0.0) -> None:
         with self._lock:
             self._served += 1
             if late:
@@ -495,6 +497,8 @@ class ApplicationStats:
             row[0] += 1
             row[2] += latency_ms * 1000.0
             row[3] += latency_ms * 1000.0
+            row[5] += queue_us
+            row[6] += compute_us
 
     def dropped(self, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
         with self._lock:
@@ -521,13 +525,17 @@ class ApplicationStats:
                 row[2] += latency_ms * 1000.0
 
     def per_variant(self) -> dict[str, dict[str, float]]:
-        """Since the start, per variant: answers (`success`, `success_us`), failures (`failure`, `failure_us`)
-        and the last answer's time (`last_ms`, epoch ms): the protocol's model statistics."""
+        """Since the start, per variant: answers (`success`, `success_us`, and of those the runtimes' `queue_us`
+        and `compute_us`), failures (`failure`, `failure_us`) and the last answer's time (`last_ms`, epoch ms):
+        the protocol's model statistics."""
         out: dict[str, dict[str, float]] = {}
         with self._lock:
             rows = [(k[0], list(v)) for k, v in self.per_instance.items()]
-        for variant, (ok, bad, us, ok_us, last) in rows:
-            agg = out.setdefault(variant, {"success": 0, "success_us": 0.0, "failure": 0, "failure_us": 0.0, "last_ms": 0.0})
+        for variant, (ok, bad, us, ok_us, last, queue_us, compute_us) in rows:
+            agg = out.setdefault(variant, {"success": 0, "success_us": 0.0, "failure": 0, "failure_us": 0.0, "last_ms": 0.0,
+                                           "queue_us": 0.0, "compute_us": 0.0})
+            agg["queue_us"] += queue_us
+            agg["compute_us"] += compute_us
             agg["success"] += ok
             agg["success_us"] += ok_us
             agg["failure"] += bad
@@ -621,7 +629,7 @@ class _RouterCollector:
                 queries.add_metric([app.application, outcome], float(value))
             latency.add_metric([app.application], buckets, total)
             # As Triton's, the duration counter covers successful requests only: duration / success is their mean.
-            for (variant, instance, simulated), (ok, bad, _us, ok_us, _last) in rows:
+            for (variant, instance, simulated), (ok, bad, _us, ok_us, *_rest) in rows:
                 labels = {"model": app.application, "version": variant, "instance": instance, "simulated": _label(simulated)}
                 triton["nv_inference_request_success"].add_sample("nv_inference_request_success", labels, float(ok))
                 triton["nv_inference_request_failure"].add_sample("nv_inference_request_failure", labels, float(bad))

@@ -187,7 +187,11 @@ def test_statistics_count_what_the_router_answered(runtimes, serve) -> None:
         client.infer("tabular", inputs, model_version="small", outputs=outputs)
     stats = client.get_inference_statistics("tabular")["model_stats"]
     small = next(s for s in stats if s["version"] == "11")  # by number: perf_analyzer reads versions as integers
-    assert small["inference_stats"]["success"]["count"] == 5 and small["inference_stats"]["success"]["ns"] > 0
+    inference = small["inference_stats"]
+    assert inference["success"]["count"] == 5 and inference["success"]["ns"] > 0
+    # Queue and compute as the runtime measured them: parts of the whole, the rest is the router and the wire.
+    assert inference["compute_infer"]["count"] == 5 and 0 < inference["compute_infer"]["ns"] < inference["success"]["ns"]
+    assert 0 <= inference["queue"]["ns"] + inference["compute_infer"]["ns"] < inference["success"]["ns"]
     assert small["last_inference"] > 0
     assert client.get_inference_statistics("tabular", "big")["model_stats"] == []
     # A number names the variant too, for inference as for statistics.

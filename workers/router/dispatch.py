@@ -176,7 +176,8 @@ class Dispatcher:
         variant = reply.get("variant") or route.variant
         simulated = bool(reply.get("simulated"))
         if status == 200:
-            stats.served(latency_ms, end > deadline, variant=variant, instance=instance, simulated=simulated)
+            stats.served(latency_ms, end > deadline, variant=variant, instance=instance, simulated=simulated,
+                         queue_us=reply.get("queue_us") or 0.0, compute_us=reply.get("compute_us") or 0.0)
         elif status == 504:
             stats.dropped(latency_ms, variant=variant, instance=instance, simulated=simulated)
         else:

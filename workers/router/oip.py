@@ -27,8 +27,9 @@ How Tessera's objects map onto the protocol's:
 
 Differences from Triton, on purpose: a model's `max_batch_size` is 0 in its configuration (the client sends
 whole tensors with their batch axis; the runtimes batch queries server-side, by the plan's batch size);
-`/v2/models/{m}/stats` counts what this router saw (answers and failures with their durations), not the
-queue and compute times, which the runtimes' `nv_inference_*` metrics carry. Not served: shared memory,
+`/v2/models/{m}/stats` counts what this router saw (answers and failures with their durations), and for
+the answers the queue and compute times their runtimes measured (input and output handling are not
+measured apart, so those fields stay 0). Not served: shared memory,
 sequences, tracing, logging, classification.
 """
 from __future__ import annotations
@@ -333,9 +334,12 @@ def _stats(router: "Router", app: Application, version: str | None) -> list[dict
             "inference_count": int(agg["success"]), "execution_count": int(agg["success"]),
             "inference_stats": {"success": {"count": int(agg["success"]), "ns": int(agg["success_us"] * 1000)},
                                 "fail": {"count": int(agg["failure"]), "ns": int(agg["failure_us"] * 1000)},
-                                # Measured by the runtimes, not here: their nv_inference_queue/compute_* metrics.
-                                "queue": dict(zero), "compute_input": dict(zero), "compute_infer": dict(zero),
-                                "compute_output": dict(zero), "cache_hit": dict(zero), "cache_miss": dict(zero)},
+                                # As the runtimes measured each answered query: queued, then its batch's run.
+                                "queue": {"count": int(agg["success"]), "ns": int(agg["queue_us"] * 1000)},
+                                "compute_infer": {"count": int(agg["success"]), "ns": int(agg["compute_us"] * 1000)},
+                                # Not measured apart: input and output handling fall in the router's overhead.
+                                "compute_input": dict(zero), "compute_output": dict(zero), "cache_hit": dict(zero),
+                                "cache_miss": dict(zero)},
             "batch_stats": [],
         })
     return rows

@@ -926,10 +926,12 @@ class ServedModel:
                 else:
                     stats.served(latency, query.start_ms - query.arrival_ms, query.compute_ms, query.end_ms > query.deadline_ms + 1e-6)
                     rid_json = b"%d" % rid if type(rid) is int else json.dumps(rid).encode()  # the router's ids are ints
+                    # The query's time queued and computing, for the router's statistics (the protocol's stats extension).
+                    timing = b'"queue_us":%d,"compute_us":%d' % (int((query.start_ms - query.arrival_ms) * 1000.0), int(query.compute_ms * 1000.0))
                     if header_length is None:
-                        tail = b'"application/json","header_length":null,"id":%s}' % rid_json
+                        tail = b'"application/json","header_length":null,%s,"id":%s}' % (timing, rid_json)
                     else:
-                        tail = b'"application/octet-stream","header_length":%d,"id":%s}' % (header_length, rid_json)
+                        tail = b'"application/octet-stream","header_length":%d,%s,"id":%s}' % (header_length, timing, rid_json)
                     head = self._reply_head + tail
                     if len(body) > _GATHER_BYTES:
                         conn.send_bytes(FRAME_PREFIX.pack(len(head), len(body)) + head, body)
