@@ -113,7 +113,8 @@ class _GpuGeometry:
 
 
 def _gpu_spec(accelerator: Accelerator) -> GpuModelSpec | None:
-    return accelerator.gpu_model
+    # The catalogue's model, else the one described from the NVML table its agent reported.
+    return accelerator.gpu_model_planned
 
 
 def _canonical_placement(spec: GpuModelSpec, placement: Placement) -> str:

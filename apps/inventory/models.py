@@ -132,7 +132,9 @@ class Accelerator(ChangeLoggedModel):
         if model is not None or self.kind != AcceleratorKindChoices.GPU or not self.nvml_profiles:
             return model
         try:
-            return gpu_model_from_nvml(self.model_name, self.memory_mb, self.nvml_profiles)
+            # Named as profiles and problems name a GPU outside the catalogue: NVML's name without "NVIDIA ".
+            return gpu_model_from_nvml(self.model_name.removeprefix("NVIDIA ").strip(), self.memory_mb, self.nvml_profiles,
+                                       nvml_names=(self.model_name,))
         except CatalogueError:
             return None
 

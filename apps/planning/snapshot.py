@@ -14,7 +14,9 @@ What is planned:
   MpsPartition rows, else the layout of its latest desired state, else unknown. A MIG-capable GPU of the MIG
   catalogue is a MIG device of its
   catalogue model with its current layout (the GpuInstance rows), or without a layout when MIG is off or no
-  instance exists (the planners then run it whole). Other GPUs are whole GPUs of their NVML name (without
+  instance exists (the planners then run it whole). A MIG GPU the catalogue lacks, with MIG on and the NVML
+  profile table its agent reported, is a MIG device of a model described from that table (the problem's
+  `gpu_models`, labelled "from NVML, not in the catalogue", with a note). Other GPUs are whole GPUs of their NVML name (without
   the "NVIDIA " prefix, as profiles of GPUs outside the catalogue are usually stored). CPUs are CPU devices
   with their cores. `running` (slot -> variant; on an MPS partition "mps60@0" -> the variants time-sharing
   it) comes from the host's latest desired state, so planners keep what runs where that costs nothing.
@@ -48,7 +50,7 @@ from apps.policies.models import SloPolicy
 from apps.registry.models import CorunMeasurement, ModelVariant, PipelineStage, Profile
 from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load
 from engine.geometry.names import mps_placement_parse, runtime_key_parse
-from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, problem_from_dict
+from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, gpu_model_to_dict, problem_from_dict
 from engine.reference.profiles import GpuletCorun, GpuletMemUtil, GpuletPoint
 from engine.sharing.interference import INTERFERENCE_FORM_DEFAULT, interference_model_fit, interference_samples_build
 from engine.sharing.partitions import mps_layout_validate, mps_slice_percent
@@ -262,6 +264,7 @@ def fleet_problem_build(
         latest_specs.setdefault(state.host_id, state.spec)
 
     raw_devices: list[dict[str, Any]] = []
+    nvml_models: list = []  # GpuModelSpec described from NVML, for MIG GPUs the catalogue lacks
     host_device_layouts: dict[int, dict[str, tuple[str, ...] | None]] = {}
     host_mps_layouts: dict[int, dict[str, tuple[str, ...]]] = {}
     device_types: set[str] = set()
@@ -286,6 +289,13 @@ def fleet_problem_build(
                 device_type = CPU_DEVICE_TYPE
             else:
                 spec = catalogue.gpu_model_find(accelerator.model_name)
+                if spec is None and accelerator.mig_capable and accelerator.mig_enabled:
+                    # A MIG GPU the catalogue lacks (or knows by its board's PCI id only): planned from
+                    # its catalogue model, else from the NVML profile table its agent reported.
+                    spec = accelerator.gpu_model_planned
+                    if spec is not None and spec.from_nvml and all(m.name != spec.name for m in nvml_models):
+                        nvml_models.append(spec)
+                        snapshot.notes.append(f"{name}: {spec.label}: planned from the profile table NVML reports on it")
                 if accelerator.mps_enabled and not accelerator.mig_enabled:
                     device_type = spec.name if spec is not None else gpu_device_type(accelerator.model_name)
                     raw = {"name": name, "type": device_type, "mig": False, "mps": True}
@@ -470,6 +480,8 @@ def fleet_problem_build(
     }
     if raw_pipelines:
         problem_raw["pipelines"] = raw_pipelines
+    if nvml_models:
+        problem_raw["gpu_models"] = [gpu_model_to_dict(m) for m in nvml_models]
     if mps_types:
         # The MPS planners plan the type most MPS GPUs have (engine/solvers/gpulets.py): fit to its co-runs.
         mps_type = Counter(mps_types).most_common(1)[0][0]

@@ -499,12 +499,15 @@ def _profile_from_data(raw: Any, where: str, memory_slices: int, compute_slices:
     )
 
 
-def gpu_model_from_nvml(name: str, memory_mib: int, profiles: Sequence[Mapping[str, Any]]) -> GpuModelSpec:
+def gpu_model_from_nvml(
+    name: str, memory_mib: int, profiles: Sequence[Mapping[str, Any]], nvml_names: Sequence[str] = (),
+) -> GpuModelSpec:
     """A GPU model described from NVML's own profile table, for a GPU the catalogue lacks: `profiles` as
     the agent reports them ({"name", "profile_id", "memory_slices", "compute_slices", "memory_mb",
     "starts", "max_count"}; every start with the same size). The GPU's memory slices are where the
     largest placement ends, its compute slices the largest profile's. The model is labelled
-    `NVML_ORIGIN_LABEL`. CatalogueError when the table is not a consistent profile table."""
+    `NVML_ORIGIN_LABEL`; `nvml_names` are other names it goes by (NVML's own, where `name` is the
+    device type profiles are kept under). CatalogueError when the table is not a consistent profile table."""
     where = f"NVML profile table of {name!r}"
     if not isinstance(name, str) or not name.strip():
         raise CatalogueError(f"{where}: the GPU needs a name")
@@ -531,7 +534,7 @@ def gpu_model_from_nvml(name: str, memory_mib: int, profiles: Sequence[Mapping[s
             "media_extensions": "me" in profile_attributes(profile_name)[0],
         })
     raw = {
-        "name": name.strip(), "nvml_names": [name.strip()], "memory_mib": int(memory_mib or 1),
+        "name": name.strip(), "nvml_names": list(dict.fromkeys([name.strip(), *nvml_names])), "memory_mib": int(memory_mib or 1),
         "memory_slices": memory_slices, "compute_slices": compute_slices, "profiles": rows,
         "pci_device_ids": [], "source": {"profiles": "NVML on the GPU itself (nvmlDeviceGetGpuInstanceProfileInfo, "
                                                      "nvmlDeviceGetGpuInstancePossiblePlacements)"},

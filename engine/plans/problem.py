@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Literal, Mapping
 
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.catalogue import CatalogueError, GpuModelSpec, gpu_model_from_nvml, mig_catalogue_extended, mig_catalogue_load
 from engine.geometry.layout import Placement, layout_parse
 from engine.sharing.partitions import (
     MPS_PARTITIONS_DEFAULT,
@@ -231,6 +231,9 @@ class Problem:
     options: SolveOptions = field(default_factory=SolveOptions)
     interference: InterferenceSpec | None = None
     pipelines: tuple[PipelineSpec, ...] = ()
+    # MIG GPU models the catalogue lacks, described from the NVML profile tables their agents reported
+    # (`gpu_models` in the JSON form); plan_solve and plan_validate plan and check with them.
+    gpu_models: tuple[GpuModelSpec, ...] = ()
 
     def pipeline_of(self, application: str) -> PipelineSpec | None:
         """The pipeline the application is a stage of, if any (an application is a stage of at most one)."""
@@ -507,7 +510,49 @@ def _mps_layout_from_dict(raw: Any, where: str, allowed: tuple[int, ...]) -> tup
 
 def problem_from_dict(raw: Mapping[str, Any]) -> Problem:
     """Read a problem from its JSON form, refusing anything malformed or inconsistent with a message that
-    names the item (e.g. "variants[3] (resnet50): unknown application 'classify'")."""
+    names the item (e.g. "variants[3] (resnet50): unknown application 'classify'"). Its `gpu_models` (MIG
+    GPUs the catalogue lacks, each {"name", "memory_mib", "profiles"} with NVML's profile table as agents
+    report it) are known to the devices, profiles and layouts of the problem like catalogue models."""
+    if not isinstance(raw, Mapping):
+        raise ProblemError("a problem is a JSON object")
+    models = _gpu_models_from_dict(raw.get("gpu_models"))
+    with mig_catalogue_extended(models):
+        problem = _problem_from_dict(raw)
+    return replace(problem, gpu_models=models) if models else problem
+
+
+def _gpu_models_from_dict(raw: Any) -> tuple[GpuModelSpec, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ProblemError("gpu_models: expected a list of {name, memory_mib, profiles}")
+    models = []
+    for i, item in enumerate(raw):
+        where = f"gpu_models[{i}]"
+        if not isinstance(item, Mapping):
+            raise ProblemError(f"{where}: expected an object")
+        name = _text(_need(item, "name", where), f"{where}.name")
+        if mig_catalogue_load().gpu_model_find(name) is not None:
+            raise ProblemError(f"{where} ({name}): the MIG catalogue has this model; describe only GPUs it lacks")
+        try:
+            models.append(gpu_model_from_nvml(name, int(_number(_need(item, "memory_mib", where), f"{where}.memory_mib", minimum=1)),
+                                              _need(item, "profiles", where)))
+        except CatalogueError as exc:
+            raise ProblemError(f"{where}: {exc}") from exc
+    _unique((m.name for m in models), "GPU model")
+    return tuple(models)
+
+
+def gpu_model_to_dict(model: GpuModelSpec) -> dict[str, Any]:
+    """A GPU model described from NVML, in the problem's `gpu_models` form."""
+    return {"name": model.name, "memory_mib": model.memory_mib, "profiles": [
+        {"name": p.name, "profile_id": p.profile_id, "memory_slices": p.memory_slices, "compute_slices": p.compute_slices,
+         "memory_mb": p.memory_gb * 1024, "starts": list(p.starts), "max_count": p.max_count}
+        for p in model.profiles
+    ]}
+
+
+def _problem_from_dict(raw: Mapping[str, Any]) -> Problem:
     if not isinstance(raw, Mapping):
         raise ProblemError("a problem is a JSON object")
     version = raw.get("format_version", PROBLEM_FORMAT_VERSION)
@@ -885,6 +930,7 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
         **({"interference": {"form": problem.interference.form, "coefficients": list(problem.interference.coefficients)}}
            if problem.interference is not None else {}),
         **({"pipelines": [pipeline_to_dict(p) for p in problem.pipelines]} if problem.pipelines else {}),
+        **({"gpu_models": [gpu_model_to_dict(m) for m in problem.gpu_models]} if problem.gpu_models else {}),
     }
 
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
-from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
+from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_extended, mig_catalogue_load
 from engine.geometry.layout import Placement, layout_parse, mig_layout_validate
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, DeviceSpec, Plan, PlanInstance, Problem, ProfilePoint
 from engine.sharing.partitions import MpsPartition, mps_layout_format, mps_layout_validate, mps_slice_percent
@@ -826,5 +826,6 @@ def plan_validate(problem: Problem, plan: Plan) -> PlanVerdict:
     figures add up. On MPS GPUs: the layout is legal (allowed shares, at most 100 %, largest first, unchanged
     when fixed), latencies include the interference factor, the models time-sharing a partition share one
     duty cycle that their batches fit in and that leaves each query its SLO, and the instances fit the GPU's
-    memory together."""
-    return _Checker(problem, plan).run()
+    memory together. The problem's GPU models described from NVML are checked like catalogue models."""
+    with mig_catalogue_extended(problem.gpu_models):
+        return _Checker(problem, plan).run()

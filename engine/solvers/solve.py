@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from engine.geometry.catalogue import mig_catalogue_extended
 from engine.plans.problem import OBJECTIVES, SOLVERS, Plan, Problem
 
 PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
@@ -55,7 +56,14 @@ def _planner_get(solver: str) -> Callable[[Problem], Plan]:
     raise ValueError(f"unknown solver {solver!r}; choose one of: {', '.join(PLANNERS + BASELINES + SHARING + PIPELINES + VERTICAL)}")
 
 
-def plan_solve(
+def plan_solve(problem: Problem, solver: str = "proteus", **kwargs) -> Plan:
+    """Plan `problem` with `solver` (see `_plan_solve`), with the problem's GPU models described from NVML
+    known to the catalogue while it plans."""
+    with mig_catalogue_extended(problem.gpu_models):
+        return _plan_solve(problem, solver, **kwargs)
+
+
+def _plan_solve(
     problem: Problem,
     solver: str = "proteus",
     *,

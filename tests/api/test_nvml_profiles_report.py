@@ -34,7 +34,8 @@ def test_a_gpu_the_catalogue_lacks_is_kept_with_its_nvml_table(agent_hosts):
     gpu = Accelerator.objects.get(host=host, kind="gpu")
     assert gpu.pci_device_id == "0x20F610DE" and gpu.gpu_model is None
     model = gpu.gpu_model_planned
-    assert model.origin == "nvml" and model.label == f"NVIDIA A800 40GB PCIe ({NVML_ORIGIN_LABEL})"
+    assert model.origin == "nvml" and model.label == f"A800 40GB PCIe ({NVML_ORIGIN_LABEL})"
+    assert model.nvml_names == ("A800 40GB PCIe", "NVIDIA A800 40GB PCIe")
     assert sorted(GpuInstance.objects.filter(accelerator=gpu).values_list("profile", "placement_start", "placement_size")) == [
         ("2g.10gb", 0, 2), ("3g.20gb", 4, 4)]
     # Its instances are checked against NVML's table like any other GPU's against the catalogue.
