@@ -72,3 +72,16 @@ def test_malformed_nvml_reports(agent_hosts, gpu):
     report = _report(model_name="NVIDIA A100-SXM4-40GB", **gpu)
     assert agent.post(f"/api/v1/hosts/{host.pk}/report/", report, format="json").status_code == 400
     assert not Accelerator.objects.filter(host=host).exists()
+
+
+def test_the_gpu_models_api_cites_sources_and_boards(clients):
+    rtx = clients["viewer"].get("/api/v1/gpu-models/RTX-PRO-6000-Blackwell-96GB/").json()
+    assert rtx["pci_device_ids"] == ["0x2BB510DE", "0x2BB110DE", "0x2BB410DE"]
+    assert "Supported MIG Profiles" in rtx["source"]["profiles"] and (rtx["memory_slices"], rtx["compute_slices"]) == (12, 4)
+    every = {p["name"]: p for p in rtx["profiles"]}["1g.24gb+me.all"]
+    assert (every["profile_id"], every["attributes"], every["starts"]) == (65, ["me.all"], [0, 3, 6, 9])
+    assert {p["name"]: p for p in rtx["profiles"]}["1g.24gb-me"]["lacks"] == ["me"]
+    gb200 = clients["viewer"].get("/api/v1/gpu-models/NVIDIA GB200/").json()
+    assert {p["name"]: p["aliases"] for p in gb200["profiles"]}["7g.186gb"] == ["7g.189gb"]
+    rtx5000 = clients["viewer"].get("/api/v1/gpu-models/RTX-PRO-5000-Blackwell-48GB/").json()
+    assert {p["profile_id"] for p in rtx5000["profiles"]} == {None}

@@ -1041,3 +1041,47 @@ def test_malformed_mig_parted_config(text, message):
     with pytest.raises(MigPartedError, match=message) as excinfo:
         mig_parted_import(text)
     assert isinstance(excinfo.value, ValueError)
+
+
+# ----------------------------------------------------------------------------- models described from NVML
+
+
+def _nvml_table(model_name: str) -> list[dict]:
+    return [{"name": p.name, "profile_id": p.profile_id, "memory_slices": p.memory_slices, "compute_slices": p.compute_slices,
+             "memory_mb": p.memory_gb * 1000, "starts": list(p.starts), "max_count": p.max_count}
+            for p in mig_catalogue_load().gpu_model_get(model_name).profiles]
+
+
+def test_a_model_described_from_nvml_is_known_only_inside_its_context():
+    import concurrent.futures
+
+    from engine.geometry.catalogue import NVML_ORIGIN_LABEL, gpu_model_from_nvml, mig_catalogue_extended
+
+    a800 = gpu_model_from_nvml("A800 40GB PCIe", 40960, _nvml_table(A100), nvml_names=("NVIDIA A800 40GB PCIe",))
+    assert (a800.origin, a800.label, a800.memory_slices, a800.compute_slices) == ("nvml", f"A800 40GB PCIe ({NVML_ORIGIN_LABEL})", 8, 7)
+    assert mig_catalogue_load().gpu_model_find("NVIDIA A800 40GB PCIe") is None
+    with mig_catalogue_extended([a800]) as extended:
+        assert mig_catalogue_load() is extended and mig_catalogue_load().gpu_model_get("NVIDIA A800 40GB PCIe") is a800
+        assert len(mig_layouts_enumerate("A800 40GB PCIe", maximal=True)) == 239  # the A100's table, planned the same
+        # Another thread (a concurrent solve) does not see it.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            assert pool.submit(lambda: mig_catalogue_load().gpu_model_find("A800 40GB PCIe")).result() is None
+    assert mig_catalogue_load().gpu_model_find("A800 40GB PCIe") is None
+    # A name the catalogue has keeps the catalogue's model.
+    with mig_catalogue_extended([gpu_model_from_nvml("A100-SXM4-40GB", 1, _nvml_table("A30-24GB"))]):
+        assert mig_catalogue_load().gpu_model_get("A100-SXM4-40GB").profile_names == mig_catalogue_load().gpu_model_get(A100).profile_names
+        assert mig_catalogue_load().gpu_model_get("A100-SXM4-40GB").origin == "catalogue"
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ([], "no profiles"),
+    ([{"name": "1g.5gb", "memory_slices": 1, "compute_slices": 1, "starts": [0, 0], "max_count": 1}], "strictly increasing"),
+    ([{"name": "1g.5gb", "memory_slices": 1, "compute_slices": 1, "starts": [0], "max_count": 2}], "exceeds"),
+    ([{"name": "one", "memory_slices": 1, "compute_slices": 1, "starts": [0], "max_count": 1}], "not a GPU instance profile name"),
+    ([{"name": "1g.5gb", "compute_slices": 1, "starts": [0], "max_count": 1}], "malformed profile"),
+])
+def test_inconsistent_nvml_tables_are_refused(table, message):
+    from engine.geometry.catalogue import gpu_model_from_nvml
+
+    with pytest.raises(CatalogueError, match=message):
+        gpu_model_from_nvml("X", 1024, table)

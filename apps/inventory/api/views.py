@@ -8,7 +8,7 @@ from apps.core.api.viewsets import TesseraModelViewSet, TesseraReadOnlyModelView
 from apps.core.principals import principal_is_agent
 from apps.deployments.services import host_report_apply
 from apps.users.roles import RoleChoices, user_role
-from engine.geometry.catalogue import mig_catalogue_load
+from engine.geometry.catalogue import mig_catalogue_load, pci_device_id_format
 
 from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet, MpsPartitionFilterSet, RouterCredentialFilterSet
 from ..models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
@@ -144,7 +144,10 @@ class MpsPartitionViewSet(TesseraModelViewSet):
 
 class MigProfileSerializer(serializers.Serializer):
     name = serializers.CharField()
-    profile_id = serializers.IntegerField()
+    profile_id = serializers.IntegerField(allow_null=True, help_text="nvidia-smi mig -lgip's ID on this model (ids differ between models); null where unpublished")
+    aliases = serializers.ListField(child=serializers.CharField(), help_text="Other names boards give the profile (early GB200: 7g.189gb)")
+    attributes = serializers.ListField(child=serializers.CharField(), help_text='"me", "me.all", "gfx"')
+    lacks = serializers.ListField(child=serializers.CharField(), help_text='"me" for a -me profile')
     memory_slices = serializers.IntegerField()
     compute_slices = serializers.IntegerField()
     memory_gb = serializers.IntegerField()
@@ -159,7 +162,12 @@ class GpuModelSerializer(serializers.Serializer):
     memory_mib = serializers.IntegerField()
     memory_slices = serializers.IntegerField()
     compute_slices = serializers.IntegerField()
+    pci_device_ids = serializers.SerializerMethodField(help_text='Its boards\' PCI device ids, as mig-parted\'s device-filter writes them ("0x20B010DE")')
+    source = serializers.DictField(child=serializers.CharField(), help_text="Where its profiles, ids, PCI ids and memory come from")
     profiles = serializers.SerializerMethodField()
+
+    def get_pci_device_ids(self, obj) -> list[str]:
+        return [pci_device_id_format(d) for d in obj.pci_device_ids]
 
     def get_profiles(self, obj) -> list[dict]:
         return MigProfileSerializer(list(obj.profiles), many=True).data
