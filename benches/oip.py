@@ -15,11 +15,13 @@ Setup (printed with the results):
   PyPI's `perf-analyzer` package is a 2 KB placeholder), with libcudart from nvidia-cuda-runtime-cu12 and
   Debian's libb64-0d; it runs on the CPU. `make perf-analyzer` installs it.
 - Fleet: `tessera demo` in a temporary directory (SQLite, simulated agents, its real CPU runtimes running
-  onnxruntime), router on its own port. Model `tabular-cpu` (input [1, 8] FP32); the version is the
-  `linear` variant's number (`-x`), so every query goes to the instances of one variant and the server
-  statistics perf_analyzer reads are that variant's. The demo's SLO (20 ms) and drop rule (slo-2x) stay as
-  seeded: perf_analyzer stops at the first failed request, so a level whose queries the runtime drops is
-  reported as failed, with the reason, not measured around.
+  onnxruntime), router on its own port. Model `tabular-cpu` (input [1, 8] FP32). perf_analyzer stops at
+  its first failed request, and the demo's seeded SLO (20 ms, drop rule slo-2x) drops a few queries in ten
+  thousand on two busy cores, so the bench first does what an operator would: sets the SLO policy to
+  `--slo-ms` with the `deadline` drop rule, runs a plan for 500 requests/s, approves and applies it
+  (REST API, an admin token from `tessera token create`), and waits for the router's new table. It then
+  measures the variant the plan routes most weight to, by its number (`-x`), so the server statistics
+  perf_analyzer reads are that variant's.
 - For each tensor format (binary: the binary tensor data extension; json: JSON tensors both ways) and each
   concurrency: perf_analyzer's closed loop (`--concurrency-range C`), stabilised on the average latency,
   `--measurement-interval` windows; throughput and client-side p50/p99 latency from its CSV.
@@ -46,10 +48,9 @@ sys.path.insert(0, str(REPO))
 
 from _common import PNG_SKIPPED, csv_rows_write, figure_write, fmt, pyplot_load  # noqa: E402
 
-FIELDS = ["format", "concurrency", "status", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms", "avg_ms", "error"]
+FIELDS = ["format", "concurrency", "status", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms", "server_queue_ms", "server_compute_ms", "error"]
 DEFAULT_PA = REPO / "var" / "bench-peers" / "perf-analyzer" / "bin" / "perf_analyzer"
 MODEL = "tabular-cpu"
-VARIANT = "linear"
 READY_TIMEOUT_S = 240.0
 
 
@@ -69,7 +70,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def demo_start(workdir: Path) -> tuple[subprocess.Popen, str]:
+def demo_start(workdir: Path) -> tuple[subprocess.Popen, str, str]:
     """`tessera demo` in `workdir` (its own SQLite and data plane), until its router says the model is ready."""
     port, router_port = _free_port(), _free_port()
     env = {**os.environ, "TESSERA_VAR_DIR": str(workdir), "TESSERA_ADMIN_PASSWORD": "Bench-oip-admin-1"}
@@ -81,9 +82,9 @@ def demo_start(workdir: Path) -> tuple[subprocess.Popen, str]:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"tessera demo exited ({proc.returncode}):\n{_tail(workdir / 'demo.log')}")
-        status, _ = _get(f"http://{router}/v2/models/{MODEL}/versions/{VARIANT}/ready")
+        status, _ = _get(f"http://{router}/v2/models/{MODEL}/ready")
         if status == 200:
-            return proc, router
+            return proc, router, f"http://127.0.0.1:{port}"
         time.sleep(1.0)
     demo_stop(proc, workdir)
     raise SystemExit(f"the demo's router did not get {MODEL} ready in {READY_TIMEOUT_S:.0f} s:\n{_tail(workdir / 'demo.log')}")
@@ -105,6 +106,55 @@ def demo_stop(proc: subprocess.Popen, workdir: Path) -> None:
         pass
     # Runtimes run in sessions of their own (they outlive an agent's restart by design): any the drain left.
     subprocess.run(["pkill", "-f", str(workdir)], check=False)
+
+
+class ControlPlane:
+    """The demo's REST API as an operator uses it (an admin token made with `tessera token create`)."""
+
+    def __init__(self, url: str, workdir: Path) -> None:
+        env = {**os.environ, "TESSERA_VAR_DIR": str(workdir)}
+        out = subprocess.run([str(REPO / ".venv" / "bin" / "tessera"), "token", "create", "--user", "admin"], cwd=REPO, env=env,
+                             capture_output=True, text=True, check=True).stdout
+        self.url, self.token = url, out.strip().splitlines()[-1].strip()
+
+    def call(self, method: str, path: str, body: dict | None = None) -> Any:
+        request = urllib.request.Request(f"{self.url}/api/v1/{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return json.loads(r.read() or b"null")
+
+    def job_wait(self, job: int, timeout_s: float = 180.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            doc = self.call("GET", f"jobs/{job}/")
+            if doc["status"] in ("succeeded", "failed"):
+                return doc
+            time.sleep(1.0)
+        raise SystemExit(f"job {job} did not finish in {timeout_s:.0f} s")
+
+
+def slo_relax(api: ControlPlane, router: str, *, slo_ms: float, demand_rps: float) -> None:
+    """As an operator would: the application's SLO policy set to `slo_ms` with the `deadline` drop rule, a plan
+    run for `demand_rps`, approved and applied, until the router's table says so. perf_analyzer stops at its
+    first failed request, and the demo's seeded 20 ms with slo-2x drops a few queries on two busy cores."""
+    policy = next(p for p in api.call("GET", "slo-policies/?limit=100")["results"] if p["display"].startswith(f"{MODEL}:"))
+    api.call("PATCH", f"slo-policies/{policy['id']}/", {"latency_p99_ms": slo_ms, "drop_rule": "deadline"})
+    job = api.call("POST", "plan-runs/", {"demand": {MODEL: demand_rps}})["id"]
+    if api.job_wait(job)["status"] != "succeeded":
+        raise SystemExit(f"the plan run (job {job}) failed")
+    plan = api.call("GET", f"plans/?job={job}")["results"][0]
+    api.call("POST", f"plans/{plan['id']}/approve/")
+    rollout = api.call("POST", f"plans/{plan['id']}/apply/")["id"]
+    if api.job_wait(rollout)["status"] != "succeeded":
+        raise SystemExit(f"the rollout of plan {plan['id']} (job {rollout}) failed")
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        status, body = _get(f"http://{router}/v1/routing-tables")
+        table = next((t for t in json.loads(body)["tables"] if t["application"] == MODEL), None) if status == 200 else None
+        if table and table["slo_ms"] == slo_ms and any(r["state"] == "ready" and r["endpoint"] for r in table["routes"]):
+            return
+        time.sleep(1.0)
+    raise SystemExit(f"the router did not get {MODEL}'s new table in 120 s")
 
 
 def perf_analyzer_env(binary: Path) -> dict[str, str]:
@@ -133,7 +183,8 @@ def perf_analyzer_run(binary: Path, router: str, version: str, *, tensor_format:
         measured = next(csv.DictReader(f))
     us = lambda key: int(measured[key]) / 1000.0  # noqa: E731 - perf_analyzer writes microseconds
     row.update(status="ok", throughput_per_s=float(measured["Inferences/Second"]), p50_ms=us("p50 latency"),
-               p90_ms=us("p90 latency"), p99_ms=us("p99 latency"), avg_ms=us("Avg latency"), error="")
+               p90_ms=us("p90 latency"), p99_ms=us("p99 latency"), server_queue_ms=us("Server Queue"),
+               server_compute_ms=us("Server Compute Infer"), error="")
     return row
 
 
@@ -143,6 +194,7 @@ def main() -> None:
     parser.add_argument("--perf-analyzer", type=Path, default=DEFAULT_PA)
     parser.add_argument("--concurrency", default=None, help="comma-separated levels (default 1,2,4,8; --quick: 1,4)")
     parser.add_argument("--window-ms", type=int, default=None, help="measurement window (default 3000; --quick: 1500)")
+    parser.add_argument("--slo-ms", type=float, default=500.0, help="the SLO the bench sets on the model before measuring [500]")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if not args.perf_analyzer.exists():
@@ -154,16 +206,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tessera-oip-bench-") as tmp:
         workdir = Path(tmp)
         started = time.monotonic()
-        proc, router = demo_start(workdir)
+        proc, router, url = demo_start(workdir)
         try:
-            status, body = _get(f"http://{router}/v2/models/{MODEL}/config")
-            config = json.loads(body) if status == 200 else {}
+            print(f"demo ready in {time.monotonic() - started:.0f} s; router {router}; relaxing {MODEL}'s SLO to {args.slo_ms:g} ms "
+                  f"(drop rule deadline) through a plan, as an operator would")
+            slo_relax(ControlPlane(url, workdir), router, slo_ms=args.slo_ms, demand_rps=500.0)
             status, body = _get(f"http://{router}/v1/routing-tables")
-            tables = {t["application"]: t for t in json.loads(body)["tables"]} if status == 200 else {}
-            version = str(tables[MODEL]["model"]["versions"][VARIANT]["id"])
-            print(f"demo ready in {time.monotonic() - started:.0f} s; router {router}; {MODEL} version {VARIANT} is number {version}; "
-                  f"SLO {config.get('parameters', {}).get('tessera_slo_ms', {}).get('string_value')} ms")
-            time.sleep(5.0)  # the demo's first planning and profiling settle
+            table = next(t for t in json.loads(body)["tables"] if t["application"] == MODEL)
+            weights: dict[str, float] = {}
+            for r in table["routes"]:
+                weights[r["variant"]] = weights.get(r["variant"], 0.0) + r["weight"]
+            variant = max(weights, key=weights.get)
+            version = str(table["model"]["versions"][variant]["id"])
+            print(f"plan applied: {MODEL} routed to {', '.join(f'{v} {w:.2f}' for v, w in weights.items())}; measuring version "
+                  f"{variant} (number {version}) in {time.monotonic() - started:.0f} s")
+            time.sleep(5.0)  # the rollout's runtimes warm up
             for tensor_format in ("binary", "json"):
                 for concurrency in levels:
                     row = perf_analyzer_run(args.perf_analyzer, router, version, tensor_format=tensor_format, concurrency=concurrency,
@@ -176,12 +233,13 @@ def main() -> None:
         finally:
             demo_stop(proc, workdir)
     path = csv_rows_write(args.out / "oip.csv", rows, FIELDS)
-    print(f"\nperf_analyzer against `tessera demo`'s router, model {MODEL} version {VARIANT} ({platform.machine()}, "
-          f"{os.cpu_count()} CPUs, {window_ms} ms windows)")
-    print(f"{'format':8} {'conc':>4} {'status':7} {'infer/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}")
+    print(f"\nperf_analyzer against `tessera demo`'s router, model {MODEL} version {variant}, SLO {args.slo_ms:g} ms "
+          f"({platform.machine()}, {os.cpu_count()} CPUs, {window_ms} ms windows)")
+    print(f"{'format':8} {'conc':>4} {'status':7} {'infer/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'queue ms':>8} {'compute ms':>10}")
     for r in rows:
         print(f"{r['format']:8} {r['concurrency']:>4} {r['status']:7} {fmt(r.get('throughput_per_s'), '8.0f')} "
-              f"{fmt(r.get('p50_ms'), '7.2f')} {fmt(r.get('p90_ms'), '7.2f')} {fmt(r.get('p99_ms'), '7.2f')}")
+              f"{fmt(r.get('p50_ms'), '7.2f')} {fmt(r.get('p90_ms'), '7.2f')} {fmt(r.get('p99_ms'), '7.2f')} "
+              f"{fmt(r.get('server_queue_ms'), '8.2f')} {fmt(r.get('server_compute_ms'), '10.2f')}  {r.get('error', '')}")
     for s in stats:
         success = s["inference_stats"]["success"]
         print(f"router statistics (the protocol's stats extension): version {s['version']}: {success['count']} answered, "
@@ -200,7 +258,7 @@ def main() -> None:
     ax.set_xlabel("inferences / s (perf_analyzer)")
     ax.set_ylabel("p99 latency (ms, client side)")
     ax.legend()
-    print(figure_write(plt, fig, args.out / "oip.png", f"perf_analyzer on the demo's router ({MODEL}/{VARIANT})"))
+    print(figure_write(plt, fig, args.out / "oip.png", f"perf_analyzer on the demo's router ({MODEL}/{variant})"))
 
 
 if __name__ == "__main__":
