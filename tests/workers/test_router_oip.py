@@ -6,6 +6,7 @@ statistics extension and the model repository extension's index, load and unload
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -243,3 +244,30 @@ def test_repository_index_load_and_unload_go_through_the_control_plane(runtimes,
     with pytest.raises(InferenceServerException) as caught:
         plain.unload_model("tabular")
     assert caught.value.status() == "501"
+
+
+PERF_ANALYZER = Path(__file__).resolve().parents[2] / "var" / "bench-peers" / "perf-analyzer" / "bin" / "perf_analyzer"
+
+
+@pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="perf_analyzer is not installed (make perf-analyzer; .ci/run does)")
+def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serve, tmp_path) -> None:
+    """NVIDIA's perf_analyzer, unmodified, against the router: model configuration, a version by number,
+    binary tensors, and the statistics extension's server-side breakdown (benches/oip.py runs it on the demo)."""
+    import csv
+    import subprocess
+
+    import os
+
+    # perf_analyzer links libcudart.so.12 even without a GPU: the nvidia-cuda-runtime-cu12 wheel's, in its venv.
+    cudart = next(PERF_ANALYZER.parent.parent.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(cudart)}
+    _, url = serve(_tables(runtimes))
+    report = tmp_path / "pa.csv"
+    cmd = [str(PERF_ANALYZER), "-m", "tabular", "-x", "11", "-u", url.removeprefix("http://"), "-i", "http", "--shape", "x:1,4",
+           "--concurrency-range", "2", "--measurement-interval", "1000", "--stability-percentage", "50", "-f", str(report)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = next(csv.DictReader(report.open()))
+    assert float(row["Inferences/Second"]) > 10 and int(row["p99 latency"]) > 0
+    assert int(row["Server Compute Infer"]) > 0  # from the runtime's own measurement, through /v2/models/tabular/stats
+    assert "Successful request count" in done.stdout
