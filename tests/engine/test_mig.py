@@ -250,6 +250,17 @@ def test_a100_lgip_memory_as_the_guide_prints_it(catalogue):
     }
 
 
+def test_h200_as_a_real_h200_reports_it(catalogue):
+    # `nvidia-smi --query-gpu=name,pci.device_id,memory.total` and `nvidia-smi mig -lgip` on an H200
+    # (driver 580.159.04): NVIDIA H200, 0x233510DE, 143771 MiB; ids and GiB per profile.
+    model = catalogue.gpu_model_find_by_pci("0x233510DE")
+    assert model is catalogue.gpu_model_get("NVIDIA H200") and model.memory_mib == 143771
+    assert {p.name: (p.profile_id, p.memory_gib_lgip) for p in model.profiles} == {
+        "1g.18gb": (19, 16.0), "1g.18gb+me": (20, 16.0), "1g.35gb": (15, 32.5), "2g.35gb": (14, 32.5),
+        "3g.71gb": (9, 69.75), "4g.71gb": (5, 69.75), "7g.141gb": (0, 140.0),
+    }
+
+
 def test_catalogue_file_cites_sources_first():
     raw_text = DEFAULT_CATALOGUE_PATH.read_text(encoding="utf-8")
     data = json.loads(raw_text)
