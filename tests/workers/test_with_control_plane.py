@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from apps.deployments.models import Runtime
+from apps.deployments.models import HostDesiredState, Runtime
 from apps.inventory.models import GpuInstance, Host, MpsPartition, RouterCredential
 from apps.inventory.services import host_agent_token_rotate, router_credential_issue
 from apps.registry.models import ModelVariant, Profile, ProfilingRequest
@@ -62,7 +62,11 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
     assert instances.count() == 5 and set(instances.values_list("state", flat=True)) == {"ready"}
     assert all(gi.uuid.startswith("MIG-sim-") for gi in instances)
     runtimes = Runtime.objects.filter(host__name__in=["sim-a100-01", "sim-cpu-01"])
-    assert runtimes.count() == 9 and set(runtimes.values_list("state", flat=True)) == {"ready"}
+    # Every runtime the desired states declare: 5 MIG instances and the CPU's (the heavy classifier only when its
+    # latency, measured on this machine at seed time, fits the SLO: not on a busy machine).
+    declared = sum(len(HostDesiredState.objects.filter(host__name=name).latest("version").spec["runtimes"])
+                   for name in ("sim-a100-01", "sim-cpu-01"))
+    assert declared >= 8 and runtimes.count() == declared and set(runtimes.values_list("state", flat=True)) == {"ready"}
     assert set(runtimes.filter(host__name="sim-cpu-01").values_list("simulated", flat=True)) == {False}
     assert set(runtimes.filter(host__name="sim-a100-01").values_list("simulated", flat=True)) == {True}
     assert host.operations.filter(action="mig.create", outcome="ok").count() == 5
