@@ -7,10 +7,10 @@ import json
 import logging
 import socket
 import time
-from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RouterStats
+from workers.router.asgi import InferHeaders, deadline_parse, reply_relay, request_headers_parse
 from workers.router.asgi import body_read as _body_read
 from workers.router.asgi import response_send as _send
 from workers.router.dispatch import Dispatcher, DispatchError
@@ -231,9 +231,9 @@ class Router:
         except DispatchError as exc:
             await _send_error(send, exc.status, exc.code, exc.message)
             return
-        await _send_reply(send, status, reply, reply_body, [(b"x-tessera-variant", variant.encode())])
+        await reply_relay(send, status, reply, reply_body, [(b"x-tessera-variant", variant.encode())])
 
-    async def application_infer(self, app: Application, request: "InferHeaders", body: bytes, t0: float, *,
+    async def application_infer(self, app: Application, request: InferHeaders, body: bytes, t0: float, *,
                                 variant: str | None = None, budget_ms: float | None = None) -> tuple[int, dict, bytes, str]:
         """One query to `app` (received at `t0`): counted, dispatched within min(SLO, the client's deadline,
         `budget_ms`), to an instance of `variant` only when one is named. The runtime's (status, answer
@@ -260,7 +260,7 @@ class Router:
                 elif header == b"inference-header-content-length":
                     raise PipelineError(400, "malformed", "pipelines take KServe v2 JSON requests, not the binary tensor extension")
                 elif header == b"x-tessera-deadline-ms":
-                    client_ms = _deadline_parse(value)
+                    client_ms = deadline_parse(value)
         except ValueError as exc:
             await _send_error(send, 400, "malformed", str(exc))
             return
@@ -331,54 +331,6 @@ class Router:
         if reply.get("header_length") is not None:  # the client asked the last stage for binary outputs
             headers.append((b"inference-header-content-length", str(reply["header_length"]).encode()))
         return 200, body, (reply.get("content_type") or "application/json").encode(), headers
-
-
-@dataclass(frozen=True)
-class InferHeaders:
-    """What the router reads of an inference request's HTTP headers."""
-
-    content_type: str | None = None
-    header_length: int | None = None  # Inference-Header-Content-Length: the binary tensor extension
-    deadline_ms: float | None = None  # X-Tessera-Deadline-Ms: the client's own budget
-
-
-def request_headers_parse(headers: list) -> InferHeaders:
-    """An ASGI request's headers -> `InferHeaders`; ValueError saying which header is malformed."""
-    content_type = header_length = deadline_ms = None
-    for name, value in headers:
-        if name == b"content-type":
-            content_type = value.decode("latin-1")
-        elif name == b"inference-header-content-length":
-            try:
-                header_length = int(value)
-            except ValueError:
-                header_length = -1
-            if header_length < 0:
-                raise ValueError("Inference-Header-Content-Length must be an integer >= 0")
-        elif name == b"x-tessera-deadline-ms":
-            deadline_ms = _deadline_parse(value)
-    return InferHeaders(content_type, header_length, deadline_ms)
-
-
-def _deadline_parse(value: bytes) -> float:
-    try:
-        ms = float(value)
-    except ValueError:
-        ms = -1.0
-    if not ms >= 0 or ms == float("inf"):
-        raise ValueError("X-Tessera-Deadline-Ms must be a number >= 0")
-    return ms
-
-
-async def _send_reply(send: Callable, status: int, reply: dict, body: bytes, extra: list) -> None:
-    """Relay a runtime's answer: its content type and, for binary outputs, its JSON header's length."""
-    headers = [(b"content-type", (reply.get("content_type") or "application/json").encode()),
-               (b"content-length", str(len(body)).encode()), *extra]
-    hl = reply.get("header_length")
-    if hl is not None:
-        headers.append((b"inference-header-content-length", str(hl).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 async def _send_error(send: Callable, status: int, code: str, message: str) -> None:

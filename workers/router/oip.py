@@ -43,6 +43,7 @@ import orjson
 
 from engine.dataplane.tensors import OIP_TO_TRITON_DATATYPE
 from workers.router.asgi import body_read as _body
+from workers.router.asgi import reply_relay, request_headers_parse
 from workers.router.asgi import response_send as _send
 from workers.router.dispatch import DispatchError
 from workers.router.pipelines import PipelineError, RouterPipeline
@@ -148,8 +149,6 @@ async def _model(router: "Router", scope: dict, receive: Callable, send: Callabl
 
 async def _application_infer(router: "Router", scope: dict, receive: Callable, send: Callable, app: Application,
                              version: str | None) -> None:
-    from workers.router.app import request_headers_parse  # the router's own module imports this one
-
     t0 = time.monotonic()
     version = _version_known(app, version)
     try:
@@ -165,18 +164,11 @@ async def _application_infer(router: "Router", scope: dict, receive: Callable, s
     if status != 200:
         await _relay_refusal(send, status, reply_body, [(b"x-tessera-variant", variant.encode())])
         return
-    headers = [(b"content-type", (reply.get("content_type") or "application/json").encode()),
-               (b"content-length", str(len(reply_body)).encode()), (b"x-tessera-variant", variant.encode())]
-    if reply.get("header_length") is not None:
-        headers.append((b"inference-header-content-length", str(reply["header_length"]).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": reply_body})
+    await reply_relay(send, status, reply, reply_body, [(b"x-tessera-variant", variant.encode())])
 
 
 async def _pipeline_infer(router: "Router", scope: dict, receive: Callable, send: Callable, pipeline: RouterPipeline,
                           version: str | None) -> None:
-    from workers.router.app import request_headers_parse
-
     t0 = time.monotonic()
     try:
         request = request_headers_parse(scope["headers"])
