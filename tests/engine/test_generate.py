@@ -56,9 +56,15 @@ def test_mig_slice_latency_is_partition_over_share_over_speedup(points):
     assert rows[(FULL_SLICE, 8)].point.latency_ms == pytest.approx(measured[(8, 100)] / GPULET_DERIVED_SPEEDUP[spec.name])
     slices = {s for s, _ in rows}
     assert slices == {FULL_SLICE} | {p.name for p in spec.profiles if not p.media_extensions}
-    # Every catalogue GPU has a speed-up, so every catalogue GPU can be derived.
-    for name in mig_catalogue_load().gpu_model_names:
+    # Every GPU with a stated speed-up derives; a catalogue GPU without one (the illustrative table covers the
+    # GPUs of the reference fleets, not every MIG GPU) is refused, never derived at a made-up speed.
+    for name in GPULET_DERIVED_SPEEDUP:
         assert gpulet_profiles_derived(points, name, models=["mobilenet"])
+    unstated = [n for n in mig_catalogue_load().gpu_model_names if n not in GPULET_DERIVED_SPEEDUP]
+    assert "A30-24GB" in unstated
+    with pytest.raises(ValueError, match="no stated speed-up for A30-24GB"):
+        gpulet_profiles_derived(points, "A30-24GB", models=["mobilenet"])
+    assert gpulet_profiles_derived(points, "A30-24GB", 1.5, models=["mobilenet"])
 
 
 # --------------------------------------------------------------------------- generators
