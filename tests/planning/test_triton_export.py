@@ -15,10 +15,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from typer.testing import CliRunner
 
-from apps.jobs.services import job_execute
 from apps.planning.export import plan_triton_repository_export
 from apps.planning.models import Plan
-from apps.planning.services import plan_run_execute, plan_run_start
 from apps.policies.models import SloPolicy
 from apps.registry.services.artifacts import artifact_create
 from controlplane.cli import app
@@ -39,21 +37,13 @@ def _real_artifacts(fleet) -> dict[str, bytes]:
     return files
 
 
-def _plan(demand: dict[str, float]) -> Plan:
-    job = plan_run_start(trigger="manual", options={"time_limit_s": 10, "demand": demand})
-    job_execute(job_id=job.pk, work=lambda j: plan_run_execute(job=j))
-    plan = Plan.objects.get(job=job)
-    assert plan.status == "validated", plan.validation
-    return plan
-
-
 def _config(path: Path) -> model_config_pb2.ModelConfig:
     return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
-def test_each_instance_is_a_triton_repository_with_its_batching(small_fleet, tmp_path):
+def test_each_instance_is_a_triton_repository_with_its_batching(validated_plan, small_fleet, tmp_path):
     files = _real_artifacts(small_fleet)
-    plan = _plan({"classify": 2000, "tabular": 100})
+    plan = validated_plan({"classify": 2000, "tabular": 100})
     out = tmp_path / "triton"
     export = plan_triton_repository_export(plan=plan, out=out)
 
@@ -106,9 +96,9 @@ def test_each_instance_is_a_triton_repository_with_its_batching(small_fleet, tmp
         assert model["weight"] == weights[f"{server['host']}/{model['runtime_key']}"]
 
 
-def test_mig_instances_name_their_device_and_the_device_plugin_resource(small_fleet, tmp_path):
+def test_mig_instances_name_their_device_and_the_device_plugin_resource(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = _plan({"classify": 2000, "tabular": 100})
+    plan = validated_plan({"classify": 2000, "tabular": 100})
     index = plan_triton_repository_export(plan=plan, out=tmp_path / "t").index
     by_server = {(s["host"], s["server"]): s for s in index["servers"]}
     gpu1 = by_server[("node-a", "gpu1")]  # the whole GPU (MIG off): its GPU UUID, nvidia.com/gpu where the node is accepted
@@ -135,9 +125,9 @@ def test_mig_instances_name_their_device_and_the_device_plugin_resource(small_fl
     assert server["launch"].startswith(f"CUDA_VISIBLE_DEVICES={gi.uuid} tritonserver --model-repository=")
 
 
-def test_launch_script_runs_one_server_per_instance_and_waits_for_uncreated_devices(small_fleet, tmp_path):
+def test_launch_script_runs_one_server_per_instance_and_waits_for_uncreated_devices(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = _plan({"classify": 2000, "tabular": 100})
+    plan = validated_plan({"classify": 2000, "tabular": 100})
     out = tmp_path / "t"
     index = plan_triton_repository_export(plan=plan, out=out).index
     bin_dir = tmp_path / "bin"
@@ -165,8 +155,8 @@ def test_launch_script_runs_one_server_per_instance_and_waits_for_uncreated_devi
     assert len(ports) == len(set(ports))
 
 
-def test_a_variant_without_artifact_or_tensors_fails_and_writes_nothing(small_fleet, tmp_path):
-    plan = _plan({"classify": 2000, "tabular": 100})  # the fleet's classify variants have no artifact
+def test_a_variant_without_artifact_or_tensors_fails_and_writes_nothing(validated_plan, small_fleet, tmp_path):
+    plan = validated_plan({"classify": 2000, "tabular": 100})  # the fleet's classify variants have no artifact
     exports = tmp_path / "exports"  # (the test's media folder is in tmp_path too)
     out = exports / "t"
     with pytest.raises(TritonExportError, match="has no artifact; a Triton model repository needs the model file"):
@@ -180,9 +170,9 @@ def test_a_variant_without_artifact_or_tensors_fails_and_writes_nothing(small_fl
     assert list(exports.iterdir()) == []
 
 
-def test_a_changed_artifact_file_is_refused(small_fleet, tmp_path):
+def test_a_changed_artifact_file_is_refused(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = _plan({"tabular": 100})
+    plan = validated_plan({"tabular": 100})
     artifact = small_fleet.mlp.artifact
     with open(artifact.file.path, "ab") as fh:
         fh.write(b"tampered")
@@ -191,9 +181,9 @@ def test_a_changed_artifact_file_is_refused(small_fleet, tmp_path):
     assert list((tmp_path / "exports").iterdir()) == []
 
 
-def test_an_existing_folder_and_a_plan_without_desired_states_are_refused(small_fleet, tmp_path):
+def test_an_existing_folder_and_a_plan_without_desired_states_are_refused(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = _plan({"tabular": 100})
+    plan = validated_plan({"tabular": 100})
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     with pytest.raises(TritonExportError, match="exists and is not an empty folder"):
@@ -208,9 +198,9 @@ def test_an_existing_folder_and_a_plan_without_desired_states_are_refused(small_
         plan_triton_repository_export(plan=plan, out=tmp_path / "t")
 
 
-def test_the_cli_exports_and_says_why_it_cannot(small_fleet, tmp_path):
+def test_the_cli_exports_and_says_why_it_cannot(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = _plan({"tabular": 100})
+    plan = validated_plan({"tabular": 100})
     runner = CliRunner()
     out = tmp_path / "t"
     result = runner.invoke(app, ["plan", "export", str(plan.pk), "--format", "triton-repository", "--out", str(out)])
