@@ -35,6 +35,7 @@ sequences, tracing, logging, classification.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -397,7 +398,9 @@ async def _json(send: Callable, status: int, doc: Any, extra: list | None = None
     await _send(send, status, orjson.dumps(doc), _JSON, extra)
 
 
+@functools.cache
 def _version() -> str:
+    """Tessera's version, read once per process (package metadata is files on disk)."""
     try:
         from importlib.metadata import version
 
