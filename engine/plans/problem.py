@@ -16,6 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Literal, Mapping
 
+from engine.ensembles.policy import EnsembleError, EnsemblePolicy, ensemble_policy_from_dict, ensemble_policy_to_dict
 from engine.geometry.catalogue import CatalogueError, GpuModelSpec, gpu_model_from_nvml, mig_catalogue_extended, mig_catalogue_load
 from engine.geometry.layout import Placement, layout_parse
 from engine.sharing.partitions import (
@@ -60,10 +61,28 @@ class ApplicationSpec:
     # None = DEFAULT_PRIORITY. Under overload, higher tiers are served first; within a tier the planners
     # maximise the smallest served fraction (see `engine/solvers/model.py`, "fair shares").
     priority: int | None = None
+    # D[b] of Garrison's Algorithm 1 (DAC'24 §4.2): how the sizes of the queries (the rows a client sends in
+    # one request) are distributed, as (size, probability) pairs summing to 1; None: every query one row.
+    query_sizes: tuple[tuple[int, float], ...] | None = None
+    # The application's ensemble policy (engine/ensembles/policy.py); None: one variant per query, as the
+    # plan's routing splits the traffic.
+    ensemble: EnsemblePolicy | None = None
 
     @property
     def priority_tier(self) -> int:
         return DEFAULT_PRIORITY if self.priority is None else self.priority
+
+    @property
+    def mean_query_size(self) -> float:
+        return sum(b * p for b, p in self.query_sizes) if self.query_sizes else 1.0
+
+    @property
+    def load_factor(self) -> float:
+        """Rows the instances serve per query: the mean query size times the mean ensemble size (each member
+        of a random ensemble serves the whole query). A plan's `assigned_rps` counts rows, its `served_rps`
+        queries: served = assigned / load_factor (1 for one-row queries answered by one variant)."""
+        members = 1.0 if self.ensemble is None or self.ensemble.mode == "single" else self.ensemble.mean_size
+        return self.mean_query_size * members
 
 
 @dataclass(frozen=True)
@@ -404,6 +423,39 @@ def _unique(names: Iterable[str], what: str) -> None:
         seen.add(name)
 
 
+# The largest query (client batch) size a problem may describe: Garrison's evaluation uses 1-64 (§6.1).
+MAX_QUERY_SIZE = 4096
+
+
+def _query_sizes_from_dict(raw: Any, where: str) -> tuple[tuple[int, float], ...] | None:
+    """D[b]: {size: probability} (keys may be text, as JSON has it) or [[size, probability], ...]; sizes are
+    whole numbers 1..MAX_QUERY_SIZE, probabilities >= 0 summing to 1."""
+    if raw is None:
+        return None
+    where = f"{where}.query_sizes"
+    items = list(raw.items()) if isinstance(raw, Mapping) else raw
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ProblemError(f"{where}: expected an object size -> probability (or a list of [size, probability]), not empty")
+    out: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (list, tuple)) or len(item) != 2:
+            raise ProblemError(f"{where}: expected [size, probability] pairs, got {item!r}")
+        size_raw, p = item
+        try:
+            size = int(size_raw) if not isinstance(size_raw, bool) else None
+        except (TypeError, ValueError):
+            size = None
+        if size is None or str(size_raw).strip() != str(size) or not 1 <= size <= MAX_QUERY_SIZE:
+            raise ProblemError(f"{where}: sizes are whole numbers 1..{MAX_QUERY_SIZE}, got {size_raw!r}")
+        if size in out:
+            raise ProblemError(f"{where}: size {size} is given twice")
+        out[size] = _number(p, f"{where}[{size}]", minimum=0, maximum=1)
+    total = sum(out.values())
+    if abs(total - 1.0) > 1e-6:
+        raise ProblemError(f"{where}: the probabilities must sum to 1, they sum to {total:.6g}")
+    return tuple(sorted((b, p) for b, p in out.items() if p > 0))
+
+
 def _options_from_dict(raw: Any) -> SolveOptions:
     raw = raw or {}
     if not isinstance(raw, Mapping):
@@ -595,6 +647,7 @@ def _problem_from_dict(raw: Mapping[str, Any]) -> Problem:
                 name=name, slo_ms=slo, demand_rps=demand,
                 min_accuracy=None if min_acc is None else _number(min_acc, f"{where}.min_accuracy", minimum=0, maximum=1),
                 priority=None if priority is None else int(priority),
+                query_sizes=_query_sizes_from_dict(a.get("query_sizes"), where),
             )
         )
     if not apps:
@@ -620,6 +673,13 @@ def _problem_from_dict(raw: Mapping[str, Any]) -> Problem:
     for a in apps:
         if not any(v.application == a.name for v in variants):
             raise ProblemError(f"application {a.name!r} has no variant")
+    for i, (a, raw_app) in enumerate(zip(list(apps), raw_apps)):
+        if raw_app.get("ensemble") is not None:
+            try:
+                ensemble = ensemble_policy_from_dict(raw_app["ensemble"], variants=[v.name for v in variants if v.application == a.name])
+            except EnsembleError as exc:
+                raise ProblemError(f"applications[{i}] ({a.name}).ensemble: {exc}") from None
+            apps[i] = replace(a, ensemble=ensemble)
     variant_app = {v.name: v.application for v in variants}
     for p in pipelines:
         for st in p.stages:
@@ -896,6 +956,15 @@ def _interference_from_dict(raw: Any) -> InterferenceSpec | None:
     return InterferenceSpec(form, tuple(_number(c, f"interference.coefficients[{i}]") for i, c in enumerate(coefficients)))
 
 
+def _application_to_dict(a: ApplicationSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {k: getattr(a, k) for k in ("name", "slo_ms", "demand_rps", "min_accuracy", "priority") if getattr(a, k) is not None}
+    if a.query_sizes is not None:
+        out["query_sizes"] = {str(b): p for b, p in a.query_sizes}
+    if a.ensemble is not None:
+        out["ensemble"] = ensemble_policy_to_dict(a.ensemble)
+    return out
+
+
 def problem_to_dict(problem: Problem) -> dict[str, Any]:
     def device(d: DeviceSpec) -> dict[str, Any]:
         out: dict[str, Any] = {"name": d.name, "type": d.type, "mig": d.mig}
@@ -922,7 +991,7 @@ def problem_to_dict(problem: Problem) -> dict[str, Any]:
 
     return {
         "format_version": PROBLEM_FORMAT_VERSION,
-        "applications": [{k: v for k, v in asdict(a).items() if v is not None} for a in problem.applications],
+        "applications": [_application_to_dict(a) for a in problem.applications],
         "variants": [asdict(v) for v in problem.variants],
         "devices": [device(d) for d in problem.devices],
         "profiles": [{k: v for k, v in asdict(p).items() if v is not None} for p in problem.profiles],

@@ -647,7 +647,7 @@ class _Checker:
             if key not in self.apps:
                 self.error(f"served_rps/shortfall_rps: unknown application {key!r}")
         for app in self.problem.applications:
-            traffic = assigned.get(app.name, 0.0)
+            traffic = assigned.get(app.name, 0.0) / app.load_factor  # queries: rows over rows per query
             served = plan.served_rps.get(app.name, 0.0)
             shortfall = plan.shortfall_rps.get(app.name, 0.0)
             tol = max(ABS_TOL, REL_TOL * max(1.0, app.demand_rps))

@@ -87,11 +87,13 @@ def plan_from_instances(
         ]
         if total > 0:
             accuracy_by_app[app.name] = accuracy_weighted[app.name] / total
+        # Rows assigned to instances, queries served: a query of s rows answered by k members is s * k rows.
+        total /= app.load_factor
         served[app.name] = total
         missing = app.demand_rps - total
         shortfall[app.name] = missing if missing > max(RPS_EPSILON, 1e-6 * app.demand_rps) else 0.0
-    total_served = sum(served.values())
-    effective = sum(accuracy_weighted.values()) / total_served if total_served > 0 else None
+    rows_served = sum(i.assigned_rps for i in instances)
+    effective = sum(accuracy_weighted.values()) / rows_served if rows_served > 0 else None
     gpus = {i.device for i in instances if not problem.device(i.device).is_cpu}
     return Plan(
         status=status, solver=solver, objective_kind=problem.options.objective, objective=objective, bound=bound, gap=gap,
