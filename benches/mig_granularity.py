@@ -19,8 +19,10 @@ because a same-size instance leaves parallelism unused for small batches. (The 6
 abstract is §6.2, Figure 7, against TritonX.)
 What is measured here instead: goodput within the SLO of one-variant-per-query applications, since
 Tessera has no ensembles or robustness metric; the expected shape is that the multi-granularity planners
-serve more within the SLO than every homogeneous geometry, the gap growing with load. The `garrison` rows
-use garrison.py, which departs from Algorithm 1 (it sizes instances to demand; see its docstring).
+serve more within the SLO than every homogeneous geometry, the gap growing with load. The rows are
+`garrison-demand` (garrison_demand.py, which sizes instances to demand; see its docstring): Algorithm 1 as
+written (`garrison`) divides every slice among ensemble members whatever the demand, and its figure in
+kind, with ensembles and their size as the robustness proxy, is benches/ensembles.py.
 
 Setup (all of it printed with the results):
 - Fleet: `generate.mig_fleet_problem(8, "A100-SXM4-40GB", n_applications=6, seed=0, load=L)` for each load
@@ -30,7 +32,7 @@ Setup (all of it printed with the results):
 - Allocations, each a single static plan on `headroom` x the demand (default 1.25; the planners fill
   instances to ~100 % of their capacity-model throughput, and a plan at 100 % makes queues unstable under
   service-time noise, which would measure noise rather than allocation):
-  garrison (multi-granularity, garrison.py's demand-driven version of Algorithm 1; routed by the plan's
+  garrison-demand (multi-granularity, garrison_demand.py's demand-driven version of Algorithm 1; routed by the plan's
   weights, and again with Garrison's own per-query matching, §5.3), joint (Proteus's model with the MIG
   geometry chosen too),
   and proteus on a FIXED homogeneous geometry on every GPU: 7 x 1g.5gb, 3 x 2g.10gb, 2 x 3g.20gb, 1 x 7g.40gb.
@@ -74,8 +76,8 @@ HOMOGENEOUS = {
 }
 # (row, planner, fixed geometry or None, routing)
 CONFIGS: tuple[tuple[str, str, tuple[str, ...] | None, str], ...] = (
-    ("garrison", "garrison", None, "weights"),
-    ("garrison + matching", "garrison", None, "matching"),
+    ("garrison-demand", "garrison-demand", None, "weights"),
+    ("garrison-demand + matching", "garrison-demand", None, "matching"),
     ("joint", "joint", None, "weights"),
     *((f"proteus, {name}", "proteus", geometry, "weights") for name, geometry in HOMOGENEOUS.items()),
 )
@@ -190,7 +192,7 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
             continue
         best_name, best = max(homo.items(), key=lambda kv: kv[1]["goodput_qps"])
         parts = []
-        for name in ("garrison", "garrison + matching", "joint"):
+        for name in ("garrison-demand", "garrison-demand + matching", "joint"):
             r = table.get(name)
             if r is None:
                 continue
@@ -204,9 +206,9 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
             totals[name] = totals.get(name, 0.0) + r["goodput_qps"]
     if totals:
         lines.append("  Goodput summed over all loads: " + ", ".join(f"{name} {value:,.0f}" for name, value in sorted(totals.items(), key=lambda kv: -kv[1])))
-    notes = sorted({(r["load"], r["planner_notes"]) for r in rows if r.get("planner_notes") and r["row"] == "garrison"})
+    notes = sorted({(r["load"], r["planner_notes"]) for r in rows if r.get("planner_notes") and r["row"] == "garrison-demand"})
     if notes:
-        lines.append("  garrison's own notes (why it serves so little here; see the report):")
+        lines.append("  garrison-demand's own notes (why it serves so little here; see the report):")
         lines.extend(f"    load {load:.2f}: {text}" for load, text in notes)
     return lines
 
@@ -245,14 +247,14 @@ NOTES = """
 Notes:
 - Each plan is static (sized once on headroom x the demand) because the load is stationary; 'planned %' is what the plan
   itself says it serves of the demand (capped at 100 %), 'goodput %' what the simulation served on time.
-- garrison sizes instances from its sweet intervals and samples every eligible variant of an application uniformly (the
+- garrison-demand sizes instances from its sweet intervals and samples every eligible variant of an application uniformly (the
   random-ensemble defense), so it does not scale accuracy; joint and proteus maximise accuracy under the demand.
-- The proteus rows keep the fixed geometry given (fixed_layout); joint and garrison choose their own layout per GPU.
-- garrison's low numbers are its fleet-fitting step, not multi-granularity as such: every (variant, slice kind) with a share
+- The proteus rows keep the fixed geometry given (fixed_layout); joint and garrison-demand choose their own layout per GPU.
+- garrison-demand's low numbers are its fleet-fitting step, not multi-granularity as such: every (variant, slice kind) with a share
   of the batch-size distribution gets ceil(...) >= 1 instance, so the allocation asks for far more instances than the fleet
   holds (its notes above give the counts); scaling to the fleet keeps at least one instance per variant, on the kind it was
   given most of, and first-fit-decreasing then places the largest first, so some instances do not fit and their
-  applications' share is lost (Algorithm 1 instead divides all M slices by IR; see engine/solvers/garrison.py).
+  applications' share is lost (Algorithm 1, the `garrison` planner, instead divides all M slices by IR).
 """
 
 

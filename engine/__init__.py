@@ -5,7 +5,8 @@ benchmarks all use this one implementation of each algorithm.
 Sub-packages, by concern:
     geometry     MIG catalogue, layouts and their validator, mig-parted YAML, data-plane names
     plans        problem and plan values, their JSON schema, the capacity model, the independent validator
-    solvers      plan_solve and the planners (proteus, joint, garrison, baselines) with their MILP plumbing
+    solvers      plan_solve and the planners (proteus, joint, garrison, garrison-demand, baselines) with their MILP plumbing
+    ensembles    random ensembles (Garrison): ensemble policies, the per-query draw, frequency table and weighted vote
     dataplane    the policies the data plane runs: adaptive batching, routing tables and query matching
     simulation   discrete-event simulator and workload (trace) generators
     forecasting  short-term demand forecast for re-planning

@@ -24,7 +24,7 @@ class Plan(ChangeLoggedModel):
     # Device names in `problem` -> inventory: {"sim-a100-01/gpu0": {"host": 1, "kind": "gpu", "index": 0}}
     devices = models.JSONField(default=dict, blank=True)
     # The engine's answer.
-    solver = models.CharField(max_length=30, blank=True)
+    solver = models.CharField(max_length=80, blank=True)  # composed planners: "biscale+gpulets+garrison-demand"
     objective_kind = models.CharField(max_length=30, blank=True)
     solver_status = models.CharField(max_length=30, blank=True)
     objective = models.FloatField(null=True, blank=True)

@@ -9,7 +9,7 @@ import typer
 # Exit codes of the engine commands: 0 fine, 1 the thing checked is invalid, 2 the input is malformed.
 EXIT_INVALID = 1
 EXIT_MALFORMED = 2
-PLANNERS = ("proteus", "joint", "garrison", "clipper-ha", "clipper-ht", "sommelier", "infaas")
+PLANNERS = ("proteus", "joint", "garrison", "garrison-demand", "clipper-ha", "clipper-ht", "sommelier", "infaas")
 # The MPS planners (gpulets, ATC'22): `plan solve` offers them; the simulator does not model MPS partitions yet.
 MPS_PLANNERS = ("gpulets", "sbp", "best-fit", "ideal")
 # The pipeline planners (FA2, IPA): the problem's pipelines on CPU hosts, proteus for the rest.

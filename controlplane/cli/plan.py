@@ -68,7 +68,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal, or for the problem's pipelines: fa2 | ipa, or with in-place vertical scaling of CPU instances: sponge | biscale"),
+    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison (Algorithm 1 as written) | garrison-demand, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal, or for the problem's pipelines: fa2 | ipa, or with in-place vertical scaling of CPU instances: sponge | biscale"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),

@@ -19,11 +19,19 @@ Two mechanisms, both pure Python (no Django) so that routers and workers can imp
 - Garrison's instance routing (Garrison §5.3, "Instance Routing for Bounded Latency").
   `queries_match_instances` matches queued queries to instances as a minimum-cost bipartite matching
   solved by a Jonker-Volgenant algorithm (`scipy.optimize.linear_sum_assignment`), as §5.3 reduces it.
-  Departs from Garrison: the cost is the predicted completion time (wall clock) instead of the
-  granularity-weighted usage time U = L * D, and the SLO (its Eq. 2, a hard constraint) is a penalty that
-  makes missing a deadline dearer than any saving in completion time, so a matching exists even when some
-  query cannot make its deadline anywhere; the plan has already fixed the instances, so what is left to
-  the router is meeting deadlines, soonest.
+  §5.3 (transcribed): for model j with queued queries Q_1..Q_m and its instances GI_1..GI_n, D_{i,k} is
+  query i's serving time on instance k (inference latency plus what remains of the query running there),
+  U_{i,k} = L_k * D_{i,k} its normalised usage time, L_k the instance's granularity ("one millisecond on
+  GI(2) is not equivalent to one millisecond on GI(4)"), and
+      min sum_{i,k} U_{i,k} P_{i,k}                                         (1)
+      s.t. (D_{i,k} + W_i) P_{i,k} <= SLO                                    (2)
+           sum_i P_{i,k} <= 1, sum_k P_{i,k} <= 1                            (3)
+           sum_{i,k} P_{i,k} >= min(m, n)                                    (4)
+  with W_i the time query i has waited. With `levels` (L_k per instance) and `now_ms`,
+  `matching_cost_matrix` is that cost; without them, the predicted completion time (wall clock).
+  Departs from Garrison: Eq. 2 (a hard constraint) is a penalty that makes missing a deadline dearer than
+  any saving in cost, so that a matching of min(m, n) pairs (Eq. 4) exists even when some query cannot make
+  its deadline anywhere; the router then still answers it or drops it by its drop rule.
 """
 from __future__ import annotations
 
@@ -242,16 +250,23 @@ def matching_cost_matrix(
     query_deadlines_ms: Sequence[float],
     instance_free_at_ms: Sequence[float],
     service_ms: float | Sequence[float] | Sequence[Sequence[float]],
+    *,
+    levels: Sequence[float] | None = None,
+    now_ms: float | None = None,
 ) -> np.ndarray:
-    """Cost of serving query q on instance i: its predicted completion time free_at[i] + service[q, i],
-    plus a penalty when that is later than the query's deadline.
+    """Cost of serving query q on instance i, plus a penalty when its predicted completion free_at[i] +
+    service[q, i] is later than the query's deadline (Eq. 2). The cost is that completion time; with
+    `levels` (Garrison's L_k, the instances' granularity, e.g. their compute slices) and `now_ms`, it is the
+    normalised usage time U = L_k * D, D = max(free_at[i], now) - now + service[q, i] (Eq. 1).
 
-    The penalty is (k + 1) * (span + 1) with k = min(queries, instances) and span the spread of completion
-    times, so it exceeds the largest total completion time any matching can save: the matching first misses
-    as few deadlines as it can, then among those finishes earliest in total. `service_ms` is one time for
-    every pair, one per instance, or a queries x instances matrix (batches of different sizes)."""
+    The penalty is (k + 1) * (span + 1) with k = min(queries, instances) and span the spread of the costs,
+    so it exceeds the largest total cost any matching can save: the matching first misses as few deadlines
+    as it can, then among those costs least in total. `service_ms` is one time for every pair, one per
+    instance, or a queries x instances matrix (batches of different sizes)."""
     deadlines = _as_vector(query_deadlines_ms, "query_deadlines_ms")
     free_at = _as_vector(instance_free_at_ms, "instance_free_at_ms")
+    if (levels is None) != (now_ms is None):
+        raise RoutingError("levels and now_ms are given together (the normalised usage time needs both)")
     service = np.asarray(service_ms, dtype=float)
     shape = (deadlines.size, free_at.size)
     if service.ndim == 0 or (service.ndim == 1 and service.size == free_at.size):
@@ -264,22 +279,32 @@ def matching_cost_matrix(
     if completion.size == 0:
         return completion
     late = completion > deadlines[:, np.newaxis]
-    span = float(completion.max() - completion.min())
+    cost = completion
+    if levels is not None:
+        level = _as_vector(levels, "levels")
+        if level.size != free_at.size or np.any(level <= 0) or not math.isfinite(float(now_ms)):  # type: ignore[arg-type]
+            raise RoutingError(f"levels must be one number > 0 per instance ({free_at.size}) and now_ms a finite number")
+        serving = np.maximum(free_at, float(now_ms))[np.newaxis, :] - float(now_ms) + service  # type: ignore[arg-type]
+        cost = level[np.newaxis, :] * serving
+    span = float(cost.max() - cost.min())
     penalty = (min(shape) + 1) * (span + 1.0)
-    return completion + np.where(late, penalty, 0.0)
+    return cost + np.where(late, penalty, 0.0)
 
 
 def queries_match_instances(
     query_deadlines_ms: Sequence[float],
     instance_free_at_ms: Sequence[float],
     service_ms: float | Sequence[float] | Sequence[Sequence[float]],
+    *,
+    levels: Sequence[float] | None = None,
+    now_ms: float | None = None,
 ) -> list[tuple[int, int]]:
-    """Garrison's instance routing: match queued queries to instances at least cost (see
-    `matching_cost_matrix`). Deadlines and free times are on one clock, in milliseconds. Returns
+    """Garrison's instance routing (§5.3): match queued queries to instances at least cost (see
+    `matching_cost_matrix`; with `levels` and `now_ms`, the paper's normalised usage time). Deadlines and free times are on one clock, in milliseconds. Returns
     min(queries, instances) pairs (query index, instance index), by query index; when queries outnumber
     instances, the ones left for the next round are those whose matching would cost most (a query that
     misses its deadline anywhere waits before one that can still make it)."""
-    cost = matching_cost_matrix(query_deadlines_ms, instance_free_at_ms, service_ms)
+    cost = matching_cost_matrix(query_deadlines_ms, instance_free_at_ms, service_ms, levels=levels, now_ms=now_ms)
     if cost.size == 0:
         return []
     rows, columns = linear_sum_assignment(cost)

@@ -7,7 +7,8 @@ from typing import Callable
 from engine.geometry.catalogue import mig_catalogue_extended
 from engine.plans.problem import OBJECTIVES, SOLVERS, Plan, Problem
 
-PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison")
+# garrison is Algorithm 1 of Garrison (DAC'24) as written; garrison-demand sizes its instances to demand.
+PLANNERS: tuple[str, ...] = ("proteus", "joint", "garrison", "garrison-demand")
 # The allocation baselines the simulator compares the planners against (solvers/baselines.py).
 BASELINES: tuple[str, ...] = ("clipper-ha", "clipper-ht", "sommelier", "infaas")
 # The MPS planners (solvers/gpulets.py): gpulets' elastic partitioning and the baselines of its evaluation.
@@ -37,6 +38,10 @@ def _planner_get(solver: str) -> Callable[[Problem], Plan]:
         from engine.solvers.garrison import garrison_solve
 
         return garrison_solve
+    if solver == "garrison-demand":
+        from engine.solvers.garrison_demand import garrison_demand_solve
+
+        return garrison_demand_solve
     if solver in BASELINES:
         from engine.solvers.baselines import BASELINE_SOLVERS
 
@@ -72,7 +77,7 @@ def _plan_solve(
     mip_gap: float | None = None,
     backend: str | None = None,
 ) -> Plan:
-    """Plan with `solver` (proteus | joint | garrison, or a baseline: clipper-ha | clipper-ht | sommelier |
+    """Plan with `solver` (proteus | joint | garrison | garrison-demand, or a baseline: clipper-ha | clipper-ht | sommelier |
     infaas, or an MPS planner: gpulets | sbp | best-fit | ideal, or a pipeline planner: fa2 | ipa, or a
     vertical planner: sponge | biscale). `objective`, `time_limit_s`, `mip_gap` and `backend`
     (the MILP library: highs | cbc) override the problem's options for this solve. A problem where nothing

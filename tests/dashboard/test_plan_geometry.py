@@ -21,8 +21,8 @@ from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa
 DEMO_DEMAND = {"classify-resnet": 300.0, "classify-densenet": 200.0, "classify-vgg": 150.0, "classify-mobile": 400.0, "tabular-cpu": 100.0}
 
 
-def _demo_plan(solver: str = "garrison") -> Plan:
-    """A plan run on the demo fleet (hosts online, as after their agents' first reports). The garrison
+def _demo_plan(solver: str = "garrison-demand") -> Plan:
+    """A plan run on the demo fleet (hosts online, as after their agents' first reports). The garrison-demand
     planner reshapes the demo's MIG layouts (proteus keeps them), so the drawings have something to show."""
     Host.objects.update(status="online")
     job = plan_run_start(trigger="manual", options={"solver": solver, "demand": DEMO_DEMAND, "time_limit_s": 10})
@@ -123,10 +123,10 @@ def test_before_and_after_are_the_stored_states(demo):
                     assert (view.whole_runtime.application if view.whole_runtime else None) == (whole["application"] if whole else None)
     assert layout_changes == sum(h.layout_changes for h in geometry.hosts) == geometry.layout_changes > 0
     # At this load the composition with gpulets on the 2080 Tis first serves everything at a higher
-    # accuracy than garrison on the MIG GPUs (engine/solvers/mixed.py): it repartitions the 2080 Tis and
+    # accuracy than garrison-demand on the MIG GPUs (engine/solvers/mixed.py): it repartitions the 2080 Tis and
     # empties the H100's MIG instances.
     # (The demo pipeline is planned first, by FA2 on the CPU host.)
-    assert plan.result["solver"] == "fa2+gpulets+garrison" and any("kept MPS first" in n for n in plan.result["notes"])
+    assert plan.result["solver"] == "fa2+gpulets+garrison-demand" and any("kept MPS first" in n for n in plan.result["notes"])
     h100 = {g.name: g for g in next(h for h in geometry.hosts if h.name == "sim-h100-01").gpus}
     assert set(h100["gpu0"].destroyed) == {"4g.40gb@0", "3g.40gb@4"} and h100["gpu0"].layout_changed
     rtx = {g.name: g for g in next(h for h in geometry.hosts if h.name == "sim-2080ti-01").gpus}

@@ -38,7 +38,7 @@ def _served_by_kind(problem, plan) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.parametrize("solver, composed", [("gpulets", "gpulets+proteus"), ("sbp", "sbp+proteus"),
-                                              ("proteus", "gpulets+proteus"), ("garrison", "gpulets+garrison")])
+                                              ("proteus", "gpulets+proteus"), ("garrison-demand", "gpulets+garrison-demand")])
 def test_a_mixed_fleet_is_planned_on_both_kinds_and_validates(solver: str, composed: str) -> None:
     problem = problem_from_dict(mixed_problem_dict())
     plan = plan_solve(problem, solver, time_limit_s=20)

@@ -15,6 +15,7 @@ from engine.dataplane.routing import (
     RoutingError,
     RoutingTable,
     WeightedRouter,
+    matching_cost_matrix,
     queries_match_instances,
     routing_tables_from_plan,
 )
@@ -130,8 +131,8 @@ def test_tables_take_the_plans_route_weights_not_the_instances_assigned_rps() ->
 
 
 def test_tables_from_a_garrison_plan() -> None:
-    from engine.solvers.garrison import garrison_solve
-    from tests.engine.test_garrison import problem_build
+    from engine.solvers.garrison_demand import garrison_demand_solve as garrison_solve
+    from tests.engine.test_garrison_demand import problem_build
 
     plan = garrison_solve(problem_build(a100=2, demand={"classify": 5000.0, "detect": 0.0}))
     tables = routing_tables_from_plan(plan, version=2)
@@ -278,3 +279,23 @@ def test_matching_edge_cases() -> None:
         queries_match_instances([float("nan")], [0.0], 1.0)
     with pytest.raises(RoutingError):
         queries_match_instances([10.0, 20.0], [0.0, 1.0], [[1.0, 2.0]])
+
+
+def test_matching_by_normalised_usage_time_prefers_the_smaller_instance_garrison_5_3() -> None:
+    # §5.3's example: a query takes 5 ms on a GI(2) and on a GI(4); a millisecond on the GI(2) costs half as
+    # much, so the query goes there. By completion time alone the two tie and the first instance wins.
+    assert queries_match_instances([100.0], [0.0, 0.0], [5.0, 5.0], levels=[4, 2], now_ms=0.0) == [(0, 1)]
+    assert queries_match_instances([100.0], [0.0, 0.0], [5.0, 5.0]) == [(0, 0)]
+    # The SLO stays first: the cheaper instance is busy for 98 ms, so the query goes where it makes its deadline.
+    assert queries_match_instances([100.0], [0.0, 98.0], [5.0, 5.0], levels=[4, 2], now_ms=0.0) == [(0, 0)]
+    # Two queries, two instances: the large one goes to the big instance, where it is not slower by more
+    # than the granularity costs (U = L * D: 4 * 10 + 2 * 4 = 48 against 4 * 3 + 2 * 30 = 72).
+    pairs = queries_match_instances([100.0, 100.0], [0.0, 0.0], [[10.0, 30.0], [3.0, 4.0]], levels=[4, 2], now_ms=0.0)
+    assert pairs == [(0, 0), (1, 1)]
+    # What is left of a running query counts in D from now.
+    cost = matching_cost_matrix([100.0], [50.0, 0.0], [5.0, 5.0], levels=[1, 1], now_ms=40.0)
+    assert cost.tolist() == [[15.0, 5.0]]
+    with pytest.raises(RoutingError):
+        matching_cost_matrix([1.0], [0.0], 1.0, levels=[1.0])
+    with pytest.raises(RoutingError):
+        matching_cost_matrix([1.0], [0.0], 1.0, levels=[0.0], now_ms=0.0)

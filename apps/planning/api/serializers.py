@@ -14,7 +14,7 @@ class PlanRunOptionsSerializer(serializers.Serializer):
 
     solver = serializers.ChoiceField(
         choices=list(PLAN_RUN_SOLVERS), required=False,
-        help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]: proteus, joint or garrison plan the whole fleet; gpulets "
+        help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]: proteus, joint, garrison or garrison-demand plan the whole fleet; gpulets "
         "(elastic MPS partitioning with interference), sbp, best-fit and ideal plan its MPS GPUs only",
     )
     objective = serializers.ChoiceField(choices=list(OBJECTIVES), required=False, help_text=f"[{PLAN_RUN_DEFAULTS['objective']}]")
