@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from engine.ensembles.sampling import inclusion_probabilities
+from engine.ensembles.sizes import QuerySizeRange, query_size_ranges
 from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
 from engine.plans.capacity import capacity_for, profile_interpolate, slice_memory_mb
 from engine.plans.problem import ApplicationSpec, DeviceSpec, Plan, Problem, VariantSpec
@@ -91,35 +92,6 @@ SOLVER_NAME = "garrison"
 SATURATION = 0.9
 # Query sizes considered when finding a knee: Garrison's evaluation uses 1-64 (§6.1).
 KNEE_MAX_SIZE = 64
-
-
-@dataclass(frozen=True)
-class QuerySizeRange:
-    """A query_size_range b of Algorithm 1: sizes low..high, D[b] the share of queries in it, `size` the
-    largest size in it that queries take (its GS and L are read there: the range's worst case)."""
-
-    low: int
-    high: int
-    share: float
-    size: int
-
-    def __str__(self) -> str:
-        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
-
-
-def query_size_ranges(query_sizes: Sequence[tuple[int, float]] | None) -> tuple[QuerySizeRange, ...]:
-    """Power-of-two ranges (1, 2-3, 4-7, ...) with D[b] from an application's query-size distribution
-    (every query one row when None); ranges no query falls in are left out."""
-    sizes = tuple(query_sizes) if query_sizes else ((1, 1.0),)
-    ranges: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for size, p in sizes:
-        if p > 0:
-            ranges[int(math.log2(size))].append((size, p))
-    out = []
-    for exponent in sorted(ranges):
-        members = ranges[exponent]
-        out.append(QuerySizeRange(2 ** exponent, 2 ** (exponent + 1) - 1, sum(p for _, p in members), max(s for s, _ in members)))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
