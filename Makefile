@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock vendor bench-peers perf-analyzer clean
+.PHONY: demo test lock vendor bench-peers perf-analyzer train-deps clean
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ bench-peers:
 ## NVIDIA's perf_analyzer for benches/oip.py: the binary in tritonclient 2.41.0's manylinux wheel (the last that
 ## ships it; PyPI's perf-analyzer is a placeholder), libcudart from nvidia-cuda-runtime-cu12 (loaded even without
 ## a GPU) and Debian's libb64-0d.
+## The train extra (tessera scheduler train): PyTorch's CPU build where pip finds one, and stable-baselines3.
+## Outside the lock: serving runs the exported ONNX policies and never imports torch.
+TORCH ?= torch==2.13.0
+train-deps: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)" "stable-baselines3==2.9.2"
+
 perf-analyzer:
 	command -v apt-get >/dev/null && { dpkg -s libb64-0d >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q libb64-0d; } || true
 	python3 -m venv $(PEERS)/perf-analyzer && $(PEERS)/perf-analyzer/bin/pip install --quiet --disable-pip-version-check "tritonclient==2.41.0" "nvidia-cuda-runtime-cu12==12.9.79"

@@ -10,6 +10,7 @@ from . import dataplane, load, server, simulate, tokens
 from .mig import mig_app
 from .pipeline import pipeline_app
 from .plan import plan_app
+from .scheduler import scheduler_app
 from .trace import trace_app
 
 app = typer.Typer(help="Tessera: SLO-aware control plane for GPU inference fleets.", no_args_is_help=True)
@@ -30,3 +31,4 @@ app.add_typer(mig_app, name="mig")
 app.add_typer(plan_app, name="plan")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(trace_app, name="trace")
+app.add_typer(scheduler_app, name="scheduler")

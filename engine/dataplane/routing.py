@@ -307,5 +307,7 @@ def queries_match_instances(
     cost = matching_cost_matrix(query_deadlines_ms, instance_free_at_ms, service_ms, levels=levels, now_ms=now_ms)
     if cost.size == 0:
         return []
+    if cost.shape[0] == 1:  # one query: the matching is the cheapest instance (the first on a tie, as the solver)
+        return [(0, int(np.argmin(cost[0])))]
     rows, columns = linear_sum_assignment(cost)
     return sorted((int(q), int(i)) for q, i in zip(rows, columns))

@@ -9,6 +9,11 @@ the router holds a pick), the reward §5.2's w1 x E / RMS(f - p) x (B - w2 x N) 
 answered in time, B the query's size, N the queries among the last T that missed the SLO and f the
 sampling frequencies over the last `window` queries. An episode is `episode_queries` Poisson arrivals
 of the scenario; it is truncated, never terminated (serving has no end state).
+
+The reward is multiplied by `reward_scale` (default BIAS_FLOOR / (members x largest query size), so that it
+lies within about [-1, 1]): a positive constant changes no optimal policy, but PPO's gradient clipping is
+on the sum of the actor's and the critic's gradients, and a critic fitting rewards in the thousands leaves
+the actor no gradient at all.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from engine.ensembles.sampling import ensemble_complete
-from engine.ensembles.scheduler import scheduler_features, scheduler_reward
+from engine.ensembles.scheduler import BIAS_FLOOR, scheduler_features, scheduler_reward
 from engine.simulation.ensembles import EnsembleScenario, EnsembleServing, query_sizes_draw
 
 __all__ = ["EnsembleSchedulingEnv"]
@@ -31,7 +36,7 @@ class EnsembleSchedulingEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, scenario: EnsembleScenario, *, routing: str = "garrison", episode_queries: int = 512,
-                 window: int = 200, w1: float = 1.0, w2: float = 1.0, noise_sigma: float = 0.05) -> None:
+                 window: int = 200, w1: float = 1.0, w2: float = 1.0, noise_sigma: float = 0.05, reward_scale: float | None = None) -> None:
         super().__init__()
         if episode_queries < 1:
             raise ValueError(f"episode_queries must be >= 1, got {episode_queries}")
@@ -42,6 +47,8 @@ class EnsembleSchedulingEnv(gym.Env):
         self.window = int(window)
         self.w1, self.w2 = float(w1), float(w2)
         self.noise_sigma = noise_sigma
+        self.reward_scale = (BIAS_FLOOR / (len(self.scheduler_spec.members) * self.scheduler_spec.max_size)
+                             if reward_scale is None else float(reward_scale))
         self.observation_space = spaces.Box(-10.0, 10.0, shape=(self.scheduler_spec.feature_count,), dtype=np.float32)
         self.action_space = spaces.MultiBinary(len(self.scheduler_spec.members))
         self._serving: EnsembleServing | None = None
@@ -74,7 +81,7 @@ class EnsembleSchedulingEnv(gym.Env):
         outcome = self._serving.serve(members, size)
         reward = scheduler_reward(members=len(outcome.voted), size=size, timeouts=sum(self._serving.recent_missed),
                                   frequencies=self._serving.frequencies.frequencies(), probabilities=self.scenario.policy.probabilities,
-                                  w1=self.w1, w2=self.w2)
+                                  w1=self.w1, w2=self.w2) * self.reward_scale
         self._index += 1
         truncated = self._index >= self.episode_queries
         info = {"members": members, "voted": outcome.voted, "latency_ms": outcome.latency_ms, "met_slo": outcome.met_slo}

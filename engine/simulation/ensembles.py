@@ -41,6 +41,7 @@ from engine.ensembles.policy import EnsemblePolicy
 from engine.ensembles.sampling import SamplingFrequencies, randomness_bias
 from engine.ensembles.scheduler import EnsembleScheduler, SchedulerSpec, SchedulerView
 from engine.ensembles.sizes import query_size_ranges
+from engine.plans.problem import Plan, Problem
 
 __all__ = [
     "ROUTING_RULES",
@@ -49,6 +50,7 @@ __all__ = [
     "EnsembleRun",
     "EnsembleScenario",
     "EnsembleServing",
+    "ensemble_scenario_from_plan",
     "ensemble_simulate",
     "instances_from_profiles",
     "query_sizes_draw",
@@ -171,19 +173,27 @@ class EnsembleServing:
         sizes = sorted(s for s, _ in scenario.query_sizes)
         self.median_size = sizes[len(sizes) // 2]
         self.now_ms = 0.0
+        # Latencies at every size queries take, looked up rather than interpolated per query.
+        known = set(sizes) | set(self.spec.range_sizes)
+        self._service = {i.id: {size: i.service_ms(size) for size in known} for i in scenario.instances}
+        self._latency_table = tuple(
+            tuple(min((self._service[i.id][s] for i in self.by_member.get(m) or []), default=10 * self.spec.slo_ms) for s in self.spec.range_sizes)
+            for m in self.spec.members)
+
+    def service_ms(self, instance: EnsembleInstance, size: int) -> float:
+        known = self._service[instance.id].get(size)
+        return known if known is not None else instance.service_ms(size)
 
     def view(self, now_ms: float, size: int) -> SchedulerView:
         self.now_ms = now_ms
         remaining = []
-        latency = []
         for member in self.spec.members:
             instances = self.by_member.get(member) or []
             remaining.append(min((max(0.0, self.free_at[i.id] - now_ms) for i in instances), default=10 * self.spec.slo_ms))
-            latency.append(tuple(min((i.service_ms(s) for i in instances), default=10 * self.spec.slo_ms) for s in self.spec.range_sizes))
         probabilities = self.scenario.policy.probabilities
         frequencies = self.frequencies.frequencies()
         bias = tuple(frequencies.get(m, 0.0) - probabilities.get(m, 0.0) for m in self.spec.members)
-        return SchedulerView(size, tuple(remaining), tuple(latency), tuple(self.recent_sizes), bias)
+        return SchedulerView(size, tuple(remaining), self._latency_table, tuple(self.recent_sizes), bias)
 
     def _instance_for(self, member: str, size: int, deadline_ms: float) -> EnsembleInstance | None:
         instances = self.by_member.get(member) or []
@@ -195,16 +205,16 @@ class EnsembleServing:
             while queue and queue[0] <= now:
                 queue.popleft()
         if self.routing == "garrison":
-            ((_, k),) = queries_match_instances([deadline_ms], [self.free_at[i.id] for i in instances], [i.service_ms(size) for i in instances],
+            ((_, k),) = queries_match_instances([deadline_ms], [self.free_at[i.id] for i in instances], [self.service_ms(i, size) for i in instances],
                                                levels=[i.level for i in instances], now_ms=now)
             return instances[k]
         if self.routing == "earliest":
-            return min(instances, key=lambda i: (max(self.free_at[i.id], now) + i.service_ms(size), i.id))
+            return min(instances, key=lambda i: (max(self.free_at[i.id], now) + self.service_ms(i, size), i.id))
         if self.routing == "least-loaded":
             return min(instances, key=lambda i: (len(self.queued[i.id]), self.free_at[i.id], i.id))
         ordered = sorted(instances, key=lambda i: (i.level, i.id))  # size-threshold
         pool = ordered[len(ordered) // 2:] if size > self.median_size else ordered[: max(1, len(ordered) // 2)]
-        return min(pool, key=lambda i: (max(self.free_at[i.id], now) + i.service_ms(size), i.id))
+        return min(pool, key=lambda i: (max(self.free_at[i.id], now) + self.service_ms(i, size), i.id))
 
     def serve(self, members: Sequence[str], size: int) -> EnsembleOutcome:
         """Send the query (arrived at the last `view`'s time) to `members`; returns its outcome."""
@@ -219,7 +229,7 @@ class EnsembleServing:
             if start >= deadline:  # cannot start in time: not sent
                 completions.append(math.inf)
                 continue
-            service = instance.service_ms(size) * float(np.exp(self.rng.normal(0.0, self.noise_sigma)))
+            service = self.service_ms(instance, size) * float(np.exp(self.rng.normal(0.0, self.noise_sigma)))
             done = start + service
             self.free_at[instance.id] = done
             self.queued[instance.id].append(done)
@@ -252,6 +262,37 @@ def ensemble_simulate(scenario: EnsembleScenario, scheduler: EnsembleScheduler, 
     frequencies = {m: serving.frequencies.totals[m] / max(1, sum(serving.frequencies.totals.values())) for m in scenario.members}
     return EnsembleRun(scheduler.name, routing, outcomes, frequencies, probabilities, randomness_bias(frequencies, probabilities),
                        dict(serving.busy_ms))
+
+
+def ensemble_scenario_from_plan(problem: Problem, plan: Plan, application: str, *, rate_rps: float, duration_s: float,
+                                history: int = 16, name: str | None = None) -> EnsembleScenario:
+    """The scenario a plan serves: the application's ensemble policy, SLO and query sizes from the problem,
+    one `EnsembleInstance` per plan instance of its members (its granularity L_k the slice's compute slices,
+    a whole GPU its GPU's, a CPU 1; its latency per size from the problem's profile points)."""
+    from engine.geometry.catalogue import mig_catalogue_load
+
+    app = problem.application(application)
+    if app.ensemble is None:
+        raise ValueError(f"{application} has no ensemble policy")
+    catalogue = mig_catalogue_load()
+    instances = []
+    for inst in plan.instances:
+        if inst.variant not in app.ensemble.variants:
+            continue
+        device = problem.device(inst.device)
+        if device.mig:
+            level = float(catalogue.gpu_model_get(device.type).profile_get(inst.slice).compute_slices)
+        elif device.is_cpu:
+            level = 1.0
+        else:
+            spec = catalogue.gpu_model_find(device.type)
+            level = float(spec.compute_slices) if spec is not None else 1.0
+        points = problem.profiles_for(inst.variant, device.type, inst.slice)
+        if not points:
+            continue
+        instances.append(EnsembleInstance(inst.id, inst.variant, level, tuple(p.batch for p in points), tuple(p.latency_ms for p in points)))
+    return EnsembleScenario(name or application, app.ensemble, tuple(instances), slo_ms=app.slo_ms, rate_rps=rate_rps,
+                            duration_s=duration_s, query_sizes=app.query_sizes or ((1, 1.0),), history=history)
 
 
 def instances_from_profiles(variant: str, profiles: Mapping[float, Sequence[tuple[int, float]]], prefix: str = "") -> list[EnsembleInstance]:
