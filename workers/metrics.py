@@ -469,6 +469,9 @@ class ApplicationStats:
         # (variant, instance, simulated) -> [success, failure, duration_us, success duration_us, last answer (epoch ms),
         #   queue_us, compute_us (of the successes, as their runtimes measured them)]
         self.per_instance: dict[tuple[str, str, bool], list[float]] = {}
+        # This interval's query sizes (rows per request: the planner's D[b]) and, for an ensemble, its counts.
+        self._query_sizes: dict[int, int] = {}
+        self._ensemble: dict[str, Any] | None = None
 
     def arrival(self) -> None:
         with self._lock:
@@ -499,6 +502,54 @@ class ApplicationStats:
             row[3] += latency_ms * 1000.0
             row[5] += queue_us
             row[6] += compute_us
+
+    def query_size(self, rows: int) -> None:
+        with self._lock:
+            self._query_sizes[rows] = self._query_sizes.get(rows, 0) + 1
+
+    def ensemble_answered(self, chosen: Iterable[str], voted: Iterable[str], scheduler: str) -> None:
+        """One ensemble query: the members chosen and those that voted (answered in time)."""
+        chosen, voted = tuple(chosen), tuple(voted)
+        with self._lock:
+            e = self._ensemble
+            if e is None:
+                e = self._ensemble = {"queries": 0, "chosen": {}, "voted": {}, "sizes": {}, "scheduler": scheduler}
+            e["queries"] += 1
+            e["scheduler"] = scheduler
+            for m in chosen:
+                e["chosen"][m] = e["chosen"].get(m, 0) + 1
+            for m in voted:
+                e["voted"][m] = e["voted"].get(m, 0) + 1
+            key = str(len(chosen))
+            e["sizes"][key] = e["sizes"].get(key, 0) + 1
+
+    def answered(self, latency_ms: float, late: bool) -> None:
+        """An ensemble query answered (the members are counted at their instances by `member_outcome`)."""
+        with self._lock:
+            self._served += 1
+            if late:
+                self._late += 1
+                self.c["late"] += 1
+            else:
+                self.c["served"] += 1
+            self._samples.add(latency_ms)
+            self.h_latency.observe(latency_ms / 1000.0)
+
+    def member_outcome(self, ok: bool, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False,
+                       queue_us: float = 0.0, compute_us: float = 0.0) -> None:
+        """An ensemble member's answer (ok) or failure at its instance: the per-instance counters only."""
+        if not instance:
+            return
+        with self._lock:
+            row = self._instance(variant, instance, simulated)
+            if ok:
+                row[0] += 1
+                row[3] += latency_ms * 1000.0
+                row[5] += queue_us
+                row[6] += compute_us
+            else:
+                row[1] += 1
+            row[2] += latency_ms * 1000.0
 
     def dropped(self, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
         with self._lock:
@@ -551,6 +602,11 @@ class ApplicationStats:
                 "arrivals": self._arrivals, "served": self._served, "late": self._late, "dropped": self._dropped,
                 "no_route": self._no_route, "latency_p50_ms": _round(p50), "latency_p99_ms": _round(p99),
             }
+            if self._query_sizes:
+                out["query_sizes"] = {str(k): v for k, v in sorted(self._query_sizes.items())}
+                self._query_sizes = {}
+            if self._ensemble is not None:
+                out["ensemble"], self._ensemble = self._ensemble, None
             self._arrivals = self._served = self._late = self._dropped = self._no_route = self._failed = 0
         return out
 

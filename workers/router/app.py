@@ -14,6 +14,7 @@ from workers.router.asgi import InferHeaders, deadline_parse, reply_relay, reque
 from workers.router.asgi import body_read as _body_read
 from workers.router.asgi import response_send as _send
 from workers.router.dispatch import Dispatcher, DispatchError
+from workers.router.ensembles import ensemble_infer
 from workers.router.oip import oip_handle
 from workers.router.pipelines import PipelineError, RouterPipeline, output_asks_split, stage_request_build
 from workers.router.table import Application, RoutingTables
@@ -236,14 +237,18 @@ class Router:
     async def application_infer(self, app: Application, request: InferHeaders, body: bytes, t0: float, *,
                                 variant: str | None = None, budget_ms: float | None = None) -> tuple[int, dict, bytes, str]:
         """One query to `app` (received at `t0`): counted, dispatched within min(SLO, the client's deadline,
-        `budget_ms`), to an instance of `variant` only when one is named. The runtime's (status, answer
-        header, body, variant); raises `DispatchError` when the router answers itself."""
+        `budget_ms`), to an instance of `variant` only when one is named; an ensemble application's query to
+        the members its scheduler draws, their answers combined by weighted vote (workers/router/ensembles.py).
+        The (status, answer header, body, variant: the members that voted joined by '+' for an ensemble);
+        raises `DispatchError` when the router answers itself."""
         stats = self.stats.application(app.name)
         stats.arrival()
         budget = app.slo_ms
         for limit in (request.deadline_ms, budget_ms):
             if limit is not None and limit < budget:
                 budget = limit
+        if app.ensemble is not None and variant is None:  # a random ensemble per query, combined by weighted vote
+            return await ensemble_infer(self.dispatcher, app, stats, request, body, t0, budget)
         return await self.dispatcher.dispatch(app, stats, body, request.content_type, request.header_length, t0, budget, variant=variant)
 
     async def _pipeline_infer(self, scope: dict, receive: Callable, send: Callable, name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from engine.dataplane.routing import NoRouteAvailable
 from workers.metrics import ApplicationStats
@@ -12,7 +13,7 @@ from workers.router.table import Application, Route
 from workers.router.upstream import Upstream, UpstreamError
 from workers.wire import UNKNOWN_INSTANCE, WRONG_MODEL
 
-__all__ = ["DispatchError", "Dispatcher"]
+__all__ = ["DispatchError", "Dispatcher", "MemberStats"]
 
 _MAX_ATTEMPTS = 3
 
@@ -90,12 +91,15 @@ class Dispatcher:
                     bad.add(r.instance)
         return bad
 
-    async def dispatch(self, app: Application, stats: ApplicationStats, body: bytes, content_type: str | None,
-                       header_length: int | None, t0: float, budget_ms: float, *, variant: str | None = None) -> tuple[int, dict, bytes, str]:
+    async def dispatch(self, app: Application, stats: "ApplicationStats | MemberStats", body: bytes, content_type: str | None,
+                       header_length: int | None, t0: float, budget_ms: float, *, variant: str | None = None,
+                       on_instance: Callable[[str], None] | None = None) -> tuple[int, dict, bytes, str]:
         """Send the query (received at `t0`, `time.monotonic`, with `budget_ms` to its deadline) to an instance
-        (of `variant` only, when named: the protocol's model version); (status, the runtime's answer header,
-        its body, the variant that answered), its outcome counted in `stats`. Raises `DispatchError` when the
-        router answers itself (no route, deadline, upstream error)."""
+        (of `variant` only, when named: the protocol's model version, or an ensemble's member); (status, the
+        runtime's answer header, its body, the variant that answered), its outcome counted in `stats`
+        (`MemberStats` for an ensemble's member: its instance's counters only). `on_instance(instance)` is
+        called as each attempt is sent. Raises `DispatchError` when the router answers itself (no route,
+        deadline, upstream error)."""
         others = None
         if variant is not None:
             others = frozenset(i for i, r in app.routes.items() if r.variant != variant)
@@ -140,6 +144,8 @@ class Dispatcher:
                 frame["deadline_ms"] = remaining * 1000.0
                 frame["instance"] = instance
                 frame["variant"] = route.variant
+                if on_instance is not None:
+                    on_instance(instance)
                 fut = upstream.request(frame, body)
                 timer = loop.call_later(remaining + self.upstream_grace_s, _expire, fut)
                 try:
@@ -183,6 +189,27 @@ class Dispatcher:
         else:
             stats.failed(latency_ms, variant=variant, instance=instance, simulated=simulated)
         return status, reply, reply_body, variant
+
+
+class MemberStats:
+    """An ensemble member's dispatch counts only at its instance (the protocol's per-model statistics and
+    Triton's counters); the query itself is counted once, by the ensemble (workers/router/ensembles.py)."""
+
+    def __init__(self, stats: ApplicationStats) -> None:
+        self.stats = stats
+
+    def served(self, latency_ms: float, late: bool, *, variant: str = "", instance: str = "", simulated: bool = False,
+               queue_us: float = 0.0, compute_us: float = 0.0) -> None:
+        self.stats.member_outcome(True, latency_ms, variant=variant, instance=instance, simulated=simulated, queue_us=queue_us, compute_us=compute_us)
+
+    def dropped(self, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
+        self.stats.member_outcome(False, latency_ms, variant=variant, instance=instance, simulated=simulated)
+
+    def failed(self, latency_ms: float = 0.0, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
+        self.stats.member_outcome(False, latency_ms, variant=variant, instance=instance, simulated=simulated)
+
+    def no_route(self) -> None:
+        pass
 
 
 def _serves(reply: dict, application: str, variant: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from engine.dataplane.routing import RoutingTable, WeightedRouter
 from workers.metrics import RouterStats, utc_now_iso
+from workers.router.ensembles import RouterEnsemble, ensemble_build
 from workers.router.pipelines import RouterPipeline, pipelines_from_apps
 from workers.router.upstream import endpoint_parse
 
@@ -38,10 +39,13 @@ class Application:
     routes: dict[str, Route]
     picker: WeightedRouter | None
     excluded: frozenset[str]
+    ensemble: "RouterEnsemble | None" = None  # a random ensemble per query (workers/router/ensembles.py)
 
 
-def application_build(table: dict) -> Application:
-    """A routing table as the API lists it -> the router's view (raises ValueError when it does not parse)."""
+def application_build(table: dict, previous: Application | None = None) -> Application:
+    """A routing table as the API lists it -> the router's view (raises ValueError when it does not parse).
+    `previous` (the application's view before this refresh) keeps its ensemble's frequency table and
+    estimator when the table's ensemble block is unchanged."""
     if not isinstance(table, dict):
         raise ValueError(f"a routing table must be an object, got {type(table).__name__}")
     name = table.get("application")
@@ -65,7 +69,8 @@ def application_build(table: dict) -> Application:
     rt = RoutingTable(name, version, tuple(entries))  # validates the version and the weights
     picker = WeightedRouter(rt) if any(w > 0 for _, w in rt.entries) else None
     excluded = frozenset(r.instance for r in routes.values() if r.state != "ready" or r.endpoint is None)
-    return Application(name, rt.version, float(slo), str(table.get("drop_rule") or "deadline"), table, routes, picker, excluded)
+    ensemble = ensemble_build(name, table.get("ensemble"), previous.ensemble if previous is not None else None)
+    return Application(name, rt.version, float(slo), str(table.get("drop_rule") or "deadline"), table, routes, picker, excluded, ensemble)
 
 
 class RoutingTables:
@@ -100,7 +105,8 @@ class RoutingTables:
         new: dict[str, Application] = {}
         for table in tables:
             try:
-                app = application_build(table)
+                name = table.get("application") if isinstance(table, dict) else None
+                app = application_build(table, held.get(name) if isinstance(name, str) else None)
             except (ValueError, TypeError) as exc:
                 name = table.get("application") if isinstance(table, dict) else None
                 log.warning("ignoring a routing table that does not parse (%s); keeping the previous one", exc)
