@@ -85,7 +85,9 @@ def _plan_solve(
     A fleet with MPS GPUs and other devices both is planned in two stages, `solver` taking the devices
     of its kind and the other kind's default the rest (engine/solvers/mixed.py). A problem with pipelines has
     them planned as a whole by `solver` when it is fa2 or ipa, else by fa2, and the other applications by
-    `solver` (proteus for fa2 and ipa) on the devices the pipelines leave (engine/solvers/pipelines.py)."""
+    `solver` (proteus for fa2 and ipa) on the devices the pipelines leave (engine/solvers/pipelines.py). An
+    application served by random ensembles is planned one application per member by every planner but
+    garrison, which reads ensembles itself (engine/solvers/ensembles.py)."""
     overrides: dict[str, object] = {}
     if objective is not None:
         if objective not in OBJECTIVES:
@@ -106,6 +108,12 @@ def _plan_solve(
     planner = _planner_get(solver)
     if overrides:
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
+    if solver != "garrison":
+        from engine.solvers.ensembles import ensemble_plan_merge, ensemble_problem_split, ensembles_to_split
+
+        if ensembles_to_split(problem):
+            # One application per ensemble member for the planners that serve a query with one variant.
+            return ensemble_plan_merge(problem, _plan_solve(ensemble_problem_split(problem), solver))
     if problem.pipelines and solver not in PIPELINES + ("biscale",):
         # Pipelines are always planned as a whole (FA2 by default); `solver` plans the other applications.
         from engine.solvers.pipelines import pipeline_fleet_solve

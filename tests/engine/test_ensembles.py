@@ -168,3 +168,37 @@ def test_a_bad_query_size_distribution_or_ensemble_names_the_field(extra, messag
 
     with pytest.raises(ProblemError, match=message):
         problem_from_dict(_problem_raw(**extra))
+
+
+# --------------------------------------------------------------------------- planned by the one-variant planners
+
+@pytest.mark.parametrize("solver", ["proteus", "joint", "garrison-demand", "garrison"])
+def test_every_member_of_an_ensemble_gets_its_share_of_the_rows(solver) -> None:
+    from engine.plans.validate import plan_validate
+    from engine.solvers.ensembles import ensemble_member_rates
+    from engine.solvers.solve import plan_solve
+    from tests.engine.test_garrison import ensemble_problem
+
+    ensemble = {"mode": "random", "members": {f"{f}-{i}": 0.1 for f, n in (("mobilenet", 2), ("googlenet", 2), ("densenet40", 6)) for i in range(n)},
+                "min_size": 2, "max_size": 4}
+    problem = ensemble_problem(gpus=2, ensemble=ensemble, demand_rps=20.0, query_sizes={"1": 0.5, "8": 0.5})
+    if solver == "proteus":  # proteus keeps the layouts it is given: seven 1g slices a GPU, room for every member
+        from engine.plans.problem import problem_from_dict, problem_to_dict
+
+        raw = problem_to_dict(problem)
+        for device in raw["devices"]:
+            device["layout"] = [f"1g.5gb@{i}" for i in range(7)]
+        problem = problem_from_dict(raw)
+    plan = plan_solve(problem, solver, time_limit_s=20)
+    verdict = plan_validate(problem, plan)
+    assert verdict.valid, verdict.errors
+    app = problem.application("defend")
+    rows = {v.name: 0.0 for v in problem.variants}
+    for instance in plan.instances:
+        rows[instance.variant] += instance.assigned_rps
+    rates = ensemble_member_rates(app)
+    for member, rate in rates.items():
+        # Each member serves its inclusion rate of the queries, in rows (mean query size 4.5).
+        assert rows[member] == pytest.approx(rate * 20.0 * 4.5, rel=1e-6), (solver, member, plan.notes)
+    assert plan.served_rps["defend"] == pytest.approx(20.0, rel=1e-6) and plan.shortfall_rps["defend"] == pytest.approx(0.0, abs=1e-6)
+    assert set(plan.routing) == {"defend"}
