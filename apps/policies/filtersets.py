@@ -2,7 +2,7 @@ import django_filters
 
 from apps.core.filtersets import TesseraFilterSet
 
-from .models import ProfilingPolicy, ReplanPolicy, SloPolicy
+from .models import EnsemblePolicy, ProfilingPolicy, ReplanPolicy, SloPolicy
 
 
 class SloPolicyFilterSet(TesseraFilterSet):
@@ -23,3 +23,11 @@ class ProfilingPolicyFilterSet(TesseraFilterSet):
     class Meta:
         model = ProfilingPolicy
         fields = ["name", "enabled", "auto_profile_new_variants"]
+
+
+class EnsemblePolicyFilterSet(TesseraFilterSet):
+    application_name = django_filters.CharFilter(field_name="application__name")
+
+    class Meta:
+        model = EnsemblePolicy
+        fields = ["application", "mode"]

@@ -1,12 +1,20 @@
-from django.core.exceptions import ValidationError
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from apps.core.models import ChangeLoggedModel
 from apps.inventory.models import name_validator
-from apps.registry.models import Application, whole_numbers_validate
+from apps.registry.models import Application, ModelVariant, whole_numbers_validate
+from engine.ensembles.policy import EnsembleError
+from engine.ensembles.policy import EnsembleMember as EngineEnsembleMember
+from engine.ensembles.policy import EnsemblePolicy as EngineEnsemblePolicy
+from engine.ensembles.policy import ensemble_policy_validate
 
-from .choices import DropRuleChoices
+from .choices import DropRuleChoices, EnsembleModeChoices, EnsembleVoteChoices
 
 
 class SloPolicy(ChangeLoggedModel):
@@ -121,3 +129,108 @@ class ProfilingPolicy(ChangeLoggedModel):
         self.slices = _string_list_validate(self.slices, "slices", 30)
         self.batch_sizes = whole_numbers_validate(self.batch_sizes, "batch_sizes", 1, 4096)
         self.cpu_threads = whole_numbers_validate(self.cpu_threads, "cpu_threads", 1, 1024)
+
+
+# The fields an ensemble policy's errors are reported under (the engine's messages start with them).
+ENSEMBLE_POLICY_FIELDS = ("mode", "vote", "members", "min_size", "max_size", "scheduler")
+
+
+def ensemble_error_as_validation(exc: EnsembleError, *, min_size: Any = None) -> ValidationError:
+    """The engine's refusal of an ensemble policy (engine/ensembles/policy.py, whose messages name the field
+    first) as a ValidationError under that field: the size bounds' joint rules under `min_size` where
+    it is the one out of bounds, else under `max_size`; a message naming no field as a non-field error."""
+    message = str(exc)
+    if message.startswith("min_size and max_size"):  # a single-variant policy: both must be 1
+        field = "min_size" if min_size != 1 else "max_size"
+    elif message.startswith("need 1 <= min_size"):
+        field = "min_size" if isinstance(min_size, int) and min_size < 1 else "max_size"
+    else:
+        field = next((f for f in ENSEMBLE_POLICY_FIELDS if message.startswith(f)), NON_FIELD_ERRORS)
+    return ValidationError({field: [message]})
+
+
+class EnsemblePolicy(ChangeLoggedModel):
+    """How an application's queries are answered when it has several variants (Garrison, DAC'24, random
+    ensembles; engine/ensembles/policy.py): by one variant as the plan routes it (`single`), by a random
+    ensemble drawn per query with each member's sampling probability (`random`), or by the members a learned
+    scheduler picks (`learned`, its ONNX policy named in `scheduler`); between `min_size` and `max_size`
+    members answer, combined by a weighted `vote`. The members (EnsembleMember) are written with the policy
+    as a whole (apps/policies/services.py, `ensemble_policy_set`); the engine's validator is the one place
+    the rules live (`clean()`), and the audit record carries the members beside the policy's fields."""
+
+    application = models.OneToOneField(Application, on_delete=models.CASCADE, related_name="ensemble_policy")
+    mode = models.CharField(max_length=10, choices=EnsembleModeChoices.choices, default=EnsembleModeChoices.RANDOM)
+    min_size = models.PositiveSmallIntegerField(default=1, help_text="Fewest members answering a query (single: 1)")
+    max_size = models.PositiveSmallIntegerField(default=1, help_text="Most members answering a query, at most the members with a probability > 0")
+    vote = models.CharField(max_length=10, choices=EnsembleVoteChoices.choices, default=EnsembleVoteChoices.SOFT)
+    scheduler = models.CharField(
+        max_length=200, blank=True, help_text="learned: the scheduler's ONNX policy, a name or path the router resolves; else empty",
+    )
+
+    class Meta:
+        ordering = ["application__name"]
+        verbose_name = "ensemble policy"
+        verbose_name_plural = "ensemble policies"
+
+    def __str__(self) -> str:
+        return f"{self.application.name}: {self.mode} ensemble" if self.application_id else "ensemble policy"
+
+    # The members a save is about to write (set by ensemble_policy_set before it validates and saves): what
+    # clean() checks and what the audit record's "after" shows. None: the stored members.
+    members_pending: list["EnsembleMember"] | None = None
+
+    def member_list(self) -> list["EnsembleMember"]:
+        """The members about to be written, or else the stored ones in their order."""
+        if self.members_pending is not None:
+            return list(self.members_pending)
+        if self.pk is None:
+            return []
+        if "members" in getattr(self, "_prefetched_objects_cache", {}):
+            return list(self.members.all())
+        return list(self.members.select_related("variant"))
+
+    def engine_policy(self) -> EngineEnsemblePolicy:
+        """The policy as the engine's value (variants by name), not validated."""
+        return EngineEnsemblePolicy(
+            mode=self.mode,
+            members=tuple(EngineEnsembleMember(variant=m.variant.name, probability=m.probability, weight=m.weight) for m in self.member_list()),
+            min_size=self.min_size, max_size=self.max_size, vote=self.vote, scheduler=self.scheduler or None,
+        )
+
+    def clean(self) -> None:
+        if not self.application_id:
+            return  # the field's own error says so
+        members = self.member_list()
+        foreign = [m.variant for m in members if m.variant.application_id != self.application_id]
+        if foreign:
+            raise ValidationError({"members": [f"{foreign[0]} is not a variant of {self.application.name}."]})
+        try:
+            ensemble_policy_validate(self.engine_policy(), variants=self.application.variants.values_list("name", flat=True))
+        except EnsembleError as exc:
+            raise ensemble_error_as_validation(exc, min_size=self.min_size) from None
+
+    def audit_snapshot(self) -> dict[str, Any]:
+        data = super().audit_snapshot()
+        data["members"] = [
+            {"variant": m.variant.name, "variant_id": m.variant_id, "probability": m.probability, "weight": m.weight} for m in self.member_list()
+        ]
+        return data
+
+
+class EnsembleMember(models.Model):
+    """One member of an application's ensemble: a variant of it, its sampling probability (the members'
+    sum to 1) and its vote's weight. Written with its policy by `ensemble_policy_set`, never on its own; a
+    variant that is a member cannot be deleted until the policy lets it go (deleting the application
+    takes both)."""
+
+    policy = models.ForeignKey(EnsemblePolicy, on_delete=models.CASCADE, related_name="members")
+    variant = models.ForeignKey(ModelVariant, on_delete=models.RESTRICT, related_name="ensemble_memberships")
+    probability = models.FloatField(help_text="Sampling probability, 0..1; the members' probabilities sum to 1")
+    weight = models.FloatField(default=1.0, help_text="The weight of its vote, > 0")
+
+    class Meta:
+        ordering = ["policy", "id"]
+        constraints = [models.UniqueConstraint(fields=["policy", "variant"], name="ensemblemember_unique_variant")]
+
+    def __str__(self) -> str:
+        return f"{self.variant.name} p={self.probability:g} w={self.weight:g}" if self.variant_id else "ensemble member"

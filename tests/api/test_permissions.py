@@ -70,6 +70,8 @@ def _payloads():
             "/api/v1/slo-policies/", lambda: {"application": ApplicationFactory().pk, "latency_p99_ms": 30}, FLEET_AND_POLICIES
         ),
         "replan-policies": ("/api/v1/replan-policies/", lambda: {"name": "nightly", "interval_seconds": 600}, FLEET_AND_POLICIES),
+        "ensemble-policies": ("/api/v1/ensemble-policies/", lambda: {
+            "application": ModelVariantFactory(name="solo").application.pk, "members": [{"variant": "solo", "probability": 1}]}, FLEET_AND_POLICIES),
         "routing-tables": ("/api/v1/routing-tables/", _routing_table_payload, FLEET_AND_POLICIES),
         "profiling-requests": ("/api/v1/profiling-requests/", _profiling_request_payload, FLEET_AND_POLICIES),
         "users": ("/api/v1/users/", lambda: {"username": "ci-bot", "role": "operator"}, "admin"),

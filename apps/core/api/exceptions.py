@@ -4,7 +4,7 @@ so CI scripts can print `message` and show `fields` next to their inputs."""
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import ProtectedError
+from django.db.models import ProtectedError, RestrictedError
 from rest_framework import exceptions
 from rest_framework.views import exception_handler
 
@@ -34,11 +34,12 @@ class InUse(exceptions.APIException):
     default_detail = "The object is in use."
 
 
-def in_use_from_protected(exc: ProtectedError) -> InUse:
-    """A delete refused by a protected foreign key: 409 naming what still uses the object."""
-    users = sorted({str(o) for o in exc.protected_objects})
+def in_use_from_protected(exc: ProtectedError | RestrictedError) -> InUse:
+    """A delete refused by a protected (or restricted) foreign key: 409 naming what still uses the object."""
+    users_of = exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
+    users = sorted({str(o) for o in users_of})
     shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
-    kinds = sorted({o._meta.verbose_name for o in exc.protected_objects})
+    kinds = sorted({o._meta.verbose_name for o in users_of})
     return InUse(f"Cannot delete it: it is used by {' / '.join(kinds)} {shown}.")
 
 
@@ -47,7 +48,7 @@ def tessera_exception_handler(exc, context):
 
     if isinstance(exc, DjangoValidationError):
         exc = validation_error_from_django(exc)
-    if isinstance(exc, ProtectedError):
+    if isinstance(exc, (ProtectedError, RestrictedError)):
         exc = in_use_from_protected(exc)
     exc = outage_from_exception(exc) or exc  # the database away: 503 with Retry-After, not a 500
     response = exception_handler(exc, context)

@@ -42,7 +42,7 @@ def api_root(request, format=None):
     """Index of the API's resources."""
     names = [
         "host", "accelerator", "gpuinstance", "gpumodel", "application", "pipeline", "modelvariant",
-        "artifact", "profile", "profilingrequest", "slopolicy", "replanpolicy", "hostdesiredstate", "routingtable",
+        "artifact", "profile", "profilingrequest", "slopolicy", "replanpolicy", "ensemblepolicy", "hostdesiredstate", "routingtable",
         "runtime", "hostoperation", "planrun", "plan", "runtimesample", "gpusample", "applicationsample", "objectchange", "user", "token",
     ]
     return Response({name: reverse(f"api:{name}-list", request=request, format=format) for name in names})
