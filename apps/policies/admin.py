@@ -55,11 +55,22 @@ class EnsembleMemberInline(admin.TabularInline):
     extra = 1
 
 
+class EnsemblePolicyAdminForm(forms.ModelForm):
+    class Meta:
+        model = EnsemblePolicy
+        fields = ["application", "mode", "min_size", "max_size", "vote", "scheduler"]
+
+    def clean(self):
+        self.instance.members_checked_apart = True  # checked with the members by EnsembleMemberFormSet
+        return super().clean()
+
+
 @admin.register(EnsemblePolicy)
 class EnsemblePolicyAdmin(admin.ModelAdmin):
     """Saved through `ensemble_policy_set` with its members as a whole, as the API, the CLI and the dashboard
     save it (the engine's rules, audited with the members before and after)."""
 
+    form = EnsemblePolicyAdminForm
     list_display = ["application", "mode", "member_list", "min_size", "max_size", "vote"]
     list_filter = ["mode", "vote"]
     search_fields = ["application__name"]

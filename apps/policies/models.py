@@ -178,6 +178,9 @@ class EnsemblePolicy(ChangeLoggedModel):
     # The members a save is about to write (set by ensemble_policy_set before it validates and saves): what
     # clean() checks and what the audit record's "after" shows. None: the stored members.
     members_pending: list["EnsembleMember"] | None = None
+    # Set by a form that edits the fields apart from the members (the admin's, whose members' inline checks
+    # the policy whole with the service's reader): clean() then leaves the members' rules to that check.
+    members_checked_apart = False
 
     def member_list(self) -> list["EnsembleMember"]:
         """The members about to be written, or else the stored ones in their order."""
@@ -198,8 +201,8 @@ class EnsemblePolicy(ChangeLoggedModel):
         )
 
     def clean(self) -> None:
-        if not self.application_id:
-            return  # the field's own error says so
+        if not self.application_id or self.members_checked_apart:
+            return  # no application: the field's own error says so
         members = self.member_list()
         foreign = [m.variant for m in members if m.variant.application_id != self.application_id]
         if foreign:

@@ -178,3 +178,35 @@ def test_the_service_with_an_actor_outside_a_request(pool, users):
     assert same.pk == policy.pk and _changes(policy.pk).count() == 1  # nothing changed: no record
     ensemble_policy_delete(policy=same, actor=users["operator"])
     assert _changes(policy.pk).get(action="delete").user == users["operator"]
+
+
+def _admin_form(pool, members, **fields):
+    form = {"application": str(pool["application"].pk), "mode": "random", "min_size": "1", "max_size": "2", "vote": "soft", "scheduler": "",
+            "members-TOTAL_FORMS": str(len(members)), "members-INITIAL_FORMS": "0", "members-MIN_NUM_FORMS": "0", "members-MAX_NUM_FORMS": "1000"}
+    for i, (name, probability) in enumerate(members):
+        form.update({f"members-{i}-variant": str(pool["variants"][name].pk), f"members-{i}-probability": str(probability),
+                     f"members-{i}-weight": "1"})
+    form.update(fields)
+    return form
+
+
+def test_the_admin_saves_through_the_same_checks(client, users, pool):
+    users["admin"].is_staff = users["admin"].is_superuser = True
+    users["admin"].save()
+    client.force_login(users["admin"])
+    refused = client.post("/admin/policies/ensemblepolicy/add/", _admin_form(pool, [("a", 0.5), ("b", 0.6)]))
+    assert refused.status_code == 200 and b"sum to 1" in refused.content
+    assert not EnsemblePolicy.objects.exists()
+    created = client.post("/admin/policies/ensemblepolicy/add/", _admin_form(pool, [("a", 0.5), ("b", 0.5)]))
+    assert created.status_code == 302, created.content[:3000]
+    policy = EnsemblePolicy.objects.get()
+    assert [(m.variant.name, m.probability) for m in policy.member_list()] == [("a", 0.5), ("b", 0.5)] and policy.max_size == 2
+    assert _changes(policy.pk).get().user == users["admin"]
+    assert client.get("/admin/policies/ensemblepolicy/").status_code == 200
+    assert client.get(f"/admin/policies/ensemblepolicy/{policy.pk}/change/").status_code == 200
+    form = _admin_form(pool, [("c", 0.25), ("d", 0.75)], max_size="1", vote="hard")
+    form.pop("application")  # read-only once created
+    changed = client.post(f"/admin/policies/ensemblepolicy/{policy.pk}/change/", form)
+    assert changed.status_code == 302, changed.content[:3000]
+    policy = EnsemblePolicy.objects.get()
+    assert [m.variant.name for m in policy.member_list()] == ["c", "d"] and (policy.max_size, policy.vote) == (1, "hard")
