@@ -12,7 +12,7 @@ from apps.registry.models import Application, ModelVariant, whole_numbers_valida
 from engine.ensembles.policy import EnsembleError
 from engine.ensembles.policy import EnsembleMember as EngineEnsembleMember
 from engine.ensembles.policy import EnsemblePolicy as EngineEnsemblePolicy
-from engine.ensembles.policy import ensemble_policy_validate
+from engine.ensembles.policy import ensemble_policy_to_dict, ensemble_policy_validate
 
 from .choices import DropRuleChoices, EnsembleModeChoices, EnsembleVoteChoices
 
@@ -199,6 +199,14 @@ class EnsemblePolicy(ChangeLoggedModel):
             members=tuple(EngineEnsembleMember(variant=m.variant.name, probability=m.probability, weight=m.weight) for m in self.member_list()),
             min_size=self.min_size, max_size=self.max_size, vote=self.vote, scheduler=self.scheduler or None,
         )
+
+    def engine_dict(self) -> dict[str, Any]:
+        """The policy as the engine writes it (`ensemble_policy_to_dict`: variants by name), each member with
+        its `variant_id` (the ModelVariant's pk) beside its name: what routing tables carry to routers."""
+        data = ensemble_policy_to_dict(self.engine_policy())
+        for member, row in zip(data["members"], self.member_list()):
+            member["variant_id"] = row.variant_id
+        return data
 
     def clean(self) -> None:
         if not self.application_id or self.members_checked_apart:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from . import dataplane, load, server, simulate, tokens
+from .ensemble import ensemble_app
 from .mig import mig_app
 from .pipeline import pipeline_app
 from .plan import plan_app
@@ -30,5 +31,6 @@ app.add_typer(tokens.router_credential_app, name="router-credential")
 app.add_typer(mig_app, name="mig")
 app.add_typer(plan_app, name="plan")
 app.add_typer(pipeline_app, name="pipeline")
+app.add_typer(ensemble_app, name="ensemble")
 app.add_typer(trace_app, name="trace")
 app.add_typer(scheduler_app, name="scheduler")
