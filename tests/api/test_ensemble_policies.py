@@ -210,3 +210,50 @@ def test_the_admin_saves_through_the_same_checks(client, users, pool):
     assert changed.status_code == 302, changed.content[:3000]
     policy = EnsemblePolicy.objects.get()
     assert [m.variant.name for m in policy.member_list()] == ["c", "d"] and (policy.max_size, policy.vote) == (1, "hard")
+
+
+def test_routing_tables_carry_a_random_or_learned_policy(clients, pool):
+    from apps.deployments.services import routing_table_publish
+
+    routing_table_publish(application=pool["application"], routes=[])
+    lone = ModelVariantFactory(name="lone").application
+    routing_table_publish(application=lone, routes=[])
+
+    def tables():
+        response = clients["viewer"].get("/api/v1/routing-tables/", {"active": "true"})
+        assert response.status_code == 200
+        return {t["application"]: t["ensemble"] for t in response.json()["results"]}
+
+    assert tables() == {"robust": None, lone.name: None}
+    clients["operator"].post(URL, _body(pool), format="json")
+    v = pool["variants"]
+    assert tables() == {lone.name: None, "robust": {
+        "mode": "random", "min_size": 2, "max_size": 3, "vote": "soft",
+        "members": [{"variant": "a", "variant_id": v["a"].pk, "probability": 0.4, "weight": 2.0},
+                    {"variant": "b", "variant_id": v["b"].pk, "probability": 0.3, "weight": 1.0},
+                    {"variant": "c", "variant_id": v["c"].pk, "probability": 0.2, "weight": 1.0},
+                    {"variant": "d", "variant_id": v["d"].pk, "probability": 0.1, "weight": 0.5}]}}
+    ensemble_policy_set(application=pool["application"], data={"mode": "learned", "scheduler": "garrison-table1.onnx", "members": {"a": 1.0}})
+    assert tables()["robust"] == {"mode": "learned", "min_size": 1, "max_size": 1, "vote": "soft", "scheduler": "garrison-table1.onnx",
+                                  "members": [{"variant": "a", "variant_id": v["a"].pk, "probability": 1.0, "weight": 1.0}]}
+    ensemble_policy_set(application=pool["application"], data={"mode": "single", "members": {"a": 1.0}})
+    assert tables()["robust"] is None  # one variant per query: as without a policy
+
+
+def test_routers_read_the_ensemble_with_their_tables(clients, pool, django_assert_max_num_queries):
+    from apps.deployments.services import routing_table_publish
+
+    from tests.conftest import _token_client
+
+    credential = clients["admin"].post("/api/v1/router-credentials/", {"name": "router-1"}, format="json").json()
+    router = _token_client(credential["token"])
+    for k in range(3):
+        application = ApplicationFactory(name=f"pool-{k}")
+        for name in ("x", "y"):
+            ModelVariantFactory(application=application, name=name)
+        ensemble_policy_set(application=application, data={"members": {"x": 0.5, "y": 0.5}})
+        routing_table_publish(application=application, routes=[])
+    router.get("/api/v1/routing-tables/?active=true")  # warm: the router principal's permissions
+    with django_assert_max_num_queries(12):  # the members are prefetched, not read per table
+        tables = router.get("/api/v1/routing-tables/?active=true").json()["results"]
+    assert [len(t["ensemble"]["members"]) for t in tables] == [2, 2, 2]

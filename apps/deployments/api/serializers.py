@@ -3,7 +3,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
-from apps.policies.choices import DropRuleChoices
+from apps.policies.choices import DropRuleChoices, EnsembleModeChoices
 from apps.registry.models import Application
 from engine.dataplane.batching import BATCHING_POLICIES
 from engine.dataplane.tensors import TensorSpecError, oip_tensor_metadata
@@ -133,10 +133,15 @@ class RoutingTableSerializer(serializers.ModelSerializer):
         help_text="The application as an Open Inference Protocol model: its inputs and outputs (datatype, shape; -1 where a "
         "dimension varies) and each variant's, by variant name (a variant is a model version)"
     )
+    ensemble = serializers.SerializerMethodField(
+        help_text="The application's ensemble policy when its queries are answered by random ensembles (mode random or learned): "
+        "{mode, members: [{variant, variant_id, probability, weight}], min_size, max_size, vote, scheduler (learned only)}; "
+        "null: one variant per query, by the routes' weights"
+    )
 
     class Meta:
         model = RoutingTable
-        fields = ["id", "application", "version", "active", "slo_ms", "drop_rule", "routes", "pipeline", "model", "created"]
+        fields = ["id", "application", "version", "active", "slo_ms", "drop_rule", "routes", "pipeline", "model", "ensemble", "created"]
         read_only_fields = fields
 
     @staticmethod
@@ -167,6 +172,16 @@ class RoutingTableSerializer(serializers.ModelSerializer):
     def get_pipeline(self, obj) -> dict | None:
         pipeline = self._pipeline(obj)
         return None if pipeline is None else {"name": pipeline.name, "stages": pipeline.stages, "paths": pipeline.paths}
+
+    @extend_schema_field(serializers.JSONField(allow_null=True))
+    def get_ensemble(self, obj) -> dict | None:
+        """The policy as the engine writes it (engine.ensembles.policy.ensemble_policy_to_dict), each member
+        with its variant's id beside its name; a `single` policy answers as no policy does (null)."""
+        try:
+            policy = obj.application.ensemble_policy
+        except ObjectDoesNotExist:
+            return None
+        return None if policy.mode == EnsembleModeChoices.SINGLE else policy.engine_dict()
 
     @extend_schema_field(serializers.JSONField())
     def get_model(self, obj) -> dict:

@@ -92,9 +92,9 @@ class RoutingTableViewSet(TesseraModelViewSet):
     """Routing tables, one active version per application. POST publishes a new version and makes it the
     active one in the same transaction. Agents read every table (their routers serve every application)."""
 
-    queryset = RoutingTable.objects.select_related("application__slo_policy", "application__pipeline_stage__pipeline").prefetch_related(
-        "application__variants"
-    )
+    queryset = RoutingTable.objects.select_related(
+        "application__slo_policy", "application__pipeline_stage__pipeline", "application__ensemble_policy"
+    ).prefetch_related("application__variants", "application__ensemble_policy__members__variant")
     serializer_class = RoutingTableSerializer
     filterset_class = RoutingTableFilterSet
     ordering_fields = ["version", "created"]
