@@ -96,6 +96,12 @@ class ApplicationSample(IntervalCounts):
     application_name = models.CharField(max_length=100)
     routing_version = models.PositiveIntegerField(null=True, blank=True)
     no_route = models.PositiveIntegerField(default=0)
+    # Requests per size over the interval, {"<rows per request>": count} (Garrison's D[b]); null where the
+    # router does not count them.
+    query_sizes = models.JSONField(null=True, blank=True)
+    # The interval's random ensembles (Garrison's frequency table): {"queries": n, "chosen": {variant: n},
+    # "voted": {variant: n}, "sizes": {"<ensemble size>": n}, "scheduler": text}; null without an ensemble.
+    ensemble = models.JSONField(null=True, blank=True)
 
     class Meta(IntervalCounts.Meta):
         indexes = [

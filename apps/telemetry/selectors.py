@@ -1,9 +1,11 @@
-"""Telemetry read for the dashboard: the catalogue the roll-ups weigh accuracy and SLOs with, and the
-recent history of every application, rolled up per second by the same `application_rollup` the live feed
-uses."""
+"""Telemetry read for the dashboard and for planning: the catalogue the roll-ups weigh accuracy and SLOs
+with, the recent history of every application, rolled up per second by the same `application_rollup` the
+live feed uses, and what the routers counted of each application's query sizes and random ensembles."""
 from __future__ import annotations
 
-from datetime import timedelta
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Sum
@@ -11,6 +13,7 @@ from django.db.models.functions import TruncSecond
 from django.utils import timezone
 
 from apps.registry.models import Application, ModelVariant
+from engine.ensembles.sampling import randomness_bias
 
 from .models import ApplicationSample, PipelinePathSample, RuntimeSample
 from .rollup import ApplicationCatalogue, RouterCounts, VariantServed, application_rollup
@@ -101,3 +104,112 @@ def runtime_cores_history(*, host_ids: list[int], seconds: int = 300, now=None) 
     for host_id, key, at, cores in rows:
         out.setdefault((host_id, key), []).append((round(at.timestamp(), 3), int(cores)))
     return out
+
+
+# --------------------------------------------------------------------------- query sizes and ensembles
+
+
+def _size_counts_add(total: Counter, counts: Any) -> None:
+    """Add a stored {"<size>": count} to `total` (by int size); anything else stored there is passed over."""
+    if not isinstance(counts, dict):
+        return
+    for size, count in counts.items():
+        try:
+            size, count = int(size), int(count)
+        except (TypeError, ValueError):
+            continue
+        if size >= 1 and count > 0:
+            total[size] += count
+
+
+def _recent_samples(application: Application, window_s: float, now: datetime | None, field: str):
+    since = (now or timezone.now()) - timedelta(seconds=window_s)
+    return (ApplicationSample.objects.filter(application=application, at__gt=since, **{f"{field}__isnull": False})
+            .values_list(field, flat=True))
+
+
+def application_query_sizes(*, application: Application, window_s: float, now: datetime | None = None) -> tuple[tuple[int, float], ...] | None:
+    """The distribution of `application`'s query sizes (rows per request; Garrison's D[b]) over the last
+    `window_s` seconds, summed over every router's reports: ((size, probability), ...) by size, the
+    probabilities summing to 1, as the planning problem's `query_sizes` takes it; None when no router
+    counted any request in the window."""
+    total: Counter = Counter()
+    for counts in _recent_samples(application, window_s, now, "query_sizes"):
+        _size_counts_add(total, counts)
+    requests = sum(total.values())
+    if not requests:
+        return None
+    return tuple((size, count / requests) for size, count in sorted(total.items()))
+
+
+@dataclass(frozen=True)
+class EnsembleMemberFrequency:
+    variant: str
+    chosen: int  # times drawn into a query's ensemble
+    voted: int  # times its answer counted in the vote (it answered in time)
+    share: float | None  # its share of the votes cast (voted / all members' votes); None when none was cast
+    chosen_share: float | None  # its share of the draws (chosen / all members' draws)
+    probability: float | None  # its configured sampling probability; None when it is no member of the policy now
+
+
+@dataclass(frozen=True)
+class EnsembleFrequencies:
+    """What the routers counted of an application's random ensembles over a window (Garrison's frequency
+    table). `bias` is the randomness bias (engine.ensembles.sampling.randomness_bias: the RMS over the
+    configured members of frequency - probability) of the draws, the sampler's fidelity; `voted_bias` the
+    same of the votes cast, which members that miss the deadline move away from the probabilities. Both
+    None without a policy to compare with."""
+
+    window_s: float
+    queries: int
+    mean_size: float | None  # members drawn per query, from the reported ensemble sizes (else chosen / queries)
+    members: tuple[EnsembleMemberFrequency, ...]
+    bias: float | None
+    voted_bias: float | None
+    schedulers: tuple[str, ...]  # who picked the members, as the routers said ("random", a learned policy's name)
+
+
+def application_ensemble_frequencies(*, application: Application, window_s: float, now: datetime | None = None) -> EnsembleFrequencies | None:
+    """`application`'s random ensembles over the last `window_s` seconds, summed over every router's
+    reports: per member (the policy's members in its order, then any other variant reported) how often it
+    was drawn and how often it voted, its share of the votes cast and its configured probability; the
+    queries, the mean ensemble size and the randomness bias. None when no router reported an ensemble in
+    the window."""
+    chosen: Counter = Counter()
+    voted: Counter = Counter()
+    sizes: Counter = Counter()
+    queries, schedulers, reported = 0, [], False
+    for ensemble in _recent_samples(application, window_s, now, "ensemble"):
+        if not isinstance(ensemble, dict):
+            continue
+        reported = True
+        queries += int(ensemble.get("queries") or 0)
+        for total, key in ((chosen, "chosen"), (voted, "voted")):
+            for name, count in (ensemble.get(key) or {}).items():
+                total[name] += int(count)
+        _size_counts_add(sizes, ensemble.get("sizes"))
+        if ensemble.get("scheduler") and ensemble["scheduler"] not in schedulers:
+            schedulers.append(ensemble["scheduler"])
+    if not reported:
+        return None
+    policy = getattr(application, "ensemble_policy", None)
+    probabilities = {m.variant.name: m.probability for m in policy.member_list()} if policy is not None else {}
+    names = list(probabilities) + sorted((set(chosen) | set(voted)) - set(probabilities))
+    votes, draws = sum(voted.values()), sum(chosen.values())
+    members = tuple(
+        EnsembleMemberFrequency(
+            variant=name, chosen=chosen[name], voted=voted[name], share=voted[name] / votes if votes else None,
+            chosen_share=chosen[name] / draws if draws else None, probability=probabilities.get(name),
+        )
+        for name in names
+    )
+    drawn = sum(sizes.values())
+    mean_size = sum(k * n for k, n in sizes.items()) / drawn if drawn else (draws / queries if queries else None)
+
+    def bias(total: Counter, n: int) -> float | None:
+        if not probabilities or not n:
+            return None
+        return randomness_bias({name: total[name] / n for name in names}, probabilities)
+
+    return EnsembleFrequencies(window_s=float(window_s), queries=queries, mean_size=mean_size, members=members,
+                               bias=bias(chosen, draws), voted_bias=bias(voted, votes), schedulers=tuple(schedulers))

@@ -149,7 +149,8 @@ def _delivered_before(*stored) -> bool:
 def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]) -> dict[str, int]:
     """Store one router report, sent with the router's credential under its own name (the view checks
     `report["router"] == credential.name`): an ApplicationSample per application and a PipelinePathSample
-    per pipeline path. Unknown application and pipeline names are kept by name. Returns the rows written."""
+    per pipeline path (with each application's query sizes and ensemble counts where the router sends them).
+    Unknown application and pipeline names are kept by name. Returns the rows written."""
     items = report.get("applications", [])
     applications = _application_ids(a["application"] for a in items)
     rows = [
@@ -168,6 +169,8 @@ def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]
             no_route=a.get("no_route", 0),
             latency_p50_ms=a.get("latency_p50_ms"),
             latency_p99_ms=a.get("latency_p99_ms"),
+            query_sizes=a.get("query_sizes") or None,
+            ensemble=a.get("ensemble"),
         )
         for a in items
     ]

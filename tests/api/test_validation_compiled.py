@@ -74,11 +74,25 @@ def _metrics_report(odd):
     )
 
 
+def _sizes(odd):
+    keys = st.one_of(st.sampled_from(["1", "2", "64", "4096"]), st.sampled_from(["0", "4097", "01", "x", "-1", " 2"]) if odd is ODD else odd)
+    return st.one_of(st.dictionaries(keys, _count(odd), max_size=3), odd)
+
+
+def _ensemble(odd):
+    names = st.one_of(st.sampled_from(["resnet18", "resnet50"]), st.sampled_from(["", "a\x00b", "\ud800", "x" * 101]) if odd is ODD else odd)
+    return st.one_of(st.none(), odd, st.fixed_dictionaries({}, optional={
+        "queries": _count(odd), "chosen": st.one_of(st.dictionaries(names, _count(odd), max_size=2), odd),
+        "voted": st.one_of(st.dictionaries(names, _count(odd), max_size=2), odd), "sizes": _sizes(odd),
+        "scheduler": st.one_of(st.sampled_from(["random", "garrison.onnx", ""]), odd)}))
+
+
 def _router_report(odd):
     application = st.fixed_dictionaries(
         {"application": st.one_of(st.sampled_from(["resnet", "bert"]), odd)},
         optional={"routing_version": st.one_of(st.integers(min_value=0, max_value=99), odd), "arrivals": _count(odd),
-                  "no_route": _count(odd), "latency_p99_ms": st.one_of(st.floats(min_value=0, max_value=1e4), odd)},
+                  "no_route": _count(odd), "latency_p99_ms": st.one_of(st.floats(min_value=0, max_value=1e4), odd),
+                  "query_sizes": st.one_of(st.none(), _sizes(odd)), "ensemble": _ensemble(odd)},
     )
     return st.fixed_dictionaries({"router": st.one_of(st.just("edge-1"), odd), "at": _at(odd), "applications": st.one_of(st.lists(application, max_size=3), odd)})
 

@@ -5,6 +5,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from apps.core.api.validation import serializer_compile
+from engine.plans.problem import MAX_QUERY_SIZE
 
 from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
 
@@ -119,9 +120,85 @@ class _RouterCountsSerializer(serializers.Serializer):
     latency_p99_ms = _LatencyMs()
 
 
+# Query and ensemble sizes a router reports: whole numbers 1..MAX_QUERY_SIZE (engine.plans.problem), at most
+# that many distinct ones per interval; the same bound on the variants an ensemble's counts name.
+REPORT_SIZES_MAX = MAX_QUERY_SIZE
+
+
+class _Counts(serializers.DictField):
+    """{key: count} with at most REPORT_SIZES_MAX keys and counts whole numbers >= 0; `key_check` turns a
+    key into its stored form or raises ValueError with the reason."""
+
+    def __init__(self, *, key_help: str, **kwargs):
+        kwargs.setdefault("help_text", f"{{{key_help}: count}}, at most {REPORT_SIZES_MAX} keys, counts whole numbers >= 0")
+        super().__init__(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1), **kwargs)
+
+    @staticmethod
+    def key_check(key: str) -> str:
+        raise NotImplementedError
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict) and len(data) > REPORT_SIZES_MAX:
+            raise serializers.ValidationError(f"at most {REPORT_SIZES_MAX} keys, got {len(data)}.")
+        counts = super().to_internal_value(data)
+        out: dict[str, int] = {}
+        for key, count in counts.items():
+            try:
+                stored = self.key_check(key)
+            except ValueError as exc:
+                raise serializers.ValidationError(f"{key[:40]!r}: {exc}") from None
+            if stored in out:
+                raise serializers.ValidationError(f"{key[:40]!r}: given twice (as {stored!r}).")
+            out[stored] = count
+        return out
+
+
+class _SizeCounts(_Counts):
+    """{"<size>": count}: sizes whole numbers 1..REPORT_SIZES_MAX, written in decimal."""
+
+    def __init__(self, **kwargs):
+        super().__init__(key_help=f"size 1..{REPORT_SIZES_MAX}", **kwargs)
+
+    @staticmethod
+    def key_check(key: str) -> str:
+        if not (key.isascii() and key.isdigit()) or not 1 <= int(key) <= REPORT_SIZES_MAX:
+            raise ValueError(f"a size is a whole number 1..{REPORT_SIZES_MAX}.")
+        return str(int(key))
+
+
+class _VariantCounts(_Counts):
+    """{"<variant name>": count}."""
+
+    def __init__(self, **kwargs):
+        super().__init__(key_help="variant name", **kwargs)
+
+    @staticmethod
+    def key_check(key: str) -> str:
+        if not 1 <= len(key) <= 100 or not key.isprintable():  # no NUL, no lone surrogate: PostgreSQL's JSON takes neither
+            raise ValueError("a variant name is 1..100 printable characters.")
+        return key
+
+
+class RouterEnsembleReportSerializer(serializers.Serializer):
+    """An application's random ensembles over the interval (Garrison's frequency table): queries answered by
+    an ensemble, each member's draws (`chosen`) and votes counted in the answer (`voted`: it answered in
+    time), the ensemble sizes drawn, and the scheduler that picked them."""
+
+    queries = _Count(help_text="Queries answered by an ensemble")
+    chosen = _VariantCounts(required=False, default=dict)
+    voted = _VariantCounts(required=False, default=dict)
+    sizes = _SizeCounts(required=False, default=dict)
+    scheduler = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
+                                      help_text='Who picked the members: "random", or the learned policy\'s name')
+
+
 class RouterApplicationReportSerializer(_RouterCountsSerializer):
     application = serializers.CharField(max_length=100)
     routing_version = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+    query_sizes = _SizeCounts(required=False, allow_null=True, default=None,
+                              help_text=f"Rows per request over the interval: {{size: requests}}, sizes 1..{REPORT_SIZES_MAX} (D[b])")
+    ensemble = RouterEnsembleReportSerializer(required=False, allow_null=True, default=None,
+                                              help_text="Its random ensembles over the interval; null without an ensemble policy")
 
 
 class RouterPathReportSerializer(_RouterCountsSerializer):
@@ -228,6 +305,6 @@ class ApplicationSampleSerializer(serializers.ModelSerializer):
         model = ApplicationSample
         fields = [
             "id", "host", "router", "application", "application_name", "routing_version", "at", "interval_s",
-            "arrivals", "served", "late", "dropped", "no_route", "latency_p50_ms", "latency_p99_ms",
+            "arrivals", "served", "late", "dropped", "no_route", "latency_p50_ms", "latency_p99_ms", "query_sizes", "ensemble",
         ]
         read_only_fields = fields
