@@ -21,7 +21,11 @@ What is planned:
   with their cores. `running` (slot -> variant; on an MPS partition "mps60@0" -> the variants time-sharing
   it) comes from the host's latest desired state, so planners keep what runs where that costs nothing.
 - Applications: those with an SLO policy (p99 target = `slo_ms`, `min_accuracy`, `priority`) and at least one variant
-  profiled on a device type of the fleet; demand from the `demand` argument (0 when not given).
+  profiled on a device type of the fleet; demand from the `demand` argument (0 when not given). Each carries
+  its ensemble policy when it answers by random ensembles (mode random or learned; members by engine variant
+  name: members without a variant in the problem are left out, the others' probabilities renormalised, and
+  a note says so) and the distribution of its query sizes (D[b]) the routers counted over the last
+  `query_sizes_window_s` seconds (apps/telemetry/selectors.py), where they counted any.
 - Pipelines: every pipeline whose stages all have a variant profiled on the fleet, with its paths' SLOs
   and demand (the declared demand, scaled to the demand measured at its entry application when there is
   one); its stage applications are planned through it, with or without an SLO policy of their own.
@@ -46,8 +50,11 @@ from typing import Any
 from apps.deployments.models import HostDesiredState
 from apps.inventory.choices import AcceleratorKindChoices, HostStatusChoices
 from apps.inventory.models import Accelerator, Host
-from apps.policies.models import SloPolicy
+from apps.policies.choices import EnsembleModeChoices
+from apps.policies.models import EnsemblePolicy, SloPolicy
 from apps.registry.models import CorunMeasurement, ModelVariant, PipelineStage, Profile
+from apps.telemetry.selectors import application_query_sizes
+from engine.ensembles.policy import ensemble_policy_to_dict
 from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load
 from engine.geometry.names import mps_placement_parse, runtime_key_parse
 from engine.plans.problem import CPU_DEVICE_TYPE, FULL_SLICE, Problem, SolveOptions, gpu_model_to_dict, problem_from_dict
@@ -130,6 +137,39 @@ def _pipelines_planned(snapshot: FleetSnapshot, planned_apps: dict[int, Any], de
 
 def variant_engine_name(application: str, variant: str) -> str:
     return f"{application}/{variant}"
+
+
+# How far back the routers' counts of query sizes are read for a problem's `query_sizes` (a distribution:
+# longer than the demand's window, so that rare sizes are seen).
+QUERY_SIZES_WINDOW_S = 600.0
+
+
+def _ensemble_planned(snapshot: "FleetSnapshot", name: str, policy: EnsemblePolicy | None) -> dict[str, Any] | None:
+    """`name`'s ensemble policy in the problem's form (engine variant names) when it answers by random
+    ensembles; None for no policy, a `single` one, or none whose members with a probability > 0 are in
+    the problem. Members without a variant in the problem are left out, with a note, and the probabilities
+    of the others renormalised (the size bounds capped at what is left to draw)."""
+    if policy is None or policy.mode == EnsembleModeChoices.SINGLE:
+        return None
+    raw = ensemble_policy_to_dict(policy.engine_policy())
+    planned = [dict(m, variant=variant_engine_name(name, m["variant"])) for m in raw["members"]]
+    missing = [m["variant"] for m, p in zip(raw["members"], planned) if p["variant"] not in snapshot.variants]
+    planned = [m for m in planned if m["variant"] in snapshot.variants]
+    mass = sum(m["probability"] for m in planned)
+    drawable = sum(1 for m in planned if m["probability"] > 0)
+    if missing:
+        if not drawable:
+            snapshot.notes.append(f"ensemble of {name} left out (planned one variant per query): none of its members with a "
+                                  f"probability > 0 is planned ({', '.join(missing)} not in the problem)")
+            return None
+        snapshot.notes.append(f"ensemble of {name}: members {', '.join(missing)} are not in the problem (no profile on this fleet) "
+                              f"and are left out; the others' probabilities are renormalised")
+        for m in planned:
+            m["probability"] = m["probability"] / mass
+    raw["members"] = planned
+    raw["max_size"] = min(raw["max_size"], drawable)
+    raw["min_size"] = min(raw["min_size"], raw["max_size"])
+    return raw
 
 
 def gpu_device_type(model_name: str) -> str:
@@ -245,9 +285,11 @@ def _interference(device_type: str) -> tuple[dict[str, Any] | None, str]:
 
 
 def fleet_problem_build(
-    *, demand: dict[str, float], options: SolveOptions | None = None, include_registered: bool = False
+    *, demand: dict[str, float], options: SolveOptions | None = None, include_registered: bool = False,
+    query_sizes_window_s: float = QUERY_SIZES_WINDOW_S,
 ) -> FleetSnapshot:
-    """The planning problem of the fleet as it is now, for `demand` ({application name: rps})."""
+    """The planning problem of the fleet as it is now, for `demand` ({application name: rps}), with the query
+    sizes the routers counted over the last `query_sizes_window_s` seconds."""
     catalogue = mig_catalogue_load()
     options = options or SolveOptions()
     snapshot = FleetSnapshot(problem=None)
@@ -404,6 +446,18 @@ def fleet_problem_build(
 
     raw_pipelines, staged = _pipelines_planned(snapshot, planned_apps, demand)
     raw_applications: list[dict[str, Any]] = []
+    ensembles = {p.application_id: p for p in EnsemblePolicy.objects.prefetch_related("members__variant")}
+
+    def answered_how(raw_app: dict[str, Any], application) -> dict[str, Any]:
+        """`raw_app` with the application's ensemble policy and measured query sizes, where it has them."""
+        ensemble = _ensemble_planned(snapshot, application.name, ensembles.get(application.pk))
+        if ensemble is not None:
+            raw_app["ensemble"] = ensemble
+        sizes = application_query_sizes(application=application, window_s=query_sizes_window_s)
+        if sizes is not None:
+            raw_app["query_sizes"] = {str(size): p for size, p in sizes}
+        return raw_app
+
     for app_id, application in sorted(seen_apps.items(), key=lambda kv: kv[1].name):
         policy = policies.get(app_id)
         if application.name in staged:
@@ -415,7 +469,7 @@ def fleet_problem_build(
                 if policy.min_accuracy is not None:
                     raw_app["min_accuracy"] = float(policy.min_accuracy)
                 raw_app["priority"] = int(policy.priority)
-            raw_applications.append(raw_app)
+            raw_applications.append(answered_how(raw_app, application))
             snapshot.applications[application.name] = {
                 "id": application.pk, "slo_ms": float(policy.latency_p99_ms) if policy is not None else staged[application.name]["slo_ms"],
                 "min_accuracy": policy.min_accuracy if policy is not None else None,
@@ -437,7 +491,7 @@ def fleet_problem_build(
         if policy.min_accuracy is not None:
             raw_app["min_accuracy"] = float(policy.min_accuracy)
         raw_app["priority"] = int(policy.priority)  # who is served first when demand exceeds capacity
-        raw_applications.append(raw_app)
+        raw_applications.append(answered_how(raw_app, application))
         snapshot.applications[application.name] = {
             "id": application.pk, "slo_ms": float(policy.latency_p99_ms), "min_accuracy": policy.min_accuracy,
             "drop_rule": policy.drop_rule, "demand_rps": max(0.0, rps),
