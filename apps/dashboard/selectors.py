@@ -13,7 +13,7 @@ from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition, 
 from apps.planning.diff import partition_duty_cycles
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
-from apps.telemetry.selectors import runtime_cores_history
+from apps.telemetry.selectors import EnsembleFrequencies, application_ensemble_frequencies, runtime_cores_history
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.names import runtime_key_parse
 
@@ -764,3 +764,35 @@ def policies_overview(user) -> PoliciesOverview:
         slo=slo, applications_without_slo=without, replan=replan, profiling=list(policy_queryset_for(user, "profiling")),
         replan_governing_pk=governing.pk if governing is not None and any(p.pk == governing.pk for p in replan) else None,
     )
+
+
+# --------------------------------------------------------------------------- ensemble policies
+
+# The Policies page shows what the routers counted of each ensemble over this many recent seconds.
+ENSEMBLE_WINDOW_S = 300
+
+
+@dataclass
+class EnsembleOverview:
+    policies: list  # EnsemblePolicy rows the user may see, by application name, members prefetched
+    frequencies: dict[int, EnsembleFrequencies]  # by policy pk, where routers reported its ensembles in the window
+    applications_without: list  # Application rows (with a variant) the user may see that have no ensemble policy
+    window_s: int
+
+
+def ensembles_overview(user, *, window_s: int = ENSEMBLE_WINDOW_S) -> EnsembleOverview:
+    """Every application's ensemble policy the user may see (`policies.view_ensemblepolicy`), with the
+    sampling frequencies the routers counted over the last `window_s` seconds, and the applications with
+    a variant but no policy (to which an operator may give one)."""
+    from apps.policies.models import EnsemblePolicy
+
+    policies = list(EnsemblePolicy.objects.restrict(user, "view").select_related("application")
+                    .prefetch_related("members__variant").order_by("application__name"))
+    frequencies = {}
+    for policy in policies:
+        seen = application_ensemble_frequencies(application=policy.application, window_s=window_s)
+        if seen is not None:
+            frequencies[policy.pk] = seen
+    with_policy = {p.application_id for p in policies}
+    without = [a for a in application_queryset_for(user).annotate(n=Count("variants")).filter(n__gt=0) if a.pk not in with_policy]
+    return EnsembleOverview(policies=policies, frequencies=frequencies, applications_without=without, window_s=window_s)

@@ -110,6 +110,33 @@ def _members_read(raw: Any, variants: list[ModelVariant], application: Applicati
     return [(_variant_resolve(ref, variants, application, f"members[{i}]"), spec) for i, (ref, spec) in enumerate(items)]
 
 
+def ensemble_members_parse(text: str) -> list[dict[str, Any]]:
+    """Members as people type them (the CLI's --member, the dashboard's form): VARIANT=PROBABILITY[:WEIGHT],
+    one per line or separated by commas; the variant by name, or by id as a whole number. ValidationError
+    under `members` naming the first one it cannot read."""
+    members = []
+    for item in (part.strip() for line in text.splitlines() for part in line.split(",")):
+        if not item:
+            continue
+        variant, sep, numbers = item.rpartition("=")
+        probability, _, weight = numbers.partition(":")
+        try:
+            member = {"variant": variant.strip(), "probability": float(probability), **({"weight": float(weight)} if weight else {})}
+        except ValueError:
+            member = None
+        if not sep or member is None or not member["variant"]:
+            raise ValidationError({"members": [f"{item!r}: expected VARIANT=PROBABILITY or VARIANT=PROBABILITY:WEIGHT, e.g. resnet50=0.4:2"]})
+        if member["variant"].isdigit():
+            member["variant"] = int(member["variant"])
+        members.append(member)
+    return members
+
+
+def ensemble_members_text(policy: EnsemblePolicy) -> str:
+    """A policy's members as `ensemble_members_parse` reads them, one per line (numbers written exactly)."""
+    return "\n".join(f"{m.variant.name}={m.probability!r}:{m.weight!r}" for m in policy.member_list())
+
+
 def ensemble_policy_data(policy: EnsemblePolicy) -> dict[str, Any]:
     """A policy as `ensemble_policy_set` takes it (members by variant name): what a partial update starts from."""
     return {

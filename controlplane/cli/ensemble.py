@@ -33,23 +33,6 @@ def _describe(policy) -> list[str]:
     return lines
 
 
-def _member_parse(text: str) -> dict:
-    """VARIANT=PROB[:WEIGHT] (the variant by name, or by id as a number)."""
-    variant, sep, numbers = text.rpartition("=")
-    probability, _, weight = numbers.partition(":")
-    try:
-        member = {"variant": variant.strip(), "probability": float(probability)}
-        if weight:
-            member["weight"] = float(weight)
-    except ValueError:
-        member = None
-    if not sep or not variant.strip() or member is None:
-        raise fail(f"--member {text!r}: expected VARIANT=PROBABILITY or VARIANT=PROBABILITY:WEIGHT, e.g. resnet50=0.4:2")
-    if member["variant"].isdigit():
-        member["variant"] = int(member["variant"])
-    return member
-
-
 @ensemble_app.command("show")
 def ensemble_show_cmd(
     application: str = typer.Argument(..., help="Application name"),
@@ -84,14 +67,18 @@ def ensemble_set_cmd(
         raise fail(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if vote not in VOTES:
         raise fail(f"--vote must be one of {', '.join(VOTES)}, got {vote!r}")
-    data = {"mode": mode, "vote": vote, "scheduler": scheduler, "members": [_member_parse(m) for m in members]}
-    data.update({k: v for k, v in (("min_size", min_size), ("max_size", max_size)) if v is not None})
     django_setup()
     from django.core.exceptions import ValidationError
 
     from apps.core.context import change_context
-    from apps.policies.services import ensemble_policy_set
+    from apps.policies.services import ensemble_members_parse, ensemble_policy_set
 
+    try:
+        parsed = [m for text in members for m in ensemble_members_parse(text)]
+    except ValidationError as exc:
+        raise fail(f"--member {exc.message_dict['members'][0]}") from exc
+    data = {"mode": mode, "vote": vote, "scheduler": scheduler, "members": parsed}
+    data.update({k: v for k, v in (("min_size", min_size), ("max_size", max_size)) if v is not None})
     target = _application(application)
     try:
         with change_context(source="command"):

@@ -1,4 +1,5 @@
-"""Policies: each application's SLO, the re-planning and the profiling policies; operators edit them.
+"""Policies: each application's SLO and ensemble policy, the re-planning and the profiling policies;
+operators edit them.
 
 A form here only parses the typed text into values; the policy's service (apps/policies/services.py, the
 one the REST API's updates use) validates them with the model and saves, so an edit made on this page has
@@ -17,12 +18,30 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.text import capfirst
 
 from apps.core.context import change_context
-from apps.policies.services import profiling_policy_update, replan_policy_update, slo_policy_update
+from apps.policies.choices import EnsembleModeChoices, EnsembleVoteChoices
+from apps.policies.models import EnsemblePolicy
+from apps.policies.services import (
+    ensemble_members_parse,
+    ensemble_members_text,
+    ensemble_policy_delete,
+    ensemble_policy_set,
+    profiling_policy_update,
+    replan_policy_update,
+    slo_policy_update,
+)
 
-from ..selectors import POLICY_KINDS, application_colour, policies_overview, policy_model, policy_queryset_for
+from ..selectors import (
+    POLICY_KINDS,
+    application_colour,
+    application_queryset_for,
+    ensembles_overview,
+    policies_overview,
+    policy_model,
+    policy_queryset_for,
+)
 from .common import _require
 
-VIEW_PERMS = tuple(f"policies.view_{policy_model(kind)._meta.model_name}" for kind in POLICY_KINDS)
+VIEW_PERMS = (*(f"policies.view_{policy_model(kind)._meta.model_name}" for kind in POLICY_KINDS), "policies.view_ensemblepolicy")
 
 
 class ListField(forms.CharField):
@@ -189,6 +208,112 @@ def _policy_save(request):
     return spec.kind, policy.pk, form
 
 
+# --------------------------------------------------------------------------- ensemble policies
+
+
+class EnsemblePolicyForm(forms.Form):
+    """An ensemble policy as typed: the members one per line (the CLI's VARIANT=PROBABILITY[:WEIGHT]). Only
+    parsed here: the service (`ensemble_policy_set`, the engine's rules) validates and saves."""
+
+    mode = forms.ChoiceField(choices=[(v, v) for v in EnsembleModeChoices.values], label="Mode",
+                             help_text="; ".join(f"{v}: {label[0].lower()}{label[1:]}" for v, label in EnsembleModeChoices.choices))
+    members = forms.CharField(
+        label="Members", widget=forms.Textarea(attrs={"rows": 4, "cols": 28}),
+        help_text="VARIANT=PROBABILITY[:WEIGHT], one per line: the sampling probabilities sum to 1, the vote weights are > 0 (default 1)",
+    )
+    min_size = forms.IntegerField(label="Fewest members per query", required=False, help_text="Empty: 1")
+    max_size = forms.IntegerField(label="Most members per query", required=False,
+                                  help_text="Empty: every member with a probability > 0 (single: 1)")
+    vote = forms.ChoiceField(choices=[(v, v) for v in EnsembleVoteChoices.values], label="Vote",
+                             help_text="; ".join(f"{v}: {label[0].lower()}{label[1:]}" for v, label in EnsembleVoteChoices.choices))
+    scheduler = forms.CharField(label="Learned scheduler", required=False, max_length=200,
+                                help_text="Mode learned: the scheduler's ONNX policy, e.g. demo-ensemble")
+
+    def clean_members(self):
+        try:
+            return ensemble_members_parse(self.cleaned_data["members"])
+        except ValidationError as exc:
+            raise ValidationError(exc.message_dict["members"]) from None
+
+    def policy_data(self) -> dict:
+        return {k: v for k, v in self.cleaned_data.items() if k != "application" and v is not None}
+
+
+class EnsemblePolicyNewForm(EnsemblePolicyForm):
+    application = forms.ModelChoiceField(queryset=None, label="Application", empty_label=None)
+    field_order = ["application"]
+
+    def __init__(self, *args, applications, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["application"].queryset = applications
+
+
+def _ensemble_form(policy: EnsemblePolicy, data=None) -> EnsemblePolicyForm:
+    initial = {"mode": policy.mode, "members": ensemble_members_text(policy), "min_size": policy.min_size, "max_size": policy.max_size,
+               "vote": policy.vote, "scheduler": policy.scheduler}
+    return EnsemblePolicyForm(data, initial=initial, auto_id=f"id_ensemble{policy.pk}_%s")
+
+
+def _ensemble_new_form(user, data=None) -> EnsemblePolicyNewForm:
+    applications = application_queryset_for(user).filter(variants__isnull=False, ensemble_policy__isnull=True).distinct()
+    return EnsemblePolicyNewForm(data, applications=applications, initial={"mode": EnsembleModeChoices.RANDOM},
+                                 auto_id="id_ensemble_new_%s")
+
+
+def _ensemble_save(request):
+    """Create, change (POST pk) or clear (POST clear) an application's ensemble policy through the service;
+    ("ensemble", pk or "new", form) with its errors when refused, None when done."""
+    pk = request.POST.get("pk", "")
+    if pk == "new":
+        _require(request, "policies.add_ensemblepolicy", "Adding ensemble policies needs the operator role.")
+        form, policy = _ensemble_new_form(request.user, request.POST), None
+    elif pk.isdigit():
+        action = "delete" if "clear" in request.POST else "change"
+        _require(request, f"policies.{action}_ensemblepolicy", "Changing ensemble policies needs the operator role.")
+        policy = get_object_or_404(EnsemblePolicy.objects.restrict(request.user, action).select_related("application"), pk=int(pk))
+        if action == "delete":
+            with change_context(request=request, source="web"):
+                ensemble_policy_delete(policy=policy, actor=request.user)
+            messages.success(request, f"Ensemble policy of {policy.application.name} cleared: one variant per query.")
+            return None
+        form = _ensemble_form(policy, request.POST)
+    else:
+        raise Http404("No such policy.")
+    if form.is_valid():
+        application = form.cleaned_data["application"] if policy is None else policy.application
+        try:
+            with change_context(request=request, source="web"):
+                ensemble_policy_set(application=application, data=form.policy_data(), actor=request.user)
+        except ValidationError as exc:
+            _errors_to_form(form, exc)
+        else:
+            messages.success(request, f"Ensemble policy of {application.name} saved.")
+            return None
+    return "ensemble", pk, form
+
+
+def _ensemble_section(request, refused) -> dict:
+    """The ensemble policies' cards (an edit form each for operators, the values for viewers; what the routers
+    counted of each) and, for operators, the form that gives an application without one its policy."""
+    user = request.user
+    overview = ensembles_overview(user)
+    can_change = user.has_perm("policies.change_ensemblepolicy")
+    bound = {refused[1]: refused[2]} if refused and refused[0] == "ensemble" else {}
+    cards = []
+    for policy in overview.policies:
+        cards.append({
+            "policy": policy, "anchor": f"ensemble-{policy.pk}", "colour": application_colour(policy.application.name),
+            "form": (bound.get(str(policy.pk)) or _ensemble_form(policy)) if can_change else None,
+            "members": policy.member_list(), "frequencies": overview.frequencies.get(policy.pk),
+        })
+    new_form = None
+    if user.has_perm("policies.add_ensemblepolicy") and overview.applications_without:
+        new_form = bound.get("new") or _ensemble_new_form(user)
+    return {"visible": user.has_perm("policies.view_ensemblepolicy"), "cards": cards, "new_form": new_form, "window_s": overview.window_s,
+            "can_clear": user.has_perm("policies.delete_ensemblepolicy"),
+            "without": [a.name for a in overview.applications_without]}
+
+
 @login_required
 def policies(request):
     """Each application's SLO policy, the re-planning and the profiling policies (viewer and up:
@@ -198,7 +323,7 @@ def policies(request):
         raise PermissionDenied("Viewing policies needs the viewer role.")
     status, refused = 200, None
     if request.method == "POST":
-        refused = _policy_save(request)
+        refused = _ensemble_save(request) if request.POST.get("kind") == "ensemble" else _policy_save(request)
         if refused is None:
             return redirect("dashboard:policies")
         status = 400
@@ -214,5 +339,6 @@ def policies(request):
                 card.badges.insert(0, "governs triggers")
             cards.append(card)
         sections[kind] = {"cards": cards, "visible": request.user.has_perm(KINDS[kind].view_perm), "can_change": can_change}
+    sections["ensemble"] = _ensemble_section(request, refused)
     context = {"sections": sections, "applications_without_slo": overview.applications_without_slo, "nav": "policies"}
     return render(request, "dashboard/policies.html", context, status=status)
