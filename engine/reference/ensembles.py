@@ -18,6 +18,14 @@ share its profile. Sampling probabilities are uniform (the paper gives none). Qu
 with median 8 and sigma 1, on the integers 1..64 (the paper gives neither parameter). The arrival rate is
 `load` times what the full ensemble can serve on the `garrison` plan (every member answers every query),
 so that at load > 1 the full ensemble is overloaded, as TritonX(N) is in Figure 7.
+
+Homogeneous allocations (§6.3, Figure 9(a): "we allocate GIs of the same granularity to the ensemble
+models"; `homogeneous_scenario`, ours, for benches/ensembles.py): every GPU is cut into GIs of one size g
+(1g.5gb x 7, 2g.10gb x 3, 3g.20gb x 2 or 7g.40gb x 1 per A100), and these instances are shared among the
+members in proportion to Algorithm 1's own slice shares with GS fixed to g (IR[m, b] = g x L_g[m, b] x
+SP[m], normalised per query-size range, weighted by D[b]; `garrison_allocate`), by largest remainder with
+at least one instance per member. The paper gives no rule for how it shares same-size GIs among models; we
+take its allocator's, so that only the granularity differs from the `garrison` plan.
 """
 from __future__ import annotations
 
@@ -34,8 +42,10 @@ from engine.simulation.ensembles import EnsembleScenario, ensemble_scenario_from
 __all__ = [
     "GARRISON_STAND_INS",
     "GARRISON_TABLE1",
+    "HOMOGENEOUS_SLICES",
     "SCENARIO_NAMES",
     "garrison_table1_problem",
+    "homogeneous_scenario",
     "lognormal_query_sizes",
     "scenario_build",
 ]
@@ -53,6 +63,8 @@ GARRISON_STAND_INS: dict[str, str] = {
     "vgg11": "vgg16", "efficientnet-b3": "resnet50", "resnet20": "resnet50",
 }
 SCENARIO_NAMES: tuple[str, ...] = tuple(f"table1-{k.lower()}" for k in GARRISON_TABLE1)
+# The homogeneous geometries of an A100-40GB: GI size -> (MIG profile, GIs per GPU).
+HOMOGENEOUS_SLICES: dict[str, tuple[str, int]] = {"1g": ("1g.5gb", 7), "2g": ("2g.10gb", 3), "3g": ("3g.20gb", 2), "7g": ("7g.40gb", 1)}
 
 
 def lognormal_query_sizes(median: float = 8.0, sigma: float = 1.0, largest: int = 64) -> tuple[tuple[int, float], ...]:
@@ -126,3 +138,47 @@ def scenario_build(name: str, *, load: float = 1.2, duration_s: float = 60.0, gp
     plan = garrison_solve(problem)
     rate = load * full_ensemble_capacity_rps(problem, plan)
     return problem, plan, ensemble_scenario_from_plan(problem, plan, "defend", rate_rps=rate, duration_s=duration_s, name=name)
+
+
+def homogeneous_scenario(problem: Problem, gi: str, *, rate_rps: float, duration_s: float, gpus: int = 8,
+                         name: str | None = None, application: str = "defend") -> EnsembleScenario:
+    """The ensemble scenario on a homogeneous allocation (see the module docstring): `gpus` A100s cut into
+    GIs of size `gi` ("1g", "2g", "3g" or "7g"), shared among the members by Algorithm 1 with GS fixed to
+    that size. Raises ValueError when there are fewer GIs than members (7g: 8 GIs for 10 or 16 members):
+    a member without an instance could never answer."""
+    from engine.ensembles.sizes import query_size_ranges
+    from engine.geometry.catalogue import mig_catalogue_load
+    from engine.simulation.ensembles import EnsembleInstance
+    from engine.solvers.garrison import garrison_allocate
+
+    if gi not in HOMOGENEOUS_SLICES:
+        raise ValueError(f"gi must be one of {', '.join(HOMOGENEOUS_SLICES)}, got {gi!r}")
+    slice_name, per_gpu = HOMOGENEOUS_SLICES[gi]
+    app = problem.application(application)
+    if app.ensemble is None:
+        raise ValueError(f"{application} has no ensemble policy")
+    sampling = {m.variant: m.probability for m in app.ensemble.members if m.probability > 0}
+    total = gpus * per_gpu
+    if total < len(sampling):
+        raise ValueError(f"{total} GIs of {slice_name} for {len(sampling)} members: a member would have no instance")
+    level = float(mig_catalogue_load().gpu_model_get(A100).profile_get(slice_name).compute_slices)
+    ranges = query_size_ranges(app.query_sizes)
+    points = {m: problem.profiles_for(m, A100, slice_name) for m in sampling}
+    latency = {(m, i): float(np.interp(r.size, [p.batch for p in points[m]], [p.latency_ms for p in points[m]]))
+               for m in sampling for i, r in enumerate(ranges)}
+    n = garrison_allocate({key: level for key in latency}, latency, {i: r.share for i, r in enumerate(ranges)}, sampling, level * total)
+    wanted = {m: sum(v for (mm, _), v in n.items() if mm == m) for m in sampling}
+    scale = (total - len(sampling)) / max(sum(wanted.values()), 1e-12)
+    extra = {m: wanted[m] * scale for m in sampling}  # one instance each first, the rest by share
+    counts = {m: 1 + math.floor(extra[m] + 1e-9) for m in sampling}
+    for m in sorted(sampling, key=lambda m: (-(extra[m] - math.floor(extra[m] + 1e-9)), m)):
+        if sum(counts.values()) >= total:
+            break
+        counts[m] += 1
+    instances = []
+    for gpu_slot, m in enumerate(m for m in sampling for _ in range(counts[m])):
+        gpu, position = divmod(gpu_slot, per_gpu)
+        instances.append(EnsembleInstance(f"a100-{gpu}/{slice_name}#{position}/{m}", m, level,
+                                          tuple(p.batch for p in points[m]), tuple(p.latency_ms for p in points[m])))
+    return EnsembleScenario(name or f"{application} on all {slice_name}", app.ensemble, tuple(instances), slo_ms=app.slo_ms,
+                            rate_rps=rate_rps, duration_s=duration_s, query_sizes=app.query_sizes or ((1, 1.0),))
