@@ -39,6 +39,7 @@ from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
+from engine.reference.ensemble_demo import DEMO_ENSEMBLE_APPLICATION, DEMO_ENSEMBLE_POLICY, DEMO_ENSEMBLE_SLO_MS
 from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load, plain_gpu_model_find
 from engine.reference.profiles import (
     GPULET_DERIVED_SPEEDUP,
@@ -48,7 +49,14 @@ from engine.reference.profiles import (
     gpulet_profiles_derive,
 )
 
-from .demo_models import CALIBRATOR_INPUT, CONV_MODEL_NAME, CONV_PROFILE_BATCHES, demo_calibrator_build, demo_models_build
+from .demo_models import (
+    CALIBRATOR_INPUT,
+    CONV_MODEL_NAME,
+    CONV_PROFILE_BATCHES,
+    demo_calibrator_build,
+    demo_ensemble_members_build,
+    demo_models_build,
+)
 
 # The demo's GPU models and their illustrative speed-ups over the RTX 2080 Ti that gpulets measured (not
 # measurements: see engine.reference.profiles.GPULET_DERIVED_SPEEDUP, where the table and the partition rule live).
@@ -278,6 +286,7 @@ def _registry_seed(admin) -> None:
         Profile.objects.bulk_create(measured)
     SloPolicy.objects.create(application=application, latency_p99_ms=20.0, priority=30, drop_rule=DropRuleChoices.SLO_2X)
     _pipeline_seed(admin)
+    _ensemble_seed(admin)
     ReplanPolicy.objects.create(name="default", interval_seconds=300, demand_change_threshold=0.25, auto_apply=False)
 
 
@@ -304,6 +313,40 @@ def _pipeline_seed(admin) -> None:
     variant.save()
     Profile.objects.bulk_create(_cpu_profiles_measured(variant, calibrator.onnx_bytes))
     pipeline_save(data=DEMO_PIPELINE)
+
+
+# The CPU applications the demo's CPU host serves (the GPU hosts serve the others).
+DEMO_CPU_APPLICATIONS = ("tabular-cpu", "tabular-calibrate", DEMO_ENSEMBLE_APPLICATION)
+
+
+def _ensemble_seed(admin) -> None:
+    """The ensemble application (issue 20, Garrison's random ensembles): four bagged classifiers
+    (controlplane/demo_models.py), each query answered by the members the learned scheduler `demo-ensemble`
+    (engine/ensembles/policies/, trained by `tessera scheduler train --scenario demo`) draws, combined by a
+    soft vote weighted by each member's held-out accuracy."""
+    from apps.policies.services import ensemble_policy_set
+
+    application = Application.objects.create(
+        name=DEMO_ENSEMBLE_APPLICATION, task=TaskChoices.OTHER,
+        input_spec=[{"name": "input", "dtype": "tensor(float)", "shape": ["batch", 8]}],
+        description="Demo ensemble application: four bagged random-feature classifiers, a random ensemble of them per query, "
+                    "combined by weighted vote (Garrison, DAC'24).",
+    )
+    accuracy = {}
+    for model in demo_ensemble_members_build():
+        artifact = artifact_create(upload=io.BytesIO(model.onnx_bytes), original_name=f"{model.name}.onnx", uploaded_by=admin)
+        variant = ModelVariant(
+            application=application, name=model.name, accuracy=round(model.accuracy, 4),
+            accuracy_metric="held-out accuracy on the demo's synthetic data", artifact=artifact, memory_mb=4, description=model.description,
+        )
+        variant.full_clean()
+        variant.save()
+        accuracy[model.name] = round(model.accuracy, 4)
+        Profile.objects.bulk_create(_cpu_profiles_measured(variant, model.onnx_bytes))
+    SloPolicy.objects.create(application=application, latency_p99_ms=DEMO_ENSEMBLE_SLO_MS, priority=30, drop_rule=DropRuleChoices.DEADLINE)
+    policy = dict(DEMO_ENSEMBLE_POLICY)
+    policy["members"] = [{**m, "weight": accuracy[m["variant"]]} for m in DEMO_ENSEMBLE_POLICY["members"]]
+    ensemble_policy_set(application=application, data=policy, actor=admin)
 
 
 def _login(username: str, role: str, password: str, *, superuser: bool = False):
@@ -401,7 +444,7 @@ def _deployment_seed(admin) -> None:
     from apps.deployments.services import host_desired_state_set, routing_tables_publish
 
     catalogue = mig_catalogue_load()
-    gpu_apps = list(Application.objects.exclude(name__in=["tabular-cpu", "tabular-calibrate"]).order_by("-slo_policy__priority", "name"))
+    gpu_apps = list(Application.objects.exclude(name__in=DEMO_CPU_APPLICATIONS).order_by("-slo_policy__priority", "name"))
     routes: dict[Application, list[dict]] = {a: [] for a in Application.objects.all()}
     turn = 0
     for host in Host.objects.filter(labels__demo="true").order_by("name"):
@@ -414,6 +457,8 @@ def _deployment_seed(admin) -> None:
                 ordered = [(name, variant) for name in ("tabular-cpu", "tabular-calibrate")
                            for variant in Application.objects.get(name=name).variants.order_by("name") if variant.name != CONV_MODEL_NAME]
                 ordered += [("tabular-cpu", v) for v in Application.objects.get(name="tabular-cpu").variants.filter(name=CONV_MODEL_NAME)]
+                # Then the ensemble's four members, one runtime each (cpu0/4 on, after the heavy classifier's cpu0/3).
+                ordered += [(DEMO_ENSEMBLE_APPLICATION, v) for v in Application.objects.get(name=DEMO_ENSEMBLE_APPLICATION).variants.order_by("name")]
                 for name, variant in ordered:
                     application = variant.application
                     # The calibrator, a stage without an SLO policy, batches within half the pipeline's SLO.
@@ -435,8 +480,8 @@ def _deployment_seed(admin) -> None:
                                "max_batch": fit[0], "batching": batching}
                     # Resized in place by the agent's fast loop: Sponge for the application, the calibrator
                     # as the pipeline's last stage (nothing to keep for stages after it).
-                    vertical = _vertical_block(variant, policy="sponge" if name == "tabular-cpu" else "biscale",
-                                               cpu_cores=accelerator.cpu_cores or 1, max_batch=fit[0])
+                    vertical = None if name == DEMO_ENSEMBLE_APPLICATION else _vertical_block(
+                        variant, policy="sponge" if name == "tabular-cpu" else "biscale", cpu_cores=accelerator.cpu_cores or 1, max_batch=fit[0])
                     if vertical is not None:
                         runtime["vertical"] = vertical
                     runtimes.append(runtime)

@@ -249,3 +249,31 @@ def demo_conv_model_build() -> DemoModel:
         "convolutions (80 channels) on a 64x64 map, global average pooling; a least-squares readout over both (about 500 M multiply-adds per row: "
         "the demo's CPU-heavy variant)",
     )
+
+
+# The demo's ensemble application (issue 20, Garrison's random ensembles): four diverse classifiers of the
+# same data, each a random-feature network of its own width and seed fitted on its own bootstrap resample of
+# the training split (bagging: the diversity an ensemble votes over), scored on the held-out split.
+ENSEMBLE_MEMBERS = (("bag-rf-32", 32, 21), ("bag-rf-64", 64, 22), ("bag-rf-128", 128, 23), ("bag-rf-256", 256, 24))
+
+
+@functools.lru_cache(maxsize=1)
+def demo_ensemble_members_build() -> tuple[DemoModel, ...]:
+    """The four members, built once per process (every build is the same)."""
+    x, y = _dataset()
+    split = int(0.7 * len(y))
+    x_train, y_train, x_test, y_test = x[:split], y[:split], x[split:], y[split:]
+    members = []
+    for name, hidden, seed in ENSEMBLE_MEMBERS:
+        rng = np.random.default_rng(seed)
+        bag = rng.integers(0, split, split)  # a bootstrap resample
+        w_in = rng.normal(0, 1.0, (N_FEATURES, hidden)).astype(np.float32)
+        b_in = rng.normal(0, 1.0, hidden).astype(np.float32)
+        relu = lambda a, w=w_in, b=b_in: np.maximum(a @ w + b, 0)  # noqa: E731
+        readout = _fit_readout(relu(x_train[bag]), y_train[bag])
+        accuracy = float(((np.hstack([relu(x_test), np.ones((len(x_test), 1))]) @ readout).argmax(1) == y_test).mean())
+        members.append(DemoModel(
+            name, _graph(f"demo-{name}", [(w_in, b_in, True), (readout[:-1], readout[-1], False)]), accuracy,
+            f"{hidden} random ReLU features (seed {seed}), least-squares readout fitted on a bootstrap resample of the training split",
+        ))
+    return tuple(members)

@@ -15,8 +15,10 @@ from ._common import EXIT_INVALID, fail
 
 scheduler_app = typer.Typer(help="The learned ensemble scheduler: train it on a named scenario, evaluate it against the baselines.",
                             no_args_is_help=True)
-# engine.reference.ensembles.SCENARIO_NAMES, spelt out so that `--help` loads no engine module (a test keeps them equal).
-SCENARIOS = ("table1-a", "table1-b", "table1-c", "table1-d")
+# engine.reference.ensembles.SCENARIO_NAMES and the demo's (engine/reference/ensemble_demo.py), spelt out so that
+# `--help` loads no engine module (a test keeps them equal).
+TABLE1_SCENARIOS = ("table1-a", "table1-b", "table1-c", "table1-d")
+SCENARIOS = (*TABLE1_SCENARIOS, "demo")
 ROUTING = ("garrison", "earliest", "least-loaded", "size-threshold")
 
 
@@ -31,6 +33,10 @@ def _scenario(name: str, load: float, duration: float):
         raise fail(f"--scenario must be one of {', '.join(SCENARIOS)}, got {name!r}")
     if not (math.isfinite(load) and load > 0) or not (math.isfinite(duration) and duration > 0):
         raise fail("--load and --duration must be numbers > 0")
+    if name == "demo":  # `--load` scales the demo scenario's rate (1,000 queries a second at 1)
+        from engine.reference.ensemble_demo import demo_scenario_build
+
+        return None, None, demo_scenario_build(rate_rps=1000.0 * load, duration_s=duration)
     from engine.reference.ensembles import scenario_build
 
     return scenario_build(name, load=load, duration_s=duration)
@@ -41,7 +47,7 @@ def scheduler_train_cmd(
     scenario: str = typer.Option(..., "--scenario", help="|".join(SCENARIOS)),
     timesteps: int = typer.Option(100_000, "--timesteps", help="Queries to train on (PPO steps)"),
     seed: int = typer.Option(0, "--seed"),
-    load: float = typer.Option(1.2, "--load", help="Arrival rate over what the full ensemble serves on the garrison plan"),
+    load: float = typer.Option(1.2, "--load", help="Arrival rate over what the full ensemble serves on the garrison plan (demo: x 1,000 queries/s)"),
     routing: str = typer.Option("garrison", "--routing", help="|".join(ROUTING)),
     w1: float = typer.Option(1.0, "--w1", help="Reward weight w1 (Garrison §5.2)"),
     w2: float = typer.Option(None, "--w2", help="Reward weight w2 on timeouts (default: the largest query size)"),

@@ -63,7 +63,7 @@ def test_the_cli_refuses_bad_input() -> None:
 
 
 def test_the_cli_lists_the_engine_scenarios() -> None:
-    from controlplane.cli.scheduler import SCENARIOS
+    from controlplane.cli.scheduler import SCENARIOS, TABLE1_SCENARIOS
     from engine.reference.ensembles import SCENARIO_NAMES
 
-    assert SCENARIOS == SCENARIO_NAMES
+    assert TABLE1_SCENARIOS == SCENARIO_NAMES and SCENARIOS[-1] == "demo"

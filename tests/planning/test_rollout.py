@@ -63,19 +63,20 @@ def fleet():
 
 
 def cpu_plan() -> Plan:
-    """sim-cpu-01 keeps cpu0/0 (and cpu0/2, the demo pipeline's calibrator, and cpu0/3, the heavy classifier,
-    unrouted), drops cpu0/1 and starts cpu0/4 with the random-feature variant; the rest unchanged."""
+    """sim-cpu-01 keeps cpu0/0 (and cpu0/2, the demo pipeline's calibrator, cpu0/3, the heavy classifier,
+    unrouted, and cpu0/4-7, the ensemble's members), drops cpu0/1 and starts cpu0/8 with the random-feature
+    variant; the rest unchanged."""
     tabular = Application.objects.get(name="tabular-cpu")
     linear, other = ModelVariant.objects.get(application=tabular, name="linear"), ModelVariant.objects.get(application=tabular, name="random-features-256")
     desired = {}
     for host in Host.objects.all():
         latest = host_desired_state_latest(host=host)
         desired[host.name] = {"gpus": latest.spec["gpus"], "runtimes": latest.spec["runtimes"]}
-    runtimes = [r for r in desired["sim-cpu-01"]["runtimes"] if r["key"] in ("cpu0/0", "cpu0/2", "cpu0/3")]
-    runtimes.append({"key": "cpu0/4", "cpu_threads": 1, "application": "tabular-cpu", "variant": other.pk, "max_batch": 8, "batching": {"policy": "proteus"}})
+    runtimes = [r for r in desired["sim-cpu-01"]["runtimes"] if r["key"] != "cpu0/1"]
+    runtimes.append({"key": "cpu0/8", "cpu_threads": 1, "application": "tabular-cpu", "variant": other.pk, "max_batch": 8, "batching": {"policy": "proteus"}})
     desired["sim-cpu-01"] = {"gpus": [], "runtimes": runtimes}
     routing = {"tabular-cpu": [{"instance": "sim-cpu-01/cpu0/0", "variant": linear.pk, "weight": 3.0},
-                               {"instance": "sim-cpu-01/cpu0/4", "variant": other.pk, "weight": 1.0}]}
+                               {"instance": "sim-cpu-01/cpu0/8", "variant": other.pk, "weight": 1.0}]}
     for table in RoutingTable.objects.filter(active=True).exclude(application=tabular):
         routing[table.application.name] = [{"instance": r["instance"], "variant": r["variant"], "weight": r["weight"]} for r in table.routes]
     return Plan.objects.create(status=PlanStatusChoices.VALIDATED, desired_states=desired, routing=routing)
@@ -96,12 +97,13 @@ def test_rollout_makes_before_it_breaks_and_switches_routing_in_between(fleet) -
     versions = list(HostDesiredState.objects.filter(host=cpu).order_by("version"))
     assert [v.version for v in versions] == [1, 2, 3]
     make, final = versions[1].spec, versions[2].spec
-    assert [r["key"] for r in make["runtimes"]] == ["cpu0/0", "cpu0/1", "cpu0/2", "cpu0/3", "cpu0/4"]  # old and new together
-    assert [r["key"] for r in final["runtimes"]] == ["cpu0/0", "cpu0/2", "cpu0/3", "cpu0/4"]
+    ensemble = ["cpu0/4", "cpu0/5", "cpu0/6", "cpu0/7"]
+    assert [r["key"] for r in make["runtimes"]] == ["cpu0/0", "cpu0/1", "cpu0/2", "cpu0/3", *ensemble, "cpu0/8"]  # old and new together
+    assert [r["key"] for r in final["runtimes"]] == ["cpu0/0", "cpu0/2", "cpu0/3", *ensemble, "cpu0/8"]
     # Unchanged hosts were not written at all.
     assert HostDesiredState.objects.filter(host=fleet["sim-h100-01"]).count() == 1
     table = RoutingTable.objects.get(application__name="tabular-cpu", active=True)
-    assert table.version == 2 and {r["instance"] for r in table.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/4"}
+    assert table.version == 2 and {r["instance"] for r in table.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/8"}
     # The switch came after the make wave and before the break wave.
     assert versions[1].created <= table.created <= versions[2].created
     assert "make:" in job.log and "switched" in job.log and "break:" in job.log
@@ -120,7 +122,7 @@ def test_rollout_makes_before_it_breaks_and_switches_routing_in_between(fleet) -
     assert plan.status == "rolled_back"
     latest = host_desired_state_latest(host=cpu)
     assert latest.version == 4 and latest.spec["runtimes"] == versions[0].spec["runtimes"]
-    # The route to cpu0/4, which goes, was withdrawn before the host was written back (version 3); the tables
+    # The route to cpu0/8, which goes, was withdrawn before the host was written back (version 3); the tables
     # before the rollout came back once the host had converged (version 4): never a route to a changing slot.
     withdrawn = RoutingTable.objects.get(application__name="tabular-cpu", version=3)
     assert {r["instance"] for r in withdrawn.routes} == {"sim-cpu-01/cpu0/0"} and withdrawn.created <= latest.created

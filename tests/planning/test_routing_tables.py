@@ -102,7 +102,8 @@ def test_the_live_and_the_simulated_tables_of_a_solved_plan_are_the_same(demo_fl
     assert len(simulated_tables) == 1  # the prediction: one plan, applied once
     simulated = _tables(simulated_tables[0])
     ids = _engine_ids(plan)
-    assert set(simulated) == set(plan.routing) == set(DEMO_DEMAND) | {"tabular-calibrate"}  # the demo pipeline's second stage too
+    # The demo pipeline's second stage too, and the ensemble application (no demand: an empty table).
+    assert set(simulated) == set(plan.routing) == set(DEMO_DEMAND) | {"tabular-calibrate", "tabular-ensemble"}
     # Stored: the weights are the engine table's, bit for bit (no re-derivation on the way).
     stored = {application: tuple((ids[r["instance"]], r["weight"]) for r in routes) for application, routes in plan.routing.items()}
     assert stored == simulated
