@@ -13,7 +13,7 @@ from apps.inventory.models import Accelerator, GpuInstance, Host, MpsPartition, 
 from apps.planning.diff import partition_duty_cycles
 from apps.policies.models import SloPolicy
 from apps.registry.models import Application, ModelVariant, Profile
-from apps.telemetry.selectors import EnsembleFrequencies, application_ensemble_frequencies, runtime_cores_history
+from apps.telemetry.selectors import EnsembleFrequencies, application_ensemble_frequencies, application_latency_window, runtime_cores_history
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.names import runtime_key_parse
 
@@ -778,6 +778,7 @@ class EnsembleOverview:
     frequencies: dict[int, EnsembleFrequencies]  # by policy pk, where routers reported its ensembles in the window
     applications_without: list  # Application rows (with a variant) the user may see that have no ensemble policy
     window_s: int
+    latency: dict[int, dict] = field(default_factory=dict)  # by policy pk: its application's p99 and violations in the window
 
 
 def ensembles_overview(user, *, window_s: int = ENSEMBLE_WINDOW_S) -> EnsembleOverview:
@@ -786,13 +787,17 @@ def ensembles_overview(user, *, window_s: int = ENSEMBLE_WINDOW_S) -> EnsembleOv
     a variant but no policy (to which an operator may give one)."""
     from apps.policies.models import EnsemblePolicy
 
-    policies = list(EnsemblePolicy.objects.restrict(user, "view").select_related("application")
+    policies = list(EnsemblePolicy.objects.restrict(user, "view").select_related("application", "application__slo_policy")
                     .prefetch_related("members__variant").order_by("application__name"))
     frequencies = {}
+    latency = {}
     for policy in policies:
         seen = application_ensemble_frequencies(application=policy.application, window_s=window_s)
         if seen is not None:
             frequencies[policy.pk] = seen
+        served = application_latency_window(application_name=policy.application.name, seconds=window_s)
+        if served is not None:
+            latency[policy.pk] = served
     with_policy = {p.application_id for p in policies}
     without = [a for a in application_queryset_for(user).annotate(n=Count("variants")).filter(n__gt=0) if a.pk not in with_policy]
-    return EnsembleOverview(policies=policies, frequencies=frequencies, applications_without=without, window_s=window_s)
+    return EnsembleOverview(policies=policies, frequencies=frequencies, applications_without=without, window_s=window_s, latency=latency)

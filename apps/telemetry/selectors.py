@@ -93,6 +93,29 @@ def pipeline_paths_live(*, seconds: int = 60, now=None) -> dict[tuple[str, str],
     return out
 
 
+def application_latency_window(*, application_name: str, seconds: float, now=None) -> dict[str, Any] | None:
+    """An application's traffic over the last `seconds`, summed over the routers: queries, answered,
+    violation ratio ((late + dropped + no_route) / arrivals) and p99 (the highest per-interval p99 of any
+    router: a conservative merge, as for pipeline paths). None when no router reported it."""
+    since = (now or timezone.now()) - timedelta(seconds=seconds)
+    agg: dict[str, Any] = {"arrivals": 0, "served": 0, "bad": 0, "p99_ms": None}
+    rows = 0
+    for row in ApplicationSample.objects.filter(at__gt=since, application_name=application_name).values(
+        "arrivals", "served", "late", "dropped", "no_route", "latency_p99_ms"
+    ):
+        rows += 1
+        agg["arrivals"] += row["arrivals"]
+        agg["served"] += row["served"]
+        agg["bad"] += row["late"] + row["dropped"] + row["no_route"]
+        if row["latency_p99_ms"] is not None:
+            agg["p99_ms"] = max(agg["p99_ms"] or 0.0, row["latency_p99_ms"])
+    if not rows:
+        return None
+    agg["violation_ratio"] = agg.pop("bad") / agg["arrivals"] if agg["arrivals"] else None
+    agg["window_s"] = seconds
+    return agg
+
+
 def runtime_cores_history(*, host_ids: list[int], seconds: int = 300, now=None) -> dict[tuple[int, str], list[tuple[float, int]]]:
     """Each CPU runtime's cores over the last `seconds` on the given hosts, as the agents reported them
     (epoch seconds, cores), oldest first: what the fleet page's cores chart starts from (vertical scaling

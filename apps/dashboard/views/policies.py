@@ -158,6 +158,11 @@ def _form(kind: str, policy, data=None) -> forms.Form:
     return KINDS[kind].form_class(data, initial=initial, auto_id=f"id_{kind}{policy.pk}_%s")
 
 
+def _slo_ms(application) -> float | None:
+    slo = getattr(application, "slo_policy", None)
+    return slo.latency_p99_ms if slo is not None else None
+
+
 def _card(kind: str, policy, can_change: bool, bound: forms.Form | None) -> PolicyCard:
     form_class = KINDS[kind].form_class
     if kind == "slo":
@@ -305,6 +310,7 @@ def _ensemble_section(request, refused) -> dict:
             "policy": policy, "anchor": f"ensemble-{policy.pk}", "colour": application_colour(policy.application.name),
             "form": (bound.get(str(policy.pk)) or _ensemble_form(policy)) if can_change else None,
             "members": policy.member_list(), "frequencies": overview.frequencies.get(policy.pk),
+            "latency": overview.latency.get(policy.pk), "slo_ms": _slo_ms(policy.application),
         })
     new_form = None
     if user.has_perm("policies.add_ensemblepolicy") and overview.applications_without:
