@@ -63,7 +63,7 @@ def scheduler_train_cmd(
     from engine.ensembles.training import scheduler_train
 
     target = out or _policies_dir() / scenario
-    command = "tessera scheduler train " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else None
+    command = "tessera scheduler train " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if sys.argv[1:3] == ["scheduler", "train"] else None
     weight2 = float(built.spec().max_size) if w2 is None else w2
     try:
         result = scheduler_train(built, target, timesteps=timesteps, seed=seed, routing=routing, w1=w1, w2=weight2, command=command)
