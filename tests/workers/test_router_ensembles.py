@@ -194,3 +194,19 @@ def test_a_malformed_ensemble_block_keeps_the_previous_table(runtimes, serve) ->
     bad[0]["ensemble"]["members"][0]["probability"] = 2.0
     router.tables_apply(bad)
     assert router.tables.apps["defend"].version == 1  # the bad table is ignored, the good one kept
+
+
+def test_a_member_s_instance_is_chosen_by_garrison_s_normalised_usage_time(runtimes, serve) -> None:
+    """§5.3 at the router: a member with a GI(1) and a GI(4) instance (their names say so), both idle and
+    both within the deadline, has its queries matched to the GI(1): a millisecond there costs a quarter."""
+    ensemble = {"mode": "random", "members": [{"variant": "m0", "variant_id": 20, "probability": 1.0, "weight": 1.0},
+                                              {"variant": "m1", "variant_id": 21, "probability": 0.0, "weight": 1.0}],
+                "min_size": 1, "max_size": 1, "vote": "soft"}
+    table = _table(runtimes, ensemble)
+    table[0]["routes"] = [{"instance": f"host/gpu0/{slot}", "variant": "m0", "weight": 1.0, "endpoint": runtimes["m0"].endpoint, "state": "ready"}
+                          for slot in ("4g.40gb@0", "1g.10gb@4")]
+    router, url, _ = serve(table)
+    for _ in range(10):
+        assert _ask(url, np.zeros((4, 4), dtype=np.float32)).status_code == 200
+    counted = {instance: row[0] for (variant, instance, _sim), row in router.stats.application("defend").per_instance.items()}
+    assert counted == {"host/gpu0/1g.10gb@4": 10}, counted

@@ -93,13 +93,15 @@ class Dispatcher:
 
     async def dispatch(self, app: Application, stats: "ApplicationStats | MemberStats", body: bytes, content_type: str | None,
                        header_length: int | None, t0: float, budget_ms: float, *, variant: str | None = None,
-                       on_instance: Callable[[str], None] | None = None) -> tuple[int, dict, bytes, str]:
+                       on_instance: Callable[[str], None] | None = None,
+                       choose: Callable[[frozenset[str] | set[str]], str] | None = None) -> tuple[int, dict, bytes, str]:
         """Send the query (received at `t0`, `time.monotonic`, with `budget_ms` to its deadline) to an instance
         (of `variant` only, when named: the protocol's model version, or an ensemble's member); (status, the
         runtime's answer header, its body, the variant that answered), its outcome counted in `stats`
         (`MemberStats` for an ensemble's member: its instance's counters only). `on_instance(instance)` is
-        called as each attempt is sent. Raises `DispatchError` when the router answers itself (no route,
-        deadline, upstream error)."""
+        called as each attempt is sent. `choose(excluded)` picks the instance instead of the table's weights
+        (an ensemble member's, by Garrison's instance routing); it raises NoRouteAvailable when none is left.
+        Raises `DispatchError` when the router answers itself (no route, deadline, upstream error)."""
         others = None
         if variant is not None:
             others = frozenset(i for i, r in app.routes.items() if r.variant != variant)
@@ -120,7 +122,10 @@ class Dispatcher:
                 excluded = self.excluded(app, now)
                 if others:
                     excluded = others.union(excluded)
-                instance = app.picker.choose_excluding(excluded) if excluded else app.picker.choose()
+                if choose is not None:
+                    instance = choose(excluded)
+                else:
+                    instance = app.picker.choose_excluding(excluded) if excluded else app.picker.choose()
             except NoRouteAvailable as exc:
                 stats.no_route()
                 message = str(exc) if variant is None else f"{application}: no instance of variant {variant!r} can take the query now"

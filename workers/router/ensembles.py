@@ -23,6 +23,14 @@ One query:
 6. The frequency table (engine.ensembles.sampling.SamplingFrequencies) counts each query's chosen members;
    every report carries this interval's chosen and voted counts, ensemble sizes and query sizes.
 
+7. Each member's instance is chosen by Garrison's instance routing (§5.3, `queries_match_instances` with the
+   normalised usage time U = L_k x D: the query matched to the member's instances at least granularity-
+   weighted serving time, within the deadline), D from the estimator below and L_k the instance's GI size
+   (its MIG profile's compute slices, read from the instance's name; 1 for a CPU runtime or a whole GPU).
+   Departs from the paper: one query is matched at a time, as it arrives (the paper matches a model's
+   waiting queue; the router keeps none), and a whole GPU counts as one slice, since the router does not
+   know its model; within one member those are rarely mixed.
+
 The learned scheduler's state needs what the router knows of its members' instances: `MemberEstimator`
 keeps, per instance, the queries in flight and the mean compute time the runtimes report per query-size
 range, so S_t (the time until a member's least busy instance is free) is in-flight x mean compute time, and
@@ -35,6 +43,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +51,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.dataplane.routing import NoRouteAvailable, queries_match_instances
 from engine.ensembles import POLICIES_DIR
 from engine.ensembles.policy import EnsembleError, EnsembleMember, EnsemblePolicy, ensemble_policy_from_dict
 from engine.ensembles.sampling import SamplingFrequencies
@@ -55,7 +65,7 @@ if TYPE_CHECKING:
     from workers.router.dispatch import Dispatcher
     from workers.router.table import Application
 
-__all__ = ["MemberEstimator", "RouterEnsemble", "ensemble_build", "ensemble_infer"]
+__all__ = ["MemberEstimator", "RouterEnsemble", "ensemble_build", "ensemble_infer", "instance_level"]
 
 log = logging.getLogger("tessera.router")
 
@@ -90,6 +100,22 @@ class MemberEstimator:
             key = (instance, self._range(size))
             held = self.compute_ms.get(key)
             self.compute_ms[key] = compute_ms if held is None else (1 - _EWMA) * held + _EWMA * compute_ms
+
+    def instance_choose(self, instances: list[str], size: int, budget_ms: float) -> str:
+        """Garrison's instance routing for one query of `size` rows among `instances` (see the module
+        docstring, step 7): least L_k x D_k, D_k the estimated wait plus this query's compute, within
+        `budget_ms` where any instance makes it."""
+        r = self._range(size)
+        known = [v for (i, rr), v in self.compute_ms.items() if rr == r and i in instances]
+        fallback = sum(known) / len(known) if known else 1.0
+        waits, service = [], []
+        for i in instances:
+            own = [v for (ii, _rr), v in self.compute_ms.items() if ii == i]
+            mean = sum(own) / len(own) if own else fallback
+            waits.append(self.in_flight.get(i, 0) * mean)
+            service.append(self.compute_ms.get((i, r), fallback))
+        ((_, k),) = queries_match_instances([budget_ms], waits, service, levels=[instance_level(i) for i in instances], now_ms=0.0)
+        return instances[k]
 
     def view(self, members: tuple[str, ...], instances: dict[str, list[str]], size: int, recent: tuple[int, ...],
              bias: tuple[float, ...], slo_ms: float) -> SchedulerView:
@@ -146,6 +172,15 @@ class RouterEnsemble:
         self.frequencies.record(chosen)
         self.recent_sizes.append(size)
         del self.recent_sizes[:-self.history]
+
+
+_MIG_PROFILE = re.compile(r"/(?:\d+c\.)?(\d+)g\.[0-9]+gb")
+
+
+def instance_level(instance: str) -> float:
+    """An instance's granularity L_k: its MIG profile's compute slices ("host/gpu0/3g.40gb@4" -> 3), else 1."""
+    found = _MIG_PROFILE.search(instance)
+    return float(found.group(1)) if found else 1.0
 
 
 def _empty_view() -> SchedulerView:
@@ -234,6 +269,13 @@ async def ensemble_infer(dispatcher: "Dispatcher", app: "Application", stats: "A
     member_stats = MemberStats(stats)
     estimator = ensemble.estimator
 
+    def choose(member: str, excluded) -> str:
+        candidates = [i for i in ready.get(member, []) if i not in excluded]
+        if not candidates:
+            raise NoRouteAvailable(f"{app.name}: no instance of member {member!r} can take the query now")
+        left_ms = (t0 + budget_ms / 1000.0 - time.monotonic()) * 1000.0
+        return estimator.instance_choose(candidates, rows, left_ms)
+
     async def ask(member: str):
         sent: list[str] = []  # the instances tried (a retry tries another)
         reply: dict | None = None
@@ -244,7 +286,8 @@ async def ensemble_infer(dispatcher: "Dispatcher", app: "Application", stats: "A
 
         try:
             status, reply, reply_body, variant = await dispatcher.dispatch(app, member_stats, body, request.content_type, request.header_length,
-                                                                           t0, budget_ms, variant=member, on_instance=started)
+                                                                           t0, budget_ms, variant=member, on_instance=started,
+                                                                           choose=lambda excluded: choose(member, excluded))
         except asyncio.CancelledError:  # the ensemble's deadline: left out of the vote, counted at its instance
             if sent:
                 member_stats.dropped((time.monotonic() - t0) * 1000.0, variant=member, instance=sent[-1])
