@@ -435,6 +435,21 @@ def _create_order_key(model: GpuModelSpec, placement: Placement) -> tuple[int, i
 # --------------------------------------------------------------------------- counts to placements
 
 
+def mig_counts_to_layout_keeping(gpu_model: GpuModelSpec | str, counts: Mapping[str, int], keep: Iterable[Placement]) -> Layout | None:
+    """A valid layout with exactly `counts` instances of each profile that holds every placement of `keep`
+    (instances that keep serving while the rest of the GPU is re-partitioned: MIG's local reconfiguration),
+    or None when there is none. Deterministic: the first such layout in the enumeration's order."""
+    model = gpu_model_resolve(gpu_model)
+    wanted = {profile.name: n for profile, n in _counts_normalise(model, counts).items() if n}
+    kept = set(keep)
+    if any(wanted.get(profile, 0) < n for profile, n in Counter(p.profile for p in kept).items()):
+        return None
+    for layout in _layouts_all(model):
+        if kept <= set(layout) and Counter(p.profile for p in layout) == wanted:
+            return layout
+    return None
+
+
 def mig_counts_to_layout(gpu_model: GpuModelSpec | str, counts: Mapping[str, int]) -> Layout | None:
     """Place the given number of instances of each profile, or return None if they cannot fit.
 

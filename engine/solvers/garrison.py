@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -271,6 +271,41 @@ def _inclusion_rates(app: ApplicationSpec, sampling: Mapping[str, float]) -> dic
     return {n: float(r) for n, r in zip(names, rates)}
 
 
+def _instances_keep(fleet: GarrisonFleet, requests: list[InstanceRequest]) -> tuple[list[InstanceRequest], int]:
+    """Local re-partition (§3 item 7: "a subset of a GPU's instances can be re-partitioned on-the-fly for model
+    replacement without affecting other working instances on the same GPU"): an instance that runs now (the
+    problem's `layout` and `running` of a GPU without a fixed layout) and that the allocation still asks for
+    (its member on that GI kind) keeps its placement, as long as a valid layout holds it with what is kept
+    before it; the requests left are packed around the kept ones. Returns the requests left and how many
+    instances were kept."""
+    wanted = Counter((r.variant, r.kind.device_type, r.kind.slice) for r in requests)
+    kept = 0
+    for gpu in fleet.mig_gpus:
+        device = gpu.device
+        if device.fixed_layout or not device.layout or not device.running:
+            continue
+        running = dict(device.running)
+        for placement in sorted(device.layout):
+            variant = running.get(str(placement))
+            key = (variant, device.type, placement.profile)
+            if not variant or wanted[key] <= 0:
+                continue
+            counts = Counter(gpu.counts)
+            counts[placement.profile] += 1
+            if fleet.layout_for(gpu.spec, counts, tuple(sorted((*fleet.kept_placements(gpu), placement)))) is None:
+                continue
+            fleet.mig_place(gpu, variant, placement.profile, start=placement.start)
+            wanted[key] -= 1
+            kept += 1
+    left: list[InstanceRequest] = []
+    for r in requests:
+        key = (r.variant, r.kind.device_type, r.kind.slice)
+        if wanted[key] > 0:
+            wanted[key] -= 1
+            left.append(r)
+    return left, kept
+
+
 def garrison_solve(problem: Problem) -> Plan:
     """Algorithm 1 as written (see the module docstring), packed into MIG layouts. Status `feasible` (a
     heuristic proves no bound) or `infeasible` when demand is positive and nothing is served."""
@@ -323,6 +358,10 @@ def garrison_solve(problem: Problem) -> Plan:
                 requests.extend(InstanceRequest(m, kind, rank) for rank in range(count))
 
     fleet = GarrisonFleet(problem)
+    requests, kept = _instances_keep(fleet, requests)
+    if kept:
+        notes.append(f"{SOLVER_NAME}: {kept} instance(s) keep serving where they run; only the rest of their GPUs is re-partitioned "
+                     "(MIG's local reconfiguration, §3 item 7)")
     unplaced = requests_pack(fleet, requests)
     if unplaced:
         notes.append(f"{SOLVER_NAME}: {unplaced} of {len(requests)} instance(s) found no room in a valid MIG layout")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from engine.geometry.catalogue import GpuModelSpec, mig_catalogue_load
-from engine.geometry.layout import Placement, mig_counts_to_layout
+from engine.geometry.layout import Placement, mig_counts_to_layout, mig_counts_to_layout_keeping
 from engine.plans.capacity import capacity_for, cpu_slice
 from engine.plans.problem import FULL_SLICE, DeviceSpec, Problem, VariantSpec
 from engine.solvers.assemble import RPS_EPSILON, Assignment
@@ -132,14 +132,19 @@ class GarrisonFleet:
         ]
         self.whole_gpus: dict[str, PlacedInstance | None] = {d.name: None for d in devices if not d.mig and not d.is_cpu}
         self.cpus: dict[str, PlacedInstance | None] = {d.name: None for d in devices if d.is_cpu}
-        self._layouts: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[Placement, ...] | None] = {}
-        self._addable: dict[tuple[str, tuple[tuple[str, int], ...]], frozenset[str]] = {}
+        self._layouts: dict[tuple, tuple[Placement, ...] | None] = {}
+        self._addable: dict[tuple, frozenset[str]] = {}
 
-    def layout_for(self, spec: GpuModelSpec, counts: Mapping[str, int]) -> tuple[Placement, ...] | None:
-        key = (spec.name, tuple(sorted((p, n) for p, n in counts.items() if n)))
+    def layout_for(self, spec: GpuModelSpec, counts: Mapping[str, int], keep: tuple[Placement, ...] = ()) -> tuple[Placement, ...] | None:
+        """A layout with `counts` (holding the placements of `keep`, instances that stay where they run)."""
+        key = (spec.name, tuple(sorted((p, n) for p, n in counts.items() if n)), tuple(sorted(keep)))
         if key not in self._layouts:
-            self._layouts[key] = mig_counts_to_layout(spec, dict(key[1]))
+            self._layouts[key] = (mig_counts_to_layout_keeping(spec, dict(key[1]), keep) if keep else mig_counts_to_layout(spec, dict(key[1])))
         return self._layouts[key]
+
+    @staticmethod
+    def kept_placements(gpu: MigGpu) -> tuple[Placement, ...]:
+        return tuple(sorted(Placement(i.slice, i.start) for i in gpu.instances if i.start is not None))
 
     def mig_fits(self, gpu: MigGpu, profile: str) -> bool:
         return profile in self.addable_profiles(gpu)
@@ -148,21 +153,23 @@ class GarrisonFleet:
         """Profiles one more instance of which the GPU can still take."""
         if gpu.device.fixed_layout:
             return frozenset(p.profile for p in gpu.free_fixed)
-        key = (gpu.spec.name, tuple(sorted((p, n) for p, n in gpu.counts.items() if n)))
+        keep = self.kept_placements(gpu)
+        key = (gpu.spec.name, tuple(sorted((p, n) for p, n in gpu.counts.items() if n)), keep)
         if key not in self._addable:
             addable = set()
             for profile in gpu.spec.profile_names:
                 counts = Counter(gpu.counts)
                 counts[profile] += 1
-                if self.layout_for(gpu.spec, counts) is not None:
+                if self.layout_for(gpu.spec, counts, keep) is not None:
                     addable.add(profile)
             self._addable[key] = frozenset(addable)
         return self._addable[key]
 
-    def mig_place(self, gpu: MigGpu, variant: str, profile: str) -> PlacedInstance:
+    def mig_place(self, gpu: MigGpu, variant: str, profile: str, start: int | None = None) -> PlacedInstance:
+        """One more instance of `profile` on `gpu`; on a GPU that is re-partitioned, `start` keeps an instance
+        that runs now where it is (`fleet_finish` lays the GPU out around it)."""
         capacity = capacity_for(self.problem, variant, gpu.device, profile)
         assert capacity is not None
-        start = None
         if gpu.device.fixed_layout:
             slot = next(p for p in gpu.free_fixed if p.profile == profile)
             gpu.free_fixed.remove(slot)
@@ -415,14 +422,23 @@ def fleet_finish(fleet: GarrisonFleet) -> tuple[list[Assignment], dict[str, list
         if gpu.device.fixed_layout:
             layouts[gpu.device.name] = [str(p) for p in sorted(gpu.device.layout or ())]
         else:
-            layout = fleet.layout_for(gpu.spec, Counter(i.slice for i in busy))
-            # A subset of a valid layout is valid, so the search finds one; instances take starts in order.
-            assert layout is not None, f"{gpu.device.name}: packed counts lost their layout"
+            counts = Counter(i.slice for i in busy)
+            kept = [i for i in busy if i.start is not None]  # running now and staying where they are
+            layout = fleet.layout_for(gpu.spec, counts, tuple(sorted(Placement(i.slice, i.start) for i in kept))) if kept else None
+            if layout is None:
+                # A subset of a valid layout is valid, so the search finds one; instances take starts in order.
+                layout = fleet.layout_for(gpu.spec, counts)
+                assert layout is not None, f"{gpu.device.name}: packed counts lost their layout"
+                for instance in kept:
+                    instance.start = None  # no layout keeps them: they move with the rest
             free_starts: dict[str, list[int]] = defaultdict(list)
+            taken = {(i.slice, i.start) for i in busy if i.start is not None}
             for placement in layout:
-                free_starts[placement.profile].append(placement.start)
+                if (placement.profile, placement.start) not in taken:
+                    free_starts[placement.profile].append(placement.start)
             for instance in sorted(busy, key=lambda i: (i.slice, i.variant)):
-                instance.start = free_starts[instance.slice].pop(0)
+                if instance.start is None:
+                    instance.start = free_starts[instance.slice].pop(0)
             layouts[gpu.device.name] = [str(p) for p in layout]
         assignments += [Assignment(i.device, i.slice, i.start, i.variant, i.assigned_rps) for i in busy]
     for instance in list(fleet.whole_gpus.values()) + list(fleet.cpus.values()):

@@ -159,3 +159,40 @@ def test_through_plan_solve_and_beside_garrison_demand() -> None:
     assert plan_solve(problem, "garrison").solver == "garrison"
     demand = plan_solve(problem, "garrison-demand")
     assert demand.solver == "garrison-demand" and plan_validate(problem, demand).valid
+
+
+def test_a_changed_model_pool_reconfigures_only_the_instances_it_affects_section_3_item_7() -> None:
+    """When a member leaves the pool, the instances of the others keep serving where they run (the
+    problem's current layout and running variants); only the departed member's slots change hands, and no
+    GPU is re-partitioned around them: the MIG layouts stay as they are."""
+    from engine.geometry.layout import mig_layout_diff
+    from engine.plans.problem import problem_to_dict
+
+    first = ensemble_problem(gpus=4)
+    plan = garrison_solve(first)
+    raw = problem_to_dict(first)
+    for device in raw["devices"]:
+        device["layout"] = plan.layouts[device["name"]]
+        device["running"] = {f"{i.slice}@{i.start}": i.variant for i in plan.instances if i.device == device["name"]}
+    members = [m for m in raw["applications"][0]["ensemble"]["members"] if m["variant"] != "densenet40-5"]
+    for m in members:
+        m["probability"] = 1 / len(members)
+    raw["applications"][0]["ensemble"]["members"] = members
+    second = problem_from_dict(raw)
+    replanned = garrison_solve(second)
+    assert plan_validate(second, replanned).valid
+    before = {(i.device, i.slice, i.start, i.variant) for i in plan.instances}
+    after = {(i.device, i.slice, i.start, i.variant) for i in replanned.instances}
+    departed = {k for k in before if k[3] == "densenet40-5"}
+    # Everything but the departed member's instances stays; their slots go to others.
+    assert before - after == departed and len(after - before) == len(departed)
+    assert any("keep serving where they run" in n for n in replanned.notes)
+    for name, layout in replanned.layouts.items():
+        diff = mig_layout_diff(A100, plan.layouts[name], layout)
+        assert not diff.destroy and not diff.create, (name, diff)
+    # Planned from scratch (no running instances known), the same pool moves more of them.
+    for device in raw["devices"]:
+        device.pop("running")
+        device.pop("layout")
+    scratch = garrison_solve(problem_from_dict(raw))
+    assert len(before & {(i.device, i.slice, i.start, i.variant) for i in scratch.instances}) < len(before & after)
