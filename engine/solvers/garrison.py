@@ -49,8 +49,11 @@ Where this departs, and why:
   within `latency_budget_fraction` of the SLO), so that every instance the plan starts can batch.
 - Whole GPUs, MPS GPUs and CPUs are not allocated (Algorithm 1 divides MIG slices); `garrison-demand`
   plans those.
-- The paper re-partitions only the instances that change when the pool changes (§3, item 7 of Figure
-  4); this planner gives the allocation, and the rollout's plan diff keeps unchanged instances serving.
+- Local re-partition (§3, item 7 of Figure 4: "a subset of a GPU's instances can be re-partitioned
+  on-the-fly for model replacement without affecting other working instances") is done when the problem
+  says what runs now (a GPU's `layout` and `running`): an instance the new allocation still asks for keeps
+  its placement and the rest is packed around it (`_instances_keep`); the rollout then touches only the
+  slots whose model changes. Where no valid layout holds a kept instance with the new counts it moves.
 """
 from __future__ import annotations
 
