@@ -431,11 +431,13 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
     as one is simulated end to end instead (engine/simulation/pipeline.py: its paths at their demand, stage
     after stage with the placed replicas), under `pipelines`."""
     pipelines = _pipelines_prediction(problem, engine_plan, seconds=seconds, seed=seed)
+    ensembles = _ensembles_prediction(problem, engine_plan, observed, seconds=seconds, seed=seed)
     staged = {st.application for p in problem.pipelines if p.name in engine_plan.pipelines for st in p.stages}
-    rates = {name: rps for name, rps in observed.items() if rps > 0 and name not in staged}
+    rates = {name: rps for name, rps in observed.items() if rps > 0 and name not in staged and name not in ensembles}
+    extra = {**({"pipelines": pipelines} if pipelines else {}), **({"ensembles": ensembles} if ensembles else {})}
     if not rates:
         skipped: dict[str, Any] = {"skipped": "no observed demand to replay", "demand_rps": observed}
-        return {**skipped, "pipelines": pipelines} if pipelines else skipped
+        return {**skipped, **extra}
     total = sum(rates.values())
     duration = min(float(seconds), PREDICTION_MAX_QUERIES / total)
     streams = np.random.SeedSequence(seed).spawn(len(problem.applications))
@@ -462,11 +464,54 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
         "latency_p50_ms": summary["latency_p50_ms"], "latency_p99_ms": summary["latency_p99_ms"],
         "applications": {
             name: {k: app[k] for k in ("queries", "on_time", "late", "dropped", "slo_violation_ratio", "effective_accuracy", "latency_p99_ms")}
-            for name, app in summary["applications"].items() if name not in staged
+            for name, app in summary["applications"].items() if name not in staged and name not in ensembles
         },
         "wall_s": summary["wall_s"],
-        **({"pipelines": pipelines} if pipelines else {}),
+        **extra,
     }
+
+
+def _ensembles_prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, float], *, seconds: float,
+                          seed: int) -> dict[str, Any]:
+    """Per application served by random ensembles with observed demand: the ensemble simulator
+    (engine/simulation/ensembles.py: each query to the members its scheduler draws, on the plan's instances
+    of them, Garrison's instance routing, latency = the slowest chosen member) at the observed rate, with the
+    policy's scheduler (a learned one from the shipped policies when it loads, else the random ensemble)."""
+    from engine.ensembles import POLICIES_DIR
+    from engine.ensembles.policy import EnsemblePolicy as EnginePolicy
+    from engine.ensembles.scheduler import RandomEnsembleScheduler, scheduler_for_policy
+    from engine.simulation.ensembles import ensemble_scenario_from_plan, ensemble_simulate
+
+    out: dict[str, Any] = {}
+    for app in problem.applications:
+        rate = observed.get(app.name, 0.0)
+        if app.ensemble is None or app.ensemble.mode == "single" or rate <= 0:
+            continue
+        # The planning problem names variants "application/variant"; policies are trained on the bare names.
+        bare = {m.variant: m.variant.removeprefix(f"{app.name}/") for m in app.ensemble.members}
+        policy = dataclasses.replace(app.ensemble, members=tuple(dataclasses.replace(m, variant=bare[m.variant]) for m in app.ensemble.members))
+        renamed = dataclasses.replace(engine_plan, instances=[dataclasses.replace(i, variant=bare.get(i.variant, i.variant)) for i in engine_plan.instances])
+        view = dataclasses.replace(problem, applications=tuple(dataclasses.replace(a, ensemble=policy) if a.name == app.name else a for a in problem.applications),
+                                   variants=tuple(dataclasses.replace(v, name=bare.get(v.name, v.name)) for v in problem.variants),
+                                   profiles=tuple(dataclasses.replace(p, variant=bare.get(p.variant, p.variant)) for p in problem.profiles))
+        scenario = ensemble_scenario_from_plan(view, renamed, app.name, rate_rps=rate, duration_s=min(float(seconds), PREDICTION_MAX_QUERIES / rate))
+        if not scenario.instances:
+            out[app.name] = {"skipped": "the plan runs none of its members"}
+            continue
+        try:
+            scheduler = scheduler_for_policy(policy, scheduler_dir=POLICIES_DIR)
+        except (OSError, ValueError, KeyError) as exc:
+            scheduler = RandomEnsembleScheduler(EnginePolicy("random", policy.members, policy.min_size, policy.max_size, policy.vote))
+            note = f"the learned policy could not be loaded ({exc}); predicted with the random ensemble"
+        else:
+            note = None
+        run = ensemble_simulate(scenario, scheduler, seed=seed)
+        summary = run.summary()
+        out[app.name] = {"scheduler": summary["scheduler"], "queries": summary["queries"], "slo_violation_ratio": summary["violation_ratio"],
+                         "latency_p99_ms": summary["p99_ms"] if math.isfinite(summary["p99_ms"]) else None,
+                         "mean_ensemble": summary["mean_ensemble"], "mean_voted": summary["mean_voted"], "bias": summary["bias"],
+                         **({"note": note} if note else {})}
+    return out
 
 
 def _pipelines_prediction(problem: Problem, engine_plan: EnginePlan, *, seconds: float, seed: int) -> dict[str, Any]:

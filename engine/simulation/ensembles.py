@@ -152,11 +152,12 @@ class EnsembleServing:
     """The serving state, one query at a time: `view(size)` for the scheduler, then `serve(members)`."""
 
     def __init__(self, scenario: EnsembleScenario, *, routing: str = "garrison", noise_sigma: float = 0.05,
-                 rng: np.random.Generator | None = None, window: int = 1000) -> None:
+                 rng: np.random.Generator | None = None, window: int = 1000, spec: SchedulerSpec | None = None) -> None:
+        """`spec`: the state's shape the scheduler reads (a learned policy's own; default the scenario's)."""
         if routing not in ROUTING_RULES:
             raise ValueError(f"routing must be one of {', '.join(ROUTING_RULES)}, got {routing!r}")
         self.scenario = scenario
-        self.spec = scenario.spec()
+        self.spec = spec or scenario.spec()
         self.routing = routing
         self.noise_sigma = noise_sigma
         self.rng = rng or np.random.default_rng(0)
@@ -219,7 +220,7 @@ class EnsembleServing:
     def serve(self, members: Sequence[str], size: int) -> EnsembleOutcome:
         """Send the query (arrived at the last `view`'s time) to `members`; returns its outcome."""
         now = self.now_ms
-        deadline = now + self.spec.slo_ms
+        deadline = now + self.scenario.slo_ms
         voted, completions = [], []
         for member in members:
             instance = self._instance_for(member, size, deadline)
@@ -238,7 +239,7 @@ class EnsembleServing:
             if done <= deadline:
                 voted.append(member)
         latency = (max(completions) - now) if completions else math.inf
-        met = bool(completions) and latency <= self.spec.slo_ms
+        met = bool(completions) and latency <= self.scenario.slo_ms
         self.frequencies.record(members)
         self.recent_sizes.append(int(size))
         self.recent_missed.append(not met)
@@ -252,7 +253,8 @@ def ensemble_simulate(scenario: EnsembleScenario, scheduler: EnsembleScheduler, 
     count = int(rng.poisson(scenario.rate_rps * scenario.duration_s))
     arrivals = np.sort(rng.uniform(0.0, scenario.duration_s * 1000.0, count))
     sizes = query_sizes_draw(scenario.query_sizes, count, rng)
-    serving = EnsembleServing(scenario, routing=routing, noise_sigma=noise_sigma, rng=np.random.default_rng(seed + 1))
+    serving = EnsembleServing(scenario, routing=routing, noise_sigma=noise_sigma, rng=np.random.default_rng(seed + 1),
+                              spec=getattr(scheduler, "spec", None))
     decide = np.random.default_rng(seed + 2)
     outcomes = []
     for t, size in zip(arrivals, sizes):

@@ -301,10 +301,15 @@ def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact"
         summaries[spec.name] = _outcome_summary(problem, outcome, placed_instances)
         notes.extend(f"pipeline {spec.name}: {n}" for n in outcome.notes)
 
-    if solver == "biscale":
-        instances = _biscale_scaling(problem, instances, summaries, used, notes)
     staged = {st.application for p in problem.pipelines for st in p.stages}
-    rest_plan, rest_notes, rest_statuses = rest_plan_solve(problem, staged, used, rest_solver, what="pipelines")
+    rest_plan, rest_notes, rest_statuses = rest_plan_solve(problem, staged, used, rest_solver, what="pipelines", next_start=next_start)
+    if solver == "biscale":
+        # The replicas' room to grow is what no planned instance holds, the rest's on a shared host included.
+        held = dict(used)
+        for inst in rest_plan.instances if rest_plan is not None else ():
+            if problem.device(inst.device).is_cpu and inst.slice.isdigit():
+                held[inst.device] = held.get(inst.device, 0) + int(inst.slice)
+        instances = _biscale_scaling(problem, instances, summaries, held, notes)
     if rest_plan is not None:
         instances.extend(rest_plan.instances)
     notes.extend(rest_notes)
@@ -337,15 +342,27 @@ def _biscale_scaling(problem: Problem, instances: list[PlanInstance], summaries:
     return vertical_bounds_attach(problem, instances, scaling, used)
 
 
+# The planners that place several instances side by side on one CPU host (engine/solvers/vertical.py): they
+# may have the cores a pipeline's replicas leave on a host.
+HOST_SHARING_SOLVERS = ("sponge",)
+
+
 def rest_plan_solve(problem: Problem, taken: set[str], used: dict[str, int], rest_solver: str, *,
-                    what: str) -> tuple[Plan | None, list[str], list[str]]:
+                    what: str, next_start: dict[str, int] | None = None) -> tuple[Plan | None, list[str], list[str]]:
     """Plan the applications not in `taken` with `rest_solver` on the devices left: every device except
     the CPU hosts where `used` counts cores already given (to pipelines, or to vertically scaled
-    instances). Returns (the plan or None, notes, statuses); `what` names what took the rest in the notes."""
+    instances), which a host-sharing planner (`HOST_SHARING_SOLVERS`) gets with the cores left (its
+    instances numbered after `next_start`'s). Returns (the plan or None, notes, statuses); `what` names what
+    took the rest in the notes."""
     rest_apps = tuple(a for a in problem.applications if a.name not in taken)
     if not rest_apps:
         return None, [], []
-    free_devices = tuple(d for d in problem.devices if not (d.is_cpu and used.get(d.name)))
+    sharing = rest_solver in HOST_SHARING_SOLVERS and next_start is not None
+    free_devices = tuple(
+        (dataclasses.replace(d, cores=(d.cores or 0) - used[d.name]) if d.is_cpu and used.get(d.name) else d)
+        for d in problem.devices
+        if not (d.is_cpu and used.get(d.name)) or (sharing and (d.cores or 0) > used[d.name])
+    )
     if not free_devices:
         return None, [f"no device is left for the {len(rest_apps)} application(s) outside {what}"], ["infeasible"]
     from engine.solvers.solve import plan_solve
@@ -357,8 +374,23 @@ def rest_plan_solve(problem: Problem, taken: set[str], used: dict[str, int], res
         profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=(),
     )
     rest_plan = plan_solve(rest_problem, rest_solver)
+    if sharing:  # on a shared host, number the rest's instances after the ones already there
+        counter = {host: next_start.get(host, 0) for host in used}
+        shifted = []
+        for i in sorted(rest_plan.instances, key=lambda i: (i.device, i.start if i.start is not None else -1)):
+            if problem.device(i.device).is_cpu and used.get(i.device):
+                i = dataclasses.replace(i, start=counter[i.device])
+                counter[i.device] += 1
+            shifted.append(i)
+        before = sorted(rest_plan.instances, key=lambda i: (i.device, i.start if i.start is not None else -1))
+        rest_plan = dataclasses.replace(rest_plan, instances=shifted,
+                                        routing=_routing_renamed(rest_plan, {a.id: b.id for a, b in zip(before, shifted)}))
     notes = [f"{rest_plan.solver} planned the {len(rest_apps)} application(s) outside {what} on {len(free_devices)} device(s): {rest_plan.status}"]
     return rest_plan, notes + list(rest_plan.notes), [rest_plan.status]
+
+
+def _routing_renamed(plan: Plan, renamed: dict[str, str]) -> dict:
+    return {app: [dataclasses.replace(r, instance=renamed.get(r.instance, r.instance)) for r in routes] for app, routes in plan.routing.items()}
 
 
 def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[DeviceSpec], used: dict[str, int],

@@ -15,6 +15,7 @@ from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
 from apps.policies.models import ReplanPolicy
+from apps.registry.models import ModelVariant
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.geometry.names import runtime_key_parse
@@ -406,6 +407,24 @@ def test_biscale_on_the_demo_fleet_resizes_the_pipeline_and_its_cpu_application_
     # The most accurate classifier, the CPU-heavy one, on one-core replicas the agents grow in place.
     assert stages["tabular-cpu"]["variant"] == "tabular-cpu/conv-features-80" and stages["tabular-cpu"]["cores_per_replica"] == 1
     assert "vertical" in stages["tabular-cpu"] and stages["tabular-cpu"]["vertical"]["reserve_ms"] > 0
-    cpu = [r for r in plan.desired_states["sim-cpu-01"]["runtimes"]]
+    # The pipeline's replicas (the ensemble's members, flat CPU applications, are sized by sponge beside them).
+    cpu = [r for r in plan.desired_states["sim-cpu-01"]["runtimes"] if r["application"] in ("tabular-cpu", "tabular-calibrate")]
     assert cpu and all(r["vertical"]["policy"] == "biscale" and r["vertical"]["max_cores"] > r["cpu_threads"] for r in cpu)
     host_desired_state_validate(host=Host.objects.get(name="sim-cpu-01"), spec=plan.desired_states["sim-cpu-01"])
+
+
+def test_an_ensemble_application_is_planned_member_by_member_and_predicted_by_the_ensemble_simulator(demo_fleet, fake_demand):
+    """The demo's tabular-ensemble with demand: the plan gives each of its four members instances for its
+    share of the rows (sponge places them beside the pipeline's replicas on the CPU host), and the plan's
+    prediction runs the ensemble simulator with the shipped learned scheduler, not one variant per query."""
+    fake_demand({**DEMO_DEMAND, "tabular-ensemble": 100.0}, method="ewma", window_s=300)
+    _, plan = _run({"solver": "biscale"})
+    assert plan.status == "validated", plan.validation
+    ensemble_runtimes = [r for r in plan.desired_states["sim-cpu-01"]["runtimes"] if r["application"] == "tabular-ensemble"]
+    members = set(ModelVariant.objects.filter(application__name="tabular-ensemble").values_list("pk", flat=True))
+    assert {r["variant"] for r in ensemble_runtimes} == members
+    assert {r["variant"] for r in plan.routing["tabular-ensemble"]} == members
+    predicted = plan.prediction["ensembles"]["tabular-ensemble"]
+    assert predicted["scheduler"] == "learned (demo-ensemble)" and predicted["queries"] > 0
+    assert 1 <= predicted["mean_ensemble"] <= 4 and predicted["slo_violation_ratio"] < 0.2
+    assert "tabular-ensemble" not in plan.prediction.get("applications", {})
