@@ -125,17 +125,27 @@ class _RouterCountsSerializer(serializers.Serializer):
 REPORT_SIZES_MAX = MAX_QUERY_SIZE
 
 
+def _size_key(key: str) -> str:
+    if not (key.isascii() and key.isdigit()) or not 1 <= int(key) <= REPORT_SIZES_MAX:
+        raise ValueError(f"a size is a whole number 1..{REPORT_SIZES_MAX}.")
+    return str(int(key))
+
+
+def _variant_key(key: str) -> str:
+    if not 1 <= len(key) <= 100 or not key.isprintable():  # no NUL, no lone surrogate: PostgreSQL's JSON takes neither
+        raise ValueError("a variant name is 1..100 printable characters.")
+    return key
+
+
 class _Counts(serializers.DictField):
     """{key: count} with at most REPORT_SIZES_MAX keys and counts whole numbers >= 0; `key_check` turns a
-    key into its stored form or raises ValueError with the reason."""
+    key into its stored form or raises ValueError with the reason (`_size_key`: "<size>", sizes whole
+    numbers 1..REPORT_SIZES_MAX in decimal; `_variant_key`: a variant's name)."""
 
-    def __init__(self, *, key_help: str, **kwargs):
+    def __init__(self, *, key_help: str, key_check, **kwargs):
         kwargs.setdefault("help_text", f"{{{key_help}: count}}, at most {REPORT_SIZES_MAX} keys, counts whole numbers >= 0")
         super().__init__(child=serializers.IntegerField(min_value=0, max_value=2**31 - 1), **kwargs)
-
-    @staticmethod
-    def key_check(key: str) -> str:
-        raise NotImplementedError
+        self.key_check = key_check
 
     def to_internal_value(self, data):
         if isinstance(data, dict) and len(data) > REPORT_SIZES_MAX:
@@ -153,30 +163,12 @@ class _Counts(serializers.DictField):
         return out
 
 
-class _SizeCounts(_Counts):
-    """{"<size>": count}: sizes whole numbers 1..REPORT_SIZES_MAX, written in decimal."""
-
-    def __init__(self, **kwargs):
-        super().__init__(key_help=f"size 1..{REPORT_SIZES_MAX}", **kwargs)
-
-    @staticmethod
-    def key_check(key: str) -> str:
-        if not (key.isascii() and key.isdigit()) or not 1 <= int(key) <= REPORT_SIZES_MAX:
-            raise ValueError(f"a size is a whole number 1..{REPORT_SIZES_MAX}.")
-        return str(int(key))
+def _size_counts(**kwargs) -> _Counts:
+    return _Counts(key_help=f"size 1..{REPORT_SIZES_MAX}", key_check=_size_key, **kwargs)
 
 
-class _VariantCounts(_Counts):
-    """{"<variant name>": count}."""
-
-    def __init__(self, **kwargs):
-        super().__init__(key_help="variant name", **kwargs)
-
-    @staticmethod
-    def key_check(key: str) -> str:
-        if not 1 <= len(key) <= 100 or not key.isprintable():  # no NUL, no lone surrogate: PostgreSQL's JSON takes neither
-            raise ValueError("a variant name is 1..100 printable characters.")
-        return key
+def _variant_counts(**kwargs) -> _Counts:
+    return _Counts(key_help="variant name", key_check=_variant_key, **kwargs)
 
 
 class RouterEnsembleReportSerializer(serializers.Serializer):
@@ -185,9 +177,9 @@ class RouterEnsembleReportSerializer(serializers.Serializer):
     time), the ensemble sizes drawn, and the scheduler that picked them."""
 
     queries = _Count(help_text="Queries answered by an ensemble")
-    chosen = _VariantCounts(required=False, default=dict)
-    voted = _VariantCounts(required=False, default=dict)
-    sizes = _SizeCounts(required=False, default=dict)
+    chosen = _variant_counts(required=False, default=dict)
+    voted = _variant_counts(required=False, default=dict)
+    sizes = _size_counts(required=False, default=dict)
     scheduler = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
                                       help_text='Who picked the members: "random", or the learned policy\'s name')
 
@@ -195,7 +187,7 @@ class RouterEnsembleReportSerializer(serializers.Serializer):
 class RouterApplicationReportSerializer(_RouterCountsSerializer):
     application = serializers.CharField(max_length=100)
     routing_version = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
-    query_sizes = _SizeCounts(required=False, allow_null=True, default=None,
+    query_sizes = _size_counts(required=False, allow_null=True, default=None,
                               help_text=f"Rows per request over the interval: {{size: requests}}, sizes 1..{REPORT_SIZES_MAX} (D[b])")
     ensemble = RouterEnsembleReportSerializer(required=False, allow_null=True, default=None,
                                               help_text="Its random ensembles over the interval; null without an ensemble policy")
