@@ -485,23 +485,35 @@ class ApplicationStats:
         row[4] = time.time() * 1000.0
         return row
 
-    def served(self, latency_ms: float, late: bool, *, variant: str = "", instance: str = "", simulated: bool = False,
-               queue_us: float = 0.0, compute_us: float = 0.0) -> None:
-        with self._lock:
-            self._served += 1
-            if late:
-                self._late += 1
-                self.c["late"] += 1
-            else:
-                self.c["served"] += 1
-            self._samples.add(latency_ms)
-            self.h_latency.observe(latency_ms / 1000.0)
-            row = self._instance(variant, instance, simulated)
+    def _answer_count(self, latency_ms: float, late: bool) -> None:
+        """A query answered (on time or late), lock held."""
+        self._served += 1
+        if late:
+            self._late += 1
+            self.c["late"] += 1
+        else:
+            self.c["served"] += 1
+        self._samples.add(latency_ms)
+        self.h_latency.observe(latency_ms / 1000.0)
+
+    def _instance_count(self, ok: bool, latency_ms: float, variant: str, instance: str, simulated: bool,
+                        queue_us: float = 0.0, compute_us: float = 0.0) -> None:
+        """An instance's answer (ok) or failure, lock held."""
+        row = self._instance(variant, instance, simulated)
+        if ok:
             row[0] += 1
-            row[2] += latency_ms * 1000.0
             row[3] += latency_ms * 1000.0
             row[5] += queue_us
             row[6] += compute_us
+        else:
+            row[1] += 1
+        row[2] += latency_ms * 1000.0
+
+    def served(self, latency_ms: float, late: bool, *, variant: str = "", instance: str = "", simulated: bool = False,
+               queue_us: float = 0.0, compute_us: float = 0.0) -> None:
+        with self._lock:
+            self._answer_count(latency_ms, late)
+            self._instance_count(True, latency_ms, variant, instance, simulated, queue_us, compute_us)
 
     def query_size(self, rows: int) -> None:
         with self._lock:
@@ -526,30 +538,14 @@ class ApplicationStats:
     def answered(self, latency_ms: float, late: bool) -> None:
         """An ensemble query answered (the members are counted at their instances by `member_outcome`)."""
         with self._lock:
-            self._served += 1
-            if late:
-                self._late += 1
-                self.c["late"] += 1
-            else:
-                self.c["served"] += 1
-            self._samples.add(latency_ms)
-            self.h_latency.observe(latency_ms / 1000.0)
+            self._answer_count(latency_ms, late)
 
     def member_outcome(self, ok: bool, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False,
                        queue_us: float = 0.0, compute_us: float = 0.0) -> None:
         """An ensemble member's answer (ok) or failure at its instance: the per-instance counters only."""
-        if not instance:
-            return
-        with self._lock:
-            row = self._instance(variant, instance, simulated)
-            if ok:
-                row[0] += 1
-                row[3] += latency_ms * 1000.0
-                row[5] += queue_us
-                row[6] += compute_us
-            else:
-                row[1] += 1
-            row[2] += latency_ms * 1000.0
+        if instance:
+            with self._lock:
+                self._instance_count(ok, latency_ms, variant, instance, simulated, queue_us, compute_us)
 
     def dropped(self, latency_ms: float, *, variant: str = "", instance: str = "", simulated: bool = False) -> None:
         with self._lock:
@@ -557,9 +553,7 @@ class ApplicationStats:
             self.c["dropped"] += 1
             self.h_latency.observe(latency_ms / 1000.0)
             if instance:
-                row = self._instance(variant, instance, simulated)
-                row[1] += 1
-                row[2] += latency_ms * 1000.0
+                self._instance_count(False, latency_ms, variant, instance, simulated)
 
     def no_route(self) -> None:
         with self._lock:
@@ -571,9 +565,7 @@ class ApplicationStats:
             self._failed += 1
             self.c["failed"] += 1
             if instance:
-                row = self._instance(variant, instance, simulated)
-                row[1] += 1
-                row[2] += latency_ms * 1000.0
+                self._instance_count(False, latency_ms, variant, instance, simulated)
 
     def per_variant(self) -> dict[str, dict[str, float]]:
         """Since the start, per variant: answers (`success`, `success_us`, and of those the runtimes' `queue_us`

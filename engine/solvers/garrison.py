@@ -203,9 +203,7 @@ def allocation_round(wanted: Mapping[tuple[str, SlotKind], float], slices: int, 
     instance for each model in `keep` that has none (on its most wanted kind), then, while more than
     `slices` compute slices are taken, one fewer of the most over-served count; then the largest
     remainders while they fit. Deterministic."""
-    def cost(kind: SlotKind) -> int:
-        return _compute_slices(kind)
-
+    cost = _compute_slices
     counts = {key: math.floor(value + 1e-9) for key, value in wanted.items()}
     for model in keep:
         own = [key for key in wanted if key[0] == model]
