@@ -240,6 +240,24 @@ def _mps_host_seed(host: Host, demo: DemoHost) -> None:
             partition.save()
 
 
+def _cpu_variant_seed(application: Application, model, *, admin, accuracy_metric: str, memory_mb: float,
+                      batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> ModelVariant:
+    """One of the demo's real ONNX models as a variant of `application`: its artifact, the variant, and its CPU
+    profiles measured here (`_cpu_profiles_measured`), each checked before the bulk insert."""
+    artifact = artifact_create(upload=io.BytesIO(model.onnx_bytes), original_name=f"{model.name}.onnx", uploaded_by=admin)
+    variant = ModelVariant(
+        application=application, name=model.name, accuracy=round(model.accuracy, 4), accuracy_metric=accuracy_metric,
+        artifact=artifact, memory_mb=memory_mb, description=model.description,
+    )
+    variant.full_clean()
+    variant.save()
+    measured = _cpu_profiles_measured(variant, model.onnx_bytes, batches)
+    for row in measured:
+        row.full_clean()
+    Profile.objects.bulk_create(measured)
+    return variant
+
+
 def _registry_seed(admin) -> None:
     points = gpulet_inference_read()
     for app_name, (families, slo_ms, min_accuracy, priority) in DEMO_APPLICATIONS.items():
@@ -272,18 +290,8 @@ def _registry_seed(admin) -> None:
         description="Demo CPU application: two real ONNX classifiers trained at seed time on synthetic data.",
     )
     for model in demo_models_build():
-        artifact = artifact_create(upload=io.BytesIO(model.onnx_bytes), original_name=f"{model.name}.onnx", uploaded_by=admin)
-        variant = ModelVariant(
-            application=application, name=model.name, accuracy=round(model.accuracy, 4),
-            accuracy_metric="held-out accuracy on the demo's synthetic data", artifact=artifact, memory_mb=16,
-            description=model.description,
-        )
-        variant.full_clean()
-        variant.save()
-        measured = _cpu_profiles_measured(variant, model.onnx_bytes, CONV_PROFILE_BATCHES if model.name == CONV_MODEL_NAME else (1, 2, 4, 8, 16, 32, 64))
-        for row in measured:
-            row.full_clean()
-        Profile.objects.bulk_create(measured)
+        _cpu_variant_seed(application, model, admin=admin, accuracy_metric="held-out accuracy on the demo's synthetic data", memory_mb=16,
+                          **({"batches": CONV_PROFILE_BATCHES} if model.name == CONV_MODEL_NAME else {}))
     SloPolicy.objects.create(application=application, latency_p99_ms=20.0, priority=30, drop_rule=DropRuleChoices.SLO_2X)
     _pipeline_seed(admin)
     _ensemble_seed(admin)
@@ -304,14 +312,7 @@ def _pipeline_seed(admin) -> None:
         input_spec=[{"name": CALIBRATOR_INPUT, "dtype": "tensor(float)", "shape": ["batch", 3]}],
         description="Second stage of the demo pipeline: temperature scaling of tabular-cpu's probabilities.",
     )
-    artifact = artifact_create(upload=io.BytesIO(calibrator.onnx_bytes), original_name=f"{calibrator.name}.onnx", uploaded_by=admin)
-    variant = ModelVariant(
-        application=application, name=calibrator.name, accuracy=round(calibrator.accuracy, 4),
-        accuracy_metric="share of answers whose winning class it keeps", artifact=artifact, memory_mb=4, description=calibrator.description,
-    )
-    variant.full_clean()
-    variant.save()
-    Profile.objects.bulk_create(_cpu_profiles_measured(variant, calibrator.onnx_bytes))
+    _cpu_variant_seed(application, calibrator, admin=admin, accuracy_metric="share of answers whose winning class it keeps", memory_mb=4)
     pipeline_save(data=DEMO_PIPELINE)
 
 
@@ -334,15 +335,8 @@ def _ensemble_seed(admin) -> None:
     )
     accuracy = {}
     for model in demo_ensemble_members_build():
-        artifact = artifact_create(upload=io.BytesIO(model.onnx_bytes), original_name=f"{model.name}.onnx", uploaded_by=admin)
-        variant = ModelVariant(
-            application=application, name=model.name, accuracy=round(model.accuracy, 4),
-            accuracy_metric="held-out accuracy on the demo's synthetic data", artifact=artifact, memory_mb=4, description=model.description,
-        )
-        variant.full_clean()
-        variant.save()
-        accuracy[model.name] = round(model.accuracy, 4)
-        Profile.objects.bulk_create(_cpu_profiles_measured(variant, model.onnx_bytes))
+        variant = _cpu_variant_seed(application, model, admin=admin, accuracy_metric="held-out accuracy on the demo's synthetic data", memory_mb=4)
+        accuracy[model.name] = variant.accuracy
     SloPolicy.objects.create(application=application, latency_p99_ms=DEMO_ENSEMBLE_SLO_MS, priority=30, drop_rule=DropRuleChoices.DEADLINE)
     policy = dict(DEMO_ENSEMBLE_POLICY)
     policy["members"] = [{**m, "weight": accuracy[m["variant"]]} for m in DEMO_ENSEMBLE_POLICY["members"]]
