@@ -10,7 +10,7 @@ tests/engine/test_repro_benches_smoke.py).
 
 Writes DIR/batching.csv (one row per simulation) and DIR/batching.png (needs matplotlib).
 
-What the paper says (§6.4, shared/papers/proteus-asplos24.txt). Each batching algorithm runs on top
+What the paper says (§6.4, docs/references.md). Each batching algorithm runs on top
 of the same Proteus allocation, on synthetic traces of constant load with uniform, Poisson and Gamma
 (shape 0.05) inter-arrivals. All three do well on uniform arrivals; on Poisson and Gamma Proteus has 2-4x
 fewer SLO violations (Figure 6's caption): Nexus about 2-3x more, which §6.4 puts down to Nexus being
@@ -20,7 +20,7 @@ core/predictor.py) differs from Tessera's policies it is said in the output.
 Setup (all of it printed with the results):
 - Fleet: `generate.proteus_sized_problem` at Proteus's own size (40 devices of 4 types: RTX 2080 Ti,
   A100-SXM4-40GB, H100-SXM5-80GB, 16-core CPUs; 46 variants; 9 applications; load 0.7; seed 0). Profiles
-  come from the gpulets measurements in shared/data/gpulet (derived for the other GPUs, see
+  come from the gpulets measurements in engine/reference/data/gpulet (derived for the other GPUs, see
   engine/reference/profiles.py). --quick: 8 devices, 20 variants, 4 applications.
 - One static plan: the `proteus` planner on the problem's demand, applied at time 0; re-planning and the
   burst trigger are off, so every batching policy serves on exactly the same instances with the same
@@ -56,7 +56,7 @@ from _common import PNG_SKIPPED, csv_rows_write, fmt, monotone_profiles, paralle
 
 from engine.plans.problem import Plan, Problem  # noqa: E402
 from engine.reference.generate import proteus_sized_problem  # noqa: E402
-from engine.reference.profiles import shared_data_dir  # noqa: E402
+from engine.reference.profiles import reference_data_dir  # noqa: E402
 from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
 from engine.simulation.workload import Trace, arrivals_gamma, arrivals_poisson, arrivals_uniform  # noqa: E402
 from engine.solvers.solve import plan_solve  # noqa: E402
@@ -214,7 +214,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
         ax.set_title(f"profiles {profiles}, service-time noise sigma {sigma:g}", fontsize=9)
         ax.legend(fontsize=8, ncol=4)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Proteus Figure 6 in spirit: batching policies on one static proteus plan (profiles from shared/data/gpulet)", fontsize=10)
+    fig.suptitle("Proteus Figure 6 in spirit: batching policies on one static proteus plan (profiles from engine/reference/data/gpulet)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -254,7 +254,7 @@ def header(args: argparse.Namespace, problem: Problem, plan: Plan, fleet: dict[s
     n_queries = sorted({len(t) for t in traces.values()})
     return [
         "Proteus Figure 6 reproduction (benches/batching.py)" + (" --quick smoke run" if args.quick else ""),
-        f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
+        f"Reference data: {reference_data_dir() / 'gpulet'} (engine/reference/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
         "  other GPUs' profiles are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive), CPU profiles are a stated synthetic model.",
         f"Fleet: proteus_sized_problem({', '.join(f'{k}={v}' for k, v in fleet.items())}, seed=0, load=0.7): "
         f"{problem.total_demand_rps:,.0f} q/s planned demand; {bad} of {total} latency curves decrease somewhere as the batch grows (raw).",
@@ -265,7 +265,7 @@ def header(args: argparse.Namespace, problem: Problem, plan: Plan, fleet: dict[s
         f"Traffic: per application an independent process at load x its planned demand; {args.duration:g} s per run "
         f"({n_queries[0]:,}..{n_queries[-1]:,} queries); gamma shape {GAMMA_SHAPE}; seed {args.seed}.",
         f"Simulator: weighted routing, FIFO, drop rule 'deadline', policies {', '.join(POLICIES)} with default parameters.",
-        f"Paper: {PAPER} (text in shared/papers/proteus-asplos24.txt).",
+        f"Paper: {PAPER} (cited in docs/references.md).",
         f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, {args.jobs} worker process(es).",
     ]
 

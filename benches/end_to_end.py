@@ -10,7 +10,7 @@ then the Proteus ablations. A script, not a test (its smoke run is tests/engine/
 Writes DIR/end_to_end.csv (one row per simulation, its per-10-second series in end_to_end_series.csv) and
 DIR/end_to_end.png (needs matplotlib).
 
-What the paper shows (shared/papers/proteus-asplos24.txt). §6.2, Figure 4: on the Twitter trace (Zipf
+What the paper shows (docs/references.md). §6.2, Figure 4: on the Twitter trace (Zipf
 1.001 over model families, §6.1.3), time series of demand and throughput, effective accuracy and SLO
 violations, with bars of the averages. Proteus's maximum accuracy drop is 4.85 %, 2.8x lower than INFaaS
 (13.7 %) and 3.2x lower than Sommelier (16 %); Clipper-HT's is the largest (20 %); Proteus has 2.8x fewer
@@ -31,7 +31,7 @@ Setup (all of it printed with the results):
 - Fleet: `generate.proteus_sized_problem(16, 4, 32, 6)` (RTX 2080 Ti, A100-SXM4-40GB, H100-SXM5-80GB and
   16-core CPU hosts, 4 of each; 32 variants of 6 applications), with the A100s and H100s MIG-enabled and
   running ONE full-size MIG instance (7g) each: proteus and the baselines serve on it as on a whole GPU,
-  the joint planner may re-partition it. MIG slice profiles are derived from shared/data/gpulet exactly as
+  the joint planner may re-partition it. MIG slice profiles are derived from engine/reference/data/gpulet exactly as
   `generate.mig_fleet_problem` derives them (gpulets measurement at the covering MPS partition, scaled,
   times the variant's speed factor). --quick: 8 devices, 20 variants, 4 applications, a 40 s day.
 - Trace: `workload.trace_for_applications("diurnal", ...)`: one compressed day (default 240 s), peak to
@@ -90,7 +90,7 @@ from engine.geometry.layout import layout_parse  # noqa: E402
 from engine.plans.capacity import capacity_for, cpu_slice  # noqa: E402
 from engine.plans.problem import FULL_SLICE, Plan, Problem, ProfilePoint, RouteEntry  # noqa: E402
 from engine.reference.generate import proteus_sized_problem  # noqa: E402
-from engine.reference.profiles import gpulet_inference_read, gpulet_profiles_derived, shared_data_dir  # noqa: E402
+from engine.reference.profiles import gpulet_inference_read, gpulet_profiles_derived, reference_data_dir  # noqa: E402
 from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
 from engine.simulation.workload import Spike, Trace, trace_for_applications, zipf_shares  # noqa: E402
 from engine.solvers.baselines import clipper_ha_solve, proteus_ablation_solve, sommelier_solve  # noqa: E402
@@ -457,7 +457,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
         ax.set_yticks(range(len(bars)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=9)
-    fig.suptitle("Proteus Figures 4/7 in spirit: diurnal day, every system with proteus batching (bars: + ablations); profiles from shared/data/gpulet", fontsize=10)
+    fig.suptitle("Proteus Figures 4/7 in spirit: diurnal day, every system with proteus batching (bars: + ablations); profiles from engine/reference/data/gpulet", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -487,7 +487,7 @@ def header(args: argparse.Namespace, problem: Problem, trace: Trace, capacity: f
     mig = [d.name for d in problem.devices if d.mig]
     return [
         "Proteus Figures 4/7 reproduction (benches/end_to_end.py)" + (" --quick smoke run" if args.quick else ""),
-        f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
+        f"Reference data: {reference_data_dir() / 'gpulet'} (engine/reference/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
         "  other GPUs' and MIG slices' profiles are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive), CPU profiles a stated synthetic model.",
         f"Fleet: proteus_sized_problem({', '.join(f'{k}={v}' for k, v in fleet.items())}, seed=0) with {len(mig)} MIG GPUs "
         f"({', '.join(sorted({d.type for d in problem.devices if d.mig}))}) each running one 7g instance (not fixed).",
@@ -498,7 +498,7 @@ def header(args: argparse.Namespace, problem: Problem, trace: Trace, capacity: f
         f"({args.accurate_capacity / capacity:.2f} x the max-throughput capacity).",
         f"Closed loop: re-plan every {REPLAN_S:g} s on the last {REPLAN_S:g} s x headroom {args.headroom:g}, burst trigger 1.5x, "
         f"reconfiguration delay {RECONFIGURATION_S:g} s; Clipper-HA/HT static (one plan on the day's mean x headroom); noise sigma 0.05.",
-        "Paper: Proteus (ASPLOS'24) §6.2 Figure 4 and §6.5 Figure 7 (text in shared/papers/proteus-asplos24.txt; setting from the artefact's plotting/config files).",
+        "Paper: Proteus (ASPLOS'24) §6.2 Figure 4 and §6.5 Figure 7 (cited in docs/references.md; setting from the artefact's plotting/config files).",
         f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, {args.jobs} worker process(es).",
     ]
 

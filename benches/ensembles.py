@@ -15,7 +15,7 @@ Writes DIR/ensembles.csv (one row per simulation), DIR/ensembles_summary.csv (on
 allocation: the largest fixed ensemble size within the SLO, the learned scheduler's, the robustness
 proxy) and DIR/ensembles.png (needs matplotlib).
 
-What the paper shows (shared/papers/garrison-dac24.txt). §6.2, Figure 7: on 8 A100s (56 slices), with
+What the paper shows (docs/references.md). §6.2, Figure 7: on 8 A100s (56 slices), with
 log-normal query sizes 1-64 and p99 SLOs of 100 ms (A, B) and 150 ms (C, D), the full ensemble
 TritonX(5) "far exceeds" the SLO, while Garrison's learned scheduler avoids SLO violations with a larger
 ensemble (more robustness) than TritonX(4): 6.6x, 4.87x, 3.64x and 4.33x lower latency than TritonX(5).
@@ -29,7 +29,7 @@ proxy is the mean ensemble size at p99 <= SLO (the paper's own explanation of it
 Set-up (all of it printed with the results):
 - Scenarios: engine/reference/ensembles.py (`scenario_build`): Table 1's ensembles and SLOs, each model
   copy a member with uniform sampling probability, stand-in A100 MIG profiles derived from
-  shared/data/gpulet (the paper's models are not in shared/data; which stands in for which is in that
+  engine/reference/data/gpulet (the paper's models are not in engine/reference/data; which stands in for which is in that
   module's docstring), query sizes log-normal (median 8, sigma 1) on 1..64, Poisson arrivals at `load`
   (default 1.2) x what the full ensemble serves on the `garrison` plan, so the full ensemble is
   overloaded as TritonX(N) is in Figure 7. Every allocation of a scenario sees the same arrival rate.
@@ -109,7 +109,7 @@ from engine.ensembles.scheduler import (  # noqa: E402
     RandomEnsembleScheduler,
 )
 from engine.reference.ensembles import HOMOGENEOUS_SLICES, SCENARIO_NAMES, homogeneous_scenario, scenario_build  # noqa: E402
-from engine.reference.profiles import shared_data_dir  # noqa: E402
+from engine.reference.profiles import reference_data_dir  # noqa: E402
 from engine.simulation.ensembles import EnsembleRun, EnsembleScenario, ensemble_scenario_from_plan, ensemble_simulate  # noqa: E402
 
 ALLOCATIONS: tuple[str, ...] = ("garrison", "garrison-demand", *HOMOGENEOUS_SLICES)
@@ -454,7 +454,7 @@ def plot(rows: list[dict[str, Any]], summary: list[dict[str, Any]], path: Path) 
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
     return figure_write(plt, fig, path, "Garrison Figures 7 and 9a in kind: random ensembles on 8 simulated A100s "
-                                        "(stand-in profiles derived from shared/data/gpulet)")
+                                        "(stand-in profiles derived from engine/reference/data/gpulet)")
 
 
 # Reward weight w2 per scenario where the shipped policy was not trained with the default (the largest
@@ -482,9 +482,9 @@ def train(names: list[str], policies: Path, timesteps: int, load: float) -> list
 def header(args: argparse.Namespace, scenarios: dict, notes: list[str]) -> list[str]:
     lines = [
         "Garrison Figures 7 and 9a in kind, with random ensembles (benches/ensembles.py)" + (" --quick smoke run" if args.quick else ""),
-        f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact); A100 MIG",
+        f"Reference data: {reference_data_dir() / 'gpulet'} (engine/reference/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact); A100 MIG",
         "  profiles DERIVED from it (engine.reference.profiles.gpulet_profiles_derive), stand-ins for the paper's models (engine/reference/ensembles.py).",
-        "Paper: Garrison (DAC'24) §6.2 Figure 7, §6.3 Figure 9(a) (text in shared/papers/garrison-dac24.txt); robustness proxy: mean ensemble size at p99 <= SLO.",
+        "Paper: Garrison (DAC'24) §6.2 Figure 7, §6.3 Figure 9(a) (cited in docs/references.md); robustness proxy: mean ensemble size at p99 <= SLO.",
         f"Load {args.load:g} x the full ensemble's capacity on the garrison plan; {args.duration:g} s of Poisson arrivals per run; seed {args.seed}; "
         "routing garrison (§5.3); noise sigma 0.05.",
         f"Learned scheduler: the policies in {args.policies} ({'retrained now' if args.train else 'shipped, as trained by the command in each .json'}).",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""gpulets (ATC'22) reproduced by analogy on shared/data/gpulet (RTX 2080 Ti class GPU, 10 models): the
+"""gpulets (ATC'22) reproduced by analogy on engine/reference/data/gpulet (RTX 2080 Ti class GPU, 10 models): the
 elastic partitioning scheduler with interference (`gpulets`, Algorithm 1 inside Algorithm 2) against the
 exhaustive ideal partitioner, squishy bin packing (SBP) and greedy best-fit, at the scheduler level, as the
 paper's §5.2 (Figures 16 and 17) and §3.2 do:
@@ -24,7 +24,7 @@ paper's §5.2 (Figures 16 and 17) and §3.2 do:
   co-runners re-timed by interference), completes at least 99 % of requests within their SLO (bisection on
   the rate; a rate the policy reports unschedulable counts as a miss, as on the paper's testbed; every
   policy plans for `SIM_HEADROOM` = 1.1 x the rate it is then offered, stated below). The
-  simulated GPUs slow down by the MEASURED co-run factors where shared/data/gpulet has them (densenet121,
+  simulated GPUs slow down by the MEASURED co-run factors where engine/reference/data/gpulet has them (densenet121,
   resnet50, vgg19 next to five co-runners) and by the fitted model elsewhere, so `gpulets` meets its
   predictor's error and `gpulets (no int)` meets interference it did not plan for.
 
@@ -272,7 +272,7 @@ def plot(summary: list[dict[str, Any]], rows: list[dict[str, Any]], throughput: 
     right.set_ylabel("fraction of scenarios")
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
-    return figure_write(plt, fig, path, f"gpulets on shared/data/gpulet: {len(rows)} rate scenarios, {GPUS} GPUs (benches/gpulets.py)")
+    return figure_write(plt, fig, path, f"gpulets on engine/reference/data/gpulet: {len(rows)} rate scenarios, {GPUS} GPUs (benches/gpulets.py)")
 
 
 _TRUTH: dict[tuple[str, ...], InterferenceMeasured] = {}
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [m.name for m in problems["int"].models]
     n = None if args.all else (100 if args.quick else args.scenarios)
     scenarios = scenarios_draw(n, args.seed, models)
-    print(f"gpulets bench on shared/data/gpulet: {len(scenarios)} rate scenarios over {{0, 100, 200}} req/s x {len(models)} models "
+    print(f"gpulets bench on engine/reference/data/gpulet: {len(scenarios)} rate scenarios over {{0, 100, 200}} req/s x {len(models)} models "
           f"({'all' if n is None else f'random sample, seed {args.seed}'}), {GPUS} GPUs, {args.jobs} job(s)")
     rows = parallel_map(scenario_run, list(enumerate(scenarios)), args.jobs)
     build = interference_samples_build(gpulet_inference_read(), gpulet_interference_read(), gpulet_mem_util_read())

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The gpulets interference model (engine/sharing/interference.py; gpulets ATC'22 §4.4, Figure 10) fitted to
-shared/data/gpulet: how well each form predicts the latency of a model co-running with another on the rest
+engine/reference/data/gpulet: how well each form predicts the latency of a model co-running with another on the rest
 of the GPU, on model pairs the fit never saw (leave one unordered pair out) and on the paper's random 70/30
 split. The paper reports 90 % of predictions within 10.26 % and 95 % within 13.98 % on its own GPU and
 models; the shared data are a re-implementation's (RTX 2080 Ti class GPU, 12 model pairs, 3,675 co-runs).
@@ -79,7 +79,7 @@ def plot(validations: list[InterferenceValidation], path: Path) -> str:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     axes[0][0].set_ylabel("fraction of co-runs")
-    return figure_write(plt, fig, path, "gpulets interference model on shared/data/gpulet (benches/gpulets_interference.py)")
+    return figure_write(plt, fig, path, "gpulets interference model on engine/reference/data/gpulet (benches/gpulets_interference.py)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     build = interference_samples_build(gpulet_inference_read(), gpulet_interference_read(), gpulet_mem_util_read())
     pairs = len({s.pair for s in build.samples})
-    print(f"gpulets interference model: {len(build.samples)} co-runs of {pairs} model pairs from shared/data/gpulet"
+    print(f"gpulets interference model: {len(build.samples)} co-runs of {pairs} model pairs from engine/reference/data/gpulet"
           + (f"; not joined: {build.unjoined}" if build.unjoined else "; every row joined"))
     validations = interference_forms_compare(build.samples, seed=args.seed)
     best = interference_form_best(validations)

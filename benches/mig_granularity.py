@@ -10,7 +10,7 @@ load. A script, not a test (its smoke run is tests/engine/test_repro_benches_smo
 
 Writes DIR/mig_granularity.csv (one row per simulation) and DIR/mig_granularity.png (needs matplotlib).
 
-What the paper shows (shared/papers/garrison-dac24.txt, §6.3, Figure 9(a)). On 8 A100s, the four
+What the paper shows (docs/references.md, §6.3, Figure 9(a)). On 8 A100s, the four
 ensemble workloads of Table 1 are served once with Algorithm 1's multi-granularity allocation (§4.2) and
 once with GPU instances of one granularity for every model (TritonX with Garrison's RL scheduler
 transplanted). Both meet the SLO with similar latency; multi-granularity fits more models into the
@@ -43,7 +43,7 @@ Setup (all of it printed with the results):
 - Fleet: `generate.mig_fleet_problem(8, "A100-SXM4-40GB", n_applications=6, seed=0, load=L)` for each load
   L (same variants, SLOs and application mix; only the demand scales; L is the demand over the fleet's
   max-throughput capacity in its best homogeneous geometry, generate.py's definition). Slice profiles are
-  derived from shared/data/gpulet (engine.reference.profiles.gpulet_profiles_derive). --quick: 2 GPUs, 3 applications.
+  derived from engine/reference/data/gpulet (engine.reference.profiles.gpulet_profiles_derive). --quick: 2 GPUs, 3 applications.
 - Allocations, each a single static plan on `headroom` x the demand (default 1.25; the planners fill
   instances to ~100 % of their capacity-model throughput, and a plan at 100 % makes queues unstable under
   service-time noise, which would measure noise rather than allocation):
@@ -75,7 +75,7 @@ from _common import PNG_SKIPPED, csv_rows_write, fmt, parallel_map, pyplot_load 
 from engine.geometry.layout import layout_parse  # noqa: E402
 from engine.plans.problem import Problem  # noqa: E402
 from engine.reference.generate import mig_fleet_problem  # noqa: E402
-from engine.reference.profiles import shared_data_dir  # noqa: E402
+from engine.reference.profiles import reference_data_dir  # noqa: E402
 from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
 from engine.simulation.workload import Trace, arrivals_poisson  # noqa: E402
 from engine.solvers.solve import plan_solve  # noqa: E402
@@ -251,7 +251,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
         ax.set_xlabel("load (demand / max-throughput capacity)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle("Garrison Figure 9a in spirit: multi-granularity vs homogeneous MIG geometries on the same A100s (profiles derived from shared/data/gpulet)", fontsize=10)
+    fig.suptitle("Garrison Figure 9a in spirit: multi-granularity vs homogeneous MIG geometries on the same A100s (profiles derived from engine/reference/data/gpulet)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -277,7 +277,7 @@ def header(args: argparse.Namespace, problems: dict[float, Problem], traces: dic
     first = next(iter(problems.values()))
     return [
         "Garrison Figure 9a reproduction (benches/mig_granularity.py)" + (" --quick smoke run" if args.quick else ""),
-        f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
+        f"Reference data: {reference_data_dir() / 'gpulet'} (engine/reference/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact);",
         f"  {GPU} slice profiles are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive: covering MPS partition, scaled; illustrative speed-up).",
         f"Fleet: mig_fleet_problem({sizes['n_gpus']}, {GPU!r}, n_applications={sizes['n_applications']}, seed=0, load=L): "
         f"{len(first.variants)} variants, SLOs {', '.join(f'{a.slo_ms:g}' for a in first.applications)} ms.",
@@ -285,7 +285,7 @@ def header(args: argparse.Namespace, problems: dict[float, Problem], traces: dic
         f"Poisson, {args.duration:g} s per run ({', '.join(f'{len(t):,}' for t in traces.values())} queries); seed {args.seed}.",
         f"Plans: ONE static plan per (load, allocation) on {args.headroom:g} x the demand (re-planning off). Batching {args.batching} for all, FIFO, "
         "drop rule 'deadline', noise sigma 0.05.",
-        "Paper: Garrison (DAC'24) §6.3, Figure 9(a), robustness of multi- vs single-granularity allocation; measured here: goodput (text in shared/papers/garrison-dac24.txt).",
+        "Paper: Garrison (DAC'24) §6.3, Figure 9(a), robustness of multi- vs single-granularity allocation; measured here: goodput (cited in docs/references.md).",
         f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}, {args.jobs} worker process(es).",
     ]
 

@@ -48,7 +48,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
 from engine.geometry.layout import layout_parse  # noqa: E402
 from engine.plans.problem import Plan, Problem, SolveOptions  # noqa: E402
 from engine.reference.generate import mig_fleet_problem, proteus_sized_problem  # noqa: E402
-from engine.reference.profiles import GPULET_DERIVED_SPEEDUP, shared_data_dir  # noqa: E402
+from engine.reference.profiles import GPULET_DERIVED_SPEEDUP, reference_data_dir  # noqa: E402
 
 PROTEUS_SIZE = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}
 FIGURE10_AXES = {"n_devices": (10, 20, 40, 80, 160), "n_variants": (46, 100, 200, 450), "n_applications": (3, 9, 17)}
@@ -379,7 +379,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> str:
         if key == "effective_accuracy":
             ax.set_ylim(0.6, 0.8)
         ax.legend(fontsize=7)
-    fig.suptitle("Tessera planning benchmark (profiles derived from shared/data/gpulet; see benches/planning.py)", fontsize=10)
+    fig.suptitle("Tessera planning benchmark (profiles derived from engine/reference/data/gpulet; see benches/planning.py)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -403,7 +403,7 @@ def header(args: argparse.Namespace) -> list[str]:
     speedups = ", ".join(f"{k} x{v:g}" for k, v in GPULET_DERIVED_SPEEDUP.items())
     return [
         "Tessera planning benchmark" + (" (--quick smoke run)" if args.quick else ""),
-        f"Reference data: {shared_data_dir() / 'gpulet'} (shared/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact).",
+        f"Reference data: {reference_data_dir() / 'gpulet'} (engine/reference/data/gpulet: RTX 2080 Ti under MPS, gpulets ATC'22 artefact).",
         f"Profiles on other GPUs and MIG slices are DERIVED from it (engine.reference.profiles.gpulet_profiles_derive; speed-ups {speedups}),",
         "CPU profiles come from a stated synthetic cost model, variants beyond the 10 measured models are generated perturbations",
         "(engine/reference/generate.py). The gains below illustrate the method on these numbers; they predict no real fleet.",

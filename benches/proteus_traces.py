@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Proteus (ASPLOS'24) on its own traces: Tessera beside the figures that Proteus's own simulator records
-(shared/data/proteus/README.md) on the paper's Twitter-shaped traces, cluster and profiles, read from a
+(engine/reference/data/proteus) on the paper's Twitter-shaped traces, cluster and profiles, read from a
 checkout of the authors' artefact (github.com/UMass-LIDS/Proteus; engine/reference/proteus_artifact.py
 converts it). A script, not a test (its smoke run is tests/engine/test_proteus_traces_bench.py).
 
@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
 from _common import PNG_SKIPPED, csv_rows_write, figure_write, fmt, parallel_map, pyplot_load, ratio  # noqa: E402
 
 from engine.plans.problem import Problem, problem_to_dict  # noqa: E402
-from engine.reference.profiles import shared_data_dir  # noqa: E402
+from engine.reference.profiles import reference_data_dir  # noqa: E402
 from engine.reference.proteus_artifact import (  # noqa: E402
     PROTEUS_SCENARIOS,
     ProteusArtefactError,
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick:
         traces = {s: trace_head(t, QUICK_SECONDS) for s, t in traces.items()}
-    recorded = {(r.scenario, r.system): r for r in proteus_recorded_figures(shared_data_dir() / "proteus" / "README.md")}
+    recorded = {(r.scenario, r.system): r for r in proteus_recorded_figures(reference_data_dir() / "proteus" / "recorded_figures.csv")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.write_inputs:

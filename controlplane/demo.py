@@ -1,7 +1,7 @@
 """The demo fleet, seeded by `tessera demo` on embedded defaults. Everything it creates is labelled for
 what it is:
 - hosts use the `simulated` backend (their GPUs are declared, not discovered);
-- GPU profiles are *derived* from the gpulets measurements in shared/data (RTX 2080 Ti under MPS), scaled
+- GPU profiles are *derived* from the gpulets measurements in engine/reference/data (RTX 2080 Ti under MPS), scaled
   to each MIG slice and GPU model by the stated rule and factors of `engine.reference.profiles.gpulet_profiles_derive`;
   each row says so in `source_detail`;
 - the RTX 2080 Ti host runs its GPUs in MPS mode (gpulets): its profiles per partition, the models' L2/DRAM

@@ -10,5 +10,5 @@ Sub-packages, by concern:
     dataplane    the policies the data plane runs: adaptive batching, routing tables and query matching
     simulation   discrete-event simulator and workload (trace) generators
     forecasting  short-term demand forecast for re-planning
-    reference    reference profiles derived from shared/data and synthetic problem generators
+    reference    reference profiles derived from engine/reference/data and synthetic problem generators
 """

@@ -41,7 +41,7 @@ def test_demo_seed_builds_a_valid_labelled_fleet():
     assert gpu_rows.count() > 100 and all(p.source_detail.startswith("derived:") for p in gpu_rows)
     mps_rows = Profile.objects.filter(device_type="RTX-2080Ti")
     assert mps_rows.count() == 420 and set(mps_rows.values_list("source", flat=True)) == {"imported"}
-    assert all(p.slice.startswith("mps") and "shared/data/gpulet" in p.source_detail for p in mps_rows)
+    assert all(p.slice.startswith("mps") and "engine/reference/data/gpulet" in p.source_detail for p in mps_rows)
     assert CorunMeasurement.objects.count() > 3000
     cpu_rows = Profile.objects.filter(device_type="cpu")
     # Eight CPU models (three classifiers, the calibrator, the ensemble's four members), seven batch sizes (the

@@ -247,7 +247,7 @@ class QueryQueue:
         - "deadline": the query cannot finish by its deadline even alone: now + latency(1) > deadline;
         - "slo-1x" / "slo-2x": the query has waited longer than 1x / 2x the SLO: now - arrival > k * slo.
 
-        Sources (Razavi thesis, shared/papers/razavi-thesis-fa2-sponge-ipa-biscale.txt): IPA §P3.4.5
+        Sources (Razavi thesis, docs/references.md): IPA §P3.4.5
         "Dropping" drops a request that has already passed its SLO and one whose latency exceeds 2x the SLO;
         Biscale §P4.6.3 "Request Dropping Effect" compares dropping at 1x the SLO, at 3x, and never (1x
         fewest violations). "deadline" is the Nexus-style early test (Proteus §2.2, §6.4), which drops
@@ -517,7 +517,7 @@ class AimdBatching:
     it as reactive: it raises the batch size step by step until batches time out, then backs off
     multiplicatively, without looking at the queue or at when queued queries expire (§6.4). Clipper's own
     paper tests the batch's latency against the latency objective and backs off by 10% (`backoff=0.9`);
-    that paper is not among the project's papers in shared/papers, so the 10% is taken from it as
+    that paper is not among the works in docs/references.md, so the 10% is taken from it as
     cited, not re-checked here. The open-source Clipper has no AIMD code (it sizes batches from a
     throughput estimate). Work-conserving: when idle, take min(len(queue), cap, max_batch) now.
 
@@ -588,7 +588,7 @@ class NexusBatching:
     §2.2 "Challenge 2": proactive early dropping, work-conserving; §6.4, Figure 6: Nexus sends a device its
     next batch as soon as the previous one finishes), after Nexus itself (Shen et al., "Nexus: A GPU
     Cluster Engine for Accelerating DNN-Based Video Analysis", SOSP'19, the early-drop dispatch of its
-    backend; that paper is not among the project's papers in shared/papers, so its section is not
+    backend; that paper is not among the works in docs/references.md, so its section is not
     cited). The rule was checked against the authors' code: uwsampl/nexus
     `src/nexus/backend/model_exec.cpp`, `ModelExecutor::GetBatchTask` (pops in deadline order, drops
     inputs whose deadline is before now + latency(batch), shrinks the batch to the inputs left), and the

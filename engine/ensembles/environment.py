@@ -1,5 +1,5 @@
-"""The learned ensemble scheduler's environment (Garrison, DAC'24, §5.2; text in
-shared/papers/garrison-dac24.txt), a Gymnasium `Env` over Tessera's ensemble simulator
+"""The learned ensemble scheduler's environment (Garrison, DAC'24, §5.2; cited
+in docs/references.md), a Gymnasium `Env` over Tessera's ensemble simulator
 (engine/simulation/ensembles.py: the same draw, routing and frequency table the router uses).
 
 One step is one query: the observation is `scheduler_features` of the serving state when it arrives

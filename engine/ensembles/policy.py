@@ -1,6 +1,6 @@
 """An application's ensemble policy as typed values: which of its variants answer a query together, how
-often each is drawn and how much its vote counts (Garrison, DAC'24, §2.1 and §5; text in
-shared/papers/garrison-dac24.txt).
+often each is drawn and how much its vote counts (Garrison, DAC'24, §2.1 and §5; cited
+in docs/references.md).
 
 §2.1: adversarial ensemble defense serves each query with a *random ensemble*: "Each model in the ensemble
 has a sampling probability, wherein models exhibiting stronger defensive performance are sampled with

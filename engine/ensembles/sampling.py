@@ -2,7 +2,7 @@
 sampling probabilities (Garrison, DAC'24, §5.1: "it records the models used for constructing the ensemble
 and calculates the actual sampling frequencies over a past time period to form a frequency table. After
 each action, the table is updated, and the difference between the sampling frequencies and the sampling
-probabilities, called randomness bias is calculated"; text in shared/papers/garrison-dac24.txt).
+probabilities, called randomness bias is calculated"; cited in docs/references.md).
 
 `ensemble_draw` draws k distinct members with inclusion probabilities pi_i = min(1, c * p_i), c chosen so
 that sum pi_i = k (`inclusion_probabilities`), by randomized systematic sampling (Goodman & Kish, 1950: the

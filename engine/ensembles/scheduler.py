@@ -1,5 +1,5 @@
 """Who answers a query: the ensemble schedulers the router and the simulator share, the learned
-scheduler's state and reward (Garrison, DAC'24, §5.1-5.2; text in shared/papers/garrison-dac24.txt), and
+scheduler's state and reward (Garrison, DAC'24, §5.1-5.2; cited in docs/references.md), and
 the learned policy run by onnxruntime (serving never imports torch).
 
 §5.2 (transcribed). State S = S_t x S_p x S_q: S_t "the remaining execution time calculated by the

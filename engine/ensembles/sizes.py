@@ -1,6 +1,6 @@
 """Query sizes (the rows of one client request): the ranges b of Garrison's Algorithm 1 and their shares
-D[b] (DAC'24 §4.2: "cumulative probability density D[b] of query_size_range b"; text in
-shared/papers/garrison-dac24.txt). The paper does not give its ranges; we take powers of two (1, 2-3,
+D[b] (DAC'24 §4.2: "cumulative probability density D[b] of query_size_range b"; cited
+in docs/references.md). The paper does not give its ranges; we take powers of two (1, 2-3,
 4-7, ...), which its size axis (1-64, log-normal, §6.1) suggests. Shared by the `garrison` planner, the
 ensemble simulator and the learned scheduler's state."""
 from __future__ import annotations

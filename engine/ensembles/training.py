@@ -1,5 +1,5 @@
 """Training the learned ensemble scheduler (Garrison, DAC'24, §5.2: "we employ proximal policy optimization
-(PPO)"; text in shared/papers/garrison-dac24.txt) with stable-baselines3's PPO on the Gymnasium environment
+(PPO)"; cited in docs/references.md) with stable-baselines3's PPO on the Gymnasium environment
 (engine/ensembles/environment.py), and evaluating it against the baselines in the simulator.
 
 Training is the `train` extra (stable-baselines3 on PyTorch, imported here only); the trained actor is

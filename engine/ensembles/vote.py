@@ -1,7 +1,7 @@
 """Combining the members' answers by weighted vote (Garrison, DAC'24, §3, step 3 of Figure 4: "an
 aggregator combines the results according to the different models' weights to obtain a robust
-prediction"; §1: "The ensemble applies a decision rule (e.g., weighted vote)"; text in
-shared/papers/garrison-dac24.txt). One implementation for the router and the simulator.
+prediction"; §1: "The ensemble applies a decision rule (e.g., weighted vote)"; cited
+in docs/references.md). One implementation for the router and the simulator.
 
 Two rules, as the policy says (`EnsemblePolicy.vote`), both over a classification output of shape
 (rows, classes):

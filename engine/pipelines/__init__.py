@@ -1,4 +1,4 @@
-"""Inference pipelines (FA2, IPA; Razavi's thesis, ../shared/papers/razavi-thesis-fa2-sponge-ipa-biscale.txt):
+"""Inference pipelines (FA2, IPA; Razavi's thesis, docs/references.md):
 applications whose queries run through several DNNs along execution paths, each path with its own SLO and
 rate. Pure Python, no Django.
 

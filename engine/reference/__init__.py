@@ -1,2 +1,2 @@
-"""Reference data and synthetic problems: profiles derived from `shared/data`, problem generators for the
+"""Reference data and synthetic problems: profiles derived from `engine/reference/data`, problem generators for the
 demo, tests and benchmarks. Rule: every derived number is labelled as derived, never as measured."""

@@ -1,4 +1,4 @@
-"""Garrison's evaluation workloads (DAC'24 §6.1, Table 1; text in shared/papers/garrison-dac24.txt) as
+"""Garrison's evaluation workloads (DAC'24 §6.1, Table 1; cited in docs/references.md) as
 planning problems and ensemble scenarios, on stand-in profiles: the named scenarios that
 `tessera scheduler train|evaluate` and benches/ensembles.py run.
 
@@ -9,7 +9,7 @@ MoblieNet(2), GoogLeNet(2), DenseNet40(6), EfficientNet-b0(2), EfficientNet-b3(2
 signifies N homogeneous models trained on distinct datasets"; "batch sizes are set to range from 1 to 64"
 and log-normal; the testbed is 8 A100s, 56 slices.
 
-Stand-ins, stated: the paper's models are not in shared/data, so each takes the A100 MIG profiles derived
+Stand-ins, stated: the paper's models are not in engine/reference/data, so each takes the A100 MIG profiles derived
 from the gpulets measurements (engine/reference/profiles.py, `gpulet_profiles_derive`: latency scaled
 from the covering MPS partition, an illustrative A100 speed-up) of a model of its kind: MobileNet and
 EfficientNet-b0 -> mobilenet, GoogLeNet -> inception (GoogLeNet is Inception v1), DenseNet40 ->

@@ -2,7 +2,7 @@
 
 Everything is drawn from one `numpy.random.default_rng(seed)`, so a seed gives the same problem on every
 machine (the draws are listed below in the order they are made). Profiles come from the measured gpulets
-data (`shared/data/gpulet`, an RTX 2080 Ti under MPS) through `engine.reference.profiles.gpulet_profiles_derive`:
+data (`engine/reference/data/gpulet`, an RTX 2080 Ti under MPS) through `engine.reference.profiles.gpulet_profiles_derive`:
 on the 2080 Ti itself they are the measurements; on catalogue GPUs and their MIG slices they are the
 labelled derivation (partition rule + illustrative speed-ups) documented there; on CPUs they come from the
 stated synthetic cost model below. None of it is a measurement of an A100, H100, H200 or CPU.

@@ -1,4 +1,4 @@
-"""A planning problem for a fleet of MPS GPUs from `shared/data/gpulet`, measured on an RTX 2080 Ti: every
+"""A planning problem for a fleet of MPS GPUs from `engine/reference/data/gpulet`, measured on an RTX 2080 Ti: every
 model's latency on every partition and batch, its L2 and DRAM utilisation there, and an interference model
 fitted on the co-runs. The gpulets benches, the MPS planners' tests and the demo's MPS host read it here.
 
@@ -44,7 +44,7 @@ def gpulet_slo_ms(model: str) -> float:
 
 @lru_cache(maxsize=4)
 def gpulet_interference_model(form: str = INTERFERENCE_FORM_DEFAULT) -> InterferenceModel:
-    """The interference model fitted on every co-run of shared/data/gpulet (its validation on unseen pairs
+    """The interference model fitted on every co-run of engine/reference/data/gpulet (its validation on unseen pairs
     is benches/gpulets_interference.py's)."""
     inference = gpulet_inference_read()
     samples = interference_samples_build(inference, gpulet_interference_read(), gpulet_mem_util_read()).samples
@@ -69,7 +69,7 @@ def gpulet_mps_problem_dict(
     models = list(rates)
     unknown = sorted(set(models) - {p.model for p in inference})
     if unknown:
-        raise ValueError(f"not in shared/data/gpulet: {', '.join(unknown)}")
+        raise ValueError(f"not in engine/reference/data/gpulet: {', '.join(unknown)}")
     slos = {m: (slo_ms or {}).get(m, gpulet_slo_ms(m)) for m in models}
     profiles = []
     for p in inference:
@@ -89,7 +89,7 @@ def gpulet_mps_problem_dict(
         devices.append(device)
     raw: dict[str, Any] = {
         "format_version": 1,
-        "name": f"gpulets: {len(models)} models on {gpus} MPS GPU(s) (shared/data/gpulet, RTX 2080 Ti)",
+        "name": f"gpulets: {len(models)} models on {gpus} MPS GPU(s) (engine/reference/data/gpulet, RTX 2080 Ti)",
         "applications": [{"name": m, "slo_ms": slos[m], "demand_rps": float(rates[m])} for m in models],
         "variants": [{"name": m, "application": m, "accuracy": GPULET_TOP1_ACCURACY[m], "memory_mb": GPULET_VARIANT_MEMORY_MB[m]} for m in models],
         "devices": devices,

@@ -1,8 +1,8 @@
-"""Readers for the measured reference data in `shared/data` (see its README). Pure functions: the demo
+"""Readers for the measured reference data in `engine/reference/data` (see its README). Pure functions: the demo
 seed, the planner's tests and the benchmarks read the same numbers through here.
 
 Two kinds of numbers live here and are kept apart by name:
-- *measured*: what `shared/data/gpulet` holds (an RTX 2080 Ti under MPS), read by `gpulet_inference_read`;
+- *measured*: what `engine/reference/data/gpulet` holds (an RTX 2080 Ti under MPS), read by `gpulet_inference_read`;
 - *derived*: profiles for MIG slices and whole GPUs of other models, computed from the measurements by
   `gpulet_profiles_derive` with the stated partition rule and the illustrative speed-ups of
   `GPULET_DERIVED_SPEEDUP`. They are a labelled derivation, not a measurement of those GPUs."""
@@ -49,7 +49,7 @@ GPULET_VARIANT_MEMORY_MB = {
 # The GPU gpulets measured, as a device type of the planning engine (it is not MIG-capable).
 GPULET_GPU_MODEL = "RTX-2080Ti"
 GPULET_GPU_MEMORY_MB = 11264.0  # 11 GB GDDR6
-# MPS partitions (percent of the GPU's SMs) present in shared/data/gpulet/inference.csv.
+# MPS partitions (percent of the GPU's SMs) present in engine/reference/data/gpulet/inference.csv.
 GPULET_PARTITIONS = (20, 40, 50, 60, 80, 100)
 
 # Illustrative speed-ups of a whole GPU over the RTX 2080 Ti that gpulets measured. NOT measurements:
@@ -77,23 +77,25 @@ class GpuletPoint:
     latency_ms: float  # time for the whole batch
 
 
-def shared_data_dir() -> Path:
-    """`TESSERA_SHARED_DATA`, else the `shared/data` folder beside the repository (where CI puts it)."""
-    configured = os.environ.get("TESSERA_SHARED_DATA")
-    if configured:
-        return Path(configured)
-    repo = Path(__file__).resolve().parents[2]
-    for candidate in (repo.parent / "shared" / "data", repo / "shared" / "data"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(
-        "Reference data not found: set TESSERA_SHARED_DATA to the shared/data folder "
-        f"(looked in {repo.parent / 'shared' / 'data'} and {repo / 'shared' / 'data'})."
-    )
+# The measured data bundled with Tessera (engine/reference/data/README.md names its sources).
+BUNDLED_REFERENCE_DATA = Path(__file__).resolve().parent / "data"
+
+
+def reference_data_dir() -> Path:
+    """The reference-data folder: `TESSERA_REFERENCE_DATA` where set (another data set laid out like the
+    bundled one), else the data bundled in `engine/reference/data`. A configured folder that does not exist
+    is an error, not a silent fall-back to the bundled data."""
+    configured = os.environ.get("TESSERA_REFERENCE_DATA", "").strip()
+    if not configured:
+        return BUNDLED_REFERENCE_DATA
+    folder = Path(configured).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"TESSERA_REFERENCE_DATA={configured!r} is not a folder.")
+    return folder
 
 
 def gpulet_inference_read(path: Path | None = None) -> list[GpuletPoint]:
-    path = path or shared_data_dir() / "gpulet" / "inference.csv"
+    path = path or reference_data_dir() / "gpulet" / "inference.csv"
     points = []
     with path.open(newline="") as fh:
         for row in csv.reader(fh):
@@ -144,8 +146,8 @@ def _gpulet_rows(path: Path, width: int) -> Iterator[tuple[int, list[str]]]:
 
 
 def gpulet_interference_read(path: Path | None = None) -> list[GpuletCorun]:
-    """The valid rows (flag 1) of shared/data/gpulet/interference.csv."""
-    path = path or shared_data_dir() / "gpulet" / "interference.csv"
+    """The valid rows (flag 1) of engine/reference/data/gpulet/interference.csv."""
+    path = path or reference_data_dir() / "gpulet" / "interference.csv"
     found = []
     for line, (model, batch, pct, corunner, corunner_batch, _, throughput, _, latency_s, flag) in _gpulet_rows(path, 10):
         if flag != "1":
@@ -160,9 +162,9 @@ def gpulet_interference_read(path: Path | None = None) -> list[GpuletCorun]:
 
 
 def gpulet_mem_util_read(path: Path | None = None) -> list[GpuletMemUtil]:
-    """Every row of shared/data/gpulet/mem_util.csv (its last column is no validity flag: the README names
+    """Every row of engine/reference/data/gpulet/mem_util.csv (its last column is no validity flag: the README names
     none, and the rows of every model are measurements)."""
-    path = path or shared_data_dir() / "gpulet" / "mem_util.csv"
+    path = path or reference_data_dir() / "gpulet" / "mem_util.csv"
     found = []
     for line, (model, batch, pct, _, dram, _, l2, _flag) in _gpulet_rows(path, 8):
         try:
@@ -209,9 +211,9 @@ class GpuletDerivedProfile:
     def detail(self) -> str:
         p = self.point
         if self.measured:
-            return f"measured: shared/data/gpulet {self.model} b{p.batch} at 100% of RTX 2080 Ti (MPS)"
+            return f"measured: engine/reference/data/gpulet {self.model} b{p.batch} at 100% of RTX 2080 Ti (MPS)"
         return (
-            f"derived: shared/data/gpulet {self.model} b{p.batch} at {self.partition_pct}% of RTX 2080 Ti, "
+            f"derived: engine/reference/data/gpulet {self.model} b{p.batch} at {self.partition_pct}% of RTX 2080 Ti, "
             f"x{self.partition_pct / self.share_pct:.2f} for {self.compute_slices}/7 compute, /{self.speedup} for {p.device_type}"
         )
 

@@ -3,7 +3,7 @@ Twitter-shaped traces that the paper's end-to-end figures (Ahmad et al., ASPLOS'
 made from, read from a checkout of the authors' artefact (github.com/UMass-LIDS/Proteus). Nothing of the
 artefact is copied into Tessera: a user points at their own checkout.
 
-What is read (shared/data/proteus/README.md says the same, with the figures Proteus's simulator records):
+What is read (engine/reference/data/proteus says the same, with the figures Proteus's simulator records):
 - `profiling/aggregate_profiled.csv`: per (model, accelerator, batch) the p50 latency (`50th_pct`, the
   column the artefact's simulator reads); batch sizes 1, 2, 4, 8 only (its `allowed_batch_sizes`). Where a
   key appears twice (efficientnet-b1 on CPU) the later row wins, as in the artefact's dict.
@@ -26,7 +26,6 @@ at SLO / 2 is allowed in Tessera (the artefact's test is strict), which no profi
 from __future__ import annotations
 
 import csv
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -203,7 +202,7 @@ def proteus_trace(checkout: Path, scenario: str, *, applications: tuple[str, ...
 
 @dataclass(frozen=True)
 class ProteusRecorded:
-    """One row of the figures Proteus's own simulator recorded (shared/data/proteus/README.md)."""
+    """One row of the figures Proteus's own simulator recorded (engine/reference/data/proteus)."""
 
     scenario: str
     system: str
@@ -214,17 +213,26 @@ class ProteusRecorded:
     slo_violation_ratio: float
 
 
-_RECORDED_ROW = re.compile(r"^\|\s*(zipf|bursty|mnl)\s*\|\s*([^|]+?)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|\s*([\d.]+)\s*\|\s*$")
+_RECORDED_COLUMNS = ("scenario", "system", "demand", "served", "throughput_rps", "effective_accuracy_pct", "slo_violation_ratio")
 
 
-def proteus_recorded_figures(readme: Path) -> list[ProteusRecorded]:
-    """The 'Recorded figures' table of shared/data/proteus/README.md, parsed (not copied into the code)."""
+def proteus_recorded_figures(path: Path) -> list[ProteusRecorded]:
+    """The figures Proteus's own simulator recorded (engine/reference/data/proteus/recorded_figures.csv; its
+    README gives the columns and units)."""
     rows = []
-    for line in Path(readme).read_text().splitlines():
-        found = _RECORDED_ROW.match(line.strip())
-        if found:
-            scenario, system, demand, served, thr, acc, violation = found.groups()
-            rows.append(ProteusRecorded(scenario, system, int(demand), int(served), float(thr), float(acc), float(violation)))
+    with Path(path).open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in _RECORDED_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ProteusArtefactError(f"{path}: missing columns {', '.join(missing)}")
+        for line, r in enumerate(reader, start=2):
+            try:
+                rows.append(ProteusRecorded(
+                    r["scenario"].strip(), r["system"].strip(), int(r["demand"]), int(r["served"]),
+                    float(r["throughput_rps"]), float(r["effective_accuracy_pct"]), float(r["slo_violation_ratio"]),
+                ))
+            except (TypeError, ValueError) as exc:
+                raise ProteusArtefactError(f"{path}:{line}: {exc}") from None
     if not rows:
-        raise ProteusArtefactError(f"{readme}: no rows of the recorded-figures table found")
+        raise ProteusArtefactError(f"{path}: no recorded figures")
     return rows

@@ -15,12 +15,12 @@ task has received", the latency increase over running alone (§3.4, Figure 7). T
 1,750 / 750 split of 2,500 co-runs: 90 % of predictions within 10.26 % error, 95 % within 13.98 % (Figure 10).
 
 Here the factor of a co-run is its latency over the same model's solo latency at the same batch and
-partition (shared/data/gpulet: inference.csv solo, interference.csv co-run, mem_util.csv the features, each
+partition (engine/reference/data/gpulet: inference.csv solo, interference.csv co-run, mem_util.csv the features, each
 model measured alone at its own batch and partition, the co-runner on 100 - partition %), and the error is
 that of the predicted co-run latency, |predicted - observed| / observed (the solo latency cancels).
 
 Forms (`INTERFERENCE_FORMS`), each fitted by least squares (numpy.linalg.lstsq), with p50 / p90 / p95 error
-on shared/data/gpulet (3,675 co-runs; "by pair": every unordered model pair predicted by a fit that never
+on engine/reference/data/gpulet (3,675 co-runs; "by pair": every unordered model pair predicted by a fit that never
 saw it, 12 folds; "random": the paper's 70/30 split, seed 0; benches/gpulets_interference.py prints them):
 
     form                  by pair              random 70/30
@@ -364,7 +364,7 @@ class InterferenceMeasured:
     batch on the rest) read from co-run samples, each batch rounded up to the next measured one (as
     `InterferencePredictor` reads utilisations), and `fallback` (typically the fitted predictor) for the
     co-locations nobody measured. What the simulator's GPUs show in benches, so that a planner trusting the
-    model meets the model's error (shared/data/gpulet measures densenet121, resnet50 and vgg19 next to five
+    model meets the model's error (engine/reference/data/gpulet measures densenet121, resnet50 and vgg19 next to five
     co-runners, on partitions 20-80 %; everything else falls back). Never below 1, as the predictor."""
 
     def __init__(self, samples: Iterable[CorunSample], fallback: "InterferencePredictor | None" = None) -> None:

@@ -12,9 +12,9 @@ interference overhead.
 
 Interpolation (measured points are returned exactly):
 - across partitions, linear in 1/p between the two measured partitions around p. A compute-bound batch
-  runs in L ~ W / p (vgg19 at batch 64 on shared/data/gpulet: L x p within 10 % from 20 % to 60 %) and a
+  runs in L ~ W / p (vgg19 at batch 64 on engine/reference/data/gpulet: L x p within 10 % from 20 % to 60 %) and a
   small batch in a flat L; a line in 1/p is exact for both. Leaving each inner partition out of
-  shared/data/gpulet and predicting it from its neighbours: 1.5 % / 4.8 % / 10 % error (p50 / p90 / max)
+  engine/reference/data/gpulet and predicting it from its neighbours: 1.5 % / 4.8 % / 10 % error (p50 / p90 / max)
   in 1/p, 2.0 % / 19 % / 24 % linear in p.
 - across batches, linear in b between the two measured batches around b (the same test, batches 2..32
   from their neighbours: 1.5 % / 13 % linear in b, 2.7 % / 19 % log-log).
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 # Throughput per percent within 10 % of the best counts as "the highest": latencies that should be equal (a
-# small batch across partitions) scatter by about 2 % on shared/data/gpulet, and a measured curve bends into
+# small batch across partitions) scatter by about 2 % on engine/reference/data/gpulet, and a measured curve bends into
 # its knee, not at a corner.
 KNEE_TOLERANCE_DEFAULT = 0.1
 
@@ -259,5 +259,5 @@ def _interference_check(factor: float) -> None:
 
 
 def partition_latency_model_from_gpulet(points: Iterable[GpuletPoint]) -> PartitionLatencyModel:
-    """The model of shared/data/gpulet/inference.csv (`engine.reference.profiles.gpulet_inference_read`)."""
+    """The model of engine/reference/data/gpulet/inference.csv (`engine.reference.profiles.gpulet_inference_read`)."""
     return PartitionLatencyModel.from_points((p.model, p.batch, p.partition_pct, p.latency_ms) for p in points)

@@ -1,5 +1,5 @@
-"""Serving random ensembles, simulated (Garrison, DAC'24, §3 and §5; text in
-shared/papers/garrison-dac24.txt): each query of s rows (a client batch) is answered by the members a
+"""Serving random ensembles, simulated (Garrison, DAC'24, §3 and §5; cited
+in docs/references.md): each query of s rows (a client batch) is answered by the members a
 scheduler chooses; each chosen member's query goes to one of its instances, chosen by a routing rule;
 instances run one query at a time in arrival order (Garrison batches no queries together: a query is its
 own batch); the answer is the weighted vote of the members that answer by the deadline.

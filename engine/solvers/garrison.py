@@ -1,6 +1,6 @@
 """`garrison`: Garrison's multi-granularity GI allocation as the paper writes it (Wang et al., "Garrison: A
-High-Performance GPU-Accelerated Inference System for Adversarial Ensemble Defense", DAC'24, §4; text in
-shared/papers/garrison-dac24.txt). The demand-sized variant Tessera had before is `garrison-demand`
+High-Performance GPU-Accelerated Inference System for Adversarial Ensemble Defense", DAC'24, §4; cited
+in docs/references.md). The demand-sized variant Tessera had before is `garrison-demand`
 (`garrison_demand.py`).
 
 §4.1 "Profiling the Sweet Intervals" (transcribed): "after GIs reach a specific utilization range with the

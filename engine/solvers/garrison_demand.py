@@ -4,7 +4,7 @@
 paper leaves out. Algorithm 1 as the paper writes it is the `garrison` planner (`garrison.py`); this one
 is kept as a named option because it plans mixed fleets (whole GPUs, CPUs, fixed layouts) to demand.
 
-What the paper does (text in shared/papers/garrison-dac24.txt):
+What the paper does (cited in docs/references.md):
 
 - §4.1 "Profiling the Sweet Intervals": for each model, offline profiling finds, per query-size (batch
   size) range b, the GPU-instance size GS[m, b] at which the instance is well used: past a "sweet

@@ -18,7 +18,7 @@ def test_planning_bench_quick_writes_csv(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=55,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "shared/data/gpulet" in result.stdout
+    assert "engine/reference/data/gpulet" in result.stdout
     with (tmp_path / "planning.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert {r["experiment"] for r in rows} >= {"proteus:n_devices", "joint", "gain"}

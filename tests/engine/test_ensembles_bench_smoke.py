@@ -34,7 +34,7 @@ def test_ensembles_bench_quick_on_one_scenario(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=55,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "shared/data/gpulet" in result.stdout and "engine/ensembles/policies" in result.stdout
+    assert "engine/reference/data/gpulet" in result.stdout and "engine/ensembles/policies" in result.stdout
     with (tmp_path / "ensembles.csv").open() as fh:
         assert tuple(next(csv.reader(fh))) == COLUMNS
     rows = csv_rows(tmp_path / "ensembles.csv")

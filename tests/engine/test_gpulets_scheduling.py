@@ -502,7 +502,7 @@ def _scenario_rates(models: list[str], seed: int, scale: int = 1) -> dict[str, f
 
 @pytest.fixture(scope="module")
 def gpulet_problem() -> SharingProblem:
-    """Every model of shared/data/gpulet at rate 0, with the fitted interference predictor (no skip without
+    """Every model of engine/reference/data/gpulet at rate 0, with the fitted interference predictor (no skip without
     the data: a lost copy must fail, as in the other engine tests that read it)."""
     inference = gpulet_inference_read()
     mem_util = gpulet_mem_util_read()

@@ -1,4 +1,4 @@
-"""The MPS planners end to end on shared/data/gpulet: a planning problem with MPS GPUs solved by `gpulets`,
+"""The MPS planners end to end on engine/reference/data/gpulet: a planning problem with MPS GPUs solved by `gpulets`,
 `sbp`, `best-fit` and `ideal` through `plan_solve`, every plan checked by the independent validator, and
 the CLI. (The schedulers themselves are tested in test_gpulets_scheduling.py.)"""
 from __future__ import annotations

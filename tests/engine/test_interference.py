@@ -1,4 +1,4 @@
-"""The gpulets interference model (engine/sharing/interference.py) and the readers of shared/data/gpulet's
+"""The gpulets interference model (engine/sharing/interference.py) and the readers of engine/reference/data/gpulet's
 co-run and utilisation files (engine/reference/profiles.py)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from engine.reference.profiles import (
     gpulet_inference_read,
     gpulet_interference_read,
     gpulet_mem_util_read,
-    shared_data_dir,
+    reference_data_dir,
 )
 from engine.sharing.interference import (
     INTERFERENCE_FORM_DEFAULT,
@@ -35,9 +35,9 @@ from engine.sharing.interference import (
 
 
 def _gpulet_data() -> Path:
-    # No skip when it is absent: CI always has shared/data, and a lost copy must fail, as in the other
+    # No skip when it is absent: the data is bundled in the repository, and a lost copy must fail, as in the other
     # engine tests that read it.
-    return shared_data_dir() / "gpulet"
+    return reference_data_dir() / "gpulet"
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ BILINEAR = PartitionLatencyModel.from_points([("b", b, p, _bilinear(b, p)) for b
 
 @pytest.fixture(scope="module")
 def gpulet() -> PartitionLatencyModel:
-    points = gpulet_inference_read()  # no skip without shared/data: CI has it, a lost copy must fail
+    points = gpulet_inference_read()  # no skip: the data is bundled in the repository, and a lost copy must fail
     return partition_latency_model_from_gpulet(points)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from engine.plans.problem import CPU_DEVICE_TYPE
 from engine.plans.validate import plan_validate
-from engine.reference.profiles import shared_data_dir
+from engine.reference.profiles import reference_data_dir
 from engine.reference.proteus_artifact import (
     PROTEUS_SCENARIOS,
     ProteusArtefactError,
@@ -121,7 +121,7 @@ def test_the_converted_problem_plans_and_validates(checkout: Path) -> None:
 
 
 def test_recorded_figures_are_read_from_the_shared_data() -> None:
-    rows = proteus_recorded_figures(shared_data_dir() / "proteus" / "README.md")
+    rows = proteus_recorded_figures(reference_data_dir() / "proteus" / "recorded_figures.csv")
     proteus = {r.scenario: r for r in rows if r.system == "proteus"}
     assert set(proteus) == set(PROTEUS_SCENARIOS)
     assert all(0 < r.slo_violation_ratio < 1 and 90 < r.effective_accuracy <= 100 and r.served <= r.demand for r in proteus.values())

@@ -19,7 +19,7 @@ def run_quick(script: str, out: Path) -> str:
         cwd=REPO, capture_output=True, text=True, timeout=55,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "shared/data/gpulet" in result.stdout
+    assert "engine/reference/data/gpulet" in result.stdout
     return result.stdout
 
 
@@ -88,7 +88,7 @@ def test_gpulets_bench_small_sample(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=110,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "shared/data/gpulet" in result.stdout and "92.6" in result.stdout
+    assert "engine/reference/data/gpulet" in result.stdout and "92.6" in result.stdout
     rows = csv_rows(tmp_path / "gpulets.csv")
     assert len(rows) == 4
     assert all(r[f"{p}: invalid"] == "0" for r in rows for p in ("gpulets", "sbp", "best-fit", "ideal"))

@@ -1,5 +1,5 @@
-"""Random ensembles at the router (issue 20; Garrison, DAC'24, §3 steps 1-3 and §5; text in
-shared/papers/garrison-dac24.txt): for an application whose routing table carries an `ensemble` policy
+"""Random ensembles at the router (issue 20; Garrison, DAC'24, §3 steps 1-3 and §5; cited
+in docs/references.md): for an application whose routing table carries an `ensemble` policy
 (mode random or learned), each query is answered by several of its variants, drawn per query, and their
 answers are combined by weighted vote.
 

@@ -1,4 +1,4 @@
-"""Importing the gpulets reference data (shared/data/gpulet: an RTX 2080 Ti under MPS, see its README) into
+"""Importing the gpulets reference data (engine/reference/data/gpulet: an RTX 2080 Ti under MPS, see its README) into
 the registry, for the variants named like its models ("resnet50", "vgg16", ...):
 
 - inference.csv: each model's solo batch latency on each MPS partition -> `imported` Profile rows on
@@ -30,7 +30,7 @@ from engine.reference.profiles import (
     gpulet_inference_read,
     gpulet_interference_read,
     gpulet_mem_util_read,
-    shared_data_dir,
+    reference_data_dir,
 )
 from engine.sharing.partitions import mps_slice_name
 
@@ -40,8 +40,8 @@ from ..models import Application, CorunMeasurement, ModelVariant, Profile
 __all__ = ["GPULET_SOURCE_DETAIL", "GpuletImportResult", "gpulet_import", "gpulet_variants_match"]
 
 GPULET_SOURCE_DETAIL = {
-    "profile": "shared/data/gpulet inference.csv and mem_util.csv (RTX 2080 Ti under MPS; one latency, stored as p50 and p99)",
-    "corun": "shared/data/gpulet interference.csv (RTX 2080 Ti under MPS)",
+    "profile": "engine/reference/data/gpulet inference.csv and mem_util.csv (RTX 2080 Ti under MPS; one latency, stored as p50 and p99)",
+    "corun": "engine/reference/data/gpulet interference.csv (RTX 2080 Ti under MPS)",
 }
 _PROFILE_FIELDS = ("latency_p50_ms", "latency_p99_ms", "throughput_rps", "l2_util_pct", "dram_util_pct", "source", "source_detail")
 _CORUN_FIELDS = ("latency_ms", "throughput_rps", "source", "source_detail")
@@ -94,7 +94,7 @@ def gpulet_variants_match(*, models: set[str], application: str | None = None) -
 
 def _read(data_dir: Path | None) -> tuple[list, list, list]:
     try:
-        folder = Path(data_dir) if data_dir is not None else shared_data_dir() / "gpulet"
+        folder = Path(data_dir) if data_dir is not None else reference_data_dir() / "gpulet"
         return (gpulet_inference_read(folder / "inference.csv"), gpulet_mem_util_read(folder / "mem_util.csv"),
                 gpulet_interference_read(folder / "interference.csv"))
     except FileNotFoundError as exc:
@@ -131,7 +131,7 @@ def _upsert(obj: Any, existing: Any, fields: tuple[str, ...], counts: dict[str, 
 
 @transaction.atomic
 def gpulet_import(*, data_dir: Path | str | None = None, application: str | None = None) -> GpuletImportResult:
-    """Import shared/data/gpulet (or `data_dir`) for the variants named like its models (in `application`
+    """Import engine/reference/data/gpulet (or `data_dir`) for the variants named like its models (in `application`
     when given; see the module docstring). ValidationError, and nothing stored, when the files cannot be
     read, no variant is named like any of their models, a name is ambiguous, or a row is invalid."""
     inference, mem_util, coruns = _read(Path(data_dir) if data_dir is not None else None)

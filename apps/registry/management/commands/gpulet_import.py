@@ -1,5 +1,5 @@
 """`manage.py gpulet_import [--data-dir DIR] [--application NAME]`: import the gpulets reference data
-(shared/data/gpulet) for the variants named like its models: MPS profiles with their L2/DRAM utilisation,
+(engine/reference/data/gpulet) for the variants named like its models: MPS profiles with their L2/DRAM utilisation,
 and co-run interference measurements (apps.registry.services.gpulet). All or nothing; idempotent."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from apps.registry.services.gpulet import gpulet_import
 
 
 class Command(BaseCommand):
-    help = ("Import shared/data/gpulet (inference.csv, mem_util.csv, interference.csv) as MPS profiles and co-run "
+    help = ("Import engine/reference/data/gpulet (inference.csv, mem_util.csv, interference.csv) as MPS profiles and co-run "
             "measurements of the variants named like its models. All or nothing; running it again changes nothing.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--data-dir", default=None, help="The folder holding the three CSVs (default: shared/data/gpulet)")
+        parser.add_argument("--data-dir", default=None, help="The folder holding the three CSVs (default: engine/reference/data/gpulet)")
         parser.add_argument("--application", default=None, help="Import for this application's variants only")
 
     def handle(self, *args, **options):
