@@ -1,18 +1,20 @@
 #!/usr/bin/env python
 """Pipelines (Razavi's thesis): FA2 (P1 §p1.6, Figure P1.12) against the exact optimum and the baselines,
 on the thesis's own application (the ten DNNs and six execution paths of Table P1.3 with their SLAs,
-steady request rates of 6 to 60 per second); and IPA (P3 §p3.4-3.5): its solve time up to 10 stages of
-10 variants (Fig. P3.13), equality with brute force on small pipelines, the cost-accuracy frontier as
-its weights move, and FA2-low / FA2-high beside it. A script, not a test (its smoke run is
-tests/engine/test_pipelines_bench_smoke.py).
+steady request rates of 6 to 60 per second); fa2's exact mode and FA2's dynamic programme against a
+brute-force optimum of P1.3 on random profiled chains, forks, joins and DAGs; and IPA (P3 §p3.4-3.5): its
+solve time up to 10 stages of 10 variants (Fig. P3.13), equality with brute force on small pipelines, the
+cost-accuracy frontier as its weights move, and FA2-low / FA2-high beside it. A script, not a test (its
+smoke run is tests/engine/test_pipelines_bench_smoke.py).
 
-    .venv/bin/python benches/pipelines.py            # full run (about a minute on two cores)
+    .venv/bin/python benches/pipelines.py            # full run (about a minute and a half on two cores)
     .venv/bin/python benches/pipelines.py --quick    # smoke run, a few seconds
     options: --out DIR (default bench-results), --seeds N, --device cpu|gpu|both, --jobs N, --slot-ms S
 
 Writes DIR/pipelines.csv (FA2: one row per instance and solver), DIR/pipelines_simulated.csv (each plan
-served in the pipeline simulator), DIR/pipelines_ipa.csv (IPA: one row per solve) and DIR/pipelines.png
-(needs matplotlib).
+served in the pipeline simulator), DIR/pipelines_exact.csv (one row per random pipeline, headroom and
+solver, against brute force), DIR/pipelines_ipa.csv (IPA: one row per solve) and DIR/pipelines.png (needs
+matplotlib).
 
 What the paper says (§p1.6.2, steady workload): "InferLine [...] needs on average 19 % (and up to 48 %)
 more computational resources when compared with FA2 [...] DS2 [...] requires on average 26 % (and up to
@@ -35,10 +37,19 @@ Set-up (printed with the results):
   policy at the plan's batch, 5 % log-normal service noise, Poisson arrivals per path, queries past their
   deadline dropped at the next stage as IPA §p3.4.5 does); and on a varying trace, every path's rate
   swinging +-35 % around the planned-for mean in 2-minute waves, plans made for 1.25x or 1.5x the mean.
+- Against brute force: `engine.pipelines.brute.profiled_pipeline_random`, seeded chains (2-5 stages),
+  forks, joins and DAGs whose stages are profiled at batches 1, 2, 4, 8 (CPU-like curves with noise; batches
+  up to 8), each path's rate 5-60 requests/s and its SLO 1.5-5x its batch-1 latency; each stage's model
+  built as the fleet planner builds it (`stage_latency_bound`). `p13_brute_force` enumerates every batch
+  of every stage on the profiled latencies (linear between profiled batches, as the validators read them)
+  and is the optimum; `milp` is fa2's exact mode (P1.3 with HiGHS, engine/pipelines/exact.py), `fa2` its
+  dynamic programme on the paper's model; at headroom 1 and the fleet's default 1.25.
 - IPA: `engine.reference.pipelines.ipa_random_pipeline` (stated: variant m of a stage is about 1 + m times
   slower, takes 1 + m cores, is 0.1 m more accurate), alpha 20, beta 0.02 (the thesis sets them per
-  pipeline), batches up to 16; `ipa` solves P3.10 exactly with HiGHS along the cost-accuracy frontier
-  (engine/pipelines/ipa.py), one thread; brute force enumerates every (variant, batch) per stage.
+  pipeline), batches up to 16; `ipa` solves P3.10 exactly by its dynamic programme over the stages
+  (engine/pipelines/ipa.py); at 10 x 10 the full run also times `ipa-milp`, the same optimum found with
+  HiGHS along the cost-accuracy frontier (one thread; the method before); brute force enumerates every
+  (variant, batch) per stage.
 """
 from __future__ import annotations
 
@@ -58,9 +69,17 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
 from _common import PNG_SKIPPED, csv_rows_write, figure_write, parallel_map, pyplot_load  # noqa: E402
 
 from engine.pipelines.baselines import ds2_solve, inferline_solve  # noqa: E402
+from engine.pipelines.brute import SHAPES, p13_brute_force, profiled_pipeline_random  # noqa: E402
 from engine.pipelines.exact import pipeline_milp_solve  # noqa: E402
 from engine.pipelines.fa2 import fa2_solve  # noqa: E402
-from engine.pipelines.ipa import IpaPipeline, ipa_brute_force, ipa_fixed_variant_solve, ipa_plan_validate, ipa_solve  # noqa: E402
+from engine.pipelines.ipa import (  # noqa: E402
+    IpaPipeline,
+    ipa_brute_force,
+    ipa_fixed_variant_solve,
+    ipa_milp_solve,
+    ipa_plan_validate,
+    ipa_solve,
+)
 from engine.pipelines.validate import pipeline_plan_validate  # noqa: E402
 from engine.plans.problem import SolveOptions  # noqa: E402
 from engine.reference.pipelines import fa2_table_p13_problem, ipa_random_pipeline  # noqa: E402
@@ -79,7 +98,9 @@ VARYING_AMPLITUDE, VARYING_PERIOD_S = 0.35, 120.0
 def varying_scale(t: float) -> float:
     return 1.0 + VARYING_AMPLITUDE * math.sin(2 * math.pi * t / VARYING_PERIOD_S)
 IPA_FIELDS = ("part", "stages", "variants", "seed", "solver", "alpha", "beta", "status", "pas", "cores", "objective", "runtime_s", "valid",
-              "steps", "equal_to_brute_force")
+              "steps", "equal_to_brute_force")  # steps: ipa's largest set of partial plans, ipa-milp's frontier steps
+EXACT_FIELDS = ("shape", "seed", "headroom", "solver", "status", "instances", "optimum", "excess", "objective", "optimum_objective", "valid",
+                "runtime_ms")
 PAPER = {"inferline_mean": 0.19, "inferline_max": 0.48, "ds2_mean": 0.26, "ds2_max": 0.62, "fa2_match": 0.968}
 
 
@@ -185,6 +206,43 @@ def simulated_print(rows: list[dict[str, Any]], duration: float) -> None:
         print(f"{key[0]:<6} {key[1]:<8} {key[2]:>5g} {key[3]:>8g}  " + "  ".join(f"{c:>24}" for c in cells))
 
 
+def exact_run(task: tuple[str, int, float]) -> list[dict[str, Any]]:
+    """fa2's exact mode (`milp`) and FA2's dynamic programme (`fa2`) on one random profiled pipeline, each
+    against the brute-force optimum of P1.3 on the profiled latencies."""
+    shape, seed, headroom = task
+    pipeline = profiled_pipeline_random(seed, shape, headroom=headroom)
+    optimum = p13_brute_force(pipeline)
+    problem = pipeline.problem()
+    rows = []
+    for name, plan in (("milp", pipeline_milp_solve(problem, options=SolveOptions(threads=1))), ("fa2", fa2_solve(problem))):
+        rows.append({
+            "shape": shape, "seed": seed, "headroom": headroom, "solver": name, "status": plan.status,
+            "instances": plan.instances if plan.decisions else None, "optimum": optimum.instances if optimum else None,
+            "excess": (plan.instances / optimum.instances - 1.0) if plan.decisions and optimum else None,
+            "objective": plan.objective, "optimum_objective": optimum.objective if optimum else None,
+            "valid": not plan.decisions or not pipeline_plan_validate(problem, plan), "runtime_ms": plan.runtime_s * 1000.0,
+        })
+    return rows
+
+
+def exact_print(rows: list[dict[str, Any]]) -> None:
+    print("\nAgainst a brute-force optimum of P1.3 on the profiled latencies (random chains, forks, joins, DAGs; "
+          "engine/pipelines/brute.py)")
+    print(f"{'solver':<24} {'headroom':>8} {'pipelines':>9} {'above optimum':>13} {'mean excess':>11} {'max excess':>10}  statuses")
+    for name, label in (("milp", "fa2 exact (P1.3, HiGHS)"), ("fa2", "fa2 DP (paper's model)")):
+        for headroom in sorted({r["headroom"] for r in rows}):
+            mine = [r for r in rows if r["solver"] == name and r["headroom"] == headroom and r["excess"] is not None]
+            above = [r for r in mine if r["excess"] > 1e-12]
+            statuses = {}
+            for r in rows:
+                if r["solver"] == name and r["headroom"] == headroom:
+                    statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+            print(f"{label:<24} {headroom:>8g} {len(mine):>9} {len(above):>13} {100 * statistics.fmean([r['excess'] for r in mine]):>10.1f}% "
+                  f"{100 * max([r['excess'] for r in mine], default=0):>9.1f}%  {statuses}")
+    exact = [r for r in rows if r["solver"] == "milp" and r["excess"] is not None]
+    print(f"fa2 exact equals the brute-force optimum: {sum(abs(r['objective'] - r['optimum_objective']) < 1e-9 for r in exact)} of {len(exact)}")
+
+
 def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
     """One IPA measurement: "scale" (solve time at a size), "brute" (equal to enumeration), "sweep" (one
     alpha on a fixed pipeline), "baselines" (FA2-low / FA2-high / IPA)."""
@@ -194,6 +252,8 @@ def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
     if part == "sweep":
         pipeline = IpaPipeline(pipeline.name, pipeline.stages, pipeline.slo_ms, pipeline.rate_rps, alpha=alpha, beta=0.05)
     plans = [ipa_solve(pipeline, time_limit_s=120.0, options=options)]
+    if part == "scale-milp":
+        plans.append(ipa_milp_solve(pipeline, time_limit_s=120.0, options=options))
     if part == "brute":
         plans.append(ipa_brute_force(pipeline))
     if part == "baselines":
@@ -201,26 +261,36 @@ def ipa_run(task: tuple[str, int, int, int, float]) -> list[dict[str, Any]]:
     rows = []
     for plan in plans:
         valid = not plan.choices or not ipa_plan_validate(pipeline, plan)
-        steps = int(plan.notes[0].split()[0]) if plan.solver == "ipa" and plan.notes and "steps" in plan.notes[0] else None
+        words = plan.notes[0].split() if plan.notes else []
+        steps = (int(words[0]) if plan.solver == "ipa-milp" and "steps" in words else
+                 int(words[words.index("most") + 1]) if plan.solver == "ipa" and "Pareto-optimal" in words else None)
         rows.append({"part": part, "stages": stages, "variants": variants, "seed": seed, "solver": plan.solver, "alpha": pipeline.alpha,
                      "beta": pipeline.beta, "status": plan.status, "pas": plan.pas, "cores": plan.cores, "objective": plan.objective,
                      "runtime_s": plan.runtime_s, "valid": valid, "steps": steps,
-                     "equal_to_brute_force": None if part != "brute" else (plans[0].status == plans[1].status and (
+                     "equal_to_brute_force": None if part not in ("brute", "scale-milp") else (plans[0].status == plans[1].status and (
                          plans[0].objective is None or abs(plans[0].objective - plans[1].objective) < 1e-6))})
     return rows
 
 
 def ipa_print(rows: list[dict[str, Any]]) -> None:
     print("\nIPA")
-    print(f"{'stages x variants':<18} {'solves':>6} {'optimal':>8} {'time mean s':>12} {'time max s':>11} {'frontier steps':>15}  target")
-    for size in sorted({(r["stages"], r["variants"]) for r in rows if r["part"] == "scale"}):
-        mine = [r for r in rows if r["part"] == "scale" and (r["stages"], r["variants"]) == size]
-        times = [r["runtime_s"] for r in mine]
-        target = ""
-        if size == (10, 10):
-            target = f"paper: under 2 s; {'met' if max(times) < 2 else f'missed ({max(times) / 2:.1f}x)'}"
-        print(f"{size[0]:>2} x {size[1]:<13} {len(mine):>6} {sum(r['status'] == 'optimal' for r in mine):>8} {statistics.fmean(times):>12.2f} "
-              f"{max(times):>11.2f} {statistics.fmean([r['steps'] or 0 for r in mine]):>15.1f}  {target}")
+    print(f"{'stages x variants':<18} {'solver':<9} {'solves':>6} {'optimal':>8} {'time mean s':>12} {'time max s':>11} {'partial plans / steps':>22}  target")
+    scale = [r for r in rows if r["part"] in ("scale", "scale-milp")]
+    for size in sorted({(r["stages"], r["variants"]) for r in scale}):
+        for solver in ("ipa", "ipa-milp"):
+            mine = [r for r in scale if (r["stages"], r["variants"]) == size and r["solver"] == solver]
+            if not mine:
+                continue
+            times = [r["runtime_s"] for r in mine]
+            target = ""
+            if size == (10, 10):
+                target = f"paper: under 2 s; {'met' if max(times) < 2 else f'missed ({max(times) / 2:.1f}x)'}"
+            print(f"{size[0]:>2} x {size[1]:<13} {solver:<9} {len(mine):>6} {sum(r['status'] == 'optimal' for r in mine):>8} "
+                  f"{statistics.fmean(times):>12.2f} {max(times):>11.2f} {statistics.fmean([r['steps'] or 0 for r in mine]):>22.1f}  {target}")
+    walked = [r for r in rows if r["part"] == "scale-milp" and r["solver"] == "ipa"]
+    if walked:
+        print(f"ipa's dynamic programme equals the MILP frontier walk: {sum(bool(r['equal_to_brute_force']) for r in walked)} of {len(walked)} "
+              f"10 x 10 pipelines")
     brute = [r for r in rows if r["part"] == "brute" and r["solver"] == "ipa"]
     if brute:
         print(f"equal to brute force: {sum(bool(r['equal_to_brute_force']) for r in brute)} of {len(brute)} small pipelines (1-3 stages, 1-3 variants, batches to 6)")
@@ -292,19 +362,25 @@ def main(argv: list[str] | None = None) -> int:
                   for solver in SOLVERS]
     sim_rows = parallel_map(simulated_run, sim_tasks, args.jobs)
     simulated_print(sim_rows, duration)
-    sizes = [(2, 2), (4, 4)] if args.quick else [(2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]
+    exact_tasks = [(shape, seed, headroom) for headroom in (1.0, 1.25) for shape in SHAPES for seed in range(3 if args.quick else 25)]
+    exact_rows = [row for rs in parallel_map(exact_run, exact_tasks, args.jobs) for row in rs]
+    exact_print(exact_rows)
+    sizes = [(2, 2), (4, 4), (10, 10)] if args.quick else [(2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]
     ipa_seeds = range(1 if args.quick else 3)
-    ipa_tasks = [("scale", n, m, seed, 20.0) for n, m in sizes for seed in ipa_seeds]
+    # The MILP frontier walk (the method before) takes 8-20 s a solve at 10 x 10: the full run only.
+    ipa_tasks = [("scale-milp" if (n, m) == (10, 10) and not args.quick else "scale", n, m, seed, 20.0) for n, m in sizes for seed in ipa_seeds]
     ipa_tasks += [("brute", 1 + i % 3, 1 + (i // 3) % 3, 100 + i, 20.0) for i in range(6 if args.quick else 27)]
     ipa_tasks += [("sweep", 4, 4, 3, alpha) for alpha in ((0.0, 2.0, 50.0) if args.quick else (0.0, 0.5, 1, 2, 5, 10, 50, 200))]
     ipa_tasks += [("baselines", 4, 4, 200 + seed, 20.0) for seed in range(1 if args.quick else 5)]
     ipa_rows = [row for rs in parallel_map(ipa_run, ipa_tasks, args.jobs) for row in rs]
     ipa_print(ipa_rows)
     print(f"\nwrote {csv_rows_write(args.out / 'pipelines.csv', rows, FIELDS)}, "
-          f"{csv_rows_write(args.out / 'pipelines_simulated.csv', sim_rows, SIM_FIELDS)} and "
+          f"{csv_rows_write(args.out / 'pipelines_simulated.csv', sim_rows, SIM_FIELDS)}, "
+          f"{csv_rows_write(args.out / 'pipelines_exact.csv', exact_rows, EXACT_FIELDS)} and "
           f"{csv_rows_write(args.out / 'pipelines_ipa.csv', ipa_rows, IPA_FIELDS)} in {time.perf_counter() - started:.1f} s")
     print(figure(rows, devices, args.out / "pipelines.png"))
-    bad = [r for r in rows if r["solver"] in ("fa2", "milp") and not r["valid"]] + [r for r in ipa_rows if not r["valid"]]
+    bad = ([r for r in rows if r["solver"] in ("fa2", "milp") and not r["valid"]] + [r for r in ipa_rows if not r["valid"]]
+           + [r for r in exact_rows if not r["valid"]])
     if bad:
         print(f"INVALID PLANS: {len(bad)} (see the CSV's violations column)")
         return 1

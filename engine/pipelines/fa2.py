@@ -71,7 +71,9 @@ def fa2_solve(problem: PipelineProblem, *, slot_ms: float = 1.0, graph: Transfor
         best = np.full(horizon + 1, np.inf)
         chosen = np.zeros(horizon + 1, dtype=np.int32)
         kids = graph.children[name]
-        for b in range(1, stage.max_batch + 1):
+        # Batches below the smallest profiled one have no latency the validator can read (no extrapolation).
+        smallest = stage.latency.profile[0][0] if stage.latency.profile else 1
+        for b in range(smallest, stage.max_batch + 1):
             spent = problem.time_at_stage_ms(name, b)
             if not math.isfinite(spent):
                 break  # q_s(b) is infinite from here on (a stage without traffic)

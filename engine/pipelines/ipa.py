@@ -1,5 +1,5 @@
 """IPA (Razavi's thesis P3 §p3.4): for a linear pipeline, each stage's model variant, replicas and batch
-size, trading accuracy against cost, solved as an integer programme with PuLP and HiGHS.
+size, trading accuracy against cost: the integer programme P3.10, solved exactly.
 
 Transcribed from §p3.4.3: a stage s runs exactly one variant m (I_{s,m}, P3.3, P3.10d); its replicas each
 take the variant's base allocation R_m of CPU cores (P3.4); its latency and throughput are the active
@@ -14,22 +14,36 @@ PAS = prod_s sum_m a_{s,m} I_{s,m} (P3.8), and IPA solves
 
 with per-pipeline weights alpha, beta (the thesis's Appendix P3.10 sets them per pipeline) and a small
 delta. A (variant, batch) choice y_{s,m,b} fixes the fewest replicas, ceil(lambda / h_{s,m}(b)), so replicas
-are constants of the choice. PAS, a product, enters through its logarithm, a sum, as a constraint
-log PAS >= log tau moved along the cost-accuracy frontier (`ipa_solve`), which finds P3.9's exact optimum.
+are constants of the choice, and P3.10 is: pick one choice per stage, the times adding up to at most the
+SLO, maximising alpha * exp(sum of log accuracies) - (sum of beta * cores + delta * batch).
+
+`ipa_solve` finds that optimum exactly by a dynamic programme over the stages in order: a partial plan of
+the first k stages is (time so far, cost so far, log PAS so far), and one that is no faster, no cheaper and
+no more accurate than another is dropped (Pareto dominance: whatever completes it completes the other at
+least as well, since the objective rises with PAS and falls with cost, and the SLO is on the time); a
+partial plan is dropped too when even a relaxed completion of it (the remaining stages' times rounded
+down to 1/2048 of the SLO, their least cost and highest PAS bounded apart) cannot reach a complete plan
+already found. The plans left after the last stage contain the optimum; it is picked by the objective
+itself. 10 stages of 10 variants take a fraction of a second (benches/pipelines.py). `ipa_milp_solve` is the same optimum found with
+HiGHS along the cost-accuracy frontier (the previous method, 8-20 s at that size), kept as a cross-check.
 
 Where this departs, and why: the base allocation R_m (P3.1, the fewest cores meeting a throughput
 threshold `th` within the stage SLA) is an input per variant (`IpaVariant.cores`), as the thesis's own
 Table P3.5 gives it, not searched here; batches run 1..max_batch rather than only powers of two (the
-quadratic fit covers the rest, as §p3.4.2 intends); the thesis solves P3.10 as one programme with Gurobi,
-this solves a short series of linear ones with HiGHS (the product in one programme needed a
-linearisation whose relaxation HiGHS could not close on 10 stages of 10 variants in 30 s).""" 
+quadratic fit covers the rest, as §p3.4.2 intends); l_{s,m}(b) is the variant's profiled latency, linear
+between profiled batches, where its `StageLatency` carries a profile (`profiled_ms`: what the fleet's
+validator checks; the fitted quadratic otherwise); the thesis solves P3.10 as one programme with Gurobi
+("in less than a second", §p3.4.4), this solves it by the dynamic programme above, with no solver, to meet
+the thesis's 2 s at 10 x 10 (Fig. P3.13) on two CPU cores.""" 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pulp
 
 from engine.pipelines.problem import PipelineProblemError, StageLatency, instances_for, queueing_delay_ms
@@ -37,7 +51,7 @@ from engine.plans.problem import SolveOptions
 from engine.solvers.milp import milp_solve
 
 __all__ = ["IpaPipeline", "IpaPlan", "IpaStage", "IpaStageChoice", "IpaVariant", "ipa_brute_force", "ipa_fixed_variant_solve",
-           "ipa_plan_validate", "ipa_solve"]
+           "ipa_milp_solve", "ipa_plan_validate", "ipa_solve"]
 
 
 @dataclass(frozen=True)
@@ -101,11 +115,13 @@ class IpaPipeline:
         return queueing_delay_ms(batch, self.rate_rps)
 
     def time_ms(self, variant: IpaVariant, batch: int) -> float:
-        """l_{s,m}(b) + q_s(b)."""
-        return variant.latency.d(batch) + self.queueing_ms(batch)
+        """l_{s,m}(b) + q_s(b), l on the profiled latency (`StageLatency.profiled_ms`: infinite outside the
+        profiled batches)."""
+        return variant.latency.profiled_ms(batch) + self.queueing_ms(batch)
 
     def replicas(self, variant: IpaVariant, batch: int) -> int:
-        return instances_for(self.headroom * self.rate_rps, variant.latency.throughput_rps(batch))
+        """The fewest replicas serving headroom x the rate at `batch` (a batch inside the profiled range)."""
+        return instances_for(self.headroom * self.rate_rps, variant.latency.profiled_throughput_rps(batch))
 
 
 @dataclass(frozen=True)
@@ -146,20 +162,22 @@ def _plan_from(pipeline: IpaPipeline, solver: str, status: str, picks: list[tupl
 
 def _candidates(pipeline: IpaPipeline, stage: IpaStage, variants: tuple[IpaVariant, ...] | None = None, *,
                 dominated: bool = False) -> list[tuple[IpaVariant, int]]:
-    """(variant, batch) pairs whose time at the stage fits the SLO on its own. Without `dominated`, only the
-    smallest batch for each replica count: a larger batch with as many replicas costs the same cores, has
-    the same accuracy, takes longer and pays more batch penalty, so no optimum needs it (this leaves a few
-    batches per variant instead of max_batch)."""
+    """(variant, batch) pairs whose time at the stage fits the SLO on its own. Without `dominated`, a batch
+    is left out when a smaller batch of the same variant needs no more replicas and no more time: it costs
+    no fewer cores, has the same accuracy and pays more batch penalty, so no optimum needs it (this leaves
+    a few batches per variant instead of max_batch). A profile need not grow with the batch, so every
+    batch is looked at."""
     out = []
     for v in variants or stage.variants:
-        fewest = math.inf
+        kept: list[tuple[int, float]] = []  # (replicas, time) of the batches kept so far
         for b in range(1, stage.max_batch + 1):
-            if pipeline.time_ms(v, b) > pipeline.slo_ms:
-                break  # l grows with b
+            spent = pipeline.time_ms(v, b)
+            if not math.isfinite(spent) or spent > pipeline.slo_ms:
+                continue
             replicas = pipeline.replicas(v, b)
-            if dominated or replicas < fewest:
+            if dominated or not any(r <= replicas and t <= spent for r, t in kept):
                 out.append((v, b))
-                fewest = min(fewest, replicas)
+                kept.append((replicas, spent))
     return out
 
 
@@ -199,8 +217,126 @@ def _picks(pipeline: IpaPipeline, y: dict[tuple[int, str, int], pulp.LpVariable]
     return picks
 
 
+_GRID = 2048  # time slots of the SLO for the bounds (the bounds only prune; the plan's times are exact)
+
+
+def _pareto(time_ms: np.ndarray, cost: np.ndarray, log_pas: np.ndarray) -> np.ndarray:
+    """Indices of the items that no other beats: none has time <=, cost <= and log PAS >= (of equal ones,
+    one). Sorted by time, each is checked against a staircase of the (cost, log PAS) kept so far, costs
+    ascending with log PAS rising."""
+    order = np.lexsort((-log_pas, cost, time_ms))
+    costs: list[float] = []
+    accuracies: list[float] = []
+    kept = []
+    for i, c, a in zip(order.tolist(), cost[order].tolist(), log_pas[order].tolist()):
+        j = bisect.bisect_right(costs, c)
+        if j > 0 and accuracies[j - 1] >= a:
+            continue  # one kept already is as fast, as cheap and as accurate
+        kept.append(i)
+        end = j
+        while end < len(costs) and accuracies[end] <= a:
+            end += 1
+        costs[j:end] = [c]
+        accuracies[j:end] = [a]
+    return np.array(kept, dtype=np.int64)
+
+
+def _completion_tables(stages: list[dict[str, np.ndarray]], step: float) -> tuple[list[np.ndarray], ...]:
+    """Per k, over g = 0.._GRID slots left, for the stages from k on: the least cost and the highest log PAS
+    with every time rounded down to slots (a relaxation: no completion within g slots does better, so they
+    bound), and the least cost with times rounded up (a restriction: a real completion within g slots),
+    with that completion's log PAS."""
+    size = _GRID + 1
+    low_cost, high_pas = [np.zeros(size)], [np.zeros(size)]
+    feasible_cost, feasible_pas = [np.zeros(size)], [np.zeros(size)]
+    for st in reversed(stages):
+        lc, hp = np.full(size, np.inf), np.full(size, -np.inf)
+        fc, fp = np.full(size, np.inf), np.full(size, -np.inf)
+        down = np.floor(st["time"] / step).astype(np.int64)  # the slack for rounding is on the slots left
+        up = np.ceil(st["time"] / step).astype(np.int64)
+        for d, u, c, a in zip(down.tolist(), up.tolist(), st["cost"].tolist(), st["log_pas"].tolist()):
+            if d <= _GRID:
+                np.minimum(lc[d:], c + low_cost[-1][: size - d], out=lc[d:])
+                np.maximum(hp[d:], a + high_pas[-1][: size - d], out=hp[d:])
+            if u <= _GRID:
+                cost = c + feasible_cost[-1][: size - u]
+                better = cost < fc[u:]
+                fc[u:][better] = cost[better]
+                fp[u:][better] = a + feasible_pas[-1][: size - u][better]
+        low_cost.append(lc)
+        high_pas.append(hp)
+        feasible_cost.append(fc)
+        feasible_pas.append(fp)
+    return low_cost[::-1], high_pas[::-1], feasible_cost[::-1], feasible_pas[::-1]
+
+
 def ipa_solve(pipeline: IpaPipeline, *, time_limit_s: float = 30.0, options: SolveOptions | None = None,
               variants: dict[str, tuple[IpaVariant, ...]] | None = None, solver_name: str = "ipa") -> IpaPlan:
+    """P3.10 solved exactly by the dynamic programme over stages with Pareto dominance (the module
+    docstring), with two prunings that keep the optimum: a partial plan goes when even a relaxed completion
+    (times rounded down to 1/2048 of the SLO, cost and PAS bounded apart) cannot reach the best complete
+    plan found so far, whose completions use times rounded up. `variants` restricts stages to some of their
+    variants (FA2-low / FA2-high); `options` is accepted for the solvers' common signature (no MILP is
+    solved). Out of `time_limit_s`: "no-solution"."""
+    started = time.perf_counter()
+    stages: list[dict[str, np.ndarray]] = []
+    picks_of: list[list[tuple[str, int]]] = []
+    for stage in pipeline.stages:
+        choices = [(pipeline.time_ms(v, b), pipeline.beta * pipeline.replicas(v, b) * v.cores + pipeline.delta * b, _pas_log(v.accuracy), (v.name, b))
+                   for v, b in _candidates(pipeline, stage, (variants or {}).get(stage.name))]
+        if not choices:
+            return _infeasible(solver_name, started, f"no variant and batch of stage {stage.name!r} fits the SLO {pipeline.slo_ms:g} ms")
+        arrays = {key: np.array([c[i] for c in choices], dtype=float) for i, key in enumerate(("time", "cost", "log_pas"))}
+        kept = _pareto(arrays["time"], arrays["cost"], arrays["log_pas"])
+        stages.append({key: value[kept] for key, value in arrays.items()})
+        picks_of.append([choices[i][3] for i in kept.tolist()])
+    step = pipeline.slo_ms / _GRID
+    low_cost, high_pas, feasible_cost, feasible_pas = _completion_tables(stages, step)
+    alpha, slo = pipeline.alpha, pipeline.slo_ms
+    best = -math.inf  # the best complete plan's objective found so far (through a rounded-up completion)
+    spent, cost, log_pas = np.zeros(1), np.zeros(1), np.zeros(1)
+    trail: list[tuple[np.ndarray, np.ndarray]] = []  # per stage: each partial plan's parent and choice
+    largest = 1
+    for k, st in enumerate(stages):
+        if time.perf_counter() - started > time_limit_s:
+            return _infeasible(solver_name, started, f"no configuration found in the time limit ({k} of {len(stages)} stages)",
+                               status="no-solution")
+        t = (spent[:, None] + st["time"][None, :]).ravel()
+        c = (cost[:, None] + st["cost"][None, :]).ravel()
+        a = (log_pas[:, None] + st["log_pas"][None, :]).ravel()
+        left = slo - t
+        fits = left >= 0 if k == len(stages) - 1 else left >= -1e-9
+        relaxed = np.clip(np.floor(left / step + 1e-9), -1, _GRID).astype(np.int64)
+        fits &= relaxed >= 0
+        slots = np.where(fits, relaxed, 0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            bound = alpha * np.exp(a + high_pas[k + 1][slots]) - (c + low_cost[k + 1][slots])
+            sure = np.clip(np.floor(left / step - 1e-6), -1, _GRID).astype(np.int64)
+            ok = fits & (sure >= 0)
+            reached = alpha * np.exp(a + feasible_pas[k + 1][np.where(ok, sure, 0)]) - (c + feasible_cost[k + 1][np.where(ok, sure, 0)])
+        if ok.any():
+            best = max(best, float(np.nanmax(np.where(ok, reached, -np.inf))))
+        alive = np.flatnonzero(fits & (bound >= best - 1e-9))
+        if alive.size == 0:
+            return _infeasible(solver_name, started, "no configuration meets the SLO")
+        kept = alive[_pareto(t[alive], c[alive], a[alive])]
+        spent, cost, log_pas = t[kept], c[kept], a[kept]
+        trail.append((kept // len(st["time"]), kept % len(st["time"])))
+        largest = max(largest, kept.size)
+    values = alpha * np.exp(log_pas) - cost
+    index = int(np.argmax(values))
+    chosen: list[tuple[str, int]] = []
+    for k in range(len(stages) - 1, -1, -1):
+        parents, choice = trail[k]
+        chosen.append(picks_of[k][int(choice[index])])
+        index = int(parents[index])
+    picks = [(stage, _variant(pipeline, stage.name, name), b) for stage, (name, b) in zip(pipeline.stages, reversed(chosen))]
+    return _plan_from(pipeline, solver_name, "optimal", picks, started=started,
+                      notes=(f"dynamic programme over {len(stages)} stages, at most {largest} Pareto-optimal partial plans",))
+
+
+def ipa_milp_solve(pipeline: IpaPipeline, *, time_limit_s: float = 30.0, options: SolveOptions | None = None,
+                   variants: dict[str, tuple[IpaVariant, ...]] | None = None, solver_name: str = "ipa-milp") -> IpaPlan:
     """P3.10 solved exactly (see the module docstring) along the cost-accuracy frontier. PAS is a product, so
     instead of writing it into one programme (McCormick's products: HiGHS could not close a 10-stage,
     10-variant instance's gap in 30 s), each step solves two small programmes with HiGHS: the fewest cores
@@ -338,7 +474,10 @@ def ipa_plan_validate(pipeline: IpaPipeline, plan: IpaPlan) -> list[str]:
         if not 1 <= c.batch <= stage.max_batch:
             errors.append(f"stage {stage.name!r}: batch {c.batch} outside 1..{stage.max_batch}")
             continue
-        if c.replicas * variant.latency.throughput_rps(c.batch) < pipeline.rate_rps - 1e-9:
+        if not math.isfinite(variant.latency.profiled_ms(c.batch)):
+            errors.append(f"stage {stage.name!r}: batch {c.batch} of {c.variant} is outside its profiled batches")
+            continue
+        if c.replicas * variant.latency.profiled_throughput_rps(c.batch) < pipeline.rate_rps - 1e-9:
             errors.append(f"stage {stage.name!r}: {c.replicas} replicas of {c.variant} at batch {c.batch} serve less than {pipeline.rate_rps:g} requests/s")
         if c.cores != c.replicas * variant.cores:
             errors.append(f"stage {stage.name!r}: {c.cores} cores reported for {c.replicas} replicas of {variant.cores}")

@@ -17,7 +17,20 @@ Models (§p1.4.1-p1.4.2), per stage s:
 The integer programme (P1.3): choose b_s and n_s for every stage to minimise sum n_s + delta * sum b_s,
 subject to sum over s in p of l_s(b_s) <= SLA_p for every path p and n_s * h_s(b_s) >= lambda_s.
 `delta` (`batch_penalty`) is small enough that it never trades an instance for smaller batches: among
-plans with the fewest instances it prefers the smallest batches, as the paper intends."""
+plans with the fewest instances it prefers the smallest batches, as the paper intends.
+
+Two readings of d_s(b), and who uses which:
+- the paper's model, the fitted quadratic `StageLatency.d` (`time_at_stage_ms`, `instances_needed`): FA2's
+  graph transformation and dynamic programme and the baselines plan with it, as the thesis does;
+- the profiled latency, `StageLatency.profiled_ms`: the profile itself, linear between profiled batches,
+  as `engine/plans/validate.py` reads profiles (`profiled_time_at_stage_ms`, `profiled_instances_needed`).
+  The exact programme (`exact.py`), IPA and the validator (`validate.py`) use it, so that a plan called
+  optimal is optimal on the latencies it is checked on. A stage built without a profile (a stated
+  quadratic, as Table P1.3's application) reads the quadratic both ways.
+Where this departs from P1 §p1.4.1: the thesis plans on the fitted model alone; a fleet's stages are
+fitted with `stage_latency_bound` (the fit raised to lie nowhere below the profile), and sizing replicas
+from that raised curve cost up to a third more instances than the profile needs (docs/benchmarks.md,
+"Pipelines")."""
 from __future__ import annotations
 
 import math
@@ -51,11 +64,13 @@ def instances_for(rate_rps: float, throughput_rps: float) -> int:
 
 @dataclass(frozen=True)
 class StageLatency:
-    """d(b) = alpha*b^2 + beta*b + gamma, in milliseconds."""
+    """d(b) = alpha*b^2 + beta*b + gamma, in milliseconds (the paper's model), and the profile it was fitted
+    to, when known: (batch, latency ms) points by batch (`profile`, empty for a stated model)."""
 
     alpha: float
     beta: float
     gamma: float
+    profile: tuple[tuple[int, float], ...] = ()
 
     def d(self, batch: int) -> float:
         return (self.alpha * batch + self.beta) * batch + self.gamma
@@ -63,6 +78,25 @@ class StageLatency:
     def throughput_rps(self, batch: int) -> float:
         """h(b): requests per second one instance serves at batch `batch`."""
         return 1000.0 * batch / self.d(batch)
+
+    def profiled_ms(self, batch: int) -> float:
+        """The latency a plan is checked on: the profile, linear between the profiled batches around `batch`
+        (as engine/plans/capacity.py's `profile_interpolate`), infinite outside the profiled range (no batch
+        there is valid); d(b) when there is no profile."""
+        if not self.profile:
+            return self.d(batch)
+        points = self.profile
+        if batch < points[0][0] or batch > points[-1][0]:
+            return math.inf
+        for (b0, ms0), (b1, ms1) in zip(points, points[1:]):
+            if b0 <= batch <= b1:
+                return ms0 if batch == b0 else ms1 if batch == b1 else ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)
+        return points[0][1]  # one profiled batch, and `batch` is it
+
+    def profiled_throughput_rps(self, batch: int) -> float:
+        """h(b) on the profiled latency: 0 outside the profiled range."""
+        ms = self.profiled_ms(batch)
+        return 0.0 if not math.isfinite(ms) else 1000.0 * batch / ms
 
 
 def stage_latency_fit(points: Sequence[tuple[int, float]]) -> StageLatency:
@@ -103,7 +137,8 @@ def stage_latency_bound(points: Sequence[tuple[int, float]]) -> StageLatency:
     smallest to the largest profiled one, d(b) >= the profile's latency there, read by linear interpolation
     between profiled batches (as the capacity model and the plan validator read profiles). A plan made
     with it keeps each path's SLO on the profiled latencies, not only on the fitted curve; the raise is the
-    fit's largest shortfall, so a good fit moves little."""
+    fit's largest shortfall, so a good fit moves little. The result carries the profile (`profile`), which
+    the exact programme, IPA and the validator read (`StageLatency.profiled_ms`)."""
     model = stage_latency_fit(points)
     data = sorted((int(b), float(ms)) for b, ms in points)
     batches = np.array([b for b, _ in data], dtype=float)
@@ -112,7 +147,16 @@ def stage_latency_bound(points: Sequence[tuple[int, float]]) -> StageLatency:
     profiled = np.interp(grid, batches, latencies)
     fitted = (model.alpha * grid + model.beta) * grid + model.gamma
     raise_ms = float(max(0.0, np.max(profiled - fitted)))
-    return StageLatency(model.alpha, model.beta, model.gamma + raise_ms) if raise_ms > 0 else model
+    return StageLatency(model.alpha, model.beta, model.gamma + raise_ms, profile=profile_points(data))
+
+
+def profile_points(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """(batch, latency ms) points sorted by batch, one per batch (the slowest where a batch was profiled
+    twice), as `StageLatency.profile` holds them."""
+    slowest: dict[int, float] = {}
+    for b, ms in points:
+        slowest[int(b)] = max(float(ms), slowest.get(int(b), 0.0))
+    return tuple(sorted(slowest.items()))
 
 
 @dataclass(frozen=True)
@@ -187,6 +231,16 @@ class PipelineProblem:
     def instances_needed(self, name: str, batch: int) -> int:
         """n_s(b) = ceil(headroom * lambda_s / h_s(b)), at least 1."""
         return instances_for(self.headroom * self.rates[name], self.by_name[name].latency.throughput_rps(batch))
+
+    def profiled_time_at_stage_ms(self, name: str, batch: int) -> float:
+        """l_s(b) on the profiled latency: `StageLatency.profiled_ms` + q_s(b) (infinite outside the profile)."""
+        return self.by_name[name].latency.profiled_ms(batch) + self.queueing_ms(name, batch)
+
+    def profiled_instances_needed(self, name: str, batch: int) -> int | None:
+        """n_s(b) on the profiled latency: ceil(headroom * lambda_s / h_s(b)), at least 1; None outside the
+        profiled range."""
+        throughput = self.by_name[name].latency.profiled_throughput_rps(batch)
+        return None if throughput <= 0 else instances_for(self.headroom * self.rates[name], throughput)
 
     def batch_penalty(self) -> float:
         """delta of P1.3: below one instance whatever the batches add up to."""

@@ -1,8 +1,12 @@
 """Checks a pipeline plan against its problem, whatever solver made it: every stage decided once with a
-batch in 1..max_batch and at least one instance, every stage's instances serve the rate of every path
-through it (n_s * h_s(b_s) >= lambda_s), and every execution path's stages fit its SLO end to end
-(sum of d_s(b_s) + q_s(b_s) <= SLA_p, P1.3), on the problem's own latency model, not the solver's slots."""
+batch in 1..max_batch (and in the profiled range) and at least one instance, every stage's instances serve
+the rate of every path through it (n_s * h_s(b_s) >= lambda_s), and every execution path's stages fit its
+SLO end to end (sum of d_s(b_s) + q_s(b_s) <= SLA_p, P1.3). d_s is the profiled latency, linear between
+profiled batches, as engine/plans/validate.py reads a fleet plan (`StageLatency.profiled_ms`; the stated
+quadratic for a stage without a profile), never a solver's own model or slots."""
 from __future__ import annotations
+
+import math
 
 from engine.pipelines.problem import PipelinePlan, PipelineProblem
 
@@ -25,16 +29,20 @@ def pipeline_plan_validate(problem: PipelineProblem, plan: PipelinePlan) -> list
             continue
         if d.instances < 1:
             errors.append(f"stage {stage.name!r}: {d.instances} instances (at least 1)")
+        if not math.isfinite(stage.latency.profiled_ms(d.batch)):
+            errors.append(f"stage {stage.name!r}: batch {d.batch} is outside its profiled batches "
+                          f"{stage.latency.profile[0][0]}..{stage.latency.profile[-1][0]}")
+            continue
         rate = problem.stage_rate(stage.name)
-        capacity = d.instances * stage.latency.throughput_rps(d.batch)
+        capacity = d.instances * stage.latency.profiled_throughput_rps(d.batch)
         if capacity < rate - 1e-9:
             errors.append(f"stage {stage.name!r}: {d.instances} instances at batch {d.batch} serve {capacity:.2f} requests/s, "
                           f"below its rate {rate:.2f}")
     if errors:
         return errors
     for path in problem.paths:
-        total = sum(problem.time_at_stage_ms(s, decisions[s].batch) for s in path.stages)
+        total = sum(problem.profiled_time_at_stage_ms(s, decisions[s].batch) for s in path.stages)
         if total > path.slo_ms + _TOLERANCE_MS:
-            parts = ", ".join(f"{s} b={decisions[s].batch} {problem.time_at_stage_ms(s, decisions[s].batch):.1f} ms" for s in path.stages)
+            parts = ", ".join(f"{s} b={decisions[s].batch} {problem.profiled_time_at_stage_ms(s, decisions[s].batch):.1f} ms" for s in path.stages)
             errors.append(f"path {path.name!r}: {total:.1f} ms end to end ({parts}) exceeds its SLO {path.slo_ms:g} ms")
     return errors

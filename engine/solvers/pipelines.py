@@ -20,9 +20,11 @@ plans each pipeline as a whole:
   stages' planned time kept out of its budgets, `reserve_ms`), which the agents' fast loop uses
   (engine/solvers/vertical.py, workers/agent/vertical.py).
 
-Each stage's latency d(b) is the thesis's quadratic fitted to its CPU profile at the instance's core count
-and raised until it is nowhere below the profile (`stage_latency_bound`): the solvers plan with the
-paper's model, and the plan holds on the profiled latencies the validator reads. Replicas are sized for
+Each stage's latency model (`stage_latency_bound`) is the thesis's quadratic fitted to its CPU profile at
+the instance's core count, raised until it is nowhere below the profile, and it carries the profile itself:
+FA2's dynamic programme plans with the paper's raised quadratic (valid, not always the fewest instances),
+while the exact programme (P1.3) and IPA read the profiled latency, interpolated between profiled batches
+as the validator reads it, so an `optimal` plan is optimal on the validator's model. Replicas are sized for
 `options.pipeline_headroom` times each stage's rate (default 1.25: benches/pipelines.py measured 2.3-21.7 %
 violations in simulation for plans sized for the exact rate, at most 0.45 % with 1.25x), while queueing
 delay (b - 1) / lambda is the real rate's, the longer wait.
@@ -104,8 +106,8 @@ def _cpu_core_counts(problem: Problem, variant: str, host_cores: int) -> list[in
 
 
 def _stage_model(problem: Problem, variant: str, cores: int, max_batch: int) -> tuple[StageLatency, int]:
-    """The bounded quadratic d(b) at `cores` and the largest batch the plan may use (no extrapolation past
-    the profiled batches)."""
+    """The stage's latency model at `cores` (the bounded quadratic with its profile) and the largest batch
+    the plan may use (no extrapolation past the profiled batches)."""
     points = _cpu_points(problem, variant, cores)
     model = stage_latency_bound([(p.batch, p.latency_ms) for p in points])
     return model, max(1, min(max_batch, points[-1].batch))

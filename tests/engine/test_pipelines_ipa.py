@@ -1,6 +1,7 @@
-"""IPA (Razavi's thesis P3 §p3.4) in the engine: its exact solution along the cost-accuracy frontier equals
-brute force on small pipelines, moves along the cost-accuracy frontier as its weights move, refuses bad input,
-and every plan it or its baselines make passes the independent validator."""
+"""IPA (Razavi's thesis P3 §p3.4) in the engine: its exact solution (a dynamic programme over the stages)
+equals brute force on small pipelines and HiGHS's walk along the cost-accuracy frontier on larger ones, moves
+along the cost-accuracy frontier as its weights move, refuses bad input, and every plan it or its baselines
+make passes the independent validator."""
 from __future__ import annotations
 
 import random
@@ -13,6 +14,7 @@ from engine.pipelines.ipa import (
     IpaVariant,
     ipa_brute_force,
     ipa_fixed_variant_solve,
+    ipa_milp_solve,
     ipa_plan_validate,
     ipa_solve,
 )
@@ -59,12 +61,16 @@ def test_fa2_low_and_high_pin_the_lightest_and_the_most_accurate_variants() -> N
     assert ipa.objective >= max(low.objective, high.objective) - 1e-9  # IPA's optimum includes both
 
 
-def test_a_six_stage_pipeline_of_six_variants_solves_to_optimality_along_the_frontier() -> None:
-    """(Ten by ten, the thesis's Fig. P3.13 size, is benches/pipelines.py's to time.)"""
-    pipeline = ipa_random_pipeline(1, 6, 6)
-    plan = ipa_solve(pipeline, time_limit_s=120)
-    assert plan.status == "optimal" and ipa_plan_validate(pipeline, plan) == []
-    assert "steps along the cost-accuracy frontier" in plan.notes[0]
+def test_a_six_stage_pipeline_of_six_variants_solves_to_the_optimum_the_milp_walk_finds() -> None:
+    """The dynamic programme and HiGHS along the cost-accuracy frontier (two exact methods, nothing shared
+    but the candidates) agree where brute force is out of reach. (Ten by ten, the thesis's Fig. P3.13 size,
+    is benches/pipelines.py's to time.)"""
+    for seed in (1, 2):
+        pipeline = ipa_random_pipeline(seed, 6, 6)
+        plan, walk = ipa_solve(pipeline, time_limit_s=120), ipa_milp_solve(pipeline, time_limit_s=120)
+        assert plan.status == walk.status == "optimal" and ipa_plan_validate(pipeline, plan) == []
+        assert "Pareto-optimal partial plans" in plan.notes[0] and "steps along the cost-accuracy frontier" in walk.notes[0]
+        assert plan.objective == pytest.approx(walk.objective, abs=1e-6)
 
 
 def test_bad_input_and_impossible_slos_are_refused_with_reasons() -> None:
