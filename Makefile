@@ -6,23 +6,32 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lock vendor bench-peers perf-analyzer train-deps clean
 
-$(STAMP): requirements/lock.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/lock.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+# scripts/install.sh is the one install: the Dockerfile's images run it too.
+$(STAMP): requirements/lock.txt pyproject.toml scripts/install.sh
+	PYTHON="$(PYTHON)" sh scripts/install.sh $(VENV) dev
 	touch $(STAMP)
 
 ## Run the control plane on embedded defaults (SQLite, in-memory channel layer, in-process tasks) with the demo fleet.
 demo: $(STAMP)
 	$(BIN)/tessera demo
 
-## Run the whole test suite (service-backed tests use DATABASE_URL / REDIS_URL when set, else skip).
+## Run the whole test suite (service-backed tests use DATABASE_URL / REDIS_URL when set, else skip) on
+## TEST_WORKERS pytest-xdist processes, each with its own test database (docs/testing.md).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
-## Re-pin every dependency after editing pyproject.toml (needs uv: pip install uv).
+## The inner loop, within two minutes: the engine and the unit tests, without PostgreSQL, Redis, Celery,
+## Chromium or the tests that start real processes (the `fast` selection, tests/conftest.py).
+.PHONY: test-fast
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m fast $(PYTEST_ARGS)
+
+## Re-pin every dependency after editing pyproject.toml (needs uv: pip install uv): lock.txt for make and CI,
+## runtime.txt (the images) constrained by it, so the images run the tested versions.
 lock:
 	uv pip compile pyproject.toml --extra dev --extra bench --python-version 3.11 --generate-hashes --universal -o requirements/lock.txt
+	uv pip compile pyproject.toml --extra build -c requirements/lock.txt --python-version 3.11 --generate-hashes --universal -o requirements/runtime.txt
 
 ## Re-vendor the front-end libraries into static/vendor/ from the npm registry (checked in; only to change a version).
 vendor:

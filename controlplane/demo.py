@@ -126,33 +126,45 @@ _measured: dict[tuple[str, int], list[dict]] = {}  # (model sha256, cores) -> ro
 
 
 def _cpu_points_measure(onnx_bytes: bytes, cores: int, batches: tuple[int, ...]) -> list[dict]:
+    """p50 and p99 per batch size at `cores` threads. Every thread count of DEMO_CPU_PROFILE_CORES is measured
+    at once, run by run in turn (1, 2, 1, 2, ...), so that they are compared over the same seconds: measured one
+    after the other, a change in what else the machine runs between them decided which was faster."""
     import hashlib
 
-    key = (hashlib.sha256(onnx_bytes).hexdigest(), cores)
-    if key in _measured:
-        return _measured[key]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = cores
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
-    (model_input,) = session.get_inputs()
+    sha = hashlib.sha256(onnx_bytes).hexdigest()
+    if (sha, cores) in _measured:
+        return _measured[(sha, cores)]
+    counts = tuple(dict.fromkeys((*DEMO_CPU_PROFILE_CORES, cores)))
+    sessions = {}
+    for threads in counts:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        sessions[threads] = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+    (model_input,) = sessions[counts[0]].get_inputs()
     width = int(model_input.shape[1])
-    rows = []
+    rows: dict[int, list[dict]] = {threads: [] for threads in counts}
     for batch in batches:
         # Positive values: the calibrator takes probabilities (its log of a negative would be NaN, not slower).
         feed = {model_input.name: np.abs(np.random.default_rng(batch).normal(size=(batch, width))).astype(np.float32)}
         t0 = time.perf_counter()
         for _ in range(5):
-            session.run(None, feed)  # warm-up, and a first timing
-        runs = int(min(200, max(20, PROFILE_TIME_S / max((time.perf_counter() - t0) / 5, 1e-6))))
-        samples = []
+            for session in sessions.values():
+                session.run(None, feed)  # warm-up, and a first timing
+        per_round = (time.perf_counter() - t0) / 5
+        runs = int(min(200, max(20, PROFILE_TIME_S * len(counts) / max(per_round, 1e-6))))
+        samples: dict[int, list[float]] = {threads: [] for threads in counts}
         for _ in range(runs):
-            t0 = time.perf_counter()
-            session.run(None, feed)
-            samples.append((time.perf_counter() - t0) * 1000.0)
-        rows.append({"batch": batch, "p50": float(np.percentile(samples, 50)), "p99": float(np.percentile(samples, 99)), "runs": runs})
-    _measured[key] = rows
-    return rows
+            for threads, session in sessions.items():
+                t0 = time.perf_counter()
+                session.run(None, feed)
+                samples[threads].append((time.perf_counter() - t0) * 1000.0)
+        for threads in counts:
+            rows[threads].append({"batch": batch, "p50": float(np.percentile(samples[threads], 50)),
+                                  "p99": float(np.percentile(samples[threads], 99)), "runs": runs})
+    for threads in counts:
+        _measured[(sha, threads)] = rows[threads]
+    return rows[cores]
 
 
 def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[Profile]:

@@ -1,4 +1,11 @@
+import contextlib
+import fcntl
+import hashlib
+import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -19,10 +26,206 @@ def services_required() -> bool:
     return os.environ.get("TESSERA_REQUIRE_SERVICES") == "1"
 
 
+def xdist_worker_index() -> int:
+    """Which pytest-xdist worker this is: N on worker `gwN`, 0 without xdist. `make test` runs two workers;
+    pytest-django gives each its own test database (`test_<NAME>_gwN`), and the service-backed tests give
+    each its own Redis database (tests/integration/conftest.py), so the two never see each other's rows,
+    queues or Celery worker (.ci/run starts one Celery worker per xdist worker)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
 def service_unavailable(reason: str) -> None:
     if services_required():
         pytest.fail(f"required service unavailable: {reason}")
     pytest.skip(f"{reason} (set TESSERA_REQUIRE_SERVICES=1 to make this a failure)")
+
+
+# Each session has a folder of its own (made by the xdist controller, or the one process without xdist; the
+# workers inherit its path): the two locks below and the demo's measurements live there.
+SESSION_DIR_ENV = "TESSERA_TEST_SESSION_DIR"
+
+
+def pytest_configure(config):
+    if not os.environ.get(SESSION_DIR_ENV):
+        folder = tempfile.mkdtemp(prefix="tessera-test-session-")
+        os.environ[SESSION_DIR_ENV] = folder
+        config.add_cleanup(lambda: (shutil.rmtree(folder, ignore_errors=True), os.environ.pop(SESSION_DIR_ENV, None)))
+    import controlplane.demo as demo
+
+    demo._cpu_points_measure = _demo_measure_shared(demo._cpu_points_measure, Path(os.environ[SESSION_DIR_ENV]))
+
+
+class _Turns:
+    """Under xdist, tests that time real work on this machine's cores run alone. Every test holds a shared lock
+    while it runs; a `solo` test (and the demo's CPU measurement, below) holds it exclusively, so the other
+    worker finishes the test it is in and waits. A gate taken before either keeps a worker that asked for the
+    exclusive lock from waiting forever behind the other's next tests."""
+
+    def __init__(self, folder: Path) -> None:
+        self.gate = open(folder / "turns-gate", "a")
+        self.turns = open(folder / "turns", "a")
+        self.held = 0
+
+    def take(self, mode: int) -> None:
+        fcntl.flock(self.gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.turns, mode)
+        finally:
+            fcntl.flock(self.gate, fcntl.LOCK_UN)
+        self.held = mode
+
+    def release(self) -> None:
+        fcntl.flock(self.turns, fcntl.LOCK_UN)
+        self.held = 0
+
+    @contextlib.contextmanager
+    def alone(self):
+        """Exclusively, within a test that holds the shared lock (released first: two workers that both wait
+        for the exclusive lock while holding the shared one would wait for each other)."""
+        held = self.held
+        if held == fcntl.LOCK_EX:
+            yield
+            return
+        self.release()
+        self.take(fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            self.release()
+            if held:
+                self.take(held)
+
+
+_turns: _Turns | None = None
+
+
+def _turns_of_this_worker() -> "_Turns | None":
+    global _turns
+    if _turns is None and os.environ.get("PYTEST_XDIST_WORKER"):
+        _turns = _Turns(Path(os.environ[SESSION_DIR_ENV]))
+    return _turns
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    turns = _turns_of_this_worker()
+    if turns is None:
+        yield
+        return
+    turns.take(fcntl.LOCK_EX if item.get_closest_marker("solo") else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        turns.release()
+
+
+# `make test-fast` (-m fast): the inner loop, within two minutes. Everything but what needs a service or a
+# browser, starts real processes and servers, seeds the demo (its measurement alone takes half a minute), or runs
+# a bench: those run in `make test`.
+_NOT_FAST_FIXTURES = {
+    "live_server", "asgi_live_server", "browser_page", "celery_worker", "broker", "redis_url", "private_redis_url",
+    "postgres", "postgres_server_url", "demo_fleet", "data_plane",
+}
+_NOT_FAST_PATHS = (
+    "integration/", "deploy/", "_browser.py", "bench", "test_demo.py", "test_project.py",
+    "api/test_schema_fuzz.py", "engine/test_cli.py", "engine/test_scheduler_training.py",
+    "workers/test_agent", "workers/test_with_control_plane.py", "workers/test_router", "workers/test_runtime_server.py",
+    "workers/test_metrics_lint.py", "workers/test_resize.py",
+)
+
+# Engine and API tests that take seconds each (brute-force comparisons, every serializer's fast path, the
+# validator over every solver's plans, schedules at four times the shared rates); and a test named for a bench.
+_NOT_FAST_TESTS = {
+    "test_joint_matches_brute_force", "test_proteus_matches_brute_force", "test_mip_start_is_used",
+    "test_the_fast_path_agrees_with_drf", "test_penalised_plan_never_worse_than_keeping_every_instance",
+    "test_every_plan_passes_the_validator", "test_schedules_of_the_shared_profiles_at_four_times_the_rates_are_valid",
+}
+
+
+# The longest tests (tens of seconds to minutes, from `--durations`), longest first: run first, so that under
+# xdist they start on both workers at once (xdist hands out the first quarter of the tests in turn) instead of
+# one of them ending the run alone. Solo tests stay where they are: first, they would wait for a long one.
+_LONGEST_FIRST = (
+    "integration/test_bench_faults_smoke.py", "api/test_schema_fuzz.py", "integration/test_bench_telemetry_smoke.py",
+    "engine/test_vertical_bench_smoke.py", "integration/test_outages.py", "engine/test_repro_benches_smoke.py",
+    "engine/test_scheduler_training.py", "workers/test_agent.py", "integration/test_slot_move.py", "workers/test_agent_mps.py",
+    "test_project.py", "integration/test_serve_processes.py", "workers/test_bench_dataplane_smoke.py",
+    "workers/test_with_control_plane.py", "workers/test_router_ensembles.py", "workers/test_mps_plan_applied.py",
+)
+
+
+def _longest_first_rank(item) -> int:
+    path = item.path.as_posix()
+    if not item.get_closest_marker("solo"):
+        for rank, part in enumerate(_LONGEST_FIRST):
+            if path.endswith(part):
+                return rank
+    return len(_LONGEST_FIRST)
+
+
+def _seeds_the_demo(item) -> bool:
+    return "demo_fleet" in getattr(item, "fixturenames", ()) or "demo_seed" in getattr(item.module, "__dict__", {})
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_longest_first_rank)  # stable: the rest keep their order
+    if _turns_of_this_worker() is not None and any(_seeds_the_demo(item) for item in items):
+        _demo_measure_before_the_tests()
+    for item in items:
+        path = item.path.as_posix()
+        if (item.get_closest_marker("services") or item.get_closest_marker("solo")
+                or getattr(item, "originalname", item.name) in _NOT_FAST_TESTS or "bench" in item.name
+                or any(part in path for part in _NOT_FAST_PATHS)
+                or _NOT_FAST_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or _seeds_the_demo(item)):
+            continue
+        item.add_marker(pytest.mark.fast)
+
+
+# The demo seed measures its CPU models on this machine (controlplane/demo.py: about half a minute, once per
+# process). The xdist workers share one measurement per session: the first worker to seed the demo measures
+# (the product's own `_cpu_points_measure`), alone (the other worker's tests would take the cores it times), and
+# writes it to the session's folder; the other reads it.
+def _demo_measure_shared(measure, folder: Path):
+    def shared(onnx_bytes: bytes, cores: int, batches: tuple[int, ...]) -> list[dict]:
+        key = hashlib.sha256(onnx_bytes + repr((cores, tuple(batches))).encode()).hexdigest()
+        path = folder / f"demo-measured-{key}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        turns = _turns_of_this_worker()
+        with turns.alone() if turns is not None else contextlib.nullcontext():
+            if not path.exists():  # the other worker may have measured it while this one waited
+                rows = measure(onnx_bytes, cores, batches)
+                temporary = path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(rows))
+                temporary.rename(path)
+        return json.loads(path.read_text())
+
+    shared.__wrapped__ = measure
+    return shared
+
+
+def _demo_measure_before_the_tests() -> None:
+    """Under xdist, each worker measures (or reads) what the demo seed will, once it has collected and before
+    any test runs: measured later, alone, it would first wait for the test the other worker is in, which may
+    be one of the longest. The same models and batch sizes as `_registry_seed`, `_pipeline_seed` and
+    `_ensemble_seed` (a model left out here is measured when the seed asks for it)."""
+    import inspect
+
+    from controlplane import demo
+
+    every = inspect.signature(demo._cpu_variant_seed).parameters["batches"].default
+    models = [*demo.demo_models_build(), demo.demo_calibrator_build(), *demo.demo_ensemble_members_build()]
+    turns = _turns_of_this_worker()
+    turns.take(fcntl.LOCK_EX)
+    try:
+        for model in models:
+            batches = demo.CONV_PROFILE_BATCHES if model.name == demo.CONV_MODEL_NAME else every
+            for cores in demo.DEMO_CPU_PROFILE_CORES:
+                demo._cpu_points_measure(model.onnx_bytes, cores, batches)
+    finally:
+        turns.release()
 
 
 @pytest.fixture

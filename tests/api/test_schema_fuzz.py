@@ -73,6 +73,9 @@ def operator_token(db) -> str:
     return token_create(user=operator, description="schema fuzz")[1]
 
 
+# About 90 s on two idle cores; the suite's 300 s bound was passed once on two cores loaded three times over. A
+# bound on the wait, not a claim about speed.
+@pytest.mark.timeout(900)
 def test_every_operation_answers_without_5xx_and_as_its_schema_says(in_process_app, operator_token):
     headers = {"Authorization": f"Bearer {operator_token}"}
     schema = schemathesis.openapi.from_dict(openapi_schema())

@@ -33,5 +33,6 @@ def test_operator_sees_an_invalid_upload_rejected_inline(asgi_live_server, seede
     assert "Not an ONNX model" in errors.inner_text()
     assert page.input_value("#id_name") == "browser-upload"  # the form keeps its values
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "applications.png"), full_page=True)
-    assert (SCREENSHOTS / "applications.png").stat().st_size > 0
+    # Its own file: applications.png is test_profile_charts_browser's, which may run at the same time (xdist).
+    page.screenshot(path=str(SCREENSHOTS / "applications-upload.png"), full_page=True)
+    assert (SCREENSHOTS / "applications-upload.png").stat().st_size > 0

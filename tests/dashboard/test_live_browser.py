@@ -170,7 +170,7 @@ def test_operator_follows_the_rollout_live(seeded, approved_plan, asgi_live_serv
     assert page.evaluate("window.__sameDocument") is True  # updated in place, never reloaded
     assert seen[-1] == 100 and any(0 < value < 100 for value in seen), seen
     assert "switch" in page.locator("[data-job-log]").text_content().lower()
-    page.screenshot(path=str(SCREENSHOTS / "job.png"), full_page=True)
+    page.screenshot(path=str(SCREENSHOTS / "job-live.png"), full_page=True)  # job.png is test_plans_browser's
 
 
 @pytest.fixture

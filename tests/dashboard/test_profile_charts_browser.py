@@ -20,22 +20,15 @@ def seeded(transactional_db):
     return {"viewer_password": result.logins["viewer"], "variants": variants, "devices": devices}
 
 
-def _settled_box(page, locator, *, timeout_s: float = 10.0) -> dict:
-    """The element's box once layout has settled. In one CI run a canvas far down the page measured 56 x 28
-    px (a 2:1 shape at a fraction of the chart's size; the cause was not found, layout not yet settled is
-    the likely one) where every other run measured the full chart. Polls until two reads 50 ms apart agree
-    and it is chart-sized, or the time is up (then the last read, for the assertion to report)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    box = locator.bounding_box()
-    while time.monotonic() < deadline:
-        page.wait_for_timeout(50)
-        again = locator.bounding_box()
-        if again == box and box and box["width"] > 250:
-            return box
-        box = again
-    return box
+# uPlot sizes its canvas (and the box around it) in its first commit, a microtask after the chart is made; before
+# that the canvas is laid out at the browser's default 300 x 150 canvas shape, squeezed into whatever width the
+# legend leaves: the 56 x 28 px (2:1) canvas one CI run measured. So the test waits for every chart's commit (the
+# wrapper's inline size), which is what it means by "drawn", and reads page errors first: a chart whose commit
+# threw is never sized, and the error says why.
+ALL_CHARTS_COMMITTED = """() => {
+  const wraps = [...document.querySelectorAll("[data-profile-chart] .uplot .u-wrap")];
+  return wraps.length > 0 && wraps.every((w) => parseFloat(w.style.width) > 0 && parseFloat(w.style.height) > 0);
+}"""
 
 
 @pytest.mark.django_db(transaction=True)
@@ -50,6 +43,8 @@ def test_applications_page_draws_a_chart_per_profiled_variant(asgi_live_server, 
     page.wait_for_load_state()
     page.goto(f"{url}/applications/")
     page.wait_for_selector("[data-profile-chart] .uplot canvas")
+    page.wait_for_function(ALL_CHARTS_COMMITTED)
+    assert errors == []
 
     assert any(seeded["variants"].values()), "the demo seed stores profiles"
     for name, profiled in seeded["variants"].items():
@@ -58,7 +53,7 @@ def test_applications_page_draws_a_chart_per_profiled_variant(asgi_live_server, 
         if profiled:
             # One uPlot panel per device type the variant was profiled on, each with a drawn canvas.
             assert figure.locator(".uplot canvas").count() >= seeded["devices"][name] >= 1, name
-            box = _settled_box(page, figure.locator(".uplot canvas").first)
+            box = figure.locator(".uplot canvas").first.bounding_box()
             assert box["width"] > 250 and box["height"] > 150, (name, box)
         else:
             assert figure.locator(".uplot").count() == 0 and "Not profiled yet" in figure.inner_text()

@@ -13,16 +13,19 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.conftest import service_unavailable
+from tests.conftest import service_unavailable, xdist_worker_index
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
+    """REDIS_URL, with its database number moved up by the xdist worker's index (REDIS_URL's on `gw0` or
+    without xdist, the next on `gw1`): each xdist worker its own queues, channel groups and Celery worker."""
     url = settings.TESSERA_TEST_REDIS_URL
     if not url:
         service_unavailable("REDIS_URL is not set")
+    url = redis_db_url(url, redis_db_of(url) + xdist_worker_index())
     import redis
 
     try:
@@ -30,6 +33,14 @@ def redis_url() -> str:
     except redis.RedisError as exc:
         service_unavailable(f"Redis at {url} is unreachable: {exc}")
     return url
+
+
+def redis_db_of(url: str) -> int:
+    """The database number `url` names (0 when it names none)."""
+    from urllib.parse import urlsplit
+
+    path = urlsplit(url).path.strip("/")
+    return int(path) if path.isdigit() else 0
 
 
 def redis_db_url(url: str, db: int) -> str:
@@ -41,12 +52,12 @@ def redis_db_url(url: str, db: int) -> str:
 
 @pytest.fixture
 def private_redis_url(redis_url):
-    """A Redis database of its own (13, flushed before and after): no other Celery worker consumes its
-    queue (CI's worker, .ci/run, takes every task sent to REDIS_URL's), so a test that starts its own worker,
-    or checks that a job stays queued, sees only its own."""
+    """A Redis database of its own (13, or 13 + N on xdist worker `gwN`; flushed before and after): no other
+    Celery worker consumes its queue (CI's workers, .ci/run, take every task sent to their REDIS_URL's), so a
+    test that starts its own worker, or checks that a job stays queued, sees only its own."""
     import redis
 
-    url = redis_db_url(redis_url, 13)
+    url = redis_db_url(redis_url, 13 + xdist_worker_index())
     client = redis.Redis.from_url(url, socket_connect_timeout=2)
     client.flushdb()
     yield url
@@ -80,8 +91,9 @@ def postgres_server_url(postgres) -> str:
 @pytest.fixture
 def celery_worker(transactional_db, redis_url, tmp_path_factory):
     """A real Celery worker consuming from Redis and writing to the test database. Uses the one .ci/run
-    started (TESSERA_CELERY_EXTERNAL_WORKER=1, queue `celery`, media root TESSERA_MEDIA_ROOT), else starts
-    one for this test on its own queue."""
+    started for this xdist worker (TESSERA_CELERY_EXTERNAL_WORKER=1: on `gwN` a worker on the database
+    `test_<NAME>_gwN` and Redis database REDIS_URL's + N, queue `celery`, media root TESSERA_MEDIA_ROOT),
+    else starts one for this test on its own queue."""
     if connection.vendor != "postgresql":
         service_unavailable("a Celery worker shares the test database only on PostgreSQL (set DATABASE_URL)")
     from celery import Celery

@@ -224,6 +224,9 @@ def test_triton_s_client_talks_to_the_fleet_and_its_load_and_unload_reach_the_co
         handle.stop()
 
 
+# Alone under xdist (tests/conftest.py): every query must meet the demo's 25 ms SLO on real onnxruntime
+# members, which the other worker's tests on the same two cores made it miss once in CI.
+@pytest.mark.solo
 def test_the_demo_ensemble_is_served_by_the_learned_scheduler_and_its_frequencies_and_p99_reach_the_dashboard(fleet, client) -> None:
     """Issue 20's "done when": the demo's four-member ensemble, each query answered by the members the shipped
     learned policy draws, combined by the soft vote weighted by held-out accuracy (checked against
