@@ -28,18 +28,36 @@ paper's §5.2 (Figures 16 and 17) and §3.2 do:
   resnet50, vgg19 next to five co-runners) and by the fitted model elsewhere, so `gpulets` meets its
   predictor's error and `gpulets (no int)` meets interference it did not plan for.
 
+- fleets a whole-GPU plan serves (issue 39): `WHOLE_GPU_SCENARIOS` seeded scenarios of 3-6 models, each
+  with a rate and either its Table 3 SLO or a tight one (twice a whole-GPU batch latency and a little more,
+  as §5.1 sets the applications' SLOs: "doubling the longest model inference latency"), on the fewest GPUs
+  (at least 2, at most 6) on which an independent oracle finds a whole-GPU plan: every GPU unsplit, no
+  co-runner and no interference, each model's rate on whole GPUs at its best measured batch within the SLO,
+  the rests grouped (every grouping tried) onto GPUs they time-share by the Section 2.2 rules, latencies
+  read straight from inference.csv at its measured batches. Each planner (`sharing_plan_solve`, as `tessera
+  plan solve` runs it) must serve every rate there; its plan is checked by the project's validator and
+  against the MEASURED co-run latencies of interference.csv (each model's batch latency times the measured
+  factor next to what runs beside it, the fitted model where nothing was measured): the largest excess of
+  duty cycle + batch latency over the SLO, or of the batches over the round. The algorithms alone (without
+  the planners' whole-GPU fallback) are counted too, and the issue's minimal case is run on its own.
+
     .venv/bin/python benches/gpulets.py            # about 10 minutes on 2 cores
-    .venv/bin/python benches/gpulets.py --quick    # under 3 minutes
+    .venv/bin/python benches/gpulets.py --quick    # about 3 minutes (5 with --jobs 1)
+    .venv/bin/python benches/gpulets.py --whole-gpu-only   # the whole-GPU sample alone, about 20 s
     options: --out DIR (default bench-results), --scenarios N, --all (every scenario), --seed N, --jobs N,
-             --sim-seconds S (trace length per simulated rate; default 30, 6 with --quick), --mixes scen2,game
+             --sim-seconds S (trace length per simulated rate; default 30, 6 with --quick), --mixes scen2,game,
+             --whole-gpu-scenarios N (default 30, or --scenarios if fewer), --whole-gpu-only
 
 Writes DIR/gpulets.csv (one row per scenario), DIR/gpulets_summary.csv, DIR/gpulets_throughput.csv (one row
-per mix and policy) and DIR/gpulets.png.
+per mix and policy), DIR/gpulets.png, and DIR/gpulets_whole_gpu.csv (one row per whole-GPU scenario) with
+DIR/gpulets_whole_gpu.png.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
+import math
 import os
 import random
 import statistics
@@ -54,8 +72,12 @@ if str(REPO) not in sys.path:
 
 from _common import PNG_SKIPPED, csv_rows_write, figure_write, parallel_map, pyplot_load  # noqa: E402
 
-from engine.plans.problem import Problem  # noqa: E402
-from engine.reference.gpulet_problem import gpulet_mps_problem  # noqa: E402
+from engine.plans.problem import Plan, Problem  # noqa: E402
+from engine.plans.validate import plan_validate  # noqa: E402
+from engine.reference.gpulet_problem import gpulet_mps_problem, gpulet_slo_ms  # noqa: E402
+from engine.reference.profiles import reference_data_dir  # noqa: E402
+from engine.sharing.latency import partition_latency_model_from_gpulet  # noqa: E402
+from engine.sharing.partitions import mps_slice_percent  # noqa: E402
 from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
 from engine.simulation.workload import arrivals_poisson  # noqa: E402
 from engine.reference.profiles import gpulet_inference_read, gpulet_interference_read, gpulet_mem_util_read  # noqa: E402
@@ -379,17 +401,255 @@ def throughput_plot(rows: list[dict[str, Any]], axis) -> None:
     axis.legend(fontsize=8)
 
 
+# --------------------------------------------------------------------------- fleets a whole-GPU plan serves (issue 39)
+
+WHOLE_GPU_SCENARIOS = 30
+WHOLE_GPU_PLANNERS = ("gpulets", "best-fit", "sbp")
+WHOLE_GPU_ALGORITHMS = {  # the schedulers alone, without the planners' whole-GPU fallback
+    "gpulets": lambda sharing, gpus: gpu_scaling_schedule(sharing, gpu_limit=gpus, gpus_before=0),
+    "best-fit": best_fit_schedule,
+}
+# The issue's minimal case: resnet101 alone at 80 req/s, SLO 20.34 ms, 2 GPUs; one whole GPU at batch 1
+# serves it (9.11 ms a batch, a round of 11.23 ms).
+WHOLE_GPU_MINIMAL = ({"resnet101": 80.0}, {"resnet101": 20.34}, 2)
+
+
+def _whole_gpu_latencies() -> dict[str, dict[int, float]]:
+    """model -> measured batch -> latency (ms) on 100 % of the GPU, straight from inference.csv (valid rows)."""
+    found: dict[str, dict[int, float]] = {}
+    with (reference_data_dir() / "gpulet" / "inference.csv").open(newline="") as fh:
+        for row in csv.reader(fh):
+            if row and len(row) >= 8 and row[2].strip() == "100" and row[7].strip() == "1":
+                found.setdefault(row[0].strip(), {})[int(row[1])] = float(row[6]) * 1000.0
+    return found
+
+
+WHOLE = _whole_gpu_latencies()
+
+
+def whole_gpu_capacity(model: str, slo_ms: float) -> float:
+    """A model alone on a whole GPU: d + L <= SLO and L <= d, so 2 L(b) <= SLO and rate <= b / L(b); the
+    best over the measured batches (req/s; 0 when none fits)."""
+    return max((b * 1000.0 / ms for b, ms in WHOLE[model].items() if 2 * ms <= slo_ms * (1 + 1e-9)), default=0.0)
+
+
+def _group_fits(group: list[str], rates: dict[str, float], slos: dict[str, float]) -> bool:
+    """The models of `group` time-share one whole GPU in rounds of d ms: each runs a measured batch covering
+    a round's arrivals (the fastest such), the batches fit the round and d + L_m <= SLO_m. Between two
+    rounds at which some batch must grow (d = b / rate) the batches are fixed, and the shortest round that
+    holds them, max(start, their sum), is the best there: each such interval is tried."""
+    steps = sorted({b * 1000.0 / rates[m] for m in group for b in WHOLE[m]})
+    low = 0.0
+    for high in steps:
+        latencies = []
+        for m in group:
+            need = rates[m] * high / 1000.0
+            ms = min((v for b, v in WHOLE[m].items() if b >= need * (1 - 1e-12)), default=None)
+            if ms is None:
+                return False  # longer rounds need larger batches still
+            latencies.append((m, ms))
+        d = max(low, sum(ms for _, ms in latencies))
+        if d <= high and all(d + ms <= slos[m] * (1 + 1e-9) for m, ms in latencies):
+            return True
+        low = high
+    return False
+
+
+def _set_partitions(items: list[str]):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in _set_partitions(rest):
+        for i in range(len(partition)):
+            yield partition[:i] + [[first] + partition[i]] + partition[i + 1:]
+        yield [[first]] + partition
+
+
+def whole_gpu_oracle(rates: dict[str, float], slos: dict[str, float]) -> int | None:
+    """The fewest whole GPUs of a whole-GPU plan (None: none exists of this form): each model fills whole GPUs
+    at its capacity, and what is left of the rates is grouped (every grouping tried) onto GPUs that
+    time-share it. Written apart from the planners: it reads the measurements itself and shares no code."""
+    dedicated, rest = 0, {}
+    for m, rate in rates.items():
+        if rate <= 0:
+            continue
+        cap = whole_gpu_capacity(m, slos[m])
+        if cap <= 0:
+            return None
+        full = math.floor(rate / cap * (1 + 1e-12))
+        dedicated += full
+        if rate - full * cap > 1e-6:
+            rest[m] = rate - full * cap
+    best = None
+    for groups in _set_partitions(sorted(rest)):
+        if (best is None or len(groups) < best) and all(_group_fits(g, rest, slos) for g in groups):
+            best = len(groups)
+    if rest and best is None:
+        return None
+    return dedicated + (best or 0)
+
+
+def whole_gpu_scenarios_draw(n: int, seed: int) -> list[tuple[dict[str, float], dict[str, float], int]]:
+    """`n` seeded scenarios (rates, SLOs, GPUs): 3-6 models, each with its Table 3 SLO or (half of them) a
+    tight one, 2 x its whole-GPU latency at batch 1, 2 or 4, x 1.02-1.3; rates 5-120 % of a whole GPU's
+    capacity; kept when the oracle finds a whole-GPU plan on at most 6 GPUs, on max(2, that many) GPUs."""
+    rng = random.Random(seed)
+    models = sorted(WHOLE)
+    out = []
+    while len(out) < n:
+        chosen = rng.sample(models, rng.randint(3, 6))
+        slos = {}
+        for m in chosen:
+            if rng.random() < 0.5:
+                slos[m] = gpulet_slo_ms(m)
+            else:
+                batch = rng.choice([1, 2, 4])
+                slos[m] = round(2 * WHOLE[m][batch] * rng.uniform(1.02, 1.3), 2)
+        rates = {m: round(whole_gpu_capacity(m, slos[m]) * rng.uniform(0.05, 1.2), 1) for m in chosen}
+        need = whole_gpu_oracle(rates, slos)
+        if need is None or need > 6:
+            continue
+        out.append((rates, slos, max(2, need)))
+    return out
+
+
+_SAMPLES: list = []
+
+
+def measured_corun_excess(problem: Problem, plan: Plan) -> float:
+    """The plan on the MEASURED co-run latencies: per MPS partition, each model's batch latency times the
+    measured factor next to the models of the GPU's other partition (the worst of them; the fitted model
+    where the co-location was not measured), then the largest excess of duty cycle + latency over the
+    round budget (the SLO at the default budget fraction) and of the batches over the round: > 0 means an
+    SLO missed on the measurements. -1 for a plan without instances."""
+    if not _SAMPLES:
+        _SAMPLES.extend(interference_samples_build(gpulet_inference_read(), gpulet_interference_read(), gpulet_mem_util_read()).samples)
+    fitted = interference_predictor_for(problem, problem.devices[0].type, {v.name for v in problem.variants}, [], measured=[])
+    truth = InterferenceMeasured(_SAMPLES, fallback=fitted)
+    latency = _LATENCY.setdefault("model", partition_latency_model_from_gpulet(gpulet_inference_read()))
+    budget = {a.name: 2 * problem.options.latency_budget_fraction * a.slo_ms for a in problem.applications}
+    app_of = {v.name: v.application for v in problem.variants}
+    partitions: dict[tuple[str, int | None], list] = {}
+    for inst in plan.instances:
+        partitions.setdefault((inst.device, inst.start), []).append(inst)
+    worst = -1.0
+    for (device, start), members in partitions.items():
+        beside = [j for (d, s), others in partitions.items() if d == device and s != start for j in others]
+        total = 0.0
+        for inst in members:
+            percent = mps_slice_percent(inst.slice)
+            factor = max([1.0] + [truth.factor(inst.variant, inst.batch, percent, j.variant, j.batch, mps_slice_percent(j.slice)) for j in beside])
+            ms = latency.latency_ms(inst.variant, inst.batch, percent) * factor
+            total += ms
+            worst = max(worst, (inst.duty_cycle_ms + ms) / budget[app_of[inst.variant]] - 1)
+        worst = max(worst, total / members[0].duty_cycle_ms - 1)
+    return worst
+
+
+_LATENCY: dict[str, Any] = {}
+
+
+def whole_gpu_run(task: tuple[str, dict[str, float], dict[str, float], int]) -> dict[str, Any]:
+    """One scenario: each planner as `tessera plan solve` runs it, and the algorithms alone."""
+    label, rates, slos, gpus = task
+    problem = gpulet_mps_problem(rates, gpus=gpus, slo_ms=slos)
+    row: dict[str, Any] = {"scenario": label, "gpus": gpus, "models": len(rates), "oracle_gpus": whole_gpu_oracle(rates, slos),
+                           "rates": " ".join(f"{m}={rates[m]:g}" for m in sorted(rates)),
+                           "slos_ms": " ".join(f"{m}={slos[m]:g}" for m in sorted(rates))}
+    for planner in WHOLE_GPU_PLANNERS:
+        plan = sharing_plan_solve(problem, planner)
+        short = sum(plan.shortfall_rps.values())
+        row[f"{planner}: served all"] = int(short == 0)
+        row[f"{planner}: shortfall rps"] = short
+        row[f"{planner}: status"] = plan.status
+        row[f"{planner}: valid"] = int(plan_validate(problem, plan).valid)
+        row[f"{planner}: measured excess"] = measured_corun_excess(problem, plan) if plan.instances else None
+        row[f"{planner}: whole-GPU fallback"] = int(any("whole-GPU plan" in n for n in plan.notes))
+    sharing, _ = sharing_problem_from(problem)
+    for name, scheduler in WHOLE_GPU_ALGORITHMS.items():
+        row[f"{name} (algorithm alone): served all"] = int(scheduler(sharing, gpus).schedulable)
+    return row
+
+
+def whole_gpu_table(rows: list[dict[str, Any]], minimal: dict[str, Any]) -> list[str]:
+    n = len(rows)
+    lines = ["", f"Fleets a whole-GPU plan serves (issue 39): {n} seeded scenarios, 3-6 models, 2-6 GPUs, Table 3 and tight SLOs",
+             f"{'planner':<28} {'serves every rate':>18} {'valid':>6} {'over an SLO on measured co-runs':>32} {'max excess':>11} {'fallback used':>14}",
+             "-" * 114]
+    for planner in WHOLE_GPU_PLANNERS:
+        excess = [r[f"{planner}: measured excess"] for r in rows if r[f"{planner}: measured excess"] is not None]
+        over = sum(1 for e in excess if e > 1e-9)
+        lines.append(f"{planner:<28} {sum(r[f'{planner}: served all'] for r in rows):>12} of {n:<3} {sum(r[f'{planner}: valid'] for r in rows):>6} "
+                     f"{over:>32} {100 * max(excess + [0.0]):>10.2f}% {sum(r[f'{planner}: whole-GPU fallback'] for r in rows):>14}")
+    for name in WHOLE_GPU_ALGORITHMS:
+        lines.append(f"{name + ' (algorithm alone)':<28} {sum(r[f'{name} (algorithm alone): served all'] for r in rows):>12} of {n:<3}")
+    lines.append(f"minimal case (resnet101 80 req/s, SLO 20.34 ms, 2 GPUs): "
+                 + ", ".join(f"{p} {'serves it' if minimal[f'{p}: served all'] else 'SHORT ' + format(minimal[f'{p}: shortfall rps'], 'g') + ' req/s'}"
+                             for p in WHOLE_GPU_PLANNERS))
+    return lines
+
+
+def whole_gpu_plot(rows: list[dict[str, Any]], path: Path) -> str:
+    plt = pyplot_load()
+    if plt is None:
+        return PNG_SKIPPED.format(name=path.name)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [f"{p} (algorithm alone)" for p in WHOLE_GPU_ALGORITHMS] + list(WHOLE_GPU_PLANNERS)
+    served = [sum(r[f"{name}: served all"] for r in rows) for name in names]
+    left.bar(names, served, color=[f"C{i}" for i in range(len(names))])
+    left.axhline(len(rows), color="grey", linestyle=":", label="every scenario (the oracle's)")
+    left.set_ylabel("scenarios with every rate served")
+    left.tick_params(axis="x", rotation=20, labelsize=8)
+    left.legend(fontsize=8)
+    for i, planner in enumerate(WHOLE_GPU_PLANNERS):
+        excess = sorted(100 * r[f"{planner}: measured excess"] for r in rows if r[f"{planner}: measured excess"] is not None)
+        right.step(excess, [(k + 1) / len(excess) for k in range(len(excess))], where="post", color=f"C{i + len(WHOLE_GPU_ALGORITHMS)}", label=planner)
+    right.axvline(0, color="grey", linestyle=":")
+    right.set_xlabel("largest (duty cycle + batch latency) / SLO - 1 on measured co-runs (%)")
+    right.set_ylabel("fraction of plans")
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3)
+    return figure_write(plt, fig, path, f"gpulets: {len(rows)} fleets a whole-GPU plan serves (benches/gpulets.py)")
+
+
+def whole_gpu_section(n: int, seed: int, jobs: int, out: Path) -> list[dict[str, Any]]:
+    scenarios = whole_gpu_scenarios_draw(n, seed)
+    tasks = [(str(i), rates, slos, gpus) for i, (rates, slos, gpus) in enumerate(scenarios)]
+    rows = parallel_map(whole_gpu_run, tasks, jobs)
+    rates, slos, gpus = WHOLE_GPU_MINIMAL
+    minimal = whole_gpu_run(("minimal", rates, slos, gpus))
+    for line in whole_gpu_table(rows, minimal):
+        print(line)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {csv_rows_write(out / 'gpulets_whole_gpu.csv', rows + [minimal], list(rows[0]))}")
+    print(whole_gpu_plot(rows, out / "gpulets_whole_gpu.png"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
     parser.add_argument("--scenarios", type=int, default=2000)
     parser.add_argument("--all", action="store_true", help="every one of the 3^10 - 1 scenarios (hours)")
-    parser.add_argument("--quick", action="store_true", help="100 scenarios and 6 s traces (under 3 minutes: 148-159 s on 2 idle cores)")
+    parser.add_argument("--quick", action="store_true", help="100 scenarios and 6 s traces (about 3 minutes on 2 idle cores; 301 s with --jobs 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--sim-seconds", type=float, default=None, help="trace length per simulated rate (default 30, 6 with --quick)")
     parser.add_argument("--mixes", default=None, help="simulate only these mixes: comma-separated name prefixes, e.g. scen2,game")
+    parser.add_argument("--whole-gpu-scenarios", type=int, default=None,
+                        help=f"scenarios of the whole-GPU sample (default {WHOLE_GPU_SCENARIOS}, or --scenarios if that is fewer; 0 skips it)")
+    parser.add_argument("--whole-gpu-only", action="store_true", help="run the whole-GPU sample alone")
     args = parser.parse_args(argv)
+    if args.whole_gpu_scenarios is None:
+        args.whole_gpu_scenarios = min(WHOLE_GPU_SCENARIOS, args.scenarios) if not args.whole_gpu_only else WHOLE_GPU_SCENARIOS
+    if args.whole_gpu_scenarios < 0:
+        parser.error("--whole-gpu-scenarios must be at least 0")
+    if args.whole_gpu_only:
+        started = time.perf_counter()
+        whole_gpu_section(max(1, args.whole_gpu_scenarios), args.seed, args.jobs, args.out)
+        print(f"done in {time.perf_counter() - started:.0f} s")
+        return 0
     mixes = list(SIM_MIXES)
     if args.mixes is not None:
         prefixes = [p.strip() for p in args.mixes.split(",") if p.strip()]
@@ -424,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {csv_rows_write(args.out / 'gpulets_summary.csv', summary, list(summary[0]))}")
     print(f"wrote {csv_rows_write(args.out / 'gpulets_throughput.csv', throughput, list(throughput[0]))}")
     print(plot(summary, rows, throughput, args.out / "gpulets.png"))
+    if args.whole_gpu_scenarios:
+        whole_gpu_section(args.whole_gpu_scenarios, args.seed, args.jobs, args.out)
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -9,6 +9,9 @@ from ._common import EXIT_INVALID, MPS_PLANNERS, django_setup, PIPELINE_PLANNERS
 
 plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan, export a stored plan.", no_args_is_help=True)
 
+# `plan solve`: a valid plan that leaves demand unserved (a shortfall, or nothing served at all) is no success.
+EXIT_SHORTFALL = 3
+
 
 def _verdict_echo(verdict) -> None:
     typer.echo(f"verdict      {'valid' if verdict.valid else 'INVALID'}" + (f" ({len(verdict.warnings)} warning(s))" if verdict.warnings else ""))
@@ -36,7 +39,7 @@ def _plan_summary_echo(problem, plan) -> None:
     demand = problem.total_demand_rps
     shortfall = sum(plan.shortfall_rps.values())
     gap = "-" if plan.gap is None else f"{plan.gap:.2%}"
-    typer.echo(f"status       {plan.status} ({plan.solver}, {plan.objective_kind})")
+    typer.echo(f"status       {plan.status}{', SHORT of demand' if shortfall else ''} ({plan.solver}, {plan.objective_kind})")
     typer.echo(f"objective    {number(plan.objective)}   bound {number(plan.bound)}   gap {gap}")
     typer.echo(f"solve time   {plan.solve_seconds:.2f} s")
     typer.echo(f"accuracy     {number(plan.effective_accuracy, '.4f')} effective")
@@ -77,7 +80,8 @@ def plan_solve_cmd(
     out: Path = typer.Option(None, "--out", help="Write the plan JSON here"),
 ) -> None:
     """Solve a planning problem, print a summary, write the plan and check it with the independent validator.
-    Exit 0 when the plan is valid, 1 when it fails validation, 2 for malformed input."""
+    Exit 0 when the plan is valid and serves every application's demand, 1 when it fails validation, 2 for
+    malformed input, 3 when the plan is valid but leaves demand unserved (its shortfall, printed)."""
     import json
 
     from engine.plans.problem import OBJECTIVES, SOLVERS
@@ -115,6 +119,11 @@ def plan_solve_cmd(
     _verdict_echo(verdict)
     if not verdict.valid:
         raise typer.Exit(EXIT_INVALID)
+    short = {name: rps for name, rps in plan.shortfall_rps.items() if rps > 0}
+    if short:
+        typer.echo(f"SHORTFALL    {sum(short.values()):.6g} of {problem.total_demand_rps:.6g} rps unserved: "
+                   + ", ".join(f"{name} {rps:.6g}" for name, rps in short.items()))
+        raise typer.Exit(EXIT_SHORTFALL)
 
 
 @plan_app.command("validate")

@@ -50,13 +50,30 @@ Where this departs from the paper, and why:
 - Line 20 is the Nexus rule above (d + L(b) x intf <= SLO, so 2 L <= SLO for a model alone), not the
   literal L + intf <= SLO: a query that arrives just after a batch starts waits for it. The SLO is scaled
   by 2 x `latency_budget_fraction` (1 at the default 1/2), the capacity model the other planners share.
-- intf is a factor on L (the fitted model of `engine/sharing/interference.py`), predicted against every
-  model on the GPU's other partition at its batch (the worst of them, since they take turns). The factor is
-  mutual, so placing a model also re-checks the models already next to it; the paper checks the newcomer
-  only, and the first model placed on a split GPU saw no co-runner when it was checked.
-- A split or placement whose check fails is undone; the paper's loop leaves the GPU split.
+- intf is a factor on L (the fitted model of `engine/sharing/interference.py`, never below a measured co-run
+  where one was measured), predicted against every model on the GPU's other partition at its batch (the
+  worst of them, since they take turns). The factor is mutual, so placing a model also re-checks the models
+  already next to it against it; the paper checks the newcomer only.
+- Interference is charged only against what runs beside a partition (issue 39). A model is first sized with
+  headroom for whatever may come beside it later (every model of the problem at its largest batch on the
+  other partition), so that a later co-runner need not be refused; where that headroom refuses it, it is
+  placed against what actually runs there, nothing for an empty neighbour (line 20 with intf = 1). When
+  the schedule is done, every factor is re-derived against the co-runners the schedule puts beside it, at
+  the same rounds and batches: a partition with nothing beside it carries 1. (Before, a split GPU was
+  charged 1.2-1.5x for a co-runner that never came, and a model whose tight SLO could not absorb that was
+  refused everywhere.)
+- A split or placement whose check fails is undone; the paper's loop leaves the GPU split. Where the split
+  to p_ideal cannot take the model, the unsplit GPU (100 %) is tried before the next gpulet: the paper's
+  FINDBESTFIT always splits a whole gpulet larger than p_ideal.
 - When no remaining gpulet is as large as p_ideal, the paper's loop has no way out; here the model takes
-  the largest remaining gpulet that meets its SLO (serving part of its rate), and fails only when none does.
+  the largest remaining gpulet that meets its SLO (serving part of its rate). When no free gpulet takes
+  it at all, its rest is time-shared on a busy gpulet (TEMPORALSCHEDULING without a new gpulet; grown back
+  to the whole GPU when the rest of that GPU is idle), the most of it that fits (`_share_busy`); the
+  paper's ISREMAINGPULET stops there with the rest unserved.
+- Not in the algorithm functions but offered to planners (`whole_gpu_fallback`, used by
+  engine/solvers/gpulets.py): where a scheduler still leaves a rate unserved on its GPUs, the whole-GPU plan
+  (`whole_gpu_schedule`: SBP's, or a search over every grouping of what is left once models fill whole
+  GPUs) is kept if it serves more, so a planner never leaves unserved what unsplit GPUs would serve.
 - A GPU holds at most two partitions, as in the paper (one split of a whole GPU) and as the interference
   data was measured (a pair); partitions that empty are joined back into the whole GPU.
 - Merges repeat while the newest gpulet can merge with another, each time with the pair whose merged
@@ -91,6 +108,8 @@ __all__ = [
     "ideal_schedule",
     "sbp_schedule",
     "sharing_schedule_validate",
+    "whole_gpu_fallback",
+    "whole_gpu_schedule",
 ]
 
 # §5.2: "4 GPUs can be partitioned into either (2:8), (4:6), (5:5), or (10:0)".
@@ -98,6 +117,7 @@ IDEAL_SPLITS_DEFAULT: tuple[tuple[int, ...], ...] = ((20, 80), (40, 60), (50, 50
 _RATE_EPS = 1e-6  # req/s: a remaining rate below this is served
 _LONE_CACHE_LIMIT = 200_000  # entries of each rate-dependent memo before it is emptied (bounds memory)
 _REL = 1e-9
+_SHARE_STEPS = 12  # bisection steps on the share of a rate time-shared on a busy gpulet (1/4096 of it)
 
 
 class InterferenceOracle(Protocol):
@@ -479,22 +499,25 @@ class _Fleet:
     def siblings(self, gpulet: _Gpulet) -> list[_Gpulet]:
         return [g for g in self.gpus[gpulet.gpu] if g is not gpulet]
 
-    def neighbours(self, gpulet: _Gpulet, *, leaving: _Gpulet | None = None) -> list[tuple[str, int, int]]:
-        """(model, batch, percent) of everything running on the GPU's other partitions, and, for another
-        partition that is empty (or `leaving`, whose models are moving away), every model of the problem at its
-        largest batch there: whatever comes later must not break what is placed now (interference is mutual)."""
-        return [n for sibling in self.siblings(gpulet) for n in self.neighbours_of_partition(sibling, leaving=leaving)]
+    def neighbours(self, gpulet: _Gpulet, *, leaving: _Gpulet | None = None, anticipate: bool = True) -> list[tuple[str, int, int]]:
+        """(model, batch, percent) of everything running on the GPU's other partitions, and, with `anticipate`,
+        for another partition that is empty (or `leaving`, whose models are moving away), every model of the
+        problem at its largest batch there: headroom so that what comes later need not be refused (interference
+        is mutual). Without `anticipate`, only what actually runs there."""
+        return [n for sibling in self.siblings(gpulet) for n in self.neighbours_of_partition(sibling, leaving=leaving, anticipate=anticipate)]
 
     def siblings_recheck(self, gpulet: _Gpulet, schedule: PartitionSchedule, *, leaving: _Gpulet | None = None
                          ) -> list[tuple[_Gpulet, PartitionSchedule]] | None:
         """The GPU's other busy partitions next to `schedule` on `gpulet`: the same rounds and batches with
-        their factors against it (to be applied with the change), or None if one of them would miss an SLO."""
+        their factors against it (to be applied with the change), or None if one of them would miss an SLO.
+        Checked against what actually runs beside them (their own sizing allowed for more)."""
         updated = []
         for sibling in self.siblings(gpulet):
             if sibling.schedule is None or sibling is leaving:
                 continue
             others = [(e.model, e.batch, gpulet.size) for e in schedule.entries] + [
-                n for s in self.siblings(sibling) if s is not gpulet for n in self.neighbours_of_partition(s, leaving=leaving)
+                n for s in self.siblings(sibling) if s is not gpulet
+                for n in self.neighbours_of_partition(s, leaving=leaving, anticipate=False)
             ]
             loads = [_Load(e.model, e.rate_rps) for e in sibling.schedule.entries]
             again = _round_at(self.problem, loads, sibling.size, sibling.schedule.duty_cycle_ms, others)
@@ -503,11 +526,13 @@ class _Fleet:
             updated.append((sibling, again))
         return updated
 
-    def neighbours_of_partition(self, partition: _Gpulet, *, leaving: _Gpulet | None = None) -> list[tuple[str, int, int]]:
-        """What `partition` puts next to the others: its models, or, empty or leaving, anything that may come."""
+    def neighbours_of_partition(self, partition: _Gpulet, *, leaving: _Gpulet | None = None, anticipate: bool = True
+                                ) -> list[tuple[str, int, int]]:
+        """What `partition` puts next to the others: its models, or, empty or leaving, anything that may come
+        (with `anticipate`) or nothing."""
         if partition.schedule is not None and partition is not leaving:
             return [(e.model, e.batch, partition.size) for e in partition.schedule.entries]
-        return _anticipated(self.problem, partition.size) if self.problem.interference is not None else []
+        return _anticipated(self.problem, partition.size) if anticipate and self.problem.interference is not None else []
 
     def commit(self, gpulet: _Gpulet, loads: list[_Load], schedule: PartitionSchedule,
                siblings: list[tuple[_Gpulet, PartitionSchedule]]) -> None:
@@ -549,7 +574,29 @@ class _Fleet:
         gpulet.loads, gpulet.schedule = [], None
         self.join_if_free(gpulet.gpu)
 
+    def retime(self) -> None:
+        """Every busy partition's entries re-timed against what actually runs beside it now, at the same
+        rounds and batches: a partition with nothing beside it carries no interference factor, and one whose
+        neighbour left (merged away) drops that neighbour's. The factors are those the validator re-derives."""
+        if self.problem.interference is None:
+            return
+        for gpulet in self.busy():
+            if gpulet.schedule is None:
+                continue
+            neighbours = self.neighbours(gpulet, anticipate=False)
+            entries = []
+            for e in gpulet.schedule.entries:
+                solo = _latency(self.problem, e.model, e.batch, gpulet.size)
+                factor = _factor(self.problem, e.model, e.batch, gpulet.size, neighbours)
+                entries.append(replace(e, latency_ms=solo * factor, interference_factor=factor) if solo is not None else e)
+            again = replace(gpulet.schedule, entries=tuple(entries))
+            duty = again.duty_cycle_ms
+            if sum(e.latency_ms for e in entries) <= duty * (1 + _REL) and \
+                    all(duty + e.latency_ms <= self.problem.round_budget_ms(e.model) * (1 + _REL) for e in entries):
+                gpulet.schedule = again
+
     def result(self, scheduler: str, started: float, *, notes: Iterable[str] = ()) -> SharingSchedule:
+        self.retime()
         served: dict[str, float] = {m.name: 0.0 for m in self.problem.models}
         gpus = []
         for index, gpu in enumerate(self.gpus):
@@ -571,18 +618,22 @@ def _place(fleet: _Fleet, gpulet: _Gpulet, model: str, rate: float) -> tuple[_Lo
     problem = fleet.problem
     if not fleet.memory_fits(gpulet.gpu, [model]):
         return None
-    neighbours = fleet.neighbours(gpulet)
-    capacity = _capacity_next_to(problem, model, gpulet.size, neighbours)
-    if capacity is None:
-        return None
-    load = _Load(model, min(rate, capacity[1]))
-    schedule = _round_fit(problem, [load], gpulet.size, neighbours)
-    if schedule is None:
-        return None
-    siblings = fleet.siblings_recheck(gpulet, schedule)
-    if siblings is None:
-        return None
-    return load, schedule, siblings
+    anticipated = fleet.neighbours(gpulet)
+    actual = fleet.neighbours(gpulet, anticipate=False)
+    # Sized for what may come beside it first (headroom); if that refuses the model, for what is there.
+    for neighbours in ([anticipated, actual] if anticipated != actual else [actual]):
+        capacity = _capacity_next_to(problem, model, gpulet.size, neighbours)
+        if capacity is None:
+            continue
+        load = _Load(model, min(rate, capacity[1]))
+        schedule = _round_fit(problem, [load], gpulet.size, neighbours)
+        if schedule is None:
+            continue
+        siblings = fleet.siblings_recheck(gpulet, schedule)
+        if siblings is None:
+            continue
+        return load, schedule, siblings
+    return None
 
 
 def _merge_loads(a: Sequence[_Load], b: Sequence[_Load]) -> list[_Load]:
@@ -631,9 +682,12 @@ def _find_best_fit(fleet: _Fleet, model: str, rate: float, p_ideal: int, *, spli
         whole = split and gpulet.size == 100 and p_ideal < 100 and len(fleet.gpus[gpulet.gpu]) == 1
         target = fleet.split(gpulet, p_ideal) if whole else gpulet
         placed = _place(fleet, target, model, rate)
+        if placed is None and whole:
+            # The split does not serve the model: the unsplit GPU (100 %, nothing beside it) is a candidate too.
+            fleet.gpus[gpulet.gpu] = [gpulet]
+            target = gpulet
+            placed = _place(fleet, target, model, rate)
         if placed is None:
-            if whole:
-                fleet.gpus[gpulet.gpu] = [gpulet]
             continue
         fleet.commit(target, [placed[0]], placed[1], placed[2])
         return _temporal_schedule(fleet, target) if merge else target
@@ -645,20 +699,87 @@ def _find_best_fit(fleet: _Fleet, model: str, rate: float, p_ideal: int, *, spli
     return None
 
 
+def _share_busy(fleet: _Fleet, model: str, rate: float) -> _Gpulet | None:
+    """The last resort when no free gpulet takes the model (module docstring): time-share its remaining rate
+    on a busy gpulet (TEMPORALSCHEDULING without a new gpulet), first at the gpulet's own size; failing that,
+    on a gpulet whose GPU is otherwise idle, grown back to the whole GPU (its models then run at 100 %, with
+    nothing beside them). The most of the rate that fits (bisection), the busiest round on a tie."""
+    problem = fleet.problem
+    can_grow = fleet.splittable
+    for grow in (False, True):
+        best = None
+        for gpulet in fleet.busy():
+            siblings = fleet.siblings(gpulet)
+            if grow and not (can_grow and siblings and all(not s.loads for s in siblings)):
+                continue
+            size = 100 if grow else gpulet.size
+            if not fleet.memory_fits(gpulet.gpu, [] if any(l.model == model for l in gpulet.loads) else [model]):
+                continue
+
+            def attempt(share: float, gpulet=gpulet, size=size):
+                loads = _merge_loads(gpulet.loads, [_Load(model, share)])
+                if grow:
+                    schedule = _round_fit(problem, loads, size, [])
+                    return None if schedule is None else (loads, schedule, [])
+                schedule = _round_fit(problem, loads, size, fleet.neighbours(gpulet))
+                if schedule is None:
+                    return None
+                again = fleet.siblings_recheck(gpulet, schedule)
+                return None if again is None else (loads, schedule, again)
+
+            share, found = rate, attempt(rate)
+            if found is None:
+                # Full already (the usual case): not even the smallest share fits, so no bisection.
+                low, high = rate / 2 ** _SHARE_STEPS, rate
+                found = attempt(low)
+                if found is None:
+                    continue
+                for _ in range(_SHARE_STEPS):
+                    mid = (low + high) / 2
+                    trial = attempt(mid)
+                    if trial is None:
+                        high = mid
+                    else:
+                        low, found = mid, trial
+                share = low
+            if found is None or share <= _RATE_EPS:
+                continue
+            key = (share, found[1].occupancy)
+            if best is None or key[0] > best[0][0] * (1 + _REL) or (key[0] >= best[0][0] * (1 - _REL) and key[1] > best[0][1] + _REL):
+                best = (key, gpulet, found)
+        if best is not None:
+            _, gpulet, (loads, schedule, again) = best
+            if grow:
+                whole = _Gpulet(gpulet.gpu, 100)
+                fleet.gpus[gpulet.gpu] = [whole]
+                fleet.assign(whole, loads, schedule)
+                return whole
+            fleet.commit(gpulet, loads, schedule, again)
+            return gpulet
+    return None
+
+
 def _served_on(fleet: _Fleet, model: str) -> float:
     return sum(load.rate for g in fleet.busy() for load in g.loads if load.model == model)
 
 
 def _allocate(fleet: _Fleet, *, split: bool, merge: bool, partition_choice: Callable[[str, float], int]) -> None:
     """Lines 2-12: models by rate x SLO ascending, each given gpulets until its rate is served or no
-    gpulet is left."""
+    gpulet is left; with `merge` (temporal sharing) on GPUs the scheduler partitions itself, the rest a free
+    gpulet cannot take is time-shared on a busy one (`_share_busy`). The ideal's fixed partitionings keep the
+    paper's loop: it tries every partitioning anyway, and the search would multiply its cost."""
     problem = fleet.problem
     for demand in sorted(problem.models, key=lambda m: (m.rate_rps * m.slo_ms, m.name)):
         for _ in range(4 * len(fleet.gpus) + 4):  # each pass takes a gpulet or serves the rest; a guard
             remaining = demand.rate_rps - _served_on(fleet, demand.name)
-            if remaining <= _RATE_EPS or not fleet.free():
+            if remaining <= _RATE_EPS:
                 break
-            if _find_best_fit(fleet, demand.name, remaining, partition_choice(demand.name, remaining), split=split, merge=merge) is None:
+            placed = None
+            if fleet.free():
+                placed = _find_best_fit(fleet, demand.name, remaining, partition_choice(demand.name, remaining), split=split, merge=merge)
+            if placed is None and merge and fleet.splittable:  # elastic partitioning; not the ideal's fixed partitionings
+                placed = _share_busy(fleet, demand.name, remaining)
+            if placed is None:
                 break
 
 
@@ -701,6 +822,31 @@ def gpu_scaling_schedule(problem: SharingProblem, *, gpu_limit: int, gpus_before
 
 def _with_note(result: SharingSchedule, note: str) -> SharingSchedule:
     return replace(result, notes=result.notes + (note,))
+
+
+def whole_gpu_fallback(scheduler: Callable[[SharingProblem, int], SharingSchedule]) -> Callable[[SharingProblem, int], SharingSchedule]:
+    """`scheduler`, with the planner's safety net: where it leaves a rate unserved on `gpus` GPUs, the
+    whole-GPU plan on the same GPUs (`whole_gpu_schedule`: every GPU unsplit, nothing beside any partition,
+    its models time-shared by the Section 2.2 rules) is kept instead if it serves more, under the scheduler's
+    name and with a note saying so. So a planner wrapped in it never leaves demand unserved that whole GPUs
+    would serve. Not in the paper: neither Algorithm 1 nor greedy best-fit falls back to whole GPUs."""
+
+    def schedule(problem: SharingProblem, gpus: int) -> SharingSchedule:
+        result = scheduler(problem, gpus)
+        if result.schedulable:
+            return result
+        whole = whole_gpu_schedule(problem, gpus)
+        served, whole_served = sum(result.served_rps.values()), sum(whole.served_rps.values())
+        if not (whole.schedulable or whole_served > served * (1 + 1e-6) + _RATE_EPS):
+            return result
+        note = (f"{result.scheduler} left {sum(result.shortfall_rps.values()):.6g} req/s unserved on {gpus} GPU(s); the whole-GPU "
+                f"plan (unsplit GPUs, time-shared) serves {'every rate' if whole.schedulable else f'{whole_served:.6g} req/s'} and is kept")
+        return replace(whole, scheduler=result.scheduler, runtime_s=result.runtime_s + whole.runtime_s,
+                       notes=result.notes + tuple(n for n in whole.notes if n not in result.notes) + (note,))
+
+    schedule.__name__ = f"{getattr(scheduler, '__name__', 'scheduler')}_with_whole_gpu_fallback"
+    schedule.__doc__ = scheduler.__doc__
+    return schedule
 
 
 def sbp_schedule(problem: SharingProblem, gpus: int) -> SharingSchedule:
@@ -752,14 +898,154 @@ def sbp_schedule(problem: SharingProblem, gpus: int) -> SharingSchedule:
     return fleet.result("sbp", started, notes=notes)
 
 
+def _round_search(problem: SharingProblem, loads: Sequence[_Load], size: int) -> PartitionSchedule | None:
+    """The loads time-share a partition with nothing beside it, by the Section 2.2 rules, with every round
+    tried rather than Nexus's merge rule's one: between two round lengths at which some load needs a larger
+    batch (d = b / rate) the batches are fixed (each model its fastest batch covering a round's arrivals:
+    measured curves are not monotone), and the longest round that keeps every SLO, if it holds the batches,
+    is that interval's; the one with the lowest occupancy. None: no round serves them."""
+    fastest = {}
+    for load in loads:
+        key = ("fastest", load.model, size)
+        if key not in problem._cache:
+            last, table = _latency_table(problem, load.model, size)
+            suffix: list[tuple[float, int] | None] = [None] * (last + 2)
+            for batch in range(last, 0, -1):
+                here = (table[batch], batch) if table[batch] is not None else None
+                after = suffix[batch + 1]
+                suffix[batch] = here if after is None or (here is not None and here[0] <= after[0]) else after
+            problem._cache[key] = (last, suffix)
+        fastest[load.model] = problem._cache[key]
+    active = [load for load in loads if load.rate > _RATE_EPS]
+    if not active:
+        return None
+    steps = sorted({b * 1000.0 / load.rate for load in active for b in range(1, fastest[load.model][0] + 1)})
+    best = None
+    low = 0.0
+    for high in steps:
+        chosen = []
+        for load in active:
+            last, suffix = fastest[load.model]
+            need = max(1, math.ceil(load.rate * high / 1000.0 - 1e-9))
+            if need > last or suffix[need] is None:
+                return best  # a longer round needs a batch beyond the profiles
+            chosen.append((load, suffix[need][1], suffix[need][0]))
+        shortest = max(low, sum(ms for _, _, ms in chosen))
+        longest = min([high] + [problem.round_budget_ms(load.model) - ms for load, _, ms in chosen])
+        if 0 < shortest <= longest * (1 + _REL):
+            duty = max(shortest, min(high, longest))
+            entries = tuple(sorted((ScheduleEntry(load.model, load.rate, batch, ms, 1.0) for load, batch, ms in chosen), key=lambda e: e.model))
+            candidate = PartitionSchedule(size, duty, entries)
+            if best is None or candidate.occupancy < best.occupancy - _REL:
+                best = candidate
+        low = high
+    return best
+
+
+_WHOLE_GPU_SEARCH_LIMIT = 200_000  # groupings tried before the search gives up (it has not on any bench scenario)
+
+
+def _best_throughput(problem: SharingProblem, model: str, percent: int) -> float | None:
+    """The most req/s one model alone serves on `percent` %: b / L(b) over the batches with 2 L(b) within
+    the round budget (the best batch, which a measured curve need not make the largest)."""
+    budget = problem.round_budget_ms(model) / 2
+    last, table = _latency_table(problem, model, percent)
+    found = [b * 1000.0 / table[b] for b in range(1, last + 1) if table[b] is not None and table[b] <= budget * (1 + _REL)]
+    return max(found) if found else None
+
+
+def _whole_gpu_search(problem: SharingProblem, gpus: int) -> SharingSchedule | None:
+    """A whole-GPU plan that serves every rate on `gpus` GPUs, if one of this form exists: each model fills
+    whole GPUs at its best throughput, and the rests are grouped onto the other GPUs, every grouping tried
+    (depth first, largest rest first, a group kept only if `_round_search` and the GPU's memory hold it)."""
+    started = time.perf_counter()
+    full: list[_Load] = []
+    rests: list[tuple[_Load, float]] = []
+    for demand in problem.models:
+        if demand.rate_rps <= _RATE_EPS:
+            continue
+        throughput = _best_throughput(problem, demand.name, 100)
+        if throughput is None:
+            return None
+        count = math.floor(demand.rate_rps / throughput * (1 + 1e-12))
+        full += [_Load(demand.name, throughput)] * count
+        rest = demand.rate_rps - count * throughput
+        if rest > _RATE_EPS:
+            rests.append((_Load(demand.name, rest), rest / throughput))
+    if len(full) > gpus:
+        return None
+    rests.sort(key=lambda r: (-r[1], r[0].model))
+    loads = [r[0] for r in rests]
+    memory = problem.memory_mb
+    limit = problem.gpu_memory_mb
+    fits: dict[frozenset[int], PartitionSchedule | None] = {}
+
+    def group_schedule(members: frozenset[int]) -> PartitionSchedule | None:
+        if members not in fits:
+            group = [loads[i] for i in sorted(members)]
+            if limit is not None and sum(memory.get(load.model, 0.0) for load in group) > limit * (1 + _REL):
+                fits[members] = None
+            else:
+                fits[members] = _round_search(problem, group, 100)
+        return fits[members]
+
+    tried = 0
+    groups: list[frozenset[int]] = []
+
+    def place(i: int) -> bool:
+        nonlocal tried
+        if i == len(loads):
+            return True
+        tried += 1
+        if tried > _WHOLE_GPU_SEARCH_LIMIT:
+            return False
+        for k in range(len(groups)):
+            grown = groups[k] | {i}
+            if group_schedule(grown) is not None:
+                previous, groups[k] = groups[k], grown
+                if place(i + 1):
+                    return True
+                groups[k] = previous
+        if len(full) + len(groups) < gpus and group_schedule(frozenset({i})) is not None:
+            groups.append(frozenset({i}))
+            if place(i + 1):
+                return True
+            groups.pop()
+        return False
+
+    if not place(0):
+        return None
+    fleet = _Fleet(problem, gpus)
+    bins = [([load], _round_search(problem, [load], 100)) for load in full] + \
+        [([loads[i] for i in sorted(g)], group_schedule(g)) for g in groups]
+    for index, (members, schedule) in enumerate(bins):
+        if schedule is None:  # a whole GPU at a model's best throughput: cannot happen; kept as a guard
+            return None
+        fleet.assign(fleet.gpus[index][0], _merge_loads(members, []), schedule)
+    return fleet.result("whole-GPU", started, notes=[f"whole-GPU search: {len(bins)} GPU(s), {tried} grouping step(s)"])
+
+
+def whole_gpu_schedule(problem: SharingProblem, gpus: int) -> SharingSchedule:
+    """The whole-GPU plan: every GPU unsplit (100 %, nothing beside it, so no interference), its models
+    time-shared by the Section 2.2 rules. SBP's (`sbp_schedule`) where it serves every rate; else the search
+    of `_whole_gpu_search`, every grouping of what is left of the rates once models fill whole GPUs, where it
+    finds one; else SBP's, short."""
+    sbp = sbp_schedule(problem, gpus)
+    if sbp.schedulable:
+        return sbp
+    searched = _whole_gpu_search(problem, gpus)
+    return searched if searched is not None and searched.schedulable else sbp
+
+
 def best_fit_schedule(problem: SharingProblem, gpus: int) -> SharingSchedule:
     """Greedy best-fit (gpulets §2.3): "chooses the minimum required partition size for each model to handle
     a given request rate with SLO constraint. It allocates the partitions of multiple ML models to GPUs
     through best-fit searching." One model per partition (no temporal sharing): p_req, or the whole GPU
     when no partition serves the rate; best fit: the smallest free partition at least that large (a whole
     GPU is split to the size first), the same sweep as Algorithm 1's FINDBESTFIT. Departure: the same interference check as the
-    others (placing a model re-checks its neighbour), so the comparison is of the algorithms, not of the
-    safety margin."""
+    others (placing a model re-checks its neighbour; a partition with nothing beside it carries no factor;
+    the unsplit GPU is a candidate when the split does not take the model), so the comparison is of the
+    algorithms, not of the safety margin. No temporal sharing, so no `_share_busy`."""
     started = time.perf_counter()
     fleet = _Fleet(problem, gpus)
 

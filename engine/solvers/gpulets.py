@@ -17,7 +17,15 @@ What the adapter decides (the paper's scheduler has one model per application an
 - Partitions: the sizes every MPS GPU of the type allows and every chosen variant has profiles for (the
   validator reads latency from profiles, so a size without one cannot be planned).
 - Interference: the problem's `interference` model with the profiles' L2 and DRAM utilisations; without
-  either, partitions are planned as if they did not interfere, and the plan says so in a note.
+  either, partitions are planned as if they did not interfere, and the plan says so in a note. On the GPU
+  type the bundled co-runs were measured on (engine/reference/data/gpulet, RTX 2080 Ti), the prediction is
+  never below a measured co-run of that model, batch, partition and co-runner (`InterferencePredictor`'s
+  `measured`), so a plan that keeps its SLOs on the prediction keeps them on the measured co-run latencies.
+- Shortfall: `gpulets`, `best-fit` and `ideal` fall back to the whole-GPU plan (`whole_gpu_fallback`: SBP's
+  unsplit, time-shared GPUs) on the GPUs they were given when it serves more than they do, so no plan leaves
+  demand unserved that whole GPUs would serve. What is still unserved is the plan's `shortfall_rps`, its
+  status is then `feasible` (never `optimal`; `infeasible` when nothing is served), its first note says
+  how much is short, and `tessera plan solve` exits 3.
 - Memory: a variant's footprint is the most memory any of its MPS profiles (or its own figure) names; the
   models on one GPU share its memory.
 - Every partition is written with its duty cycle (the round of Nexus's rules), its entries' interference
@@ -26,12 +34,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from engine.plans.problem import DeviceSpec, Plan, PlanInstance, Problem, RouteEntry
-from engine.reference.profiles import GpuletMemUtil
-from engine.sharing.interference import InterferenceModel, InterferencePredictor
+from engine.reference.profiles import (
+    GPULET_GPU_MODEL,
+    GpuletMemUtil,
+    gpulet_inference_read,
+    gpulet_interference_read,
+    gpulet_mem_util_read,
+    reference_data_dir,
+)
+from engine.sharing.interference import CorunSample, InterferenceModel, InterferencePredictor, interference_samples_build
 from engine.sharing.latency import PartitionLatencyModel
 from engine.sharing.partitions import mps_slice_name, mps_slice_percent
 from engine.sharing.scheduling import (
@@ -43,10 +60,11 @@ from engine.sharing.scheduling import (
     gpu_scaling_schedule,
     ideal_schedule,
     sbp_schedule,
+    whole_gpu_fallback,
 )
 from engine.solvers.solve import SHARING
 
-__all__ = ["SHARING_SOLVERS", "interference_predictor_for", "sharing_problem_from", "sharing_plan_solve"]
+__all__ = ["SHARING_SOLVERS", "interference_predictor_for", "measured_coruns_for", "sharing_problem_from", "sharing_plan_solve"]
 
 SHARING_SOLVERS = SHARING  # the names plan_solve dispatches here
 _RPS_EPS = 1e-6
@@ -125,10 +143,31 @@ def sharing_problem_from(problem: Problem) -> tuple[SharingProblem | None, _Mapp
     return sharing, _Mapping(devices, variant_of, notes)
 
 
-def interference_predictor_for(problem: Problem, device_type: str, variants: set[str], notes: list[str]) -> InterferencePredictor | None:
+@lru_cache(maxsize=2)
+def _reference_coruns(folder: Path) -> tuple[CorunSample, ...]:
+    return tuple(interference_samples_build(gpulet_inference_read(folder / "gpulet" / "inference.csv"),
+                                            gpulet_interference_read(folder / "gpulet" / "interference.csv"),
+                                            gpulet_mem_util_read(folder / "gpulet" / "mem_util.csv")).samples)
+
+
+def measured_coruns_for(device_type: str, variants: set[str]) -> list[CorunSample]:
+    """The measured co-runs that bound interference from below on `device_type`: those of the reference data
+    (engine/reference/data/gpulet, or TESSERA_REFERENCE_DATA) when it is the GPU type they were measured on,
+    for pairs of `variants`; none otherwise."""
+    if device_type != GPULET_GPU_MODEL:
+        return []
+    try:
+        samples = _reference_coruns(reference_data_dir())
+    except (OSError, ValueError):
+        return []
+    return [s for s in samples if s.model in variants and s.corunner in variants]
+
+
+def interference_predictor_for(problem: Problem, device_type: str, variants: set[str], notes: list[str], *,
+                               measured: Sequence[CorunSample] | None = None) -> InterferencePredictor | None:
     """The problem's interference model with the L2/DRAM utilisations its profiles give for `variants` on
-    `device_type` (what the planners and the simulator read); None, with a note saying why, when either is
-    missing."""
+    `device_type` (what the planners and the simulator read), bounded below by `measured` co-runs (default:
+    `measured_coruns_for`); None, with a note saying why, when the model or the utilisations are missing."""
     if problem.interference is None:
         notes.append("no interference model in the problem: MPS partitions planned as if they did not interfere")
         return None
@@ -140,16 +179,19 @@ def interference_predictor_for(problem: Problem, device_type: str, variants: set
     if missing:
         notes.append(f"no L2/DRAM utilisation in the profiles of {', '.join(missing)}: MPS partitions planned as if they did not interfere")
         return None
-    return InterferencePredictor(InterferenceModel(problem.interference.form, problem.interference.coefficients), utilisation)
+    floor = list(measured_coruns_for(device_type, variants) if measured is None else measured)
+    if floor:
+        notes.append(f"interference: the fitted model, never below the {len(floor)} measured co-runs of these models on {device_type}")
+    return InterferencePredictor(InterferenceModel(problem.interference.form, problem.interference.coefficients), utilisation, floor)
 
 
 def _schedule(problem: Problem, sharing: SharingProblem, mapping: _Mapping, solver: str) -> SharingSchedule:
     gpus = len(mapping.devices)
     if solver == "gpulets":
         before = sum(1 for d in mapping.devices if d.running)
-        return gpu_scaling_schedule(sharing, gpu_limit=gpus, gpus_before=before, scheduler=elastic_partitioning_schedule)
+        return gpu_scaling_schedule(sharing, gpu_limit=gpus, gpus_before=before, scheduler=whole_gpu_fallback(elastic_partitioning_schedule))
     schedulers: dict[str, Callable[[SharingProblem, int], SharingSchedule]] = {
-        "sbp": sbp_schedule, "best-fit": best_fit_schedule, "ideal": ideal_schedule,
+        "sbp": sbp_schedule, "best-fit": whole_gpu_fallback(best_fit_schedule), "ideal": whole_gpu_fallback(ideal_schedule),
     }
     return schedulers[solver](sharing, gpus)
 
@@ -212,8 +254,12 @@ def _plan_from_schedule(problem: Problem, schedule: SharingSchedule, mapping: _M
         sum(served[a] * acc for a, acc in accuracy.items()) / problem.total_demand_rps if problem.total_demand_rps > 0 else 0.0)
     status = "feasible" if total > 0 or problem.total_demand_rps == 0 else "infeasible"
     notes = list(mapping.notes) + list(schedule.notes)
-    if not schedule.schedulable:
-        notes.append(f"{schedule.scheduler}: unschedulable on {schedule.gpus_available} MPS GPU(s); shortfall reported per application")
+    short = {a: v for a, v in shortfall.items() if v > 0}
+    if short:
+        # First, so that the summary a user reads starts with it.
+        notes.insert(0, f"SHORTFALL: {sum(short.values()):.6g} of {problem.total_demand_rps:.6g} req/s unserved "
+                        f"({', '.join(f'{a} {v:.6g}' for a, v in short.items())}): {schedule.scheduler} is unschedulable on "
+                        f"{schedule.gpus_available} MPS GPU(s)")
     return Plan(
         status=status, solver=solver, objective_kind=problem.options.objective, objective=objective, bound=None, gap=None,
         solve_seconds=seconds, effective_accuracy=effective, served_rps=served, shortfall_rps=shortfall, instances=instances,

@@ -1,5 +1,6 @@
 """The engine's `tessera` subcommands (mig validate/layouts/export/import, plan solve/validate), run through
-Typer's CliRunner: output and exit codes (0 fine, 1 invalid, 2 malformed input)."""
+Typer's CliRunner: output and exit codes (0 fine, 1 invalid, 2 malformed input, 3 for `plan solve`: a valid plan
+that leaves demand unserved)."""
 from __future__ import annotations
 
 import json
@@ -294,6 +295,40 @@ def test_plan_solve_bad_options_exit_2(problem_file: Path, option: str, value: s
     result = run("plan", "solve", "--problem", str(problem_file), option, value)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_plan_solve_with_demand_left_unserved_exits_3(tmp_path: Path) -> None:
+    """A valid plan that cannot serve every application is no success: the summary and a SHORTFALL line say
+    how much is unserved, and the exit is 3 (the plan is still written). Ten times the small problem's
+    demand, on its own fleet."""
+    raw = small_problem_dict()
+    for app in raw["applications"]:
+        app["demand_rps"] *= 10
+    path = tmp_path / "problem.json"
+    path.write_text(json.dumps(raw))
+    out = tmp_path / "plan.json"
+    result = run("plan", "solve", "--problem", str(path), "--solver", "proteus", "--out", str(out))
+    assert result.exit_code == 3, result.output
+    assert "verdict      valid" in result.stdout and "SHORT of demand" in result.stdout
+    assert "SHORTFALL" in result.stdout and " rps unserved: " in result.stdout
+    plan = json.loads(out.read_text())
+    assert sum(plan["shortfall_rps"].values()) > 0
+    # The same plan is valid: `plan validate` checks validity, not service, and exits 0.
+    assert run("plan", "validate", "--problem", str(path), "--plan", str(out)).exit_code == 0
+
+
+def test_plan_solve_that_serves_nothing_exits_3(tmp_path: Path) -> None:
+    """An MPS problem on a fleet without MPS GPUs: an infeasible plan, every application short, exit 3."""
+    from engine.reference.gpulet_problem import gpulet_mps_problem_dict
+
+    raw = gpulet_mps_problem_dict({"resnet50": 100.0}, gpus=1)
+    raw["devices"][0]["mps"] = False
+    path = tmp_path / "problem.json"
+    path.write_text(json.dumps(raw))
+    result = run("plan", "solve", "--problem", str(path), "--solver", "gpulets")
+    assert result.exit_code == 3, result.output
+    assert "status       infeasible, SHORT of demand (gpulets" in result.stdout
+    assert "SHORTFALL    100 of 100 rps unserved: resnet50 100" in result.stdout
 
 
 def test_plan_validate_malformed_plan_exits_2(problem_file: Path, tmp_path: Path) -> None:

@@ -35,6 +35,8 @@ def test_every_mps_planner_gives_a_valid_plan(solver, seed):
     assert plan.solver == solver and plan.status == "feasible"
     if solver in ("gpulets", "ideal"):  # best-fit (one model per partition) and SBP may fall short here
         assert sum(plan.shortfall_rps.values()) == 0
+    if sum(plan.shortfall_rps.values()) > 0:
+        assert plan.notes[0].startswith("SHORTFALL: "), plan.notes
     for inst in plan.instances:
         assert mps_slice_percent(inst.slice) is not None and inst.duty_cycle_ms is not None
         assert inst.interference_factor >= 1
@@ -44,8 +46,12 @@ def test_every_mps_planner_gives_a_valid_plan(solver, seed):
     if solver == "sbp":
         assert all(inst.slice == "mps100" for inst in plan.instances)
     if solver == "best-fit":
-        slots = [(i.device, i.slice, i.start) for i in plan.instances]
-        assert len(slots) == len(set(slots)), "best-fit runs one model per partition"
+        if any("whole-GPU plan" in n for n in plan.notes):
+            # Best-fit fell short here and its whole-GPU fallback (unsplit, time-shared GPUs) served more.
+            assert all(inst.slice == "mps100" for inst in plan.instances)
+        else:
+            slots = [(i.device, i.slice, i.start) for i in plan.instances]
+            assert len(slots) == len(set(slots)), "best-fit runs one model per partition"
 
 
 def test_gpulets_time_shares_and_splits_gpus():

@@ -8,6 +8,7 @@ built while it replayed the plan for the prediction (caught on its way in)."""
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from apps.planning.services import plan_run_execute, plan_run_start
 from apps.registry.models import Application
 from engine.dataplane.routing import RoutingTable
 from engine.plans.problem import RouteEntry, plan_from_dict
+from engine.sharing.partitions import mps_slice_percent
 from engine.simulation import simulator
 
 from .conftest import DEMO_DEMAND
@@ -59,13 +61,31 @@ def _engine_ids(plan: Plan) -> dict[str, str]:
     desired states: the engine device is "<host>/<runtime device>", the instance the one on it at the
     runtime's placement (the only one on a whole GPU or a CPU)."""
     engine_plan = plan_from_dict(plan.result)
-    # A CPU runs several instances (pipeline replicas), each at its index: the runtime key's last part.
-    by_place = {(i.device, f"{i.slice}@{i.start}" if i.start is not None and "/cpu" not in i.device else
-                 (f"#{i.start or 0}" if "/cpu" in i.device else None)): i.id for i in engine_plan.instances}
-    assert len(by_place) == len(engine_plan.instances)
+    # A CPU runs several instances (pipeline replicas), each at its index: the runtime key's last part. An MPS
+    # partition runs several models in turn, each in a slot numbered in the plan's order (the key's last part).
+    slots: dict[tuple[str, str], int] = defaultdict(int)
+    by_place = {}
+    for i in engine_plan.instances:
+        if "/cpu" in i.device:
+            where = f"#{i.start or 0}"
+        elif i.start is None:
+            where = None
+        else:
+            where = f"{i.slice}@{i.start}"
+            if mps_slice_percent(i.slice) is not None:
+                slot = slots[(i.device, where)]
+                slots[(i.device, where)] += 1
+                where = f"{where}/{slot}"
+        by_place[(i.device, where)] = i.id
+    assert len(by_place) == len(engine_plan.instances), [(i.device, i.slice, i.start, i.variant) for i in engine_plan.instances]
 
     def place(runtime: dict) -> str | None:
-        return f"#{runtime['key'].rsplit('/', 1)[1]}" if runtime["device"].startswith("cpu") else runtime.get("placement")
+        if runtime["device"].startswith("cpu"):
+            return f"#{runtime['key'].rsplit('/', 1)[1]}"
+        placement = runtime.get("placement")
+        if placement is not None and mps_slice_percent(placement.split("@")[0]) is not None:
+            return f"{placement}/{runtime['key'].rsplit('/', 1)[1]}"
+        return placement
 
     return {
         f"{host}/{runtime['key']}": by_place[(f"{host}/{runtime['device']}", place(runtime))]
