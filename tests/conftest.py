@@ -140,6 +140,7 @@ _NOT_FAST_TESTS = {
     "test_joint_matches_brute_force", "test_proteus_matches_brute_force", "test_mip_start_is_used",
     "test_the_fast_path_agrees_with_drf", "test_penalised_plan_never_worse_than_keeping_every_instance",
     "test_every_plan_passes_the_validator", "test_schedules_of_the_shared_profiles_at_four_times_the_rates_are_valid",
+    "test_a_six_stage_pipeline_of_six_variants_solves_to_the_optimum_the_milp_walk_finds",
 }
 
 
