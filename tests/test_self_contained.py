@@ -20,9 +20,12 @@ from engine.reference.proteus_artifact import proteus_recorded_figures
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Names of places beside the repository that earlier versions read, and the setting that pointed there.
+# Names of places beside the repository that earlier versions read, and the setting that pointed there. Built
+# from parts, so that this file does not itself name them.
+_BESIDE = "sha" + "red"
 OUTSIDE_NAMES = re.compile(
-    r"shared/(data|papers|hooks)\b|shared/ARCHITECTURE|TESSERA_SHARED_DATA|/work/|[/\"']\s*[\"']shared[\"']\s*/"
+    rf"{_BESIDE}/(data|papers|hooks)\b|{_BESIDE}/ARCHITECTURE|TESSERA_{_BESIDE.upper()}_DATA|/wo" r"rk/"
+    rf"|[/\"']\s*[\"']{_BESIDE}[\"']\s*/"
 )
 # A relative path that climbs: `../x`, possibly several levels.
 CLIMBING_PATH = re.compile(r"(?<![\w.])((?:\.\./)+)([\w.-]+)")
@@ -52,11 +55,8 @@ def _escapes_repo(base: Path, climb: str, first: str) -> bool:
 def test_no_tracked_file_names_a_path_outside_the_repository():
     if not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
-    this = Path(__file__).resolve()
     offenders = []
     for path in _tracked_text_files():
-        if path == this:
-            continue  # this file names the patterns it looks for
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if OUTSIDE_NAMES.search(line):
                 offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()[:120]}")
