@@ -284,34 +284,84 @@ def _interference(device_type: str) -> tuple[dict[str, Any] | None, str]:
     return {"form": model.form, "coefficients": list(model.coefficients)}, note
 
 
+@dataclass
+class _DeviceSection:
+    """The fleet's planned devices in the problem's form, and what the other sections read of them."""
+
+    raw: list[dict[str, Any]] = field(default_factory=list)
+    nvml_models: list = field(default_factory=list)  # GpuModelSpec described from NVML, for MIG GPUs the catalogue lacks
+    layouts: dict[int, dict[str, tuple[str, ...] | None]] = field(default_factory=dict)  # host id -> local device -> MIG layout
+    mps_layouts: dict[int, dict[str, tuple[str, ...]]] = field(default_factory=dict)  # host id -> local device -> MPS slots
+    types: set[str] = field(default_factory=set)
+    mps_types: list[str] = field(default_factory=list)  # the type of each MPS device, in device order
+    artifact_types: set[str] = field(default_factory=lambda: {CPU_DEVICE_TYPE})  # device types whose runtimes need an artifact
+    latest_specs: dict[int, dict] = field(default_factory=dict)  # host id -> its latest desired state
+
+
+@dataclass
+class _VariantSection:
+    """The planned variants and their profile points in the problem's form, and the applications seen."""
+
+    raw_variants: list[dict[str, Any]] = field(default_factory=list)
+    raw_profiles: list[dict[str, Any]] = field(default_factory=list)
+    planned_apps: dict[int, Any] = field(default_factory=dict)  # applications with at least one planned variant
+    seen_apps: dict[int, Any] = field(default_factory=dict)  # applications with at least one variant
+    policies: dict[int, SloPolicy] = field(default_factory=dict)
+
+
 def fleet_problem_build(
     *, demand: dict[str, float], options: SolveOptions | None = None, include_registered: bool = False,
     query_sizes_window_s: float = QUERY_SIZES_WINDOW_S,
 ) -> FleetSnapshot:
     """The planning problem of the fleet as it is now, for `demand` ({application name: rps}), with the query
-    sizes the routers counted over the last `query_sizes_window_s` seconds."""
-    catalogue = mig_catalogue_load()
-    options = options or SolveOptions()
+    sizes the routers counted over the last `query_sizes_window_s` seconds: each section of the problem
+    built by its own builder, in this order (see the module docstring for what each plans)."""
     snapshot = FleetSnapshot(problem=None)
     statuses = set(PLANNED_HOST_STATUSES) | ({HostStatusChoices.REGISTERED} if include_registered else set())
+    devices = _devices_build(snapshot, statuses)
+    variants = _variants_build(snapshot, devices)
+    raw_pipelines, staged = _pipelines_planned(snapshot, variants.planned_apps, demand)
+    raw_applications = _applications_build(snapshot, variants, staged, demand, query_sizes_window_s)
+    _left_out_notes(snapshot, demand)
+    if not devices.raw:
+        snapshot.notes.append("nothing to plan: no host with devices is online" + (" or registered" if include_registered else ""))
+        snapshot.devices, snapshot.hosts = {}, {}
+        return snapshot
+    if not raw_applications:
+        snapshot.notes.append("nothing to plan: no application has an SLO policy and a variant profiled on this fleet")
+        return snapshot
+    _running_set(snapshot, devices)
+    problem_raw = {
+        "format_version": 1, "applications": raw_applications, "variants": variants.raw_variants, "devices": devices.raw,
+        "profiles": variants.raw_profiles, "options": dataclasses.asdict(options or SolveOptions()),
+    }
+    if raw_pipelines:
+        problem_raw["pipelines"] = raw_pipelines
+    if devices.nvml_models:
+        problem_raw["gpu_models"] = [gpu_model_to_dict(m) for m in devices.nvml_models]
+    if devices.mps_types:
+        # The MPS planners plan the type most MPS GPUs have (engine/solvers/gpulets.py): fit to its co-runs.
+        interference, note = _interference(Counter(devices.mps_types).most_common(1)[0][0])
+        if interference is not None:
+            problem_raw["interference"] = interference
+        if note:
+            snapshot.notes.append(note)
+    snapshot.problem = problem_from_dict(problem_raw)
+    return snapshot
 
-    # ----------------------------------------------------------------- devices
+
+def _devices_build(snapshot: FleetSnapshot, statuses: set[str]) -> _DeviceSection:
+    """Every device of the hosts planned (`statuses`), in the problem's form; the hosts left out, with why."""
+    catalogue = mig_catalogue_load()
+    section = _DeviceSection()
     hosts = list(Host.objects.order_by("name"))
+    planned_hosts = [h for h in hosts if h.status in statuses]
     accelerators: dict[int, list[Accelerator]] = {}
-    for accelerator in (Accelerator.objects.filter(host__in=[h for h in hosts if h.status in statuses])
+    for accelerator in (Accelerator.objects.filter(host__in=planned_hosts)
                         .prefetch_related("gpu_instances", "mps_partitions_set").order_by("kind", "index")):
         accelerators.setdefault(accelerator.host_id, []).append(accelerator)
-    latest_specs: dict[int, dict] = {}
-    for state in HostDesiredState.objects.filter(host__in=[h for h in hosts if h.status in statuses]).order_by("host_id", "-version"):
-        latest_specs.setdefault(state.host_id, state.spec)
-
-    raw_devices: list[dict[str, Any]] = []
-    nvml_models: list = []  # GpuModelSpec described from NVML, for MIG GPUs the catalogue lacks
-    host_device_layouts: dict[int, dict[str, tuple[str, ...] | None]] = {}
-    host_mps_layouts: dict[int, dict[str, tuple[str, ...]]] = {}
-    device_types: set[str] = set()
-    mps_types: list[str] = []  # the type of each MPS device, in device order
-    artifact_types: set[str] = {CPU_DEVICE_TYPE}  # device types whose runtimes need an artifact
+    for state in HostDesiredState.objects.filter(host__in=planned_hosts).order_by("host_id", "-version"):
+        section.latest_specs.setdefault(state.host_id, state.spec)
     for host in hosts:
         if host.status not in statuses:
             snapshot.left_out["hosts"][host.name] = HOST_LEFT_OUT_REASONS.get(host.status, host.status)
@@ -325,109 +375,91 @@ def fleet_problem_build(
         for accelerator in items:
             local = f"{accelerator.kind}{accelerator.index}"
             name = f"{host.name}/{local}"
+            layouts[local] = None
             if accelerator.kind == AcceleratorKindChoices.CPU:
-                raw = {"name": name, "type": CPU_DEVICE_TYPE, "cores": int(accelerator.cpu_cores or 1)}
-                layouts[local] = None
-                device_type = CPU_DEVICE_TYPE
+                raw, device_type = {"name": name, "type": CPU_DEVICE_TYPE, "cores": int(accelerator.cpu_cores or 1)}, CPU_DEVICE_TYPE
             else:
-                spec = catalogue.gpu_model_find(accelerator.model_name)
-                if spec is None and accelerator.mig_capable and accelerator.mig_enabled:
-                    # A MIG GPU the catalogue lacks (or knows by its board's PCI id only): planned from
-                    # its catalogue model, else from the NVML profile table its agent reported.
-                    spec = accelerator.gpu_model_planned
-                    if spec is not None and spec.from_nvml and all(m.name != spec.name for m in nvml_models):
-                        nvml_models.append(spec)
-                        snapshot.notes.append(f"{name}: {spec.label}: planned from the profile table NVML reports on it")
-                if accelerator.mps_enabled and not accelerator.mig_enabled:
-                    device_type = spec.name if spec is not None else gpu_device_type(accelerator.model_name)
-                    raw = {"name": name, "type": device_type, "mig": False, "mps": True}
-                    memory = accelerator.memory_mb or (spec.memory_mib if spec is not None else 0)
-                    if memory:
-                        raw["memory_mb"] = float(memory)
-                    if accelerator.mps_partitions:
-                        raw["mps_partitions"] = sorted(accelerator.mps_partitions)
-                    partitions = sorted(accelerator.mps_partitions_set.all(), key=lambda p: p.index)
-                    percents: list[int] | None = [p.percent for p in partitions] if partitions else None
-                    if percents is None:
-                        desired = _desired_mps_layout(latest_specs.get(host.pk), accelerator.index)
-                        if desired is not None:
-                            percents = _mps_layout_percents(desired, accelerator.mps_partitions_allowed)
-                            if percents is None:
-                                snapshot.notes.append(f"{name}: the MPS layout of its latest desired state is not valid on it now; "
-                                                      "planned with its layout unknown")
-                    if percents is not None:
-                        raw["mps_layout"] = percents
-                    layouts[local] = None
-                    mps_layouts[local] = tuple(f"mps{p}@{i}" for i, p in enumerate(percents or []))
-                    mps_types.append(device_type)
-                elif spec is not None and accelerator.mig_capable:
-                    placements = sorted((gi.placement_start, gi.profile) for gi in accelerator.gpu_instances.all())
-                    layout = tuple(f"{profile}@{start}" for start, profile in placements) if accelerator.mig_enabled and placements else None
-                    raw = {"name": name, "type": spec.name, "mig": True, "memory_mb": float(spec.memory_mib)}
-                    if layout is not None:
-                        raw["layout"] = list(layout)
-                    elif accelerator.mig_enabled:
-                        snapshot.notes.append(f"{name}: MIG is enabled with no instance; planned as a whole GPU")
-                    layouts[local] = layout
-                    device_type = spec.name
-                else:
-                    device_type = gpu_device_type(accelerator.model_name)
-                    raw = {"name": name, "type": device_type, "mig": False}
-                    memory = accelerator.memory_mb or (spec.memory_mib if spec is not None else 0)
-                    if memory:
-                        raw["memory_mb"] = float(memory)
-                    layouts[local] = None
+                raw, device_type = _gpu_device(snapshot, section, catalogue, host, accelerator, name, layouts, mps_layouts)
                 if not host.simulated:
-                    artifact_types.add(device_type)
-            device_types.add(device_type)
-            raw_devices.append(raw)
+                    section.artifact_types.add(device_type)
+            section.types.add(device_type)
+            section.raw.append(raw)
             snapshot.devices[name] = {"host": host.pk, "host_name": host.name, "kind": accelerator.kind, "index": accelerator.index}
         snapshot.hosts[host.name] = host.pk
-        host_device_layouts[host.pk] = layouts
-        host_mps_layouts[host.pk] = mps_layouts
+        section.layouts[host.pk] = layouts
+        section.mps_layouts[host.pk] = mps_layouts
+    return section
 
-    # ----------------------------------------------------------------- applications, variants, profiles
-    policies = {p.application_id: p for p in SloPolicy.objects.select_related("application")}
+
+def _gpu_device(snapshot: FleetSnapshot, section: _DeviceSection, catalogue, host: Host, accelerator: Accelerator, name: str,
+                layouts: dict[str, tuple[str, ...] | None], mps_layouts: dict[str, tuple[str, ...]]) -> tuple[dict[str, Any], str]:
+    """One GPU in the problem's form and its device type: an MPS GPU, a MIG GPU with its layout, or a whole GPU."""
+    local = f"{accelerator.kind}{accelerator.index}"
+    spec = catalogue.gpu_model_find(accelerator.model_name)
+    if spec is None and accelerator.mig_capable and accelerator.mig_enabled:
+        # A MIG GPU the catalogue lacks (or knows by its board's PCI id only): planned from
+        # its catalogue model, else from the NVML profile table its agent reported.
+        spec = accelerator.gpu_model_planned
+        if spec is not None and spec.from_nvml and all(m.name != spec.name for m in section.nvml_models):
+            section.nvml_models.append(spec)
+            snapshot.notes.append(f"{name}: {spec.label}: planned from the profile table NVML reports on it")
+    if accelerator.mps_enabled and not accelerator.mig_enabled:
+        device_type = spec.name if spec is not None else gpu_device_type(accelerator.model_name)
+        raw: dict[str, Any] = {"name": name, "type": device_type, "mig": False, "mps": True}
+        memory = accelerator.memory_mb or (spec.memory_mib if spec is not None else 0)
+        if memory:
+            raw["memory_mb"] = float(memory)
+        if accelerator.mps_partitions:
+            raw["mps_partitions"] = sorted(accelerator.mps_partitions)
+        partitions = sorted(accelerator.mps_partitions_set.all(), key=lambda p: p.index)
+        percents: list[int] | None = [p.percent for p in partitions] if partitions else None
+        if percents is None:
+            desired = _desired_mps_layout(section.latest_specs.get(host.pk), accelerator.index)
+            if desired is not None:
+                percents = _mps_layout_percents(desired, accelerator.mps_partitions_allowed)
+                if percents is None:
+                    snapshot.notes.append(f"{name}: the MPS layout of its latest desired state is not valid on it now; "
+                                          "planned with its layout unknown")
+        if percents is not None:
+            raw["mps_layout"] = percents
+        mps_layouts[local] = tuple(f"mps{p}@{i}" for i, p in enumerate(percents or []))
+        section.mps_types.append(device_type)
+        return raw, device_type
+    if spec is not None and accelerator.mig_capable:
+        placements = sorted((gi.placement_start, gi.profile) for gi in accelerator.gpu_instances.all())
+        layout = tuple(f"{profile}@{start}" for start, profile in placements) if accelerator.mig_enabled and placements else None
+        raw = {"name": name, "type": spec.name, "mig": True, "memory_mb": float(spec.memory_mib)}
+        if layout is not None:
+            raw["layout"] = list(layout)
+        elif accelerator.mig_enabled:
+            snapshot.notes.append(f"{name}: MIG is enabled with no instance; planned as a whole GPU")
+        layouts[local] = layout
+        return raw, spec.name
+    device_type = gpu_device_type(accelerator.model_name)
+    raw = {"name": name, "type": device_type, "mig": False}
+    memory = accelerator.memory_mb or (spec.memory_mib if spec is not None else 0)
+    if memory:
+        raw["memory_mb"] = float(memory)
+    return raw, device_type
+
+
+def _variants_build(snapshot: FleetSnapshot, devices: _DeviceSection) -> _VariantSection:
+    """Every variant of an application with an SLO policy or in a pipeline that has a profile point on a
+    device type of the fleet (and can run there: an artifact where its runtime needs one), with those points."""
+    section = _VariantSection(policies={p.application_id: p for p in SloPolicy.objects.select_related("application")})
     variants = list(ModelVariant.objects.select_related("application").order_by("application__name", "name"))
     profiles: dict[int, list[Profile]] = {}
     for row in Profile.objects.filter(variant__in=variants).order_by("variant_id", "device_type", "slice", "cpu_cores", "batch_size"):
         profiles.setdefault(row.variant_id, []).append(row)
-
-    raw_variants: list[dict[str, Any]] = []
-    raw_profiles: list[dict[str, Any]] = []
-    planned_apps: dict[int, Any] = {}
-    seen_apps: dict[int, Any] = {}
     # Pipeline stages are planned through their pipeline, with or without an SLO policy of their own.
     stage_apps = set(PipelineStage.objects.values_list("application_id", flat=True))
     for variant in variants:
         application = variant.application
-        seen_apps[application.pk] = application
-        if application.pk not in policies and application.pk not in stage_apps:
+        section.seen_apps[application.pk] = application
+        if application.pk not in section.policies and application.pk not in stage_apps:
             continue
         engine_name = variant_engine_name(application.name, variant.name)
-        points = []
-        for row in profiles.get(variant.pk, []):
-            device_type = _profile_device_type(row.device_type)
-            if device_type not in device_types:
-                continue
-            if variant.artifact_id is None and device_type in artifact_types:
-                continue
-            if device_type == CPU_DEVICE_TYPE:
-                if not row.cpu_cores:
-                    continue
-                slice_name = str(int(row.cpu_cores))
-            else:
-                slice_name = row.slice or FULL_SLICE
-                if mps_slice_percent(slice_name) is not None and device_type not in mps_types:
-                    continue  # an MPS partition's point, on a type no MPS GPU of the fleet has
-            point = {"variant": engine_name, "device_type": device_type, "slice": slice_name, "batch": int(row.batch_size),
-                     "latency_ms": float(row.latency_p50_ms)}
-            if row.memory_mb is not None:
-                point["memory_mb"] = float(row.memory_mb)
-            for name in ("l2_util_pct", "dram_util_pct"):
-                if getattr(row, name) is not None:
-                    point[name] = float(getattr(row, name))
-            points.append(point)
+        points = [p for p in (_profile_point(row, engine_name, variant, devices) for row in profiles.get(variant.pk, [])) if p is not None]
         if not points:
             reason = "no profile on a device type of the planned fleet"
             if variant.artifact_id is None and profiles.get(variant.pk):
@@ -435,16 +467,45 @@ def fleet_problem_build(
             snapshot.left_out["variants"][engine_name] = reason
             continue
         # One point per (device type, slice, batch): the first, should two spellings map to one type.
-        unique = {}
+        unique: dict[tuple, dict[str, Any]] = {}
         for point in points:
             unique.setdefault((point["device_type"], point["slice"], point["batch"]), point)
-        raw_profiles.extend(unique.values())
-        raw_variants.append({"name": engine_name, "application": application.name, "accuracy": float(variant.accuracy),
-                             "memory_mb": float(variant.memory_mb or 0)})
+        section.raw_profiles.extend(unique.values())
+        section.raw_variants.append({"name": engine_name, "application": application.name, "accuracy": float(variant.accuracy),
+                                     "memory_mb": float(variant.memory_mb or 0)})
         snapshot.variants[engine_name] = {"id": variant.pk, "application": application.name, "name": variant.name}
-        planned_apps[application.pk] = application
+        section.planned_apps[application.pk] = application
+    return section
 
-    raw_pipelines, staged = _pipelines_planned(snapshot, planned_apps, demand)
+
+def _profile_point(row: Profile, engine_name: str, variant: ModelVariant, devices: _DeviceSection) -> dict[str, Any] | None:
+    """A stored profile row as the problem's profile point; None when the fleet cannot use it."""
+    device_type = _profile_device_type(row.device_type)
+    if device_type not in devices.types or (variant.artifact_id is None and device_type in devices.artifact_types):
+        return None
+    if device_type == CPU_DEVICE_TYPE:
+        if not row.cpu_cores:
+            return None
+        slice_name = str(int(row.cpu_cores))
+    else:
+        slice_name = row.slice or FULL_SLICE
+        if mps_slice_percent(slice_name) is not None and device_type not in devices.mps_types:
+            return None  # an MPS partition's point, on a type no MPS GPU of the fleet has
+    point: dict[str, Any] = {"variant": engine_name, "device_type": device_type, "slice": slice_name, "batch": int(row.batch_size),
+                             "latency_ms": float(row.latency_p50_ms)}
+    if row.memory_mb is not None:
+        point["memory_mb"] = float(row.memory_mb)
+    for name in ("l2_util_pct", "dram_util_pct"):
+        if getattr(row, name) is not None:
+            point[name] = float(getattr(row, name))
+    return point
+
+
+def _applications_build(snapshot: FleetSnapshot, variants: _VariantSection, staged: dict[str, dict[str, Any]], demand: dict[str, float],
+                        query_sizes_window_s: float) -> list[dict[str, Any]]:
+    """Every planned application in the problem's form: pipeline stages with their pipeline's demand and SLO,
+    the others with the SLO policy's and `demand`; each with its ensemble policy and measured query sizes.
+    The applications left out are named in `snapshot.left_out` with why."""
     raw_applications: list[dict[str, Any]] = []
     ensembles = {p.application_id: p for p in EnsemblePolicy.objects.prefetch_related("members__variant")}
 
@@ -458,11 +519,11 @@ def fleet_problem_build(
             raw_app["query_sizes"] = {str(size): p for size, p in sizes}
         return raw_app
 
-    for app_id, application in sorted(seen_apps.items(), key=lambda kv: kv[1].name):
-        policy = policies.get(app_id)
+    for app_id, application in sorted(variants.seen_apps.items(), key=lambda kv: kv[1].name):
+        policy = variants.policies.get(app_id)
         if application.name in staged:
             # A pipeline stage: its demand and SLO follow from the pipeline's paths.
-            raw_app = {"name": application.name}
+            raw_app: dict[str, Any] = {"name": application.name}
             if policy is not None:
                 # Its own SLO stays for the queries sent to it alone (the pipeline planners use the paths').
                 raw_app["slo_ms"] = float(policy.latency_p99_ms)
@@ -483,11 +544,11 @@ def fleet_problem_build(
         if policy is None:
             snapshot.left_out["applications"][application.name] = "no SLO policy"
             continue
-        if app_id not in planned_apps:
+        if app_id not in variants.planned_apps:
             snapshot.left_out["applications"][application.name] = "no variant is profiled on a device type of the planned fleet"
             continue
         rps = float(demand.get(application.name, 0.0) or 0.0)
-        raw_app: dict[str, Any] = {"name": application.name, "slo_ms": float(policy.latency_p99_ms), "demand_rps": max(0.0, rps)}
+        raw_app = {"name": application.name, "slo_ms": float(policy.latency_p99_ms), "demand_rps": max(0.0, rps)}
         if policy.min_accuracy is not None:
             raw_app["min_accuracy"] = float(policy.min_accuracy)
         raw_app["priority"] = int(policy.priority)  # who is served first when demand exceeds capacity
@@ -496,9 +557,13 @@ def fleet_problem_build(
             "id": application.pk, "slo_ms": float(policy.latency_p99_ms), "min_accuracy": policy.min_accuracy,
             "drop_rule": policy.drop_rule, "demand_rps": max(0.0, rps),
         }
-    for app_id, policy in policies.items():
-        if app_id not in seen_apps:
+    for app_id, policy in variants.policies.items():
+        if app_id not in variants.seen_apps:
             snapshot.left_out["applications"][policy.application.name] = "no model variant"
+    return raw_applications
+
+
+def _left_out_notes(snapshot: FleetSnapshot, demand: dict[str, float]) -> None:
     unknown = sorted(set(demand) - set(snapshot.applications) - set(snapshot.left_out["applications"]))
     if unknown:
         snapshot.notes.append(f"demand for unknown applications ignored: {', '.join(unknown)}")
@@ -509,40 +574,16 @@ def fleet_problem_build(
             "applications left out: " + "; ".join(f"{n} ({r})" for n, r in sorted(snapshot.left_out["applications"].items()))
         )
 
-    if not raw_devices:
-        snapshot.notes.append("nothing to plan: no host with devices is online" + (" or registered" if include_registered else ""))
-        snapshot.devices, snapshot.hosts = {}, {}
-        return snapshot
-    if not raw_applications:
-        snapshot.notes.append("nothing to plan: no application has an SLO policy and a variant profiled on this fleet")
-        return snapshot
 
-    # What runs now, from each host's latest desired state (only variants in the problem, on slots that exist).
+def _running_set(snapshot: FleetSnapshot, devices: _DeviceSection) -> None:
+    """What runs now on each device, from its host's latest desired state (only variants in the problem, on
+    slots that exist), as the device's `running`."""
     variant_by_id = {info["id"]: name for name, info in snapshot.variants.items()}
-    for raw in raw_devices:
+    for raw in devices.raw:
         info = snapshot.devices[raw["name"]]
         local = f"{info['kind']}{info['index']}"
-        spec = latest_specs.get(info["host"])
+        spec = devices.latest_specs.get(info["host"])
         if spec:
-            running = _running_slots(spec, host_device_layouts[info["host"]], variant_by_id, host_mps_layouts[info["host"]]).get(local)
+            running = _running_slots(spec, devices.layouts[info["host"]], variant_by_id, devices.mps_layouts[info["host"]]).get(local)
             if running:
                 raw["running"] = running
-
-    problem_raw = {
-        "format_version": 1, "applications": raw_applications, "variants": raw_variants, "devices": raw_devices,
-        "profiles": raw_profiles, "options": dataclasses.asdict(options),
-    }
-    if raw_pipelines:
-        problem_raw["pipelines"] = raw_pipelines
-    if nvml_models:
-        problem_raw["gpu_models"] = [gpu_model_to_dict(m) for m in nvml_models]
-    if mps_types:
-        # The MPS planners plan the type most MPS GPUs have (engine/solvers/gpulets.py): fit to its co-runs.
-        mps_type = Counter(mps_types).most_common(1)[0][0]
-        interference, note = _interference(mps_type)
-        if interference is not None:
-            problem_raw["interference"] = interference
-        if note:
-            snapshot.notes.append(note)
-    snapshot.problem = problem_from_dict(problem_raw)
-    return snapshot
