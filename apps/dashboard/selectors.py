@@ -549,6 +549,14 @@ class PlanRow:
     diff: str
 
 
+def planner_rows() -> list[dict]:
+    """The planners a plan run may use (engine/solvers/registry.py), as the plans page lists them."""
+    from apps.planning.services import PLAN_RUN_SOLVERS
+    from engine.solvers.registry import PLANNERS
+
+    return [PLANNERS[name].as_dict() for name in PLAN_RUN_SOLVERS]
+
+
 def plan_list(user) -> list[PlanRow]:
     return [
         PlanRow(pk=p.pk, status=p.status, status_label=p.get_status_display(), trigger=p.trigger, created=p.created,

@@ -57,7 +57,8 @@ from engine.plans.validate import plan_validate
 from engine.simulation.simulator import SimulationConfig, simulate
 from engine.simulation.workload import arrivals_poisson
 from engine.simulation.pipeline import PipelineSimulationConfig, fleet_pipeline_simulate
-from engine.solvers.solve import PIPELINES, PLANNERS, SHARING, VERTICAL, plan_solve
+from engine.solvers.registry import planner_names
+from engine.solvers.solve import plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
 from .diff import plan_diff, plan_diff_summary_text
@@ -93,10 +94,10 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
     "prediction_s": 30.0,  # simulated seconds of the prediction
     "seed": 0,
 }
-# The planners a run may use: the fleet planners, the MPS planners (gpulets' elastic partitioning with
-# interference and its baselines), which plan the fleet's MPS GPUs and leave its other devices alone, and
-# the pipeline planners (FA2, IPA), which plan the registry's pipelines on CPU hosts and the rest with proteus.
-PLAN_RUN_SOLVERS: tuple[str, ...] = PLANNERS + SHARING + PIPELINES + VERTICAL
+# The planners a run may use (engine/solvers/registry.py): every kind but Proteus's evaluation baselines,
+# which exist to be compared against in simulation, not to run a fleet.
+PLAN_RUN_KINDS: tuple[str, ...] = ("fleet", "mps", "pipeline", "vertical")
+PLAN_RUN_SOLVERS: tuple[str, ...] = planner_names(*PLAN_RUN_KINDS)
 TIME_LIMIT_MAX_S = 600.0
 HEADROOM_MAX = 10.0
 PREDICTION_MAX_S = 120.0

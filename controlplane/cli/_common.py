@@ -9,13 +9,6 @@ import typer
 # Exit codes of the engine commands: 0 fine, 1 the thing checked is invalid, 2 the input is malformed.
 EXIT_INVALID = 1
 EXIT_MALFORMED = 2
-PLANNERS = ("proteus", "joint", "garrison", "garrison-demand", "clipper-ha", "clipper-ht", "sommelier", "infaas")
-# The MPS planners (gpulets, ATC'22): `plan solve` offers them; the simulator does not model MPS partitions yet.
-MPS_PLANNERS = ("gpulets", "sbp", "best-fit", "ideal")
-# The pipeline planners (FA2, IPA): the problem's pipelines on CPU hosts, proteus for the rest.
-PIPELINE_PLANNERS = ("fa2", "ipa")
-# The vertical planners (Sponge, Biscale): CPU instances the agents resize in place, proteus for the rest.
-VERTICAL_PLANNERS = ("sponge", "biscale")
 
 
 def django_setup(settings: str = "controlplane.settings.local") -> None:

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import typer
 
-from ._common import EXIT_INVALID, MPS_PLANNERS, django_setup, PIPELINE_PLANNERS, PLANNERS, VERTICAL_PLANNERS, fail, number, plan_read, problem_read
+from engine.solvers.registry import PLANNERS, planner_names
+
+from ._common import EXIT_INVALID, django_setup, fail, number, plan_read, problem_read
 
 plan_app = typer.Typer(help="Placement plans: solve a planning problem, validate a plan, export a stored plan.", no_args_is_help=True)
 
@@ -71,7 +73,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help="proteus | joint | garrison (Algorithm 1 as written) | garrison-demand, or a baseline: clipper-ha | clipper-ht | sommelier | infaas, or for MPS GPUs: gpulets | sbp | best-fit | ideal, or for the problem's pipelines: fa2 | ipa, or with in-place vertical scaling of CPU instances: sponge | biscale"),
+    solver: str = typer.Option("proteus", "--solver", help=" | ".join(planner_names()) + " (tessera plan solvers lists them)"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
@@ -86,8 +88,8 @@ def plan_solve_cmd(
 
     from engine.plans.problem import OBJECTIVES, SOLVERS
 
-    if solver not in PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS + VERTICAL_PLANNERS:
-        raise fail(f"--solver must be one of {', '.join(PLANNERS + MPS_PLANNERS + PIPELINE_PLANNERS + VERTICAL_PLANNERS)}, got {solver!r}")
+    if solver not in PLANNERS:
+        raise fail(f"--solver must be one of {', '.join(planner_names())}, got {solver!r}")
     if objective is not None and objective not in OBJECTIVES:
         raise fail(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if backend is not None and backend not in SOLVERS:
@@ -124,6 +126,13 @@ def plan_solve_cmd(
         typer.echo(f"SHORTFALL    {sum(short.values()):.6g} of {problem.total_demand_rps:.6g} rps unserved: "
                    + ", ".join(f"{name} {rps:.6g}" for name, rps in short.items()))
         raise typer.Exit(EXIT_SHORTFALL)
+
+
+@plan_app.command("solvers")
+def plan_solvers_cmd() -> None:
+    """List every planner `plan solve --solver` takes: its kind, what it does and the paper it follows."""
+    for info in PLANNERS.values():
+        typer.echo(f"{info.name:<16} {info.kind:<9} {info.summary} [{info.paper}]")
 
 
 @plan_app.command("validate")

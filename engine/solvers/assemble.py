@@ -1,10 +1,13 @@
-"""Turning a solver's decisions into a Plan. Every solver ends here, so served traffic, shortfall,
-effective accuracy and routing weights are computed one way for all of them."""
+"""Turning a solver's decisions into a Plan. Every strategy and every composition ends in
+`plan_from_instances`, so served traffic, shortfall, effective accuracy and routing weights are computed one
+way for all of them; `plan_objective` is the objective of a composed plan, and `composed_status` its status.
+`PartPlan` is what a strategy that plans part of a problem (pipelines, vertically scaled
+CPU applications) hands back to the composition (engine/solvers/compose.py)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from engine.plans.capacity import capacity_for
 from engine.plans.problem import Plan, PlanInstance, PlanStatus, Problem, RouteEntry
@@ -101,3 +104,41 @@ def plan_from_instances(
         instances=instances, routing=routing, layouts={k: list(v) for k, v in (layouts or {}).items()},
         accuracy_by_application=accuracy_by_app, gpus_used=len(gpus), notes=list(notes),
     )
+
+
+def plan_objective(problem: Problem, plan: Plan) -> float:
+    """The problem's objective measured on a plan: for max-accuracy the served-weighted accuracy over the
+    total demand (what the fleet planners maximise once fairness is settled), for min-gpus the GPUs used."""
+    if problem.options.objective == "min-gpus":
+        return float(plan.gpus_used)
+    demand = problem.total_demand_rps
+    return sum(plan.served_rps.get(a, 0.0) * acc for a, acc in plan.accuracy_by_application.items()) / demand if demand > 0 else 0.0
+
+
+def composed_status(problem: Problem, plan: Plan, parts: Sequence[PlanStatus], *, separable: bool) -> PlanStatus:
+    """The status of a plan composed of parts solved apart (`parts`: their statuses). `infeasible` when
+    demand is positive and nothing is served; `optimal` only when the parts are `separable` (they share no
+    device and no objective, e.g. pipelines alone, each minimising its own instances), every part proved
+    optimal and nothing is short; else `feasible`: a split of the devices decided before solving proves no
+    optimum for the whole."""
+    if problem.total_demand_rps > 0 and plan.total_served_rps <= 0:
+        return "infeasible"
+    if separable and parts and all(s == "optimal" for s in parts) and not any(plan.shortfall_rps.values()):
+        return "optimal"
+    return "feasible"
+
+
+@dataclass
+class PartPlan:
+    """What a part strategy planned: its instances, the applications it took (none of them is planned by
+    another part), each of its solves' statuses, notes, the pipelines' summaries, and `finish`: called by the
+    composition once every part is planned, with the cores held per host, it returns this part's instances
+    completed (their in-place vertical scaling bounded by the room finally left)."""
+
+    solver: str
+    instances: list[PlanInstance]
+    taken: set[str]
+    statuses: list[PlanStatus]
+    notes: list[str]
+    pipelines: dict[str, Any] = field(default_factory=dict)
+    finish: Callable[[Mapping[str, int]], list[PlanInstance]] | None = None

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from engine.plans.problem import DeviceSpec, Plan, PlanInstance, Problem, RouteEntry
+from engine.plans.problem import DeviceSpec, Plan, PlanInstance, Problem
 from engine.reference.profiles import (
     GPULET_GPU_MODEL,
     GpuletMemUtil,
@@ -62,12 +62,12 @@ from engine.sharing.scheduling import (
     sbp_schedule,
     whole_gpu_fallback,
 )
-from engine.solvers.solve import SHARING
+from engine.solvers.assemble import plan_from_instances, plan_objective
+from engine.solvers.registry import planner_names
 
 __all__ = ["SHARING_SOLVERS", "interference_predictor_for", "measured_coruns_for", "sharing_problem_from", "sharing_plan_solve"]
 
-SHARING_SOLVERS = SHARING  # the names plan_solve dispatches here
-_RPS_EPS = 1e-6
+SHARING_SOLVERS: tuple[str, ...] = planner_names("mps")
 
 
 @dataclass
@@ -233,35 +233,16 @@ def _plan_from_schedule(problem: Problem, schedule: SharingSchedule, mapping: _M
                     latency_ms=entry.latency_ms, capacity_rps=entry.batch * 1000.0 / part.duty_cycle_ms,
                     assigned_rps=entry.rate_rps, duty_cycle_ms=part.duty_cycle_ms, interference_factor=entry.interference_factor,
                 ))
-    app_of = {v: a for a, v in mapping.variant_of.items()}
-    served = {a.name: 0.0 for a in problem.applications}
-    for inst in instances:
-        served[app_of[inst.variant]] += inst.assigned_rps
-    routing: dict[str, list[RouteEntry]] = {a.name: [] for a in problem.applications}
-    for inst in instances:
-        app = app_of[inst.variant]
-        if served[app] > 0 and inst.assigned_rps > 0:
-            routing[app].append(RouteEntry(inst.id, inst.assigned_rps / served[app]))
-    shortfall = {}
-    for app in problem.applications:
-        missing = app.demand_rps - served[app.name]
-        shortfall[app.name] = missing if missing > max(_RPS_EPS, 1e-6 * app.demand_rps) else 0.0
-    accuracy = {a: problem.variant(mapping.variant_of[a]).accuracy for a, rps in served.items() if rps > 0}
-    total = sum(served.values())
-    effective = sum(served[a] * acc for a, acc in accuracy.items()) / total if total > 0 else None
-    used = len(layouts)
-    objective = float(used) if problem.options.objective == "min-gpus" else (
-        sum(served[a] * acc for a, acc in accuracy.items()) / problem.total_demand_rps if problem.total_demand_rps > 0 else 0.0)
-    status = "feasible" if total > 0 or problem.total_demand_rps == 0 else "infeasible"
     notes = list(mapping.notes) + list(schedule.notes)
-    short = {a: v for a, v in shortfall.items() if v > 0}
+    plan = plan_from_instances(problem, instances, status="feasible", solver=solver, objective=None, bound=None, gap=None,
+                               solve_seconds=seconds, layouts=layouts, notes=notes)
+    plan.objective = plan_objective(problem, plan)
+    if problem.total_demand_rps > 0 and plan.total_served_rps <= 0:
+        plan.status = "infeasible"
+    short = {a: v for a, v in plan.shortfall_rps.items() if v > 0}
     if short:
         # First, so that the summary a user reads starts with it.
-        notes.insert(0, f"SHORTFALL: {sum(short.values()):.6g} of {problem.total_demand_rps:.6g} req/s unserved "
-                        f"({', '.join(f'{a} {v:.6g}' for a, v in short.items())}): {schedule.scheduler} is unschedulable on "
-                        f"{schedule.gpus_available} MPS GPU(s)")
-    return Plan(
-        status=status, solver=solver, objective_kind=problem.options.objective, objective=objective, bound=None, gap=None,
-        solve_seconds=seconds, effective_accuracy=effective, served_rps=served, shortfall_rps=shortfall, instances=instances,
-        routing=routing, layouts=layouts, accuracy_by_application=accuracy, gpus_used=used, notes=notes,
-    )
+        plan.notes.insert(0, f"SHORTFALL: {sum(short.values()):.6g} of {problem.total_demand_rps:.6g} req/s unserved "
+                             f"({', '.join(f'{a} {v:.6g}' for a, v in short.items())}): {schedule.scheduler} is unschedulable on "
+                             f"{schedule.gpus_available} MPS GPU(s)")
+    return plan

@@ -26,10 +26,11 @@ it, so that the order needing fewer GPUs can still be told apart, and the kept c
 stage is filled afterwards: same traffic, no less accuracy, so the choice stands.
 
 The chosen solver names the planner of its kind; the other kind gets the default (gpulets for MPS,
-proteus otherwise). The plan is the union of both stages: instances, layouts (MIG and MPS ones, each
+proteus otherwise; engine/solvers/registry.py), and compose.py passes both in. The stages share the solve's
+one time budget. The plan is the union of both stages: instances, layouts (MIG and MPS ones, each
 keyed by its device), served rates added, each application's routes weighted by the share of its traffic
-each stage serves, the shortfall what neither served. Its objective is recomputed on the whole plan; no
-bound or gap, since a composition proves no optimum. The independent validator checks the composed plan
+each stage serves, the shortfall what neither served (engine/solvers/assemble.py). Its objective is
+measured on the whole plan; no bound or gap, since a composition proves no optimum. The independent validator checks the composed plan
 as any other. Departure from gpulets, stated: the paper plans a homogeneous MPS cluster; the two-stage
 composition with a choice of order is ours.
 """
@@ -39,13 +40,12 @@ import dataclasses
 import time
 from typing import Callable
 
-from engine.plans.problem import DeviceSpec, Plan, Problem, RouteEntry
+from engine.plans.problem import DeviceSpec, Plan, Problem
+from engine.solvers.assemble import composed_status, plan_from_instances, plan_objective
 from engine.solvers.spare import plan_spare_fill
 
-__all__ = ["MPS_DEFAULT_SOLVER", "OTHER_DEFAULT_SOLVER", "fleet_is_mixed", "mixed_plan_solve"]
+__all__ = ["fleet_is_mixed", "mixed_plan_solve"]
 
-MPS_DEFAULT_SOLVER = "gpulets"
-OTHER_DEFAULT_SOLVER = "proteus"
 _RPS_EPS = 1e-6
 # The planners whose own plans fill idle devices (model.fleet_solve): the composition does it for them.
 _FILLED_SOLVERS = ("proteus", "joint")
@@ -70,30 +70,34 @@ def _stage_problem(problem: Problem, devices: list[DeviceSpec], demand: dict[str
     return dataclasses.replace(problem, devices=tuple(devices), applications=applications, options=options)
 
 
-def mixed_plan_solve(problem: Problem, solver: str, *, sharing_solvers: tuple[str, ...],
-                     planner_get: Callable[[str], Callable[[Problem], Plan]]) -> Plan:
-    """The better of the two compositions of a mixed fleet's plan (see the module docstring). `solver`
-    picks the planner of its kind (one of `sharing_solvers` for the MPS GPUs, else for the rest);
-    `planner_get(name)` gives a planner."""
+def mixed_plan_solve(problem: Problem, *, mps_solver: str, other_solver: str, mps_planner: Callable[[Problem], Plan],
+                     other_planner: Callable[[Problem], Plan], deadline: float) -> Plan:
+    """The better of the two compositions of a mixed fleet's plan (see the module docstring): `mps_planner`
+    (named `mps_solver`) on the MPS GPUs, `other_planner` on the rest, each stage solve given an equal share
+    of the time left before `deadline` (time.perf_counter())."""
     started = time.perf_counter()
-    mps_solver = solver if solver in sharing_solvers else MPS_DEFAULT_SOLVER
-    other_solver = OTHER_DEFAULT_SOLVER if solver in sharing_solvers else solver
     mps_devices = [d for d in problem.devices if _is_mps(d)]
     other_devices = [d for d in problem.devices if not _is_mps(d)]
     demand = {a.name: a.demand_rps for a in problem.applications}
+    solves_left = [4]  # two stages in each of two orders, sharing one budget
 
-    def staged(first_solver: str, first_devices: list[DeviceSpec], second_solver: str, second_devices: list[DeviceSpec]):
+    def timed(stage_problem: Problem) -> Problem:
+        share = max(0.01, (deadline - time.perf_counter()) / solves_left[0])
+        solves_left[0] -= 1
+        return dataclasses.replace(stage_problem, options=dataclasses.replace(stage_problem.options, time_limit_s=share))
+
+    def staged(first_planner, first_devices: list[DeviceSpec], second_planner, second_devices: list[DeviceSpec]):
         first_problem = _stage_problem(problem, first_devices, demand)
-        first = planner_get(first_solver)(first_problem)
+        first = first_planner(timed(first_problem))
         remainder = {name: max(0.0, rps - first.served_rps.get(name, 0.0)) for name, rps in demand.items()}
         remainder = {name: (0.0 if rps <= _RPS_EPS else rps) for name, rps in remainder.items()}
         second_problem = _stage_problem(problem, second_devices, remainder)
-        return (first, first_problem), (planner_get(second_solver)(second_problem), second_problem)
+        return (first, first_problem), (second_planner(timed(second_problem)), second_problem)
 
-    (mps_plan, _), (other_plan, other_problem) = staged(mps_solver, mps_devices, other_solver, other_devices)
+    (mps_plan, _), (other_plan, other_problem) = staged(mps_planner, mps_devices, other_planner, other_devices)
     mps_first = _plans_compose(problem, mps_plan, other_plan, mps_solver, other_solver, "MPS first")
     stages = {"MPS first": (mps_plan, other_plan, other_problem)}
-    (other_plan, other_problem), (mps_plan, _) = staged(other_solver, other_devices, mps_solver, mps_devices)
+    (other_plan, other_problem), (mps_plan, _) = staged(other_planner, other_devices, mps_planner, mps_devices)
     other_first = _plans_compose(problem, mps_plan, other_plan, mps_solver, other_solver, "other first")
     stages["other first"] = (mps_plan, other_plan, other_problem)
     # max() keeps the first of equals: MPS first on a tie.
@@ -134,38 +138,9 @@ def _composition_text(plan: Plan) -> str:
 
 
 def _plans_compose(problem: Problem, first: Plan, second: Plan, mps_solver: str, other_solver: str, order: str, *, filled_spare: bool = False) -> Plan:
-    """One plan of `first` (the MPS GPUs' plan) and `second` (the other devices'), solved in `order`."""
-    served: dict[str, float] = {}
-    routing: dict[str, list[RouteEntry]] = {}
-    accuracy: dict[str, float] = {}
-    for app in problem.applications:
-        a, b = first.served_rps.get(app.name, 0.0), second.served_rps.get(app.name, 0.0)
-        total = a + b
-        served[app.name] = total
-        entries: list[RouteEntry] = []
-        for plan, share in ((first, a), (second, b)):
-            if share <= 0 or total <= 0:
-                continue
-            routes = plan.routing.get(app.name, [])
-            weight_sum = sum(r.weight for r in routes)
-            entries += [RouteEntry(r.instance, r.weight / weight_sum * share / total) for r in routes if weight_sum > 0]
-        routing[app.name] = entries
-        if total > 0:  # the served-weighted accuracy of the stages that serve it
-            accuracy[app.name] = sum(share * plan.accuracy_by_application.get(app.name, 0.0)
-                                     for plan, share in ((first, a), (second, b)) if share > 0) / total
-    shortfall = {}
-    for app in problem.applications:
-        missing = app.demand_rps - served[app.name]
-        shortfall[app.name] = missing if missing > max(_RPS_EPS, 1e-6 * app.demand_rps) else 0.0
-    total_served = sum(served.values())
-    effective = sum(served[a] * acc for a, acc in accuracy.items()) / total_served if total_served > 0 else None
-    gpus_used = first.gpus_used + second.gpus_used
-    if problem.options.objective == "min-gpus":
-        objective: float | None = float(gpus_used)
-    else:
-        demand = problem.total_demand_rps
-        objective = sum(served[a] * acc for a, acc in accuracy.items()) / demand if demand > 0 else 0.0
-    status = "feasible" if total_served > 0 or problem.total_demand_rps == 0 else "infeasible"
+    """One plan of `first` (the MPS GPUs' plan) and `second` (the other devices'), solved in `order`: served
+    traffic, shortfall and routing by `plan_from_instances`, the objective measured on the whole
+    (`plan_objective`), the status by `composed_status` (never optimal: the device split proves nothing)."""
     if order == "MPS first":
         how = f"{mps_solver} on the MPS GPUs first, then {other_solver} on the other devices with the demand left unserved"
     else:
@@ -173,9 +148,9 @@ def _plans_compose(problem: Problem, first: Plan, second: Plan, mps_solver: str,
     notes = [f"mixed fleet, {order}: {how} (engine/solvers/mixed.py); no optimality bound for the composition"
              + ("; then the non-MPS devices left idle were given spare capacity" if filled_spare else "")]
     notes += [f"{mps_solver}: {n}" for n in first.notes] + [f"{other_solver}: {n}" for n in second.notes]
-    return Plan(
-        status=status, solver=f"{mps_solver}+{other_solver}", objective_kind=problem.options.objective, objective=objective,
-        bound=None, gap=None, solve_seconds=0.0, effective_accuracy=effective, served_rps=served, shortfall_rps=shortfall,
-        instances=list(first.instances) + list(second.instances), routing=routing, layouts={**second.layouts, **first.layouts},
-        accuracy_by_application=accuracy, gpus_used=gpus_used, notes=notes,
-    )
+    plan = plan_from_instances(problem, list(first.instances) + list(second.instances), status="feasible",
+                               solver=f"{mps_solver}+{other_solver}", objective=None, bound=None, gap=None, solve_seconds=0.0,
+                               layouts={**second.layouts, **first.layouts}, notes=notes)
+    plan.objective = plan_objective(problem, plan)
+    plan.status = composed_status(problem, plan, [first.status, second.status], separable=False)
+    return plan

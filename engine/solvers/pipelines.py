@@ -2,8 +2,8 @@
 applications planned by Proteus (or the planner named) on what is left.
 
 A problem's `pipelines` (engine/plans/problem.py, `PipelineSpec`) are DAGs of stages, each an application
-of the registry with its own variants and profiles. `plan_solve(problem, "fa2" | "ipa" | "biscale")`
-plans each pipeline as a whole:
+of the registry with its own variants and profiles. `plan_solve(problem, "fa2" | "ipa" | "biscale")` plans each
+pipeline as a whole (`pipeline_part_solve`, a part of the plan engine/solvers/compose.py composes):
 
 - `fa2` (thesis P1 §p1.4): per stage one variant (pinned, else the most accurate with CPU profiles: FA2
   scales, it does not trade accuracy), one homogeneous instance size (the variant's smallest profiled core
@@ -34,7 +34,7 @@ long as their cores add up to at most its own (`replicas_place`: largest replica
 first host with room among those running one of the pipeline's stages now, then the largest hosts, each
 filled before the next is opened). Replicas that do not fit are reported: the stage's capacity falls short and so does
 the traffic it serves. Every other application is planned by `proteus` (or, when `plan_solve` was asked for
-another planner on a problem with pipelines, that one) on the devices no pipeline replica uses.
+another planner on a problem with pipelines, that one) on the devices no pipeline replica uses (compose.py).
 
 Departures, stated: pipelines run on CPU hosts only (GPU shares for pipeline stages are not planned
 here); the base allocation's latency condition P3.1c is checked at batch 1 against the stage's share of
@@ -48,7 +48,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping
 
 from engine.pipelines.problem import (
     ExecutionPath,
@@ -60,12 +60,16 @@ from engine.pipelines.problem import (
     stage_latency_bound,
 )
 from engine.plans.capacity import profile_interpolate
-from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, PipelineSpec, Problem, ProfilePoint
-from engine.solvers.assemble import plan_from_instances
+from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, PlanInstance, PipelineSpec, Problem, ProfilePoint
+from engine.solvers.assemble import PartPlan
+from engine.solvers.hosts import CpuHostUse, replicas_place
+from engine.solvers.registry import PLANNERS
+from engine.solvers.vertical import vertical_bounds_attach, vertical_model_from_profiles
 
-__all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_fleet_solve", "replicas_place", "rest_plan_solve"]
+__all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_part_solve"]
 
-PIPELINE_SOLVERS: tuple[str, ...] = ("fa2", "ipa", "biscale")
+# The pipeline planners as the registry names them: fa2, ipa, and biscale (a vertical planner that plans pipelines).
+PIPELINE_SOLVERS: tuple[str, ...] = tuple(dict.fromkeys(p.pipelines_by for p in PLANNERS.values()))
 
 
 @dataclass(frozen=True)
@@ -233,60 +237,29 @@ def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_li
     return PipelineOutcome(spec, "ipa", plan.status, picks, plan.objective, time.perf_counter() - started, list(plan.notes), pas=plan.pas)
 
 
-# --------------------------------------------------------------------------- placement
+# --------------------------------------------------------------------------- the part of a fleet
 
 
-def replicas_place(hosts: Sequence[DeviceSpec], replicas: Sequence[tuple[str, int]], used: dict[str, int] | None = None,
-                   prefer: frozenset[str] | set[str] = frozenset()) -> tuple[dict[str, list[str]], list[str]]:
-    """Place replicas (key, cores) on CPU hosts, largest first (first-fit decreasing), each on the first host
-    with room in this order: those in `prefer` (hosts that run the pipeline's stages now: its traffic stays
-    where it is), then the largest hosts. A host is filled before the next is opened, so a pipeline's
-    replicas stay on few hosts (stage to stage stays local), whole hosts stay free for the other
-    applications, and a small CPU beside GPUs is the last resort. Returns host -> keys placed there, and
-    the keys that fit nowhere. `used`: cores already taken per host, updated in place."""
-    free = {h.name: (h.cores or 0) - (used or {}).get(h.name, 0) for h in hosts}
-    size = {h.name: h.cores or 0 for h in hosts}
-    placed: dict[str, list[str]] = defaultdict(list)
-    left: list[str] = []
-    for key, cores in sorted(replicas, key=lambda r: (-r[1], r[0])):
-        fits = [name for name, f in free.items() if f >= cores]
-        if not fits:
-            left.append(key)
-            continue
-        host = min(fits, key=lambda name: (name not in prefer, -size[name], name))
-        free[host] -= cores
-        placed[host].append(key)
-        if used is not None:
-            used[host] = used.get(host, 0) + cores
-    return dict(placed), left
-
-
-# --------------------------------------------------------------------------- the fleet
-
-
-def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact", rest_solver: str = "proteus") -> Plan:
-    """Plan every pipeline with `solver` (fa2 | ipa), place its replicas on the CPU hosts, and plan the
-    other applications with `rest_solver` (any planner of `plan_solve`) on the devices left (see the module
-    docstring). The plan's solver names both, e.g. "fa2+proteus"."""
+def pipeline_part_solve(problem: Problem, hosts: CpuHostUse, *, solver: str, method: str = "exact") -> PartPlan:
+    """Plan every pipeline of `problem` with `solver` (fa2 | ipa | biscale) and place its replicas on the CPU
+    hosts' free cores (`hosts`, updated), within `options.time_limit_s` for all the pipelines together (see the
+    module docstring). The other applications are the composition's (engine/solvers/compose.py)."""
     if solver not in PIPELINE_SOLVERS:
         raise ValueError(f"unknown pipeline solver {solver!r}; choose one of: {', '.join(PIPELINE_SOLVERS)}")
     if method not in ("exact", "dp"):
         raise ValueError(f"method must be 'exact' or 'dp', got {method!r}")
-    started = time.perf_counter()
-    notes: list[str] = []
-    if not problem.pipelines:
-        notes.append(f"the problem declares no pipelines; {solver} planned nothing and proteus planned every application")
-    hosts = [d for d in problem.devices if d.is_cpu]
-    host_cores = max((h.cores or 0 for h in hosts), default=0)
-    limit = problem.options.time_limit_s
+    deadline = time.perf_counter() + problem.options.time_limit_s
+    cpu_hosts = [d for d in problem.devices if d.is_cpu]
+    host_cores = max((hosts.free_cores(h) for h in cpu_hosts), default=0)
     instances: list[PlanInstance] = []
     summaries: dict[str, Any] = {}
     statuses: list[str] = []
-    used: dict[str, int] = {}
-    next_start: dict[str, int] = defaultdict(int)
-    for spec in problem.pipelines:
-        if not hosts:
-            outcome = PipelineOutcome(spec, solver, "infeasible", [], None, 0.0, ["the fleet has no CPU host; pipelines are planned on CPU hosts"])
+    notes: list[str] = []
+    for n, spec in enumerate(problem.pipelines):
+        # One budget: each pipeline gets an equal share of what is left.
+        limit = max(0.01, (deadline - time.perf_counter()) / (len(problem.pipelines) - n))
+        if not cpu_hosts or host_cores <= 0:
+            outcome = PipelineOutcome(spec, solver, "infeasible", [], None, 0.0, ["the fleet has no free CPU host; pipelines are planned on CPU hosts"])
         elif solver == "fa2":
             outcome = _fa2_solve(problem, spec, host_cores, method=method, time_limit_s=limit)
         elif solver == "biscale":
@@ -296,28 +269,20 @@ def pipeline_fleet_solve(problem: Problem, solver: str, *, method: str = "exact"
             outcome.solver = "biscale (Algorithm 4)"
         else:
             outcome = _ipa_solve(problem, spec, host_cores, time_limit_s=limit)
-        placed_instances, outcome_notes = _outcome_place(problem, outcome, hosts, used, next_start)
+        placed_instances, outcome_notes = _outcome_place(problem, outcome, cpu_hosts, hosts)
         instances.extend(placed_instances)
         outcome.notes.extend(outcome_notes)
         statuses.append(outcome.status)
         summaries[spec.name] = _outcome_summary(problem, outcome, placed_instances)
         notes.extend(f"pipeline {spec.name}: {n}" for n in outcome.notes)
-
     staged = {st.application for p in problem.pipelines for st in p.stages}
-    rest_plan, rest_notes, rest_statuses = rest_plan_solve(problem, staged, used, rest_solver, what="pipelines", next_start=next_start)
-    if solver == "biscale":
-        # The replicas' room to grow is what no planned instance holds, the rest's on a shared host included.
-        held = dict(used)
-        for inst in rest_plan.instances if rest_plan is not None else ():
-            if problem.device(inst.device).is_cpu and inst.slice.isdigit():
-                held[inst.device] = held.get(inst.device, 0) + int(inst.slice)
-        instances = _biscale_scaling(problem, instances, summaries, held, notes)
-    if rest_plan is not None:
-        instances.extend(rest_plan.instances)
-    notes.extend(rest_notes)
-    statuses.extend(rest_statuses)
-    label = f"{solver}+{rest_plan.solver}" if rest_plan is not None else solver
-    return _plan_compose(problem, label, instances, rest_plan, statuses, notes, summaries, time.perf_counter() - started)
+
+    def biscale_finish(held: Mapping[str, int]) -> list[PlanInstance]:
+        # The replicas' room to grow is what no planned instance holds, once every part is planned.
+        return _biscale_scaling(problem, instances, summaries, dict(held), notes)
+
+    return PartPlan(solver=solver, instances=instances, taken=staged, statuses=statuses, notes=notes, pipelines=summaries,
+                    finish=biscale_finish if solver == "biscale" else None)
 
 
 def _biscale_scaling(problem: Problem, instances: list[PlanInstance], summaries: dict[str, Any], used: dict[str, int],
@@ -325,8 +290,6 @@ def _biscale_scaling(problem: Problem, instances: list[PlanInstance], summaries:
     """Every pipeline replica with its in-place vertical scaling (P4.1 fitted to its variant's CPU
     profiles), keeping for the later stages of its tightest path their planned time (`reserve_ms`), and
     each pipeline's summary with the models."""
-    from engine.solvers.vertical import vertical_bounds_attach, vertical_model_from_profiles
-
     scaling: dict[str, Any] = {}
     for spec in problem.pipelines:
         summary = summaries.get(spec.name) or {}
@@ -344,59 +307,7 @@ def _biscale_scaling(problem: Problem, instances: list[PlanInstance], summaries:
     return vertical_bounds_attach(problem, instances, scaling, used)
 
 
-# The planners that place several instances side by side on one CPU host (engine/solvers/vertical.py): they
-# may have the cores a pipeline's replicas leave on a host.
-HOST_SHARING_SOLVERS = ("sponge",)
-
-
-def rest_plan_solve(problem: Problem, taken: set[str], used: dict[str, int], rest_solver: str, *,
-                    what: str, next_start: dict[str, int] | None = None) -> tuple[Plan | None, list[str], list[str]]:
-    """Plan the applications not in `taken` with `rest_solver` on the devices left: every device except
-    the CPU hosts where `used` counts cores already given (to pipelines, or to vertically scaled
-    instances), which a host-sharing planner (`HOST_SHARING_SOLVERS`) gets with the cores left (its
-    instances numbered after `next_start`'s). Returns (the plan or None, notes, statuses); `what` names what
-    took the rest in the notes."""
-    rest_apps = tuple(a for a in problem.applications if a.name not in taken)
-    if not rest_apps:
-        return None, [], []
-    sharing = rest_solver in HOST_SHARING_SOLVERS and next_start is not None
-    free_devices = tuple(
-        (dataclasses.replace(d, cores=(d.cores or 0) - used[d.name]) if d.is_cpu and used.get(d.name) else d)
-        for d in problem.devices
-        if not (d.is_cpu and used.get(d.name)) or (sharing and (d.cores or 0) > used[d.name])
-    )
-    if not free_devices:
-        return None, [f"no device is left for the {len(rest_apps)} application(s) outside {what}"], ["infeasible"]
-    from engine.solvers.solve import plan_solve
-
-    rest_variants = tuple(v for v in problem.variants if v.application not in taken)
-    names = {v.name for v in rest_variants}
-    rest_problem = dataclasses.replace(
-        problem, applications=rest_apps, variants=rest_variants, devices=free_devices,
-        profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=(),
-    )
-    rest_plan = plan_solve(rest_problem, rest_solver)
-    if sharing:  # on a shared host, number the rest's instances after the ones already there
-        counter = {host: next_start.get(host, 0) for host in used}
-        shifted = []
-        for i in sorted(rest_plan.instances, key=lambda i: (i.device, i.start if i.start is not None else -1)):
-            if problem.device(i.device).is_cpu and used.get(i.device):
-                i = dataclasses.replace(i, start=counter[i.device])
-                counter[i.device] += 1
-            shifted.append(i)
-        before = sorted(rest_plan.instances, key=lambda i: (i.device, i.start if i.start is not None else -1))
-        rest_plan = dataclasses.replace(rest_plan, instances=shifted,
-                                        routing=_routing_renamed(rest_plan, {a.id: b.id for a, b in zip(before, shifted)}))
-    notes = [f"{rest_plan.solver} planned the {len(rest_apps)} application(s) outside {what} on {len(free_devices)} device(s): {rest_plan.status}"]
-    return rest_plan, notes + list(rest_plan.notes), [rest_plan.status]
-
-
-def _routing_renamed(plan: Plan, renamed: dict[str, str]) -> dict:
-    return {app: [dataclasses.replace(r, instance=renamed.get(r.instance, r.instance)) for r in routes] for app, routes in plan.routing.items()}
-
-
-def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[DeviceSpec], used: dict[str, int],
-                   next_start: dict[str, int]) -> tuple[list[PlanInstance], list[str]]:
+def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[DeviceSpec], use: CpuHostUse) -> tuple[list[PlanInstance], list[str]]:
     """The outcome's replicas as plan instances on the hosts, each stage's rate spread over its replicas by
     capacity (capped at capacity: what does not fit is shortfall)."""
     keys: dict[str, StagePick] = {}
@@ -408,7 +319,7 @@ def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[Devic
             wanted.append((key, pick.cores))
     stage_apps = {pick.application for pick in outcome.picks}
     running_here = {h.name for h in hosts if any(problem.variant(v).application in stage_apps for _slot, v in h.running)}
-    placed, left = replicas_place(hosts, wanted, used, prefer=running_here)
+    placed, left = replicas_place(hosts, wanted, use.used, prefer=running_here)
     notes = []
     if left:
         unplaced: dict[str, int] = defaultdict(int)
@@ -423,8 +334,7 @@ def _outcome_place(problem: Problem, outcome: PipelineOutcome, hosts: list[Devic
             pick = keys[key]
             points = _cpu_points(problem, pick.variant, pick.cores)
             latency = float(profile_interpolate(points, pick.batch, "latency_ms"))
-            start = next_start[host]
-            next_start[host] += 1
+            start = use.number(host)
             by_stage[pick.application].append(PlanInstance(
                 device=host, slice=str(pick.cores), start=start, variant=pick.variant, batch=pick.batch,
                 latency_ms=round(latency, 6), capacity_rps=pick.batch * 1000.0 / round(latency, 6), assigned_rps=0.0,
@@ -471,19 +381,3 @@ def _outcome_summary(problem: Problem, outcome: PipelineOutcome, placed: list[Pl
     if outcome.pas is not None:
         summary["pas"] = outcome.pas
     return summary
-
-
-def _plan_compose(problem: Problem, solver: str, instances: list[PlanInstance], rest: Plan | None, statuses: list[str],
-                  notes: list[str], summaries: dict[str, Any], seconds: float) -> Plan:
-    # Pipelines minimise cores (FA2) or weigh accuracy against cores (IPA), the rest's planner its own
-    # objective: no one figure is the plan's objective, so none is claimed.
-    plan = plan_from_instances(problem, instances, status="feasible", solver=solver, objective=None, bound=None, gap=None,
-                               solve_seconds=seconds, layouts=rest.layouts if rest is not None else None, notes=notes)
-    if all(s == "infeasible" for s in statuses) and statuses:
-        plan.status = "infeasible"
-    elif all(s == "optimal" for s in statuses) and not any(plan.shortfall_rps.values()):
-        plan.status = "optimal"
-    elif plan.total_served_rps <= 0:
-        plan.status = "infeasible"
-    plan.pipelines = summaries
-    return plan

@@ -1,6 +1,6 @@
 """Planning CPU applications that scale vertically in place (thesis P2 Sponge, P4 Biscale; issue 19).
 
-`plan_solve(problem, "sponge")`: every CPU application (one whose variants are profiled on CPUs only,
+`plan_solve(problem, "sponge")` (`vertical_part_solve`): every CPU application (one whose variants are profiled on CPUs only,
 outside pipelines) gets one instance, sized by Biscale's vertical programme on one stage (Algorithm 3
 with n = 1; Sponge's P2.3 with every request's budget the whole SLO, which is all a plan knows ahead of
 the requests): the fewest cores, then the smallest batch, whose latency plus the batch's wait (b - 1) /
@@ -10,9 +10,9 @@ largest host cannot serve it, more instances of the largest such size do (the ra
 Algorithm 3). Each instance carries its `VerticalScaling`: the latency model P2.2 fitted to the
 variant's CPU profiles and the cores it may grow to, so that the agent's fast loop resizes it in place
 every second by Sponge's rule on the live requests' remaining budgets (workers/agent/vertical.py,
-engine/vertical/controller.py). Every other application is planned by Proteus (or the planner named)
-on the devices left, as pipelines' are. `plan_solve(problem, "biscale")` plans the problem's pipelines
-by Biscale (engine/solvers/pipelines.py) and its flat CPU applications as `sponge` does.
+engine/vertical/controller.py). Every other application is planned by the fleet planner on the devices
+left (engine/solvers/compose.py). `plan_solve(problem, "biscale")` plans the problem's pipelines by
+Biscale (engine/solvers/pipelines.py) and its flat CPU applications as `sponge` does.
 
 Where this departs, and why: the planned sizes are among the variant's profiled core counts (the
 validator checks every plan against measured profiles), while the fast loop may take any count between
@@ -23,18 +23,16 @@ which the agent divides between them (it never gives out more than the host has)
 from __future__ import annotations
 
 import math
-import time
-from collections import defaultdict
 from typing import Mapping, Sequence
 
 from engine.plans.capacity import profile_interpolate
-from engine.plans.problem import CPU_DEVICE_TYPE, Plan, PlanInstance, Problem, VerticalScaling
+from engine.plans.problem import CPU_DEVICE_TYPE, PlanInstance, PlanStatus, Problem, VerticalScaling
+from engine.solvers.assemble import PartPlan
+from engine.solvers.hosts import CpuHostUse, replicas_place
 from engine.vertical.biscale import BiscaleProblem, BiscaleStage, biscale_vertical_solve
 from engine.vertical.sponge import BATCH_MAX, VerticalLatency, vertical_latency_fit
 
-__all__ = ["VERTICAL_SOLVERS", "vertical_apps", "vertical_bounds_attach", "vertical_fleet_solve", "vertical_model_from_profiles"]
-
-VERTICAL_SOLVERS: tuple[str, ...] = ("sponge", "biscale")
+__all__ = ["vertical_apps", "vertical_bounds_attach", "vertical_model_from_profiles", "vertical_part_solve"]
 
 
 def vertical_model_from_profiles(problem: Problem, variant: str) -> VerticalLatency | None:
@@ -108,25 +106,14 @@ def vertical_bounds_attach(problem: Problem, instances: Sequence[PlanInstance], 
     return out
 
 
-def vertical_fleet_solve(problem: Problem, solver: str = "sponge", *, rest_solver: str = "proteus") -> Plan:
-    """See the module docstring. `solver` "biscale" hands a problem with pipelines to the pipeline planner
-    first (which plans its flat CPU applications through here)."""
-    from engine.solvers.assemble import plan_from_instances
-    from engine.solvers.pipelines import replicas_place, rest_plan_solve
-
-    if solver not in VERTICAL_SOLVERS:
-        raise ValueError(f"unknown vertical solver {solver!r}; choose one of: {', '.join(VERTICAL_SOLVERS)}")
-    if solver == "biscale" and problem.pipelines:
-        from engine.solvers.pipelines import pipeline_fleet_solve
-
-        return pipeline_fleet_solve(problem, "biscale", rest_solver="sponge")
-    started = time.perf_counter()
-    hosts = [d for d in problem.devices if d.is_cpu]
-    host_cores = max((h.cores or 0 for h in hosts), default=0)
+def vertical_part_solve(problem: Problem, hosts: CpuHostUse) -> PartPlan:
+    """Size every CPU application outside pipelines (`vertical_apps`) for in-place vertical scaling on the CPU
+    hosts' free cores (`hosts`, updated); see the module docstring. The applications it cannot model are
+    left to the composition's fleet planner (engine/solvers/compose.py), with a note."""
+    cpu_hosts = [d for d in problem.devices if d.is_cpu]
+    host_cores = max((hosts.free_cores(h) for h in cpu_hosts), default=0)
     notes: list[str] = []
-    statuses: list[str] = []
-    used: dict[str, int] = {}
-    next_start: dict[str, int] = defaultdict(int)
+    statuses: list[PlanStatus] = []
     placed_all: list[PlanInstance] = []
     scaling: dict[str, tuple[str, VerticalLatency, float, int]] = {}
     taken: set[str] = set()
@@ -136,7 +123,7 @@ def vertical_fleet_solve(problem: Problem, solver: str = "sponge", *, rest_solve
         picked = _vertical_variant(problem, name, host_cores)
         if picked is None:
             notes.append(f"{name}: no variant has CPU profiles at two or more core counts up to {host_cores} (the latency model l(b, c) needs them); "
-                         f"{rest_solver} plans it")
+                         "the fleet planner plans it")
             continue
         variant, model, counts = picked
         taken.add(name)
@@ -158,40 +145,28 @@ def vertical_fleet_solve(problem: Problem, solver: str = "sponge", *, rest_solve
             notes.append(f"{name}: one instance of {variant} serves {plan.vertical_rate_rps:g} of {rate:.4g} rps at most; {d.instances} instances "
                          f"of {d.cores} cores")
         keys = [(f"{name}#{r}", d.cores) for r in range(d.instances)]
-        placed, left = replicas_place(hosts, keys, used)
+        placed, left = replicas_place(cpu_hosts, keys, hosts.used)
         if left:
             notes.append(f"{name}: not enough CPU cores: {len(keys) - len(left)} of {len(keys)} instances placed")
         mine = []
         for host, host_keys in sorted(placed.items()):
             for _key in sorted(host_keys):
                 latency = round(stage.latency.l(d.batch, d.cores), 6)
-                start = next_start[host]
-                next_start[host] += 1
-                mine.append(PlanInstance(device=host, slice=str(d.cores), start=start, variant=variant, batch=d.batch, latency_ms=latency,
-                                         capacity_rps=d.batch * 1000.0 / latency, assigned_rps=0.0))
+                mine.append(PlanInstance(device=host, slice=str(d.cores), start=hosts.number(host), variant=variant, batch=d.batch,
+                                         latency_ms=latency, capacity_rps=d.batch * 1000.0 / latency, assigned_rps=0.0))
         capacity = sum(i.capacity_rps for i in mine)
         for inst in mine:
             share = app.demand_rps * inst.capacity_rps / capacity if capacity > 0 else 0.0
             placed_all.append(PlanInstance(**{**inst.__dict__, "assigned_rps": min(share, inst.capacity_rps)}))
         scaling[name] = ("sponge", model, 0.0, BATCH_MAX)
-    placed_all = vertical_bounds_attach(problem, placed_all, scaling, used)
     if not cpu_apps:
         notes.append("the problem has no CPU applications (every variant profiled on CPUs only); nothing scales vertically")
-    rest_plan, rest_notes, rest_statuses = rest_plan_solve(problem, taken, used, rest_solver, what="vertically scaled applications")
-    notes.extend(rest_notes)
-    statuses.extend(rest_statuses)
-    instances = placed_all + (rest_plan.instances if rest_plan is not None else [])
-    label = f"{solver}+{rest_plan.solver}" if rest_plan is not None else solver
-    result = plan_from_instances(problem, instances, status="feasible", solver=label, objective=None, bound=None, gap=None,
-                                 solve_seconds=time.perf_counter() - started, layouts=rest_plan.layouts if rest_plan is not None else None,
-                                 notes=notes)
-    if statuses and all(s == "infeasible" for s in statuses):
-        result.status = "infeasible"
-    elif statuses and all(s == "optimal" for s in statuses) and not any(result.shortfall_rps.values()):
-        result.status = "optimal"
-    elif result.total_served_rps <= 0:
-        result.status = "infeasible"
-    return result
+
+    def finish(held: Mapping[str, int]) -> list[PlanInstance]:
+        # The room to grow is what no planned instance holds once every part is planned.
+        return vertical_bounds_attach(problem, placed_all, scaling, held)
+
+    return PartPlan(solver="sponge", instances=placed_all, taken=taken, statuses=statuses, notes=notes, finish=finish)
 
 
 def _vertical_variant(problem: Problem, application: str, host_cores: int) -> tuple[str, VerticalLatency, list[int]] | None:

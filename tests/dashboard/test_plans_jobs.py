@@ -49,6 +49,12 @@ def test_plans_list_and_nav(client, users):
     assert "0.4%" in html and "93.0%" in html and "image-classify 2.5 rps" in html
     assert "+2/−1 MIG" in html
     assert 'href="/plans/" class="active"' in html and 'href="/jobs/">Jobs</a>' in html and "Plans <small>API" not in html
+    # The planners a run may use, from the registry: the evaluation baselines are not among them.
+    from apps.planning.services import PLAN_RUN_SOLVERS
+
+    for name in PLAN_RUN_SOLVERS:
+        assert f'data-planner="{name}"' in html
+    assert 'data-planner="clipper-ha"' not in html and "gpulets (Choi et al., ATC&#x27;22)" in html
 
 
 def test_viewer_sees_plan_detail_without_buttons(client, users):

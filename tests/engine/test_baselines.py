@@ -15,9 +15,12 @@ from engine.plans.problem import Plan, Problem, problem_from_dict
 from engine.plans.validate import plan_validate
 from engine.reference.generate import mig_fleet_problem, proteus_sized_problem
 from engine.solvers.baselines import fixed_slots, infaas_solve, proteus_ablation_solve, sommelier_solve
-from engine.solvers.solve import BASELINES, plan_solve
+from engine.solvers.registry import planner_names
+from engine.solvers.solve import plan_solve
 
 from .test_problem_format import small_problem_dict
+
+BASELINES = planner_names("baseline")
 
 ACC_TOL = 1e-7  # effective accuracy: the MILP's optimum is exact only to solver tolerance
 RPS_TOL = 1e-6

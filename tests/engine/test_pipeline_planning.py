@@ -15,7 +15,8 @@ from engine.pipelines.problem import stage_latency_bound
 from engine.plans.problem import Plan, ProblemError, plan_from_dict, problem_from_dict, problem_to_dict
 from engine.plans.schema import SchemaError, json_validate, plan_schema, problem_schema
 from engine.plans.validate import plan_validate
-from engine.solvers.pipelines import ipa_base_allocation, replicas_place
+from engine.solvers.hosts import replicas_place
+from engine.solvers.pipelines import ipa_base_allocation
 from engine.solvers.solve import plan_solve
 
 
@@ -176,7 +177,9 @@ def test_pipeline_plans_keep_every_path_within_its_slo_and_pass_the_validator(so
     problem = problem_from_dict(_raw())
     plan = plan_solve(problem, solver)
     _assert_valid(problem, plan)
-    assert plan.status == "optimal"
+    # The pipeline's programme is proved optimal, proteus's on "other" too; the whole, split before solving, is not.
+    assert plan.status == "feasible" and plan.bound is None and plan.gap is None
+    assert plan.notes[0].startswith(f"composed plan ({solver}+proteus): {solver} optimal, proteus optimal; the whole is feasible")
     assert plan.shortfall_rps == {"detect": 0.0, "classify": 0.0, "other": 0.0}
     summary = plan.pipelines["video"]
     assert summary["paths"]["video"]["latency_ms"] <= 200
@@ -206,16 +209,33 @@ def test_fa2_scales_one_core_replicas_side_by_side_on_a_host() -> None:
     assert {s["variant"] for s in plan.pipelines["video"]["stages"].values()} == {"det-l", "cls-l"}
 
 
+@pytest.mark.parametrize("solver", ["fa2", "ipa"])
+def test_pipelines_alone_are_optimal_when_their_programme_proves_it(solver: str) -> None:
+    raw = _raw()
+    raw["applications"] = [a for a in raw["applications"] if a["name"] != "other"]
+    raw["variants"] = [v for v in raw["variants"] if v["application"] != "other"]
+    raw["profiles"] = [p for p in raw["profiles"] if p["variant"] != "oth"]
+    problem = problem_from_dict(raw)
+    plan = plan_solve(problem, solver)
+    _assert_valid(problem, plan)
+    assert plan.status == "optimal" and plan.solver == solver and not any(plan.shortfall_rps.values())
+
+
 def test_fa2_by_its_dynamic_programme_plans_no_fewer_instances_than_the_exact_programme() -> None:
-    from engine.solvers.pipelines import pipeline_fleet_solve
+    from engine.solvers.assemble import plan_from_instances
+    from engine.solvers.hosts import CpuHostUse
+    from engine.solvers.pipelines import pipeline_part_solve
 
     problem = problem_from_dict(_raw(demand_rps=300, slo_ms=120))
-    exact = pipeline_fleet_solve(problem, "fa2", method="exact")
-    dp = pipeline_fleet_solve(problem, "fa2", method="dp")
-    for plan in (exact, dp):
+    parts = {method: pipeline_part_solve(problem, CpuHostUse(), solver="fa2", method=method) for method in ("exact", "dp")}
+    for part in parts.values():
+        plan = plan_from_instances(problem, part.instances, status="feasible", solver="fa2", objective=None, bound=None, gap=None,
+                                   solve_seconds=0.0)
+        plan.pipelines = part.pipelines
         _assert_valid(problem, plan)
-    cores = lambda plan: plan.pipelines["video"]["cores"]  # noqa: E731
-    assert cores(dp) >= cores(exact)
+    assert parts["exact"].statuses == ["optimal"]
+    cores = lambda part: part.pipelines["video"]["cores"]  # noqa: E731
+    assert cores(parts["dp"]) >= cores(parts["exact"])
 
 
 def test_ipa_trades_accuracy_for_cores_as_beta_grows() -> None:

@@ -111,3 +111,20 @@ def test_lifecycle_actions(clients, small_fleet, monkeypatch):
     clients["operator"].post(f"/api/v1/plans/{other.pk}/approve/")
     response = clients["operator"].post(f"/api/v1/plans/{other.pk}/apply/")
     assert response.status_code == 409 and response.json()["error"]["job"] == Job.objects.get(kind="rollout").pk
+
+
+def test_the_planners_are_listed_from_the_registry(clients):
+    from apps.planning.services import PLAN_RUN_SOLVERS
+    from engine.solvers.registry import PLANNERS
+
+    assert clients["anonymous"].get("/api/v1/planners/").status_code == 401
+    listed = clients["viewer"].get("/api/v1/planners/").json()
+    assert [p["name"] for p in listed] == list(PLANNERS)
+    by_name = {p["name"]: p for p in listed}
+    assert by_name["gpulets"]["kind"] == "mps" and by_name["gpulets"]["plan_runs"] is True
+    assert by_name["clipper-ha"]["kind"] == "baseline" and by_name["clipper-ha"]["plan_runs"] is False
+    assert {n for n, p in by_name.items() if p["plan_runs"]} == set(PLAN_RUN_SOLVERS)
+    one = clients["viewer"].get("/api/v1/planners/biscale/").json()
+    assert one["kind"] == "vertical" and one["pipelines_by"] == "biscale" and "Biscale" in one["paper"]
+    missing = clients["viewer"].get("/api/v1/planners/nope/")
+    assert missing.status_code == 404 and "GET /api/v1/planners/ lists them" in missing.json()["error"]["message"]

@@ -23,7 +23,8 @@ from engine.reference.profiles import (
     gpulet_mem_util_read,
 )
 from engine.sharing.interference import INTERFERENCE_FORM_DEFAULT, interference_model_fit, interference_samples_build
-from engine.solvers.solve import PIPELINES, PLANNERS, SHARING, VERTICAL, plan_solve
+from engine.solvers.registry import planner_names
+from engine.solvers.solve import plan_solve
 from tests.factories import (
     ApplicationFactory,
     GpuFactory,
@@ -160,8 +161,9 @@ def test_unjoinable_coruns_are_said_and_not_fitted(mps_fleet):
 
 
 def test_plan_run_options_take_the_mps_planners():
-    assert PLAN_RUN_SOLVERS == PLANNERS + SHARING + PIPELINES + VERTICAL
-    for solver in SHARING + PIPELINES + VERTICAL:
+    assert PLAN_RUN_SOLVERS == planner_names("fleet", "mps", "pipeline", "vertical")
+    assert not set(PLAN_RUN_SOLVERS) & set(planner_names("baseline"))  # the evaluation baselines are for simulation
+    for solver in planner_names("mps", "pipeline", "vertical"):
         assert plan_run_options_clean({"solver": solver})["solver"] == solver
     for bad in ("gpulet", ["gpulets"], 3):
         with pytest.raises(ValidationError) as caught:

@@ -12,14 +12,14 @@ from apps.jobs.services import JobConflict
 from apps.planning.rollout import plan_apply, plan_approve, plan_rollback
 
 from ..plan_geometry import plan_geometry
-from ..selectors import plan_detail, plan_list, plan_queryset_for
+from ..selectors import plan_detail, plan_list, plan_queryset_for, planner_rows
 from .common import _require
 
 @login_required
 def plans(request):
     """Every plan, newest first (viewer and up: `planning.view_plan`)."""
     _require(request, "planning.view_plan", "Viewing plans needs the viewer role.")
-    return render(request, "dashboard/plans.html", {"plans": plan_list(request.user), "nav": "plans"})
+    return render(request, "dashboard/plans.html", {"plans": plan_list(request.user), "planners": planner_rows(), "nav": "plans"})
 
 
 @login_required

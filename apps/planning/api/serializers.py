@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from apps.core.api.serializers import ChoiceTextField
 from engine.plans.problem import OBJECTIVES
+from engine.solvers.registry import PLANNER_KINDS
 
 from ..choices import PlanStatusChoices, PlanTriggerChoices
 from ..models import Plan
@@ -95,3 +96,16 @@ class ConflictErrorBodySerializer(serializers.Serializer):
 
 class ConflictErrorSerializer(serializers.Serializer):
     error = ConflictErrorBodySerializer()
+
+
+class PlannerSerializer(serializers.Serializer):
+    """A planner of the registry (engine/solvers/registry.py)."""
+
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=list(PLANNER_KINDS))
+    summary = serializers.CharField()
+    paper = serializers.CharField(help_text="The paper and section it follows")
+    pipelines_by = serializers.CharField(help_text="The planner of the problem's pipelines when this one is chosen")
+    reads_ensembles = serializers.BooleanField(help_text="Plans ensemble applications itself; the others get one application per member")
+    simulated = serializers.BooleanField(help_text="tessera simulate replays its plans")
+    plan_runs = serializers.BooleanField(help_text="A plan run may use it (the evaluation baselines are for simulation)")

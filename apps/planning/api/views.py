@@ -1,5 +1,5 @@
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import parsers, permissions, status
+from rest_framework import exceptions, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -11,8 +11,10 @@ from apps.jobs.services import JobConflict
 from ..choices import PlanTriggerChoices
 from ..filtersets import PlanFilterSet, PlanRunFilterSet
 from ..selectors import plan_queryset, plan_run_queryset
-from ..services import plan_run_start
-from .serializers import ConflictErrorSerializer, PlanListSerializer, PlanRunOptionsSerializer, PlanSerializer
+from engine.solvers.registry import PLANNERS
+
+from ..services import PLAN_RUN_SOLVERS, plan_run_start
+from .serializers import ConflictErrorSerializer, PlanListSerializer, PlannerSerializer, PlanRunOptionsSerializer, PlanSerializer
 
 
 def conflict_response(exc: JobConflict) -> Response:
@@ -134,3 +136,32 @@ class PlanViewSet(TesseraReadOnlyModelViewSet):
             return conflict_response(exc)
         job.refresh_from_db()
         return Response(JobSerializer(job, context=self.get_serializer_context()).data, status=status.HTTP_202_ACCEPTED)
+
+
+class PlannerReadPermission(permissions.BasePermission):
+    def has_permission(self, request, view):
+        return bool(request.user and request.user.is_authenticated)
+
+
+def _planner_data(info) -> dict:
+    return {**info.as_dict(), "plan_runs": info.name in PLAN_RUN_SOLVERS}
+
+
+class PlannerViewSet(viewsets.ViewSet):
+    """The planners (engine/solvers/registry.py, read-only): what a plan run's `solver` and `tessera plan solve
+    --solver` take, each with its kind and the paper it follows."""
+
+    permission_classes = [PlannerReadPermission]
+    lookup_value_regex = r"[^/]+"
+    serializer_class = PlannerSerializer
+
+    @extend_schema(responses=PlannerSerializer(many=True))
+    def list(self, request):
+        return Response(PlannerSerializer([_planner_data(p) for p in PLANNERS.values()], many=True).data)
+
+    @extend_schema(responses={200: PlannerSerializer, 404: OpenApiResponse(description="Unknown planner")})
+    def retrieve(self, request, pk=None):
+        info = PLANNERS.get(pk)
+        if info is None:
+            raise exceptions.NotFound(f"No planner {pk!r}; GET /api/v1/planners/ lists them.")
+        return Response(PlannerSerializer(_planner_data(info)).data)
