@@ -187,8 +187,26 @@ def _worker(queue: str, broker_url: str, visibility_s: int = 3) -> subprocess.Po
     )
 
 
+# The killed-worker test's workers use a Redis database of their own (REDIS_URL's + 8 + the xdist worker's
+# index): Kombu keeps one `unacked_index` per Redis database, for every queue, and a worker restores each
+# message in it unacknowledged for longer than its visibility timeout. With 3 s, these workers would restore
+# tasks the xdist worker's own Celery worker (the same database, the `celery` queue) was still running, left
+# by an earlier test, so they would run twice, one of them in the next test (a plan run's 409 or a second
+# rollout there): a cause of this test's and the demand-jump test's flaky runs.
+ISOLATED_REDIS_DB_OFFSET = 8
+
+
 def test_a_worker_killed_mid_rollout_leaves_a_job_that_completes_once(celery_worker, redis_url) -> None:
-    client, _queue, _media = celery_worker
+    import redis
+    from celery import Celery
+
+    from tests.integration.conftest import redis_db_of, redis_db_url
+
+    _client, _queue, _media = celery_worker  # the test database's set-up for a worker process
+    isolated_url = redis_db_url(redis_url, redis_db_of(redis_url) + ISOLATED_REDIS_DB_OFFSET)
+    redis.Redis.from_url(isolated_url).flushdb()  # nothing restorable left from an earlier run
+    client = Celery("tessera-test-kill", broker=isolated_url, backend=isolated_url, set_as_current=False)
+    client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
     hosts = fleet_seed()
     Host.objects.filter(name__in=hosts).update(status="online", converged_version=1)
     from apps.jobs.services import job_create, job_execute
@@ -220,7 +238,7 @@ def test_a_worker_killed_mid_rollout_leaves_a_job_that_completes_once(celery_wor
     stand_ins = threading.Thread(target=converge, daemon=True)
     stand_ins.start()
     queue = f"tessera-kill-{uuid.uuid4().hex[:6]}"
-    first = _worker(queue, redis_url)
+    first = _worker(queue, isolated_url)
     second = None
     try:
         from apps.planning.rollout_tasks import rollout_task
@@ -233,7 +251,7 @@ def test_a_worker_killed_mid_rollout_leaves_a_job_that_completes_once(celery_wor
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         time.sleep(4)  # past the visibility timeout (3 s): the new worker restores the unacknowledged task
-        second = _worker(queue, redis_url)
+        second = _worker(queue, isolated_url)
         release.set()
         job = wait_for(lambda: Job.objects.filter(pk=job.pk, status__in=["succeeded", "failed"]).first(), 180, "the retried rollout")
         assert job.status == "succeeded", job.log + job.error
