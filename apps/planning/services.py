@@ -5,7 +5,8 @@ prediction, what applying it would write (each host's desired state, each applic
 `plan_run_start` creates the planning job (one at a time in the fleet) and queues `planning.plan_run`;
 `plan_run_execute` is that job's work, step by step (each with progress and a log line on the job):
 
-a. demand: `apps.planning.demand.demand_for_planning()` (or the run's own `demand` option, a what-if);
+a. demand: `apps.planning.demand.demand_for_planning()`, with the run's own `demand` option (a what-if) in place
+   of the estimate of the applications it names;
 b. snapshot: `snapshot.fleet_problem_build` for the demand times the headroom factor;
 c. solve with the configured planner; the plan is stored at once as a DRAFT, so a retried job finds it
    (by its job) and never solves twice;
@@ -20,8 +21,8 @@ h. VALIDATED (or FAILED with the problems), with the shortfall and notes; auto-a
    policy says so.
 
 Options (job params "options", defaults in PLAN_RUN_DEFAULTS): solver, objective, time_limit_s, mip_gap,
-reconfiguration_penalty, headroom, include_registered, demand ({application: rps}, a what-if instead of
-the observed demand), prediction_s, seed."""
+reconfiguration_penalty, headroom, include_registered, demand ({application: rps}, a what-if in place of
+the estimate of the applications it names), prediction_s, seed."""
 from __future__ import annotations
 
 import dataclasses
@@ -90,7 +91,7 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
     "reconfiguration_penalty": 0.001,
     "headroom": 1.25,  # plan for the observed demand times this
     "include_registered": False,  # plan hosts whose agent never reported, as declared
-    "demand": None,  # {application: rps}: plan for this instead of the observed demand (what-if)
+    "demand": None,  # {application: rps}: plan these applications for this instead of their estimate (what-if)
     "prediction_s": 30.0,  # simulated seconds of the prediction
     "seed": 0,
 }
@@ -184,19 +185,25 @@ def _jsonable(value: Any) -> Any:
 
 def _demand_step(job: Job, options: dict[str, Any]) -> dict[str, Any]:
     """{"rps": {application: rps}, "method": str, "details": {...}}, remembered on the job so that a retry
-    plans for the same demand."""
+    plans for the same demand. A run's what-if `demand` replaces the estimate of the applications it names
+    only; every other application keeps its own (apps/planning/demand.py)."""
     if "demand" in job.checkpoint:
         return job.checkpoint["demand"]
+    raw = _demand_observe() or {}
+    rps = raw.get("rps") or {}
+    observed = {
+        "rps": {str(k): float(v) for k, v in rps.items() if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0},
+        "method": str(raw.get("method", "")),
+        "details": _jsonable({k: v for k, v in raw.items() if k not in ("rps", "method")}),
+    }
     if options["demand"] is not None:
-        observed = {"rps": dict(options["demand"]), "method": "given", "details": {"note": "the run's own demand (a what-if)"}}
-    else:
-        raw = _demand_observe() or {}
-        rps = raw.get("rps") or {}
-        observed = {
-            "rps": {str(k): float(v) for k, v in rps.items() if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0},
-            "method": str(raw.get("method", "")),
-            "details": _jsonable({k: v for k, v in raw.items() if k not in ("rps", "method")}),
-        }
+        given = dict(options["demand"])
+        observed["rps"].update(given)
+        observed["method"] = f"{observed['method']}; a what-if for {', '.join(sorted(given))}" if observed["method"] else "given"
+        basis = observed["details"].setdefault("basis", {})
+        if isinstance(basis, dict):
+            basis.update({name: "what-if" for name in given})
+        observed["details"]["what_if"] = given
     job_checkpoint_set(job_id=job.pk, name="demand", value=observed)
     return observed
 
@@ -276,8 +283,8 @@ def _plan_solve_and_store(*, job: Job, options: dict[str, Any], timings: dict[st
     if snapshot.problem is None:
         nothing = snapshot.notes[-1] if snapshot.notes else "nothing to plan"
     elif not any(a.demand_rps > 0 for a in snapshot.problem.applications):
-        nothing = ("nothing to plan: no planned application has any demand"
-                   + (" (the routers reported none); give the run a `demand` to plan for one" if options["demand"] is None else ""))
+        nothing = ("nothing to plan: no planned application has any demand (none observed or declared, and every one "
+                   "scales to zero); declare an SLO policy's expected_rps, or give the run a `demand`, to plan for one")
     if nothing is not None:
         notes = [nothing] + [n for n in snapshot.notes if n != nothing]
         with transaction.atomic():

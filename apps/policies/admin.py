@@ -7,8 +7,8 @@ from .models import EnsembleMember, EnsemblePolicy, ProfilingPolicy, ReplanPolic
 
 @admin.register(SloPolicy)
 class SloPolicyAdmin(admin.ModelAdmin):
-    list_display = ["application", "latency_p99_ms", "min_accuracy", "priority", "drop_rule"]
-    list_filter = ["drop_rule"]
+    list_display = ["application", "latency_p99_ms", "min_accuracy", "priority", "drop_rule", "expected_rps", "scale_to_zero"]
+    list_filter = ["drop_rule", "scale_to_zero"]
 
 
 @admin.register(ReplanPolicy)

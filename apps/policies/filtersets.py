@@ -10,7 +10,7 @@ class SloPolicyFilterSet(TesseraFilterSet):
 
     class Meta:
         model = SloPolicy
-        fields = ["application", "drop_rule", "priority"]
+        fields = ["application", "drop_rule", "priority", "scale_to_zero"]
 
 
 class ReplanPolicyFilterSet(TesseraFilterSet):

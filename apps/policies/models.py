@@ -19,7 +19,9 @@ from .choices import DropRuleChoices, EnsembleModeChoices, EnsembleVoteChoices
 
 class SloPolicy(ChangeLoggedModel):
     """An application's service level: p99 latency target, the accuracy it must not fall below, its
-    priority when demand cannot all be served, and what to do with queries that will be late."""
+    priority when demand cannot all be served, and what to do with queries that will be late; and the
+    demand every plan sizes it for at least (`expected_rps`), and whether it may have no capacity at all
+    while nobody queries it (`scale_to_zero`; apps/planning/demand.py)."""
 
     application = models.OneToOneField(Application, on_delete=models.CASCADE, related_name="slo_policy")
     latency_p99_ms = models.FloatField(validators=[MinValueValidator(0.001)], help_text="p99 latency target in ms")
@@ -29,6 +31,16 @@ class SloPolicy(ChangeLoggedModel):
     )
     priority = models.PositiveSmallIntegerField(default=50, validators=[MaxValueValidator(100)], help_text="0..100, higher is served first")
     drop_rule = models.CharField(max_length=20, choices=DropRuleChoices.choices, default=DropRuleChoices.DEADLINE)
+    expected_rps = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1e7)],
+        help_text="Queries per second every plan sizes it for at least, whatever the routers observe: how a new "
+                  "application gets capacity before its first query. Empty: observed demand only",
+    )
+    scale_to_zero = models.BooleanField(
+        default=False,
+        help_text="With no expected and no observed demand, plan no capacity for it. Off: a quiet application keeps "
+                  "the capacity of the idle floor (docs/control-loop.md, 'Demand')",
+    )
 
     class Meta:
         ordering = ["application__name"]
@@ -76,6 +88,11 @@ class ReplanPolicy(ChangeLoggedModel):
     forecast_horizon_seconds = models.PositiveIntegerField(
         default=30, validators=[MaxValueValidator(3600)],
         help_text="Demand for planning: forecast this many seconds ahead (about a rollout's duration)",
+    )
+    demand_memory_seconds = models.PositiveIntegerField(
+        default=900, validators=[MinValueValidator(60), MaxValueValidator(7 * 24 * 3600)],
+        help_text="Demand for planning: at least the mean rate over this many seconds, so that a quiet minute does "
+                  "not take an application's capacity away",
     )
     host_lost_after_seconds = models.PositiveIntegerField(
         default=30, validators=[MinValueValidator(5), MaxValueValidator(24 * 3600)],

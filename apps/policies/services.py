@@ -41,8 +41,8 @@ def _policy_update(policy: PolicyT, data: Mapping[str, Any]) -> PolicyT:
 
 
 def slo_policy_update(*, policy: SloPolicy, data: Mapping[str, Any]) -> SloPolicy:
-    """Set an SLO policy's fields (latency target, minimum accuracy, priority, drop rule, application)
-    from `data`, validate and save. Raises django ValidationError (by field) and saves nothing when the
+    """Set an SLO policy's fields (latency target, minimum accuracy, priority, drop rule, expected demand,
+    scale to zero, application) from `data`, validate and save. Raises django ValidationError (by field) and saves nothing when the
     values are refused."""
     return _policy_update(policy, data)
 

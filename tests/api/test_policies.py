@@ -15,6 +15,9 @@ pytestmark = pytest.mark.django_db
         ({"priority": 101}, "priority"),
         ({"drop_rule": "sometimes"}, "drop_rule"),
         ({"application": 424242}, "application"),
+        ({"expected_rps": -1}, "expected_rps"),
+        ({"expected_rps": "lots"}, "expected_rps"),
+        ({"scale_to_zero": "maybe"}, "scale_to_zero"),
     ],
 )
 def test_slo_bad_input(clients, payload, field):
@@ -46,7 +49,8 @@ def test_slo_update(clients):
     assert policy.latency_p99_ms == 75 and policy.drop_rule == "slo-2x"
 
 
-@pytest.mark.parametrize("payload,field", [({"interval_seconds": 5}, "interval_seconds"), ({"demand_change_threshold": 0}, "demand_change_threshold")])
+@pytest.mark.parametrize("payload,field", [({"interval_seconds": 5}, "interval_seconds"), ({"demand_change_threshold": 0}, "demand_change_threshold"),
+                                           ({"demand_memory_seconds": 10}, "demand_memory_seconds")])
 def test_replan_bad_input(clients, payload, field):
     response = clients["operator"].post("/api/v1/replan-policies/", {"name": "fast", **payload}, format="json")
     assert response.status_code == 400 and field in response.json()["error"]["fields"]

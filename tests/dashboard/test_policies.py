@@ -34,7 +34,7 @@ def _slo_form(policy: SloPolicy, **fields) -> dict:
 def _replan_form(policy: ReplanPolicy, **fields) -> dict:
     form = {"kind": "replan", "pk": str(policy.pk)}
     for name in ("interval_seconds", "demand_change_threshold", "debounce_seconds", "demand_window_seconds",
-                 "forecast_horizon_seconds", "host_lost_after_seconds"):
+                 "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds"):
         form[name] = str(getattr(policy, name))
     for name in ("enabled", "auto_apply"):  # checkboxes: present when on
         if getattr(policy, name):
@@ -95,6 +95,18 @@ def test_operator_edits_an_slo_and_it_is_saved_and_audited(client, users, polici
                                          changed_object_id=str(slo.pk), action="update").first()
     assert change is not None and change.user == users["operator"] and change.actor_name == "operator"
     assert change.source == "web" and change.changed_fields == ["drop_rule", "latency_p99_ms", "priority"]
+
+
+def test_an_operator_declares_the_demand_a_new_application_is_planned_for(client, users, policies):
+    client.force_login(users["operator"])
+    slo = policies["slo"]
+    assert client.post("/policies/", _slo_form(slo, expected_rps="40", scale_to_zero="on")).status_code == 302
+    slo.refresh_from_db()
+    assert slo.expected_rps == 40.0 and slo.scale_to_zero is True
+    response = client.post("/policies/", _slo_form(slo, expected_rps="-1"))
+    assert response.status_code == 400 and 'data-error-field="expected_rps">' in response.content.decode()
+    slo.refresh_from_db()
+    assert slo.expected_rps == 40.0
 
 
 def test_empty_minimum_accuracy_clears_it(client, users, policies):

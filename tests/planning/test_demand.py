@@ -7,8 +7,9 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 
 import pytest
 
-from apps.planning.demand import demand_for_planning, plan_assumed_rps, replan_policy_current
+from apps.planning.demand import IDLE_FLOOR_RPS, demand_for_planning, plan_assumed_rps, replan_policy_current
 from apps.planning.models import Plan
+from apps.policies.models import SloPolicy
 from apps.telemetry.models import ApplicationSample
 from tests.factories import ApplicationFactory, ReplanPolicyFactory, SloPolicyFactory
 
@@ -39,15 +40,16 @@ def _series(app, router: str, values: list[int], *, end_ago: float = 0.2) -> lis
 def test_routers_are_summed_per_second_and_the_peak_and_forecast_taken(django_assert_max_num_queries):
     classify = _app("classify")
     ApplicationSample.objects.bulk_create(_series(classify, "router-a", [60] * 30) + _series(classify, "router-b", [40] * 29 + [90]))
-    with django_assert_max_num_queries(2):  # the applications, and one aggregate over the samples
-        demand = demand_for_planning(now=NOW, window_s=60, horizon_s=30)
+    with django_assert_max_num_queries(3):  # the applications, one aggregate over the window, one over the memory
+        demand = demand_for_planning(now=NOW, window_s=60, horizon_s=30, memory_s=900)
     assert demand["samples"] == {"classify": 30}
     assert demand["recent_peak"] == {"classify": 150.0}
     assert demand["recent_mean"]["classify"] == pytest.approx(100 + 50 / 30, abs=1e-3)
     assert demand["forecast"]["classify"] > 100.0  # the last second pulled the level (and trend) up
     assert demand["rps"]["classify"] == max(demand["recent_peak"]["classify"], demand["forecast"]["classify"])
     assert demand["fallback"] == {}
-    assert demand["method"] == "max(peak of the last 60 s, Holt forecast 30 s ahead)"
+    assert demand["method"] == "max(peak of the last 60 s, Holt forecast 30 s ahead, mean of the last 900 s, declared, idle floor 1)"
+    assert demand["basis"] == {"classify": "observed"}
     assert demand["window_s"] == 60.0 and demand["horizon_s"] == 30.0
 
 
@@ -110,18 +112,55 @@ def test_applications_without_samples_keep_the_active_plans_demand():
     Plan.objects.create(status="active", demand={"observed": {"quiet": 42.0, "seen": 5.0}, "planned": {"quiet": 52.5, "seen": 6.25}, "headroom": 1.25})
     demand = demand_for_planning(now=NOW, window_s=60, horizon_s=0)
     assert set(demand["rps"]) == {"seen", "quiet", "new"}
-    assert demand["rps"]["quiet"] == 42.0 and demand["rps"]["new"] == 0.0
+    assert demand["rps"]["quiet"] == 42.0 and demand["rps"]["new"] == IDLE_FLOOR_RPS  # a new application: the idle floor
     assert demand["rps"]["seen"] == pytest.approx(20.0)
+    assert demand["basis"] == {"seen": "observed", "quiet": "observed", "new": "idle floor"}
     assert demand["fallback"] == {"quiet": "active plan", "new": "none"}
     assert demand["samples"] == {"seen": 10, "quiet": 0, "new": 0}
     assert set(demand["recent_peak"]) == {"seen"}
 
 
-def test_without_an_active_plan_the_fallback_is_zero():
+def test_without_an_active_plan_the_fallback_is_zero_and_the_idle_floor_keeps_an_instance():
     _app("idle")
     Plan.objects.create(status="superseded", demand={"observed": {"idle": 42.0}})
     demand = demand_for_planning(now=NOW, window_s=60, horizon_s=0)
-    assert demand["rps"] == {"idle": 0.0} and demand["fallback"] == {"idle": "none"}
+    assert demand["rps"] == {"idle": IDLE_FLOOR_RPS} and demand["fallback"] == {"idle": "none"}
+    assert demand["basis"] == {"idle": "idle floor"}
+    SloPolicy.objects.update(scale_to_zero=True)  # the policy asks for no capacity while idle
+    demand = demand_for_planning(now=NOW, window_s=60, horizon_s=0)
+    assert demand["rps"] == {"idle": 0.0} and demand["basis"] == {"idle": "none"}
+
+
+def test_a_quiet_minute_does_not_take_the_capacity_away():
+    """Fifteen minutes at 60 rps, then a minute of silence: the memory (the mean over 900 s) keeps 56 rps."""
+    app = _app("bursty")
+    busy = [_report(app, "r", seconds_ago, 60) for seconds_ago in range(61, 900)]
+    quiet = [_report(app, "r", seconds_ago, 0) for seconds_ago in range(1, 61)]
+    ApplicationSample.objects.bulk_create(busy + quiet)
+    demand = demand_for_planning(now=NOW, window_s=60, horizon_s=30, memory_s=900)
+    assert demand["recent_peak"]["bursty"] == 0.0
+    assert demand["memory_mean"]["bursty"] == pytest.approx(60 * 839 / 900, abs=0.01)
+    assert demand["rps"]["bursty"] == demand["memory_mean"]["bursty"] and demand["basis"]["bursty"] == "memory"
+    # With a memory no longer than the quiet minute, it would have none.
+    assert demand_for_planning(now=NOW, window_s=60, horizon_s=30, memory_s=60)["basis"]["bursty"] == "idle floor"
+
+
+def test_a_declared_demand_is_planned_until_more_is_observed():
+    new, busy = _app("new-model"), _app("busy")
+    SloPolicy.objects.filter(application__in=[new, busy]).update(expected_rps=25.0)
+    ApplicationSample.objects.bulk_create(_series(busy, "r", [80] * 10))
+    demand = demand_for_planning(now=NOW, window_s=60, horizon_s=0, memory_s=900)
+    assert demand["rps"]["new-model"] == 25.0 and demand["basis"]["new-model"] == "declared"
+    assert demand["rps"]["busy"] == pytest.approx(80.0) and demand["basis"]["busy"] == "observed"
+    assert demand["declared"] == {"new-model": 25.0, "busy": 25.0}
+
+
+def test_a_declared_or_floor_demand_does_not_outlive_its_policy_through_the_active_plan():
+    _app("was-declared")
+    Plan.objects.create(status="active", demand={"observed": {"was-declared": 25.0}, "details": {"basis": {"was-declared": "declared"}}})
+    SloPolicy.objects.update(scale_to_zero=True)
+    demand = demand_for_planning(now=NOW, window_s=60, horizon_s=0)
+    assert demand["rps"] == {"was-declared": 0.0} and demand["fallback"] == {"was-declared": "none"}
 
 
 def test_plan_assumed_rps_reads_the_stored_forms():

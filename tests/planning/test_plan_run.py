@@ -11,10 +11,11 @@ from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_create, job_execute
 from apps.planning import services, translate
+from apps.planning.demand import IDLE_FLOOR_RPS
 from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
-from apps.policies.models import ReplanPolicy
+from apps.policies.models import ReplanPolicy, SloPolicy
 from apps.registry.models import ModelVariant
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
@@ -197,6 +198,7 @@ def test_desired_states_cover_mig_whole_gpus_and_cpus(small_fleet):
 
 
 def test_an_idle_host_gets_an_empty_runtime_list(small_fleet):
+    SloPolicy.objects.filter(application__name="classify").update(scale_to_zero=True)  # else the idle floor keeps it
     _job, plan = _run({"demand": {"tabular": 10}})
     assert plan.status == "validated", plan.validation
     assert plan.desired_states["node-a"]["runtimes"] == []
@@ -233,11 +235,29 @@ def test_no_demand_at_all_is_nothing_to_plan(small_fleet, fake_demand):
 
 
 def test_the_real_demand_estimate_is_used_when_the_run_gives_none(small_fleet):
-    # No router has reported anything: every planned application's demand is 0 (apps/planning/demand.py).
+    # No router has reported anything: every planned application gets the idle floor (apps/planning/demand.py),
+    # so its next query finds an instance.
     job, plan = _run()
-    assert plan.status == "failed" and "the routers reported none" in plan.notes[0]
+    assert plan.status == "validated", plan.notes
     assert plan.demand["method"].startswith("max(") and set(plan.demand["observed"]) == {"classify", "tabular"}
-    assert job.checkpoint["demand"]["rps"] == {"classify": 0.0, "tabular": 0.0}
+    assert job.checkpoint["demand"]["rps"] == {"classify": IDLE_FLOOR_RPS, "tabular": IDLE_FLOOR_RPS}
+    assert plan.demand["details"]["basis"] == {"classify": "idle floor", "tabular": "idle floor"}
+    assert plan.routing["classify"] and plan.routing["tabular"]
+
+
+def test_applications_that_scale_to_zero_and_see_nothing_are_nothing_to_plan(small_fleet):
+    SloPolicy.objects.update(scale_to_zero=True)
+    _job, plan = _run()
+    assert plan.status == "failed" and "every one scales to zero" in plan.notes[0]
+
+
+def test_a_what_if_replaces_the_estimate_of_the_applications_it_names_only(small_fleet):
+    SloPolicy.objects.filter(application__name="tabular").update(expected_rps=12.0)
+    job, plan = _run({"demand": {"classify": 30}})
+    assert job.checkpoint["demand"]["rps"] == {"classify": 30.0, "tabular": 12.0}
+    assert plan.demand["details"]["basis"] == {"classify": "what-if", "tabular": "declared"}
+    assert plan.demand["method"].endswith("; a what-if for classify")
+    assert plan.status == "validated" and plan.routing["classify"] and plan.routing["tabular"]
 
 
 def test_a_plan_applying_would_refuse_fails_now(small_fleet, monkeypatch):

@@ -200,6 +200,7 @@ def test_an_existing_folder_and_a_plan_without_desired_states_are_refused(valida
 
 def test_the_cli_exports_and_says_why_it_cannot(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
+    SloPolicy.objects.exclude(application=small_fleet.tabular).update(scale_to_zero=True)  # tabular alone is planned
     plan = validated_plan({"tabular": 100})
     runner = CliRunner()
     out = tmp_path / "t"

@@ -99,17 +99,18 @@ class PolicyKind:
 
 KINDS = {
     "slo": PolicyKind("slo", "SLO policy", _form_class(
-        policy_model("slo"), ["latency_p99_ms", "min_accuracy", "priority", "drop_rule"],
+        policy_model("slo"), ["latency_p99_ms", "min_accuracy", "priority", "drop_rule", "expected_rps", "scale_to_zero"],
         {"latency_p99_ms": "p99 latency SLO (ms)", "min_accuracy": "Minimum accuracy (0..1)", "priority": "Priority (0..100)",
-         "drop_rule": "Drop rule"},
+         "drop_rule": "Drop rule", "expected_rps": "Expected demand (req/s)", "scale_to_zero": "No capacity while idle"},
     ), slo_policy_update),
     "replan": PolicyKind("replan", "Re-planning policy", _form_class(
         policy_model("replan"),
         ["enabled", "interval_seconds", "demand_change_threshold", "auto_apply", "debounce_seconds", "demand_window_seconds",
-         "forecast_horizon_seconds", "host_lost_after_seconds"],
+         "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds"],
         {"enabled": "Enabled", "interval_seconds": "Re-plan every (s)", "demand_change_threshold": "Demand change threshold",
          "auto_apply": "Apply new plans automatically", "debounce_seconds": "Debounce (s)", "demand_window_seconds": "Demand window (s)",
-         "forecast_horizon_seconds": "Forecast horizon (s)", "host_lost_after_seconds": "Host lost after (s)"},
+         "forecast_horizon_seconds": "Forecast horizon (s)", "demand_memory_seconds": "Demand memory (s)",
+         "host_lost_after_seconds": "Host lost after (s)"},
     ), replan_policy_update),
     "profiling": PolicyKind("profiling", "Profiling policy", _form_class(
         policy_model("profiling"),

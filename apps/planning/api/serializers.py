@@ -15,8 +15,8 @@ class PlanRunOptionsSerializer(serializers.Serializer):
 
     solver = serializers.ChoiceField(
         choices=list(PLAN_RUN_SOLVERS), required=False,
-        help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]: proteus, joint, garrison or garrison-demand plan the whole fleet; gpulets "
-        "(elastic MPS partitioning with interference), sbp, best-fit and ideal plan its MPS GPUs only",
+        help_text=f"The planner [{PLAN_RUN_DEFAULTS['solver']}]: GET /api/v1/planners/ lists them with their kind and paper; a mixed "
+        "fleet, pipelines and vertically scaled CPU applications are planned by the planners of their kinds beside it (docs/planning.md)",
     )
     objective = serializers.ChoiceField(choices=list(OBJECTIVES), required=False, help_text=f"[{PLAN_RUN_DEFAULTS['objective']}]")
     time_limit_s = serializers.FloatField(
@@ -36,7 +36,8 @@ class PlanRunOptionsSerializer(serializers.Serializer):
     )
     demand = serializers.DictField(
         child=serializers.FloatField(min_value=0.0), required=False,
-        help_text="{application: rps}: plan for this demand instead of the observed one (a what-if)",
+        help_text="{application: rps}: plan the applications named for this demand instead of their estimate (a what-if); "
+                  "the others keep theirs",
     )
     trigger_detail = serializers.CharField(required=False, allow_blank=True, max_length=500, help_text="Why this run (shown on the plan)")
 

@@ -9,7 +9,8 @@ from ..models import EnsemblePolicy, ProfilingPolicy, ReplanPolicy, SloPolicy
 class SloPolicySerializer(TesseraModelSerializer):
     class Meta:
         model = SloPolicy
-        fields = ["id", "display", "application", "latency_p99_ms", "min_accuracy", "priority", "drop_rule", "created", "last_updated"]
+        fields = ["id", "display", "application", "latency_p99_ms", "min_accuracy", "priority", "drop_rule", "expected_rps", "scale_to_zero",
+                  "created", "last_updated"]
 
 
 class ReplanPolicySerializer(TesseraModelSerializer):
@@ -17,7 +18,7 @@ class ReplanPolicySerializer(TesseraModelSerializer):
         model = ReplanPolicy
         fields = [
             "id", "display", "name", "enabled", "interval_seconds", "demand_change_threshold", "auto_apply", "debounce_seconds",
-            "demand_window_seconds", "forecast_horizon_seconds", "host_lost_after_seconds", "created", "last_updated",
+            "demand_window_seconds", "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds", "created", "last_updated",
         ]
 
 
