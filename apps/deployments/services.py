@@ -667,7 +667,7 @@ def host_desired_state_validate(*, host: Host, spec: Any) -> dict:
 def host_desired_state_set(*, host: Host, spec: dict, actor: Any = None) -> HostDesiredState:
     """Store a new version of the host's desired state (the previous version + 1) after validating it
     against the host's inventory (see host_desired_state_validate). Nothing is stored when it is invalid."""
-    host = Host.objects.select_for_update().get(pk=host.pk)  # one version number at a time per host
+    host = Host.objects.select_for_update(no_key=True).get(pk=host.pk)  # one version at a time per host; FK inserts go on (see _routing_table_activate)
     document = host_desired_state_validate(host=host, spec=spec)
     latest = host.desired_states.aggregate(latest=Max("version"))["latest"] or 0
     version = latest + 1
@@ -728,7 +728,11 @@ def _routes_validate(*, application: Application, routes: Any) -> list[dict]:
 
 
 def _routing_table_activate(*, application: Application, routes: list[dict], actor: Any) -> RoutingTable:
-    application = Application.objects.select_for_update().get(pk=application.pk)
+    # FOR NO KEY UPDATE, not FOR UPDATE: it serialises publishers all the same, but leaves alone the FOR KEY
+    # SHARE locks that every insert of a row referring to the application takes (an agent's report storing
+    # its runtimes). With FOR UPDATE, a report holding one application's key-share lock and waiting for
+    # another's deadlocked a rollout's route withdrawal that locked the two in the other order.
+    application = Application.objects.select_for_update(no_key=True).get(pk=application.pk)
     if application.released:
         # Released (the model repository's unload) after the plan being applied was made: the release wins,
         # and the application stays without routes until it is pinned again.
@@ -783,7 +787,7 @@ def application_release(*, application: Application, actor: Any = None) -> Routi
     routes through any plan applied later, and the planner leaves it out, until `application_pin`. Its
     runtimes keep their slots until a plan gives those to others. Releasing a released application changes
     nothing (None)."""
-    application = Application.objects.select_for_update().get(pk=application.pk)
+    application = Application.objects.select_for_update(no_key=True).get(pk=application.pk)
     if application.released:
         return None
     application.released = True
@@ -796,7 +800,7 @@ def application_pin(*, application: Application, actor: Any = None) -> bool:
     """The Open Inference Protocol's model load: put a released `application` back into planning; its routes
     return with the next plan applied (Tessera's plans wait for approval unless the re-planning policy
     applies them itself). True when it was released; pinning an application in service changes nothing."""
-    application = Application.objects.select_for_update().get(pk=application.pk)
+    application = Application.objects.select_for_update(no_key=True).get(pk=application.pk)
     if not application.released:
         return False
     application.released = False

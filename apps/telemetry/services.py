@@ -97,7 +97,7 @@ def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) 
         # in a cycle (UPDATE locks in no stated order). Then the heartbeat: bookkeeping, not a change
         # (last_seen is excluded from the audit, and update() skips the receivers).
         if len(host_ids) > 1:
-            list(Host.objects.select_for_update().filter(pk__in=host_ids).order_by("pk").values_list("pk", flat=True))
+            list(Host.objects.select_for_update(no_key=True).filter(pk__in=host_ids).order_by("pk").values_list("pk", flat=True))
         Host.objects.filter(pk__in=host_ids).update(last_seen=timezone.now())
         seen = _stored_already(host_ids, {report["at"] for _, report in reports})
         runtime_rows: list[tuple] = []
