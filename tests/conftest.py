@@ -152,7 +152,7 @@ _LONGEST_FIRST = (
     "engine/test_vertical_bench_smoke.py", "integration/test_outages.py", "engine/test_repro_benches_smoke.py",
     "engine/test_scheduler_training.py", "workers/test_agent.py", "integration/test_slot_move.py", "workers/test_agent_mps.py",
     "test_project.py", "integration/test_serve_processes.py", "workers/test_bench_dataplane_smoke.py",
-    "workers/test_with_control_plane.py", "workers/test_router_ensembles.py", "workers/test_mps_plan_applied.py",
+    "workers/test_with_control_plane.py", "workers/test_app_deploy.py", "workers/test_router_ensembles.py", "workers/test_mps_plan_applied.py",
 )
 
 

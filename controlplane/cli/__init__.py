@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from . import dataplane, load, server, simulate, tokens
+from .app import app_app
 from .ensemble import ensemble_app
 from .mig import mig_app
 from .pipeline import pipeline_app
@@ -30,6 +31,7 @@ app.add_typer(tokens.token_app, name="token")
 app.add_typer(tokens.router_credential_app, name="router-credential")
 app.add_typer(mig_app, name="mig")
 app.add_typer(plan_app, name="plan")
+app.add_typer(app_app, name="app")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(ensemble_app, name="ensemble")
 app.add_typer(trace_app, name="trace")

@@ -18,6 +18,7 @@ from apps.jobs.services import job_execute
 from apps.planning.models import Plan
 from apps.planning.rollout import plan_apply, plan_approve
 from apps.planning.services import plan_run_execute, plan_run_start
+from apps.policies.models import SloPolicy
 from apps.registry.models import Pipeline
 from controlplane.demo import demo_seed
 from engine.geometry.names import runtime_key_parse
@@ -57,6 +58,9 @@ def test_a_gpulets_plan_is_applied_by_the_agent_and_served(mps_agent) -> None:
     # This test is about the MPS GPUs: without the demo's pipeline, which FA2 would otherwise plan at its
     # declared demand on the host's CPU (tests/planning/test_pipeline_plan.py covers that).
     Pipeline.objects.all().delete()
+    # And without the idle floor of the applications it names no demand for (apps/planning/demand.py): the CPU
+    # ones would be short on this host's one CPU, which proteus gives one instance.
+    SloPolicy.objects.exclude(application__name__in=DEMAND).update(scale_to_zero=True)
     job = plan_run_start(trigger="manual", options={"solver": "gpulets", "demand": DEMAND, "time_limit_s": 10})
     if not Plan.objects.filter(job=job).exists():
         job_execute(job_id=job.pk, work=lambda j: plan_run_execute(job=j))
