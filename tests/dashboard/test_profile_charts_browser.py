@@ -43,7 +43,15 @@ def test_applications_page_draws_a_chart_per_profiled_variant(asgi_live_server, 
     page.wait_for_load_state()
     page.goto(f"{url}/applications/")
     page.wait_for_selector("[data-profile-chart] .uplot canvas")
-    page.wait_for_function(ALL_CHARTS_COMMITTED)
+    # Polled by time, not by animation frame (Playwright's default): on a loaded machine Chromium may hold back
+    # frames of a page this size, and a raf-polled wait then sees nothing for its whole bound (one CI run timed
+    # out at 60 s). On a timeout, say which charts are not sized and what the page threw.
+    try:
+        page.wait_for_function(ALL_CHARTS_COMMITTED, polling=250)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what the page knows
+        unsized = page.evaluate("""() => [...document.querySelectorAll("[data-profile-chart] .uplot .u-wrap")]
+            .filter((w) => !(parseFloat(w.style.width) > 0)).map((w) => w.closest("[data-variant-profiles]")?.dataset.variantProfiles)""")
+        raise AssertionError(f"charts not sized: {unsized}; page errors: {errors}") from exc
     assert errors == []
 
     assert any(seeded["variants"].values()), "the demo seed stores profiles"
