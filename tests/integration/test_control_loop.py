@@ -115,7 +115,11 @@ def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, ag
             raise AssertionError(f"no plan: job {job.status} {job.log} {job.error}") from None
         assert plan.trigger == "demand", plan.trigger
         plan = wait_for(lambda: Plan.objects.filter(pk=plan.pk, status__in=["active", "failed"]).first(), 240, "the rollout")
-        rollout = Job.objects.filter(kind="rollout").latest("created")
+        # This plan's rollout, to its end: the plan turns active inside the rollout's work, a moment before its
+        # job is marked succeeded (a fresh-clone CI run read it `running` in between); and with auto-apply on, a
+        # later plan's rollout may already have started, so not the latest one.
+        rollout = wait_for(lambda: Job.objects.filter(kind="rollout", params__plan=plan.pk, status__in=["succeeded", "failed"]).first(),
+                           60, "the rollout job to end")
         assert plan.status == "active", rollout.log + rollout.error + str(plan.notes)
         assert rollout.status == "succeeded" and rollout.attempts == 1
         elapsed = time.monotonic() - detected
