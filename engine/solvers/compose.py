@@ -29,18 +29,13 @@ import time
 
 from engine.plans.problem import DeviceSpec, Plan, PlanInstance, PlanStatus, Problem
 from engine.solvers.assemble import PartPlan, composed_status, plan_from_instances, plan_objective
+from engine.solvers.budget import problem_timed
 from engine.solvers.ensembles import ensemble_plan_merge, ensemble_problem_split, ensembles_to_split
 from engine.solvers.hosts import CpuHostUse
 from engine.solvers.mixed import fleet_is_mixed, mixed_plan_solve
 from engine.solvers.registry import DEFAULT_FLEET_PLANNER, DEFAULT_MPS_PLANNER, WHOLE_KINDS, PlannerInfo, planner_get
 
 __all__ = ["plan_compose"]
-
-
-def _timed(problem: Problem, deadline: float, solves_left: int) -> Problem:
-    """`problem` with an equal share of the time left before `deadline` for each of `solves_left` solves."""
-    share = max(0.01, (deadline - time.perf_counter()) / max(1, solves_left))
-    return dataclasses.replace(problem, options=dataclasses.replace(problem.options, time_limit_s=share))
 
 
 def _without(problem: Problem, taken: set[str]) -> Problem:
@@ -67,7 +62,7 @@ def _fleet_plan(problem: Problem, chosen: PlannerInfo, deadline: float) -> Plan:
         other_name = DEFAULT_FLEET_PLANNER if planner_get(base).kind == "mps" else base
         return mixed_plan_solve(problem, mps_solver=mps_name, other_solver=other_name, mps_planner=planner_get(mps_name).strategy(),
                                 other_planner=planner_get(other_name).strategy(), deadline=deadline)
-    return planner_get(base).strategy()(_timed(problem, deadline, 1))
+    return planner_get(base).strategy()(problem_timed(problem, deadline, 1))
 
 
 def plan_compose(problem: Problem, chosen: PlannerInfo) -> Plan:
@@ -86,11 +81,11 @@ def plan_compose(problem: Problem, chosen: PlannerInfo) -> Plan:
     taken: set[str] = set()
     vertical = chosen.kind == "vertical"
     if problem.pipelines:  # step 2
-        part = pipeline_part_solve(_timed(problem, deadline, 2 + vertical), hosts, solver=chosen.pipelines_by)
+        part = pipeline_part_solve(problem_timed(problem, deadline, 2 + vertical), hosts, solver=chosen.pipelines_by)
         parts.append(part)
         taken |= part.taken
     if vertical:  # step 3
-        part = vertical_part_solve(_timed(_without(problem, taken), deadline, 2), hosts)
+        part = vertical_part_solve(problem_timed(_without(problem, taken), deadline, 2), hosts)
         parts.append(part)
         taken |= part.taken
     planned = [p for p in parts if p.taken]

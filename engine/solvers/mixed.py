@@ -41,12 +41,12 @@ import time
 from typing import Callable
 
 from engine.plans.problem import DeviceSpec, Plan, Problem
-from engine.solvers.assemble import composed_status, plan_from_instances, plan_objective
+from engine.solvers.assemble import RPS_EPSILON, composed_status, plan_from_instances, plan_objective
+from engine.solvers.budget import problem_timed
 from engine.solvers.spare import plan_spare_fill
 
 __all__ = ["fleet_is_mixed", "mixed_plan_solve"]
 
-_RPS_EPS = 1e-6
 # The planners whose own plans fill idle devices (model.fleet_solve): the composition does it for them.
 _FILLED_SOLVERS = ("proteus", "joint")
 
@@ -82,15 +82,14 @@ def mixed_plan_solve(problem: Problem, *, mps_solver: str, other_solver: str, mp
     solves_left = [4]  # two stages in each of two orders, sharing one budget
 
     def timed(stage_problem: Problem) -> Problem:
-        share = max(0.01, (deadline - time.perf_counter()) / solves_left[0])
         solves_left[0] -= 1
-        return dataclasses.replace(stage_problem, options=dataclasses.replace(stage_problem.options, time_limit_s=share))
+        return problem_timed(stage_problem, deadline, solves_left[0] + 1)
 
     def staged(first_planner, first_devices: list[DeviceSpec], second_planner, second_devices: list[DeviceSpec]):
         first_problem = _stage_problem(problem, first_devices, demand)
         first = first_planner(timed(first_problem))
         remainder = {name: max(0.0, rps - first.served_rps.get(name, 0.0)) for name, rps in demand.items()}
-        remainder = {name: (0.0 if rps <= _RPS_EPS else rps) for name, rps in remainder.items()}
+        remainder = {name: (0.0 if rps <= RPS_EPSILON else rps) for name, rps in remainder.items()}
         second_problem = _stage_problem(problem, second_devices, remainder)
         return (first, first_problem), (second_planner(timed(second_problem)), second_problem)
 

@@ -62,6 +62,7 @@ from engine.pipelines.problem import (
 from engine.plans.capacity import profile_interpolate
 from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, PlanInstance, PipelineSpec, Problem, ProfilePoint
 from engine.solvers.assemble import PartPlan
+from engine.solvers.budget import budget_share
 from engine.solvers.hosts import CpuHostUse, replicas_place
 from engine.solvers.registry import PLANNERS
 from engine.solvers.vertical import vertical_bounds_attach, vertical_model_from_profiles
@@ -257,7 +258,7 @@ def pipeline_part_solve(problem: Problem, hosts: CpuHostUse, *, solver: str, met
     notes: list[str] = []
     for n, spec in enumerate(problem.pipelines):
         # One budget: each pipeline gets an equal share of what is left.
-        limit = max(0.01, (deadline - time.perf_counter()) / (len(problem.pipelines) - n))
+        limit = budget_share(deadline, len(problem.pipelines) - n)
         if not cpu_hosts or host_cores <= 0:
             outcome = PipelineOutcome(spec, solver, "infeasible", [], None, 0.0, ["the fleet has no free CPU host; pipelines are planned on CPU hosts"])
         elif solver == "fa2":

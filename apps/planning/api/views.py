@@ -7,12 +7,11 @@ from apps.core.api.viewsets import TesseraReadOnlyModelViewSet
 from apps.core.principals import principal_is_agent
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.services import JobConflict
+from engine.solvers.registry import PLANNERS
 
 from ..choices import PlanTriggerChoices
 from ..filtersets import PlanFilterSet, PlanRunFilterSet
 from ..selectors import plan_queryset, plan_run_queryset
-from engine.solvers.registry import PLANNERS
-
 from ..services import PLAN_RUN_SOLVERS, plan_run_start
 from .serializers import ConflictErrorSerializer, PlanListSerializer, PlannerSerializer, PlanRunOptionsSerializer, PlanSerializer
 
