@@ -83,6 +83,8 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MAX_LATENCY_SAMPLES = 20_000
+# The control plane keeps a scheduler's name to this many characters (a router's report, apps/telemetry).
+ENSEMBLE_SCHEDULER_MAX = 200
 # Triton's failure reasons, the `reason` label of nv_inference_request_failure (core, src/infer_stats.h).
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
@@ -469,9 +471,10 @@ class ApplicationStats:
         # (variant, instance, simulated) -> [success, failure, duration_us, success duration_us, last answer (epoch ms),
         #   queue_us, compute_us (of the successes, as their runtimes measured them)]
         self.per_instance: dict[tuple[str, str, bool], list[float]] = {}
-        # This interval's query sizes (rows per request: the planner's D[b]) and, for an ensemble, its counts.
+        # This interval's query sizes (rows per request: the planner's D[b]) and, for an ensemble, its counts
+        # per scheduler that drew them (a policy changed within the interval gives two).
         self._query_sizes: dict[int, int] = {}
-        self._ensemble: dict[str, Any] | None = None
+        self._ensembles: dict[str, dict[str, Any]] = {}
 
     def arrival(self) -> None:
         with self._lock:
@@ -520,14 +523,16 @@ class ApplicationStats:
             self._query_sizes[rows] = self._query_sizes.get(rows, 0) + 1
 
     def ensemble_answered(self, chosen: Iterable[str], voted: Iterable[str], scheduler: str) -> None:
-        """One ensemble query: the members chosen and those that voted (answered in time)."""
+        """One ensemble query: the members chosen and those that voted (answered in time), counted under the
+        scheduler that drew them, so that draws made before a policy change are never counted under the new
+        one."""
         chosen, voted = tuple(chosen), tuple(voted)
+        scheduler = scheduler[:ENSEMBLE_SCHEDULER_MAX]
         with self._lock:
-            e = self._ensemble
+            e = self._ensembles.get(scheduler)
             if e is None:
-                e = self._ensemble = {"queries": 0, "chosen": {}, "voted": {}, "sizes": {}, "scheduler": scheduler}
+                e = self._ensembles[scheduler] = {"scheduler": scheduler, "queries": 0, "chosen": {}, "voted": {}, "sizes": {}}
             e["queries"] += 1
-            e["scheduler"] = scheduler
             for m in chosen:
                 e["chosen"][m] = e["chosen"].get(m, 0) + 1
             for m in voted:
@@ -597,8 +602,8 @@ class ApplicationStats:
             if self._query_sizes:
                 out["query_sizes"] = {str(k): v for k, v in sorted(self._query_sizes.items())}
                 self._query_sizes = {}
-            if self._ensemble is not None:
-                out["ensemble"], self._ensemble = self._ensemble, None
+            if self._ensembles:
+                out["ensembles"], self._ensembles = list(self._ensembles.values()), {}
             self._arrivals = self._served = self._late = self._dropped = self._no_route = self._failed = 0
         return out
 

@@ -800,7 +800,8 @@ def ensembles_overview(user, *, window_s: int = ENSEMBLE_WINDOW_S) -> EnsembleOv
     frequencies = {}
     latency = {}
     for policy in policies:
-        seen = application_ensemble_frequencies(application=policy.application, window_s=window_s)
+        # The latest scheduler's draws: after a policy change, the new policy's table, not a mixture.
+        seen = application_ensemble_frequencies(application=policy.application, window_s=window_s, latest=True)
         if seen is not None:
             frequencies[policy.pk] = seen
         served = application_latency_window(application_name=policy.application.name, seconds=window_s)

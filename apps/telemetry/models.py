@@ -99,9 +99,10 @@ class ApplicationSample(IntervalCounts):
     # Requests per size over the interval, {"<rows per request>": count} (Garrison's D[b]); null where the
     # router does not count them.
     query_sizes = models.JSONField(null=True, blank=True)
-    # The interval's random ensembles (Garrison's frequency table): {"queries": n, "chosen": {variant: n},
-    # "voted": {variant: n}, "sizes": {"<ensemble size>": n}, "scheduler": text}; null without an ensemble.
-    ensemble = models.JSONField(null=True, blank=True)
+    # The interval's random ensembles (Garrison's frequency table), one block per scheduler that drew them (a
+    # policy changed within the interval gives two): [{"scheduler": text, "queries": n, "chosen": {variant: n},
+    # "voted": {variant: n}, "sizes": {"<ensemble size>": n}}, ...]; null without an ensemble.
+    ensembles = models.JSONField(null=True, blank=True)
 
     class Meta(IntervalCounts.Meta):
         indexes = [

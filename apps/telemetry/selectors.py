@@ -176,12 +176,21 @@ class EnsembleMemberFrequency:
 
 
 @dataclass(frozen=True)
+class EnsembleSchedulerCount:
+    """Queries one scheduler drew ensembles for within a window, and when it last did."""
+
+    scheduler: str  # as the routers named it ("random ensemble ...", "learned (<policy>)")
+    queries: int
+    last_at: datetime
+
+
+@dataclass(frozen=True)
 class EnsembleFrequencies:
     """What the routers counted of an application's random ensembles over a window (Garrison's frequency
-    table). `bias` is the randomness bias (engine.ensembles.sampling.randomness_bias: the RMS over the
-    configured members of frequency - probability) of the draws, the sampler's fidelity; `voted_bias` the
-    same of the votes cast, which members that miss the deadline move away from the probabilities. Both
-    None without a policy to compare with."""
+    table), of the draws of one scheduler or of all. `bias` is the randomness bias
+    (engine.ensembles.sampling.randomness_bias: the RMS over the configured members of frequency -
+    probability) of the draws, the sampler's fidelity; `voted_bias` the same of the votes cast, which members
+    that miss the deadline move away from the probabilities. Both None without a policy to compare with."""
 
     window_s: float
     queries: int
@@ -189,32 +198,55 @@ class EnsembleFrequencies:
     members: tuple[EnsembleMemberFrequency, ...]
     bias: float | None
     voted_bias: float | None
-    schedulers: tuple[str, ...]  # who picked the members, as the routers said ("random", a learned policy's name)
+    scheduler: str | None  # whose draws these are; None: every scheduler's in the window
+    schedulers: tuple[EnsembleSchedulerCount, ...]  # every scheduler that drew in the window, the latest first
 
 
-def application_ensemble_frequencies(*, application: Application, window_s: float, now: datetime | None = None) -> EnsembleFrequencies | None:
+def _ensemble_blocks(value) -> list[dict]:
+    """A sample's stored ensemble blocks (apps.telemetry.models.ApplicationSample.ensembles)."""
+    blocks = value if isinstance(value, list) else [value]
+    return [b for b in blocks if isinstance(b, dict)]
+
+
+def application_ensemble_frequencies(*, application: Application, window_s: float, now: datetime | None = None,
+                                     scheduler: str | None = None, latest: bool = False) -> EnsembleFrequencies | None:
     """`application`'s random ensembles over the last `window_s` seconds, summed over every router's
     reports: per member (the policy's members in its order, then any other variant reported) how often it
     was drawn and how often it voted, its share of the votes cast and its configured probability; the
-    queries, the mean ensemble size and the randomness bias. None when no router reported an ensemble in
-    the window."""
+    queries, the mean ensemble size and the randomness bias. Of the draws of `scheduler` only when named, of
+    the scheduler that drew last when `latest` (so that after a policy change the table shows the new
+    policy's draws, not a mixture), else of all. None when no router reported an ensemble in the window (or
+    none of that scheduler's)."""
+    since = (now or timezone.now()) - timedelta(seconds=window_s)
+    rows = (ApplicationSample.objects.filter(application=application, at__gt=since, ensembles__isnull=False)
+            .order_by("at").values_list("at", "ensembles"))
+    samples = [(at, block) for at, value in rows for block in _ensemble_blocks(value)]
+    if not samples:
+        return None
+    counts: dict[str, list] = {}
+    for at, block in samples:
+        name = str(block.get("scheduler") or "")
+        entry = counts.setdefault(name, [0, at])
+        entry[0] += int(block.get("queries") or 0)
+        entry[1] = max(entry[1], at)
+    schedulers = tuple(sorted((EnsembleSchedulerCount(scheduler=name, queries=n, last_at=at) for name, (n, at) in counts.items()),
+                              key=lambda c: c.last_at, reverse=True))
+    if latest:
+        scheduler = schedulers[0].scheduler
+    if scheduler is not None:
+        samples = [(at, block) for at, block in samples if str(block.get("scheduler") or "") == scheduler]
+        if not samples:
+            return None
     chosen: Counter = Counter()
     voted: Counter = Counter()
     sizes: Counter = Counter()
-    queries, schedulers, reported = 0, [], False
-    for ensemble in _recent_samples(application, window_s, now, "ensemble"):
-        if not isinstance(ensemble, dict):
-            continue
-        reported = True
-        queries += int(ensemble.get("queries") or 0)
+    queries = 0
+    for _, block in samples:
+        queries += int(block.get("queries") or 0)
         for total, key in ((chosen, "chosen"), (voted, "voted")):
-            for name, count in (ensemble.get(key) or {}).items():
+            for name, count in (block.get(key) or {}).items():
                 total[name] += int(count)
-        _size_counts_add(sizes, ensemble.get("sizes"))
-        if ensemble.get("scheduler") and ensemble["scheduler"] not in schedulers:
-            schedulers.append(ensemble["scheduler"])
-    if not reported:
-        return None
+        _size_counts_add(sizes, block.get("sizes"))
     policy = getattr(application, "ensemble_policy", None)
     probabilities = {m.variant.name: m.probability for m in policy.member_list()} if policy is not None else {}
     names = list(probabilities) + sorted((set(chosen) | set(voted)) - set(probabilities))
@@ -235,4 +267,4 @@ def application_ensemble_frequencies(*, application: Application, window_s: floa
         return randomness_bias({name: total[name] / n for name in names}, probabilities)
 
     return EnsembleFrequencies(window_s=float(window_s), queries=queries, mean_size=mean_size, members=members,
-                               bias=bias(chosen, draws), voted_bias=bias(voted, votes), schedulers=tuple(schedulers))
+                               bias=bias(chosen, draws), voted_bias=bias(voted, votes), scheduler=scheduler, schedulers=schedulers)

@@ -145,6 +145,15 @@ def _delivered_before(*stored) -> bool:
     return any(queryset.exists() for queryset in stored)
 
 
+def _ensemble_blocks(item: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """An application's ensemble counts as stored: one block per scheduler (`ensembles`); a router of the
+    version before sends one block (`ensemble`), kept as a list of one."""
+    blocks = list(item.get("ensembles") or [])
+    if item.get("ensemble"):
+        blocks.append(item["ensemble"])
+    return blocks or None
+
+
 @transaction_retry
 def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]) -> dict[str, int]:
     """Store one router report, sent with the router's credential under its own name (the view checks
@@ -170,7 +179,7 @@ def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]
             latency_p50_ms=a.get("latency_p50_ms"),
             latency_p99_ms=a.get("latency_p99_ms"),
             query_sizes=a.get("query_sizes") or None,
-            ensemble=a.get("ensemble"),
+            ensembles=_ensemble_blocks(a),
         )
         for a in items
     ]

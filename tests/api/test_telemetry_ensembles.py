@@ -34,20 +34,53 @@ def robust(db):
 
 
 def test_query_sizes_and_ensembles_are_stored(clients, routers, robust):
-    response = routers["router-1"].post(URL, _report(query_sizes={"1": 6, "4": 3, "64": 1}, ensemble=ENSEMBLE), format="json")
+    response = routers["router-1"].post(URL, _report(query_sizes={"1": 6, "4": 3, "64": 1}, ensembles=[ENSEMBLE]), format="json")
     assert response.status_code == 201, response.content
     sample = ApplicationSample.objects.get(application=robust)
-    assert sample.query_sizes == {"1": 6, "4": 3, "64": 1} and sample.ensemble == ENSEMBLE
+    assert sample.query_sizes == {"1": 6, "4": 3, "64": 1} and sample.ensembles == [ENSEMBLE]
     # Both are optional: a router that counts neither reports as before.
     assert routers["router-2"].post(URL, router_report("router-2"), format="json").status_code == 201
-    assert ApplicationSample.objects.filter(router="router-2", query_sizes__isnull=True, ensemble__isnull=True).count() == 2
+    assert ApplicationSample.objects.filter(router="router-2", query_sizes__isnull=True, ensembles__isnull=True).count() == 2
     listed = clients["viewer"].get("/api/v1/application-samples/", {"application": robust.pk}).json()["results"]
-    assert listed[0]["query_sizes"] == {"1": 6, "4": 3, "64": 1} and listed[0]["ensemble"]["voted"] == {"a": 8, "b": 5, "c": 6}
+    assert listed[0]["query_sizes"] == {"1": 6, "4": 3, "64": 1} and listed[0]["ensembles"][0]["voted"] == {"a": 8, "b": 5, "c": 6}
 
 
 def test_an_ensemble_report_takes_defaults_for_what_it_leaves_out(routers, robust):
-    assert routers["router-1"].post(URL, _report(ensemble={"queries": 3}), format="json").status_code == 201
-    assert ApplicationSample.objects.get().ensemble == {"queries": 3, "chosen": {}, "voted": {}, "sizes": {}, "scheduler": ""}
+    assert routers["router-1"].post(URL, _report(ensembles=[{"queries": 3}]), format="json").status_code == 201
+    assert ApplicationSample.objects.get().ensembles == [{"queries": 3, "chosen": {}, "voted": {}, "sizes": {}, "scheduler": ""}]
+
+
+def test_a_router_of_the_version_before_sends_one_block_kept_as_a_list_of_one(routers, robust):
+    assert routers["router-1"].post(URL, _report(ensemble=ENSEMBLE), format="json").status_code == 201
+    assert ApplicationSample.objects.get().ensembles == [ENSEMBLE]
+
+
+def test_draws_are_counted_under_the_scheduler_that_made_them(routers, robust):
+    """A policy changed within a second: the router reports two blocks, and the frequency table of the
+    latest scheduler holds only its own draws (issue 38: one label, the last seen, counted the earlier
+    policy's draws under the new one)."""
+    ensemble_policy_set(application=robust, data={"members": {"a": 0.5, "b": 0.25, "c": 0.25}, "min_size": 2, "max_size": 2})
+    robust.refresh_from_db()
+    learned = {"scheduler": "learned (favour-a)", "queries": 4, "chosen": {"a": 4, "b": 4}, "voted": {"a": 4, "b": 4}, "sizes": {"2": 4}}
+    response = routers["router-1"].post(URL, _report(1, ensembles=[ENSEMBLE, learned]), format="json")
+    assert response.status_code == 201, response.content
+    routers["router-1"].post(URL, _report(2, ensembles=[learned]), format="json")
+    now = timezone.now()
+    every = application_ensemble_frequencies(application=robust, window_s=7200, now=now)
+    assert every.queries == 18 and every.scheduler is None
+    assert [(c.scheduler, c.queries) for c in every.schedulers] == [("learned (favour-a)", 8), ("random", 10)]
+    latest = application_ensemble_frequencies(application=robust, window_s=7200, now=now, latest=True)
+    assert latest.scheduler == "learned (favour-a)" and latest.queries == 8
+    assert [(m.variant, m.chosen) for m in latest.members] == [("a", 8), ("b", 8), ("c", 0)]
+    random = application_ensemble_frequencies(application=robust, window_s=7200, now=now, scheduler="random")
+    assert random.queries == 10 and [m.chosen for m in random.members] == [8, 6, 6]
+    assert application_ensemble_frequencies(application=robust, window_s=7200, now=now, scheduler="nobody") is None
+
+
+def test_a_scheduler_named_twice_in_one_report_is_refused(routers, robust):
+    response = routers["router-1"].post(URL, _report(ensembles=[ENSEMBLE, ENSEMBLE]), format="json")
+    assert response.status_code == 400 and "one block per scheduler" in str(response.json()["error"]["fields"])
+    assert not ApplicationSample.objects.exists()
 
 
 @pytest.mark.parametrize("application, text", [
@@ -67,6 +100,9 @@ def test_an_ensemble_report_takes_defaults_for_what_it_leaves_out(routers, robus
     ({"ensemble": {**ENSEMBLE, "chosen": {f"v{k}": 1 for k in range(4097)}}}, "at most 4096 keys"),
     ({"ensemble": {**ENSEMBLE, "scheduler": "x" * 201}}, "no more than 200 characters"),
     ({"ensemble": [1, 2]}, "Expected a dictionary"),
+    ({"ensembles": [{**ENSEMBLE, "queries": -1}]}, "greater than or equal to 0"),
+    ({"ensembles": [{**ENSEMBLE, "scheduler": f"s{k}"} for k in range(17)]}, "no more than 16"),
+    ({"ensembles": {"queries": 1}}, "Expected a list"),
 ])
 def test_malformed_counts_are_refused_and_nothing_is_stored(routers, robust, application, text):
     response = routers["router-1"].post(URL, _report(**application), format="json")
@@ -98,7 +134,7 @@ def test_ensemble_frequencies_with_the_configured_probabilities(routers, robust)
         format="json")
     now = timezone.now()
     seen = application_ensemble_frequencies(application=robust, window_s=7200, now=now)
-    assert seen.queries == 20 and seen.mean_size == 2.0 and seen.schedulers == ("random",)
+    assert seen.queries == 20 and seen.mean_size == 2.0 and [c.scheduler for c in seen.schedulers] == ["random"]
     assert [(m.variant, m.chosen, m.voted, m.probability) for m in seen.members] == [
         ("a", 16, 15, None), ("b", 12, 11, None), ("c", 12, 11, None)]
     assert seen.members[0].share == pytest.approx(15 / 37) and seen.members[0].chosen_share == pytest.approx(0.4)

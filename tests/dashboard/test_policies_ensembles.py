@@ -24,8 +24,8 @@ def pools(db):
     ApplicationFactory(name="empty")  # no variant: nothing to draw from
     policy = ensemble_policy_set(application=robust, data={"members": {"a": 0.5, "b": 0.3, "c": 0.2}, "min_size": 2, "max_size": 2})
     ApplicationSample.objects.create(router="router-1", application=robust, application_name="robust", at=timezone.now(), interval_s=1.0,
-                                     ensemble={"queries": 10, "chosen": {"a": 10, "b": 6, "c": 4}, "voted": {"a": 9, "b": 6, "c": 4},
-                                               "sizes": {"2": 10}, "scheduler": "random"})
+                                     ensembles=[{"queries": 10, "chosen": {"a": 10, "b": 6, "c": 4}, "voted": {"a": 9, "b": 6, "c": 4},
+                                                 "sizes": {"2": 10}, "scheduler": "random"}])
     return {"robust": robust, "plain": plain, "policy": policy}
 
 
@@ -105,3 +105,15 @@ def test_unknown_ensemble_policy_is_404(client, users, pools):
     client.force_login(users["operator"])
     assert client.post("/policies/", _form("424242")).status_code == 404
     assert client.post("/policies/", _form("nonsense")).status_code == 404
+
+
+def test_the_table_shows_the_latest_schedulers_draws_and_names_the_earlier(client, users, pools):
+    robust = pools["robust"]
+    ApplicationSample.objects.create(router="router-1", application=robust, application_name="robust", at=timezone.now(), interval_s=1.0,
+                                     ensembles=[{"queries": 3, "chosen": {"a": 3, "c": 3}, "voted": {"a": 3, "c": 3}, "sizes": {"2": 3},
+                                                 "scheduler": "learned (favour-a-c)"}])
+    client.force_login(users["viewer"])
+    html = client.get("/policies/").content.decode()
+    assert "3 queries in the last 300 s" in html and '<span data-scheduler>learned (favour-a-c)</span>' in html
+    assert "Before it in the window: 10 by <span data-scheduler-earlier>random</span>." in html
+    assert 'data-member="b"' in html and "<td>0.000</td><td>0</td><td>0</td>" in html  # b was not drawn by the learned policy

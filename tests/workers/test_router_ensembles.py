@@ -136,7 +136,7 @@ def test_the_frequency_table_follows_the_probabilities_and_reports_reach_the_con
     time.sleep(0.5)
     entries = [a for r in reports for a in r["applications"] if a["application"] == "defend"]
     assert sum(e.get("query_sizes", {}).get("2", 0) for e in entries) == 300
-    counted = [e["ensemble"] for e in entries if e.get("ensemble")]
+    counted = [block for e in entries for block in e.get("ensembles", ())]
     assert sum(c["queries"] for c in counted) == 300 and counted[0]["scheduler"].startswith("random ensemble")
     assert sum(c["sizes"].get("1", 0) for c in counted) == 300
 
@@ -210,3 +210,21 @@ def test_a_member_s_instance_is_chosen_by_garrison_s_normalised_usage_time(runti
         assert _ask(url, np.zeros((4, 4), dtype=np.float32)).status_code == 200
     counted = {instance: row[0] for (variant, instance, _sim), row in router.stats.application("defend").per_instance.items()}
     assert counted == {"host/gpu0/1g.10gb@4": 10}, counted
+
+
+def test_the_report_counts_each_draw_under_the_scheduler_that_made_it() -> None:
+    """A policy change within an interval: the draws before it stay under the scheduler that made them, one
+    block each, and the next interval starts empty (issue 38)."""
+    from workers.metrics import ApplicationStats
+
+    stats = ApplicationStats("defend")
+    stats.ensemble_answered(("m1", "m2"), ("m1",), "random ensemble (2..2)")
+    stats.ensemble_answered(("m2", "m3"), ("m2", "m3"), "random ensemble (2..2)")
+    stats.ensemble_answered(("m3",), ("m3",), "learned (favour-m3)")
+    blocks = {b["scheduler"]: b for b in stats.snapshot_and_reset(1)["ensembles"]}
+    assert blocks["random ensemble (2..2)"] == {"scheduler": "random ensemble (2..2)", "queries": 2, "chosen": {"m1": 1, "m2": 2, "m3": 1},
+                                                "voted": {"m1": 1, "m2": 1, "m3": 1}, "sizes": {"2": 2}}
+    assert blocks["learned (favour-m3)"]["queries"] == 1 and blocks["learned (favour-m3)"]["sizes"] == {"1": 1}
+    assert "ensembles" not in stats.snapshot_and_reset(1)
+    stats.ensemble_answered(("m1",), (), "x" * 300)  # a fallback's note may be long: kept to what the control plane takes
+    assert [len(b["scheduler"]) for b in stats.snapshot_and_reset(1)["ensembles"]] == [200]

@@ -265,7 +265,7 @@ def test_the_demo_ensemble_is_served_by_the_learned_scheduler_and_its_frequencie
                 (output,) = doc["outputs"]
                 np.testing.assert_allclose(np.asarray(output["data"], dtype=np.float32).reshape(output["shape"]), expected, rtol=1e-5, atol=1e-6)
         assert len(seen_sizes) >= 2  # random per query
-        wait_for(lambda: ApplicationSample.objects.filter(application_name="tabular-ensemble", ensemble__isnull=False).exists(),
+        wait_for(lambda: ApplicationSample.objects.filter(application_name="tabular-ensemble", ensembles__isnull=False).exists(),
                  what="the router's ensemble counts at the control plane")
         wait_for(lambda: sum(s.arrivals for s in ApplicationSample.objects.filter(application_name="tabular-ensemble")) >= 120,
                  what="every query counted")

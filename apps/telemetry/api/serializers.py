@@ -123,6 +123,9 @@ class _RouterCountsSerializer(serializers.Serializer):
 # Query and ensemble sizes a router reports: whole numbers 1..MAX_QUERY_SIZE (engine.plans.problem), at most
 # that many distinct ones per interval; the same bound on the variants an ensemble's counts name.
 REPORT_SIZES_MAX = MAX_QUERY_SIZE
+# Schedulers one application's ensembles may be counted under in one report (a policy changes rarely; a
+# few changes within a second are still told apart).
+ENSEMBLE_SCHEDULERS_MAX = 16
 
 
 def _size_key(key: str) -> str:
@@ -189,8 +192,18 @@ class RouterApplicationReportSerializer(_RouterCountsSerializer):
     routing_version = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
     query_sizes = _size_counts(required=False, allow_null=True, default=None,
                               help_text=f"Rows per request over the interval: {{size: requests}}, sizes 1..{REPORT_SIZES_MAX} (D[b])")
+    ensembles = RouterEnsembleReportSerializer(
+        many=True, required=False, default=list, max_length=ENSEMBLE_SCHEDULERS_MAX,
+        help_text="Its random ensembles over the interval, one block per scheduler that drew them (a policy changed within the "
+                  "interval gives two); empty without an ensemble policy")
     ensemble = RouterEnsembleReportSerializer(required=False, allow_null=True, default=None,
-                                              help_text="Its random ensembles over the interval; null without an ensemble policy")
+                                              help_text="Deprecated (routers before per-scheduler blocks): one block, as in `ensembles`")
+
+    def validate_ensembles(self, blocks: list[dict]) -> list[dict]:
+        names = [block.get("scheduler", "") for block in blocks]
+        if len(set(names)) != len(names):
+            raise serializers.ValidationError("one block per scheduler: a scheduler is named twice.")
+        return blocks
 
 
 class RouterPathReportSerializer(_RouterCountsSerializer):
@@ -297,6 +310,6 @@ class ApplicationSampleSerializer(serializers.ModelSerializer):
         model = ApplicationSample
         fields = [
             "id", "host", "router", "application", "application_name", "routing_version", "at", "interval_s",
-            "arrivals", "served", "late", "dropped", "no_route", "latency_p50_ms", "latency_p99_ms", "query_sizes", "ensemble",
+            "arrivals", "served", "late", "dropped", "no_route", "latency_p50_ms", "latency_p99_ms", "query_sizes", "ensembles",
         ]
         read_only_fields = fields
