@@ -5,9 +5,10 @@ after the fault ended the control plane was well again, and, for a killed worker
 control plane took to notice against the configured bound.
 
     .venv/bin/python benches/faults.py                  # every fault, 15 s each, about 5 min
-    .venv/bin/python benches/faults.py --quick          # every fault, 5 s each, about 2 min
+    .venv/bin/python benches/faults.py --quick          # every fault, 3 s each, shorter bounds, about 1 min
     options: --faults postgres-refused,postgres-frozen,redis-refused,redis-frozen,worker-killed,agent-killed,
-             --duration 15, --clients 3, --postgres URL, --database tessera_faults, --redis redis://127.0.0.1:6379/10,
+             --duration 15, --clients 3, --host-lost-after 10, --job-stale-after 10, --job-sweep-every 5,
+             --postgres URL, --database tessera_faults, --redis redis://127.0.0.1:6379/10,
              --keep-database, --out bench-results
 
 What runs (all on this machine):
@@ -33,10 +34,13 @@ What runs (all on this machine):
 - worker-killed: a job of `bench.steps` (one-second checkpointed steps) runs; its worker is SIGKILLed
   mid-job and a new one started at once (as a supervisor would). "noticed" = seconds from the kill to the
   job's next attempt starting, against the bound TESSERA_JOB_STALE_AFTER_S + TESSERA_JOB_SWEEP_EVERY_S
-  (the verdict allows PICKUP_S more: the sweep's trip through beat, Redis and the worker).
+  (`--job-stale-after`, `--job-sweep-every`; the verdict allows PICKUP_S more: the sweep's trip through
+  beat, Redis and the worker).
 - agent-killed: a simulated agent (`tessera agent --backend simulated`) reports for a host; it is
   SIGKILLed; "noticed" = seconds until the host is marked offline, against the bound host_lost_after
-  (the bench's policy: 10 s) + the planning watch's interval.
+  (the bench's policy: `--host-lost-after`, 10 s) + the planning watch's interval.
+- `--quick` (the test suite's smoke run) plays every fault for 3 s with 2 clients and shorter bounds (a host
+  lost after 5 s, a job stale after 5 s, swept every 2 s): the same checks, each against its own bound.
 
 Writes OUT/faults.csv (one row per fault).
 """
@@ -67,7 +71,7 @@ from telemetry import database_recreate, port_free_find, redis_flush, server_sta
 FAULTS = ("postgres-refused", "postgres-frozen", "redis-refused", "redis-frozen", "worker-killed", "agent-killed")
 CLIENT_TIMEOUT_S = 40.0
 HELD_LIMIT_S = 5.0  # the issue's bound: no request held longer by a frozen service
-HOST_LOST_AFTER_S = 10  # the bench policy's host_lost_after_seconds
+HOST_LOST_AFTER_S = 10  # the bench policy's host_lost_after_seconds (--host-lost-after)
 RECOVERY_WAIT_S = 90.0
 PICKUP_S = 2.0  # beyond a bound: a periodic task's trip through beat, Redis and a worker
 CSV_FIELDS = ("fault", "sent", "answered", "ok", "unavailable", "wrong", "errors", "longest_wait_s", "p50_wait_s",
@@ -132,14 +136,15 @@ def stack_start(args) -> Stack:
     # This process (seed, job bookkeeping, the kill's job) uses the services directly; the control plane's
     # processes only through the proxies.
     os.environ.update({"DJANGO_SETTINGS_MODULE": "controlplane.settings.local", "DJANGO_DEBUG": "false", "DATABASE_URL": database_url,
-                       "REDIS_URL": args.redis, "TESSERA_VAR_DIR": str(var), "TESSERA_DB_POOL": "false", "TESSERA_LOG_LEVEL": "WARNING"})
+                       "REDIS_URL": args.redis, "TESSERA_VAR_DIR": str(var), "TESSERA_DB_POOL": "false", "TESSERA_LOG_LEVEL": "WARNING",
+                       "TESSERA_JOB_STALE_AFTER_S": f"{args.job_stale_after:g}", "TESSERA_JOB_SWEEP_EVERY_S": f"{args.job_sweep_every:g}"})
     import django
 
     django.setup()
     env = dict(os.environ, DATABASE_URL=url_via(database_url, pg), REDIS_URL=url_via(args.redis, rd), TESSERA_DB_POOL="true",
                TESSERA_LOG_LEVEL="INFO")
     stack = Stack(env=env, port=port_free_find(1), var=var, pg=pg, redis=rd)
-    stack.token, stack.session = fleet_seed()
+    stack.token, stack.session = fleet_seed(host_lost_after_s=args.host_lost_after)
     stack.server = server_start(env, stack.port, var / "server.log")
     server_wait(stack.port, stack.server, var / "server.log")
     stack.worker_start()
@@ -152,8 +157,8 @@ def stack_start(args) -> Stack:
     return stack
 
 
-def fleet_seed() -> tuple[str, str]:
-    """Migrate, seed the demo, a policy that loses a host after HOST_LOST_AFTER_S (re-planning off: the bench
+def fleet_seed(*, host_lost_after_s: float) -> tuple[str, str]:
+    """Migrate, seed the demo, a policy that loses a host after `host_lost_after_s` (re-planning off: the bench
     starts its own plan runs), the planning watch's beat entry; the operator's token, the viewer's session."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
@@ -172,7 +177,7 @@ def fleet_seed() -> tuple[str, str]:
     with change_context(source="command"):
         ReplanPolicy.objects.update(enabled=False)
         ReplanPolicy.objects.update_or_create(name="aaa-faults", defaults={"enabled": True, "auto_apply": False, "interval_seconds": 24 * 3600,
-                                                                          "host_lost_after_seconds": HOST_LOST_AFTER_S})
+                                                                          "host_lost_after_seconds": int(host_lost_after_s)})
         watch_schedule_ensure()
         users = get_user_model().objects
         _, token = token_create(user=users.get(username="operator"), description="benches/faults.py")
@@ -389,7 +394,7 @@ def fault_worker_killed(stack: Stack, *, duration: float, clients: int) -> dict[
                 recovered_s=0.0)
 
 
-def fault_agent_killed(stack: Stack, *, duration: float, clients: int) -> dict[str, Any]:
+def fault_agent_killed(stack: Stack, *, duration: float, clients: int, host_lost_after_s: float) -> dict[str, Any]:
     """A simulated agent reports for a host, then is SIGKILLed; time until the host is marked offline."""
     from apps.core.context import change_context
     from apps.inventory.models import Host
@@ -408,7 +413,7 @@ def fault_agent_killed(stack: Stack, *, duration: float, clients: int) -> dict[s
         time.sleep(1.0)
         killed_at = time.monotonic()
         os.kill(agent.pid, signal.SIGKILL)  # the agent alone: what it started lives on, as on a real host
-        bound = HOST_LOST_AFTER_S + WATCH_INTERVAL_S
+        bound = host_lost_after_s + WATCH_INTERVAL_S
         noticed: list[float] = []
 
         def watch() -> None:
@@ -460,12 +465,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, in this order")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds each fault lasts")
     parser.add_argument("--clients", type=int, default=3, help="client threads, one request at a time each")
-    parser.add_argument("--quick", action="store_true", help="smoke run: every fault, 5 s each, 2 clients")
+    parser.add_argument("--host-lost-after", type=int, default=HOST_LOST_AFTER_S, help="the policy's host_lost_after_seconds [10]")
+    parser.add_argument("--job-stale-after", type=float, default=10.0, help="TESSERA_JOB_STALE_AFTER_S of the stack [10]")
+    parser.add_argument("--job-sweep-every", type=float, default=5.0, help="TESSERA_JOB_SWEEP_EVERY_S of the stack [5]")
+    parser.add_argument("--quick", action="store_true", help="smoke run: every fault, 3 s each, 2 clients, shorter bounds (5 / 5 / 2 s)")
     service_arguments_add(parser, database="tessera_faults", redis_db=10, keep_help="leave the bench database as the run left it")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
     args = parser.parse_args(argv)
     if args.quick:
-        args.duration, args.clients = 5.0, 2
+        args.duration, args.clients = 3.0, 2
+        args.host_lost_after, args.job_stale_after, args.job_sweep_every = 5, 5.0, 2.0
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = set(faults) - set(FAULTS)
     if unknown:
@@ -480,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             if fault == "worker-killed":
                 row = fault_worker_killed(stack, duration=args.duration, clients=args.clients)
             elif fault == "agent-killed":
-                row = fault_agent_killed(stack, duration=args.duration, clients=args.clients)
+                row = fault_agent_killed(stack, duration=args.duration, clients=args.clients, host_lost_after_s=args.host_lost_after)
             else:
                 row = fault_service(stack, fault, duration=args.duration, clients=args.clients)
             row["verdict"] = _verdict(row)

@@ -15,9 +15,12 @@ what it is:
 from __future__ import annotations
 
 import io
+import json
+import os
 import secrets
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -135,6 +138,16 @@ def _cpu_points_measure(onnx_bytes: bytes, cores: int, batches: tuple[int, ...])
     if (sha, cores) in _measured:
         return _measured[(sha, cores)]
     counts = tuple(dict.fromkeys((*DEMO_CPU_PROFILE_CORES, cores)))
+    kept = demo_measurement_path(onnx_bytes, counts, batches)
+    if kept is not None and kept.exists():
+        try:
+            rows = {int(threads): points for threads, points in json.loads(kept.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            rows = {}  # unreadable: measured again below
+        if all(threads in rows for threads in counts):
+            for threads in counts:
+                _measured[(sha, threads)] = rows[threads]
+            return rows[cores]
     sessions = {}
     for threads in counts:
         options = ort.SessionOptions()
@@ -164,7 +177,40 @@ def _cpu_points_measure(onnx_bytes: bytes, cores: int, batches: tuple[int, ...])
                                   "p99": float(np.percentile(samples[threads], 99)), "runs": runs})
     for threads in counts:
         _measured[(sha, threads)] = rows[threads]
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({str(threads): rows[threads] for threads in counts}))
+        partial.replace(kept)  # whole or not at all: a concurrent seed reads either nothing or all of it
     return rows[cores]
+
+
+def demo_measurement_path(onnx_bytes: bytes, counts: tuple[int, ...], batches: tuple[int, ...]) -> Path | None:
+    """Where the demo keeps what it measured of one model at these thread counts and batches, on this machine
+    (settings.TESSERA_DEMO_MEASUREMENTS_DIR; None when unset: measured on every seed). The key holds what the
+    latencies depend on besides the model: onnxruntime's version, the CPU and its count."""
+    import hashlib
+    import platform
+
+    from django.conf import settings
+
+    folder = getattr(settings, "TESSERA_DEMO_MEASUREMENTS_DIR", "")
+    if not folder:
+        return None
+    machine = [ort.__version__, platform.machine(), platform.processor(), _cpu_model_name(), os.cpu_count(), PROFILE_TIME_S]
+    key = hashlib.sha256(onnx_bytes + json.dumps([list(counts), list(batches), machine]).encode()).hexdigest()[:40]
+    return Path(folder) / f"demo-cpu-{key}.json"
+
+
+def _cpu_model_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), or "" where it cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[Profile]:

@@ -1,7 +1,5 @@
 import contextlib
 import fcntl
-import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -51,9 +49,16 @@ def pytest_configure(config):
         folder = tempfile.mkdtemp(prefix="tessera-test-session-")
         os.environ[SESSION_DIR_ENV] = folder
         config.add_cleanup(lambda: (shutil.rmtree(folder, ignore_errors=True), os.environ.pop(SESSION_DIR_ENV, None)))
+    # The demo's measurements are kept in the session's folder (the product's TESSERA_DEMO_MEASUREMENTS_DIR): the
+    # xdist workers and every process a test starts that seeds the demo (the fault and telemetry benches'
+    # control planes) read one measurement instead of each timing the models again.
+    os.environ["TESSERA_DEMO_MEASUREMENTS_DIR"] = os.environ[SESSION_DIR_ENV]
+    from django.conf import settings
+
+    settings.TESSERA_DEMO_MEASUREMENTS_DIR = os.environ[SESSION_DIR_ENV]
     import controlplane.demo as demo
 
-    demo._cpu_points_measure = _demo_measure_shared(demo._cpu_points_measure, Path(os.environ[SESSION_DIR_ENV]))
+    demo._cpu_points_measure = _demo_measure_alone(demo._cpu_points_measure)
 
 
 class _Turns:
@@ -184,27 +189,22 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.fast)
 
 
-# The demo seed measures its CPU models on this machine (controlplane/demo.py: about half a minute, once per
-# process). The xdist workers share one measurement per session: the first worker to seed the demo measures
-# (the product's own `_cpu_points_measure`), alone (the other worker's tests would take the cores it times), and
-# writes it to the session's folder; the other reads it.
-def _demo_measure_shared(measure, folder: Path):
-    def shared(onnx_bytes: bytes, cores: int, batches: tuple[int, ...]) -> list[dict]:
-        key = hashlib.sha256(onnx_bytes + repr((cores, tuple(batches))).encode()).hexdigest()
-        path = folder / f"demo-measured-{key}.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        turns = _turns_of_this_worker()
-        with turns.alone() if turns is not None else contextlib.nullcontext():
-            if not path.exists():  # the other worker may have measured it while this one waited
-                rows = measure(onnx_bytes, cores, batches)
-                temporary = path.with_suffix(".tmp")
-                temporary.write_text(json.dumps(rows))
-                temporary.rename(path)
-        return json.loads(path.read_text())
+# The demo seed measures its CPU models on this machine (controlplane/demo.py: about half a minute) and keeps
+# what it measured in the session's folder (TESSERA_DEMO_MEASUREMENTS_DIR, set above): the first worker to seed
+# the demo measures, alone (the other worker's tests would take the cores it times); the rest read it.
+def _demo_measure_alone(measure):
+    def alone(onnx_bytes: bytes, cores: int, batches: tuple[int, ...]) -> list[dict]:
+        from controlplane import demo
 
-    shared.__wrapped__ = measure
-    return shared
+        kept = demo.demo_measurement_path(onnx_bytes, tuple(dict.fromkeys((*demo.DEMO_CPU_PROFILE_CORES, cores))), batches)
+        turns = _turns_of_this_worker()
+        if (kept is not None and kept.exists()) or turns is None:
+            return measure(onnx_bytes, cores, batches)
+        with turns.alone():  # the other worker may have measured it while this one waited: then it reads it
+            return measure(onnx_bytes, cores, batches)
+
+    alone.__wrapped__ = measure
+    return alone
 
 
 def _demo_measure_before_the_tests() -> None:

@@ -89,6 +89,9 @@ STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env.str("TESSERA_STATIC_ROOT", default=str(VAR_DIR / "staticfiles")))
 MEDIA_ROOT = Path(env.str("TESSERA_MEDIA_ROOT", default=str(VAR_DIR / "media")))
+# Where the demo seed keeps the CPU latencies it measured (controlplane/demo.py), so that later seeds on the
+# same machine reuse them instead of measuring again; empty: measure on every seed.
+TESSERA_DEMO_MEASUREMENTS_DIR = env.str("TESSERA_DEMO_MEASUREMENTS_DIR", default="")
 MEDIA_URL = "/media/"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
