@@ -393,12 +393,9 @@ def header(args: argparse.Namespace) -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             return "not installed"
 
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from engine.reference.machine import cpu_model_name
+
+    cpu = cpu_model_name() or "?"
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     speedups = ", ".join(f"{k} x{v:g}" for k, v in GPULET_DERIVED_SPEEDUP.items())
     return [

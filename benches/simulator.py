@@ -38,6 +38,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
 from engine.plans.problem import Problem  # noqa: E402
+from engine.reference.machine import cpu_model_name  # noqa: E402
 from engine.reference.generate import proteus_sized_problem  # noqa: E402
 from engine.simulation.simulator import SimulationConfig, simulate  # noqa: E402
 from engine.simulation.workload import Trace, arrivals_poisson  # noqa: E402
@@ -81,16 +82,6 @@ def poisson_trace(problem: Problem, queries: int, seed: int) -> Trace:
     return trace
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
@@ -107,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_solve(problem, "proteus")
     plan_s = time.perf_counter() - started
     trace = poisson_trace(problem, queries, args.seed)
-    cpu = cpu_name()
+    cpu = cpu_model_name()
     print(f"simulator benchmark: {len(trace):,} queries per row over {trace.duration_s:.2f} s of trace; "
           f"fleet proteus_sized_problem{tuple(PROTEUS_SIZE.values())} ({problem.total_demand_rps:,.0f} q/s, "
           f"{len(plan.instances)} instances, planned once in {plan_s:.2f} s); {pinned}; {cpu}; Python {platform.python_version()}")

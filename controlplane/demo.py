@@ -41,6 +41,7 @@ from apps.registry.services.pipelines import pipeline_save
 from apps.users.choices import RoleChoices
 from apps.users.roles import roles_sync, user_role_set
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
+from engine.reference.machine import cpu_model_name
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.reference.ensemble_demo import DEMO_ENSEMBLE_APPLICATION, DEMO_ENSEMBLE_POLICY, DEMO_ENSEMBLE_SLO_MS
 from engine.geometry.catalogue import gpu_model_canonical, mig_catalogue_load, plain_gpu_model_find
@@ -197,20 +198,10 @@ def demo_measurement_path(onnx_bytes: bytes, counts: tuple[int, ...], batches: t
     folder = getattr(settings, "TESSERA_DEMO_MEASUREMENTS_DIR", "")
     if not folder:
         return None
-    machine = [ort.__version__, platform.machine(), platform.processor(), _cpu_model_name(), os.cpu_count(), PROFILE_TIME_S]
+    machine = [ort.__version__, platform.machine(), cpu_model_name(), os.cpu_count(), PROFILE_TIME_S]
     key = hashlib.sha256(onnx_bytes + json.dumps([list(counts), list(batches), machine]).encode()).hexdigest()[:40]
     return Path(folder) / f"demo-cpu-{key}.json"
 
-
-def _cpu_model_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), or "" where it cannot be read."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _cpu_profiles_measured(variant: ModelVariant, onnx_bytes: bytes, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[Profile]:
