@@ -167,10 +167,16 @@ def perf_analyzer_env(binary: Path) -> dict[str, str]:
     return env
 
 
+def perf_analyzer_shape(config: dict) -> list[str]:
+    """One row of 8 features per request: with a batching configuration (max_batch_size > 0) perf_analyzer
+    adds the batch axis itself (`-b 1`) and `--shape` leaves it out, as Triton's configurations do."""
+    return ["--shape", "input:8", "-b", "1"] if config.get("max_batch_size", 0) > 0 else ["--shape", "input:1,8"]
+
+
 def perf_analyzer_run(binary: Path, router: str, version: str, *, tensor_format: str, concurrency: int, window_ms: int,
-                      workdir: Path) -> dict[str, Any]:
+                      workdir: Path, shape: list[str]) -> dict[str, Any]:
     report = workdir / f"pa-{tensor_format}-{concurrency}.csv"
-    cmd = [str(binary), "-m", MODEL, "-x", version, "-u", router, "-i", "http", "--shape", "input:1,8",
+    cmd = [str(binary), "-m", MODEL, "-x", version, "-u", router, "-i", "http", *shape,
            "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
            "--stability-percentage", "30", "--input-tensor-format", tensor_format, "--output-tensor-format", tensor_format, "-f", str(report)]
     proc = subprocess.run(cmd, env=perf_analyzer_env(binary), capture_output=True, text=True, timeout=max(120, window_ms // 100))
@@ -220,11 +226,13 @@ def main() -> None:
             version = str(table["model"]["versions"][variant]["id"])
             print(f"plan applied: {MODEL} routed to {', '.join(f'{v} {w:.2f}' for v, w in weights.items())}; measuring version "
                   f"{variant} (number {version}) in {time.monotonic() - started:.0f} s")
+            status, body = _get(f"http://{router}/v2/models/{MODEL}/versions/{version}/config")
+            shape = perf_analyzer_shape(json.loads(body) if status == 200 else {})
             time.sleep(5.0)  # the rollout's runtimes warm up
             for tensor_format in ("binary", "json"):
                 for concurrency in levels:
                     row = perf_analyzer_run(args.perf_analyzer, router, version, tensor_format=tensor_format, concurrency=concurrency,
-                                            window_ms=window_ms, workdir=workdir)
+                                            window_ms=window_ms, workdir=workdir, shape=shape)
                     rows.append(row)
                     print(f"  {tensor_format:6} c={concurrency}: {row['status']} {fmt(row.get('throughput_per_s'), '.0f')}/s "
                           f"p50 {fmt(row.get('p50_ms'), '.2f')} ms p99 {fmt(row.get('p99_ms'), '.2f')} ms {row.get('error', '')}")

@@ -157,10 +157,12 @@ class ControlPlaneClient:
     def router_report(self, payload: dict) -> None:
         self._request("POST", f"{API}/router-reports/", json=payload)
 
-    def repository_action(self, action: str, model: str) -> dict:
+    def repository_action(self, action: str, model: str, *, config: Any = None) -> dict:
         """The model repository extension's `load` or `unload` of `model` (an application), with this router's
-        credential (which an admin must have allowed: `may_load_models`)."""
-        return self._json("POST", f"{API}/routing-tables/repository/", json={"model": model, "action": action})
+        credential (which an admin must have allowed: `may_load_models`); a load's `config` (Triton's model
+        configuration) for the control plane to apply or refuse."""
+        body = {"model": model, "action": action, **({"config": config} if config is not None else {})}
+        return self._json("POST", f"{API}/routing-tables/repository/", json=body)
 
     def router_name(self) -> str:
         """The router name this client's router credential is scoped to (a router sees its own only)."""

@@ -39,6 +39,8 @@ from engine.dataplane.routing import RoutingTable as EngineRoutingTable
 from engine.geometry.catalogue import GpuModelSpec, gpu_model_canonical
 from engine.geometry.layout import Placement, layout_parse, mig_layout_validate, placement_parse
 from engine.geometry.names import RuntimeKey, instance_id_parse, mps_placement_parse, runtime_key_parse
+from engine.dataplane.triton import TritonLoadSettings
+from engine.plans.problem import MAX_QUERY_SIZE
 from engine.sharing.partitions import mps_slice_name
 
 from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
@@ -684,16 +686,24 @@ def host_desired_state_latest(*, host: Host) -> HostDesiredState | None:
 
 
 def _routes_validate(*, application: Application, routes: Any) -> list[dict]:
-    """[{instance, variant, weight}] -> the same with weights normalised to sum to 1. An empty list is a
-    valid table: the application has no capacity (its router answers no_route)."""
+    """[{instance, variant, weight, batch?}] -> the same with weights normalised to sum to 1. `batch` (optional)
+    is the instance's planned batch size, which routers show as the model's batching configuration. An
+    empty list is a valid table: the application has no capacity (its router answers no_route)."""
     if not isinstance(routes, list):
-        raise ValidationError({"routes": "Expected a list of {instance, variant, weight}."})
+        raise ValidationError({"routes": "Expected a list of {instance, variant, weight, batch}."})
     errors = _Errors()
     parsed: list[tuple[str, str, int, float]] = []
+    batches: dict[str, int] = {}
     for i, route in enumerate(routes):
-        if not isinstance(route, dict) or set(route) - {"instance", "variant", "weight"}:
-            errors.add("routes", f"routes[{i}]: expected an object {{instance, variant, weight}}.")
+        if not isinstance(route, dict) or set(route) - {"instance", "variant", "weight", "batch"}:
+            errors.add("routes", f"routes[{i}]: expected an object {{instance, variant, weight, batch}}.")
             continue
+        batch = route.get("batch")
+        if batch is not None:
+            if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_QUERY_SIZE:
+                errors.add("routes", f"routes[{i}]: 'batch' must be a whole number 1..{MAX_QUERY_SIZE}.")
+                continue
+            batches[str(route.get("instance"))] = batch
         try:
             host_name, _ = instance_id_parse(route.get("instance"))
         except ValueError as exc:
@@ -724,7 +734,8 @@ def _routes_validate(*, application: Application, routes: Any) -> list[dict]:
     except RoutingError as exc:
         raise ValidationError({"routes": str(exc)}) from exc
     weights = dict(table.entries)
-    return [{"instance": instance, "variant": variant_id, "weight": weights[instance]} for instance, _, variant_id, _ in parsed]
+    return [{"instance": instance, "variant": variant_id, "weight": weights[instance],
+             **({"batch": batches[instance]} if instance in batches else {})} for instance, _, variant_id, _ in parsed]
 
 
 def _routing_table_activate(*, application: Application, routes: list[dict], actor: Any) -> RoutingTable:
@@ -796,15 +807,26 @@ def application_release(*, application: Application, actor: Any = None) -> Routi
 
 
 @transaction.atomic
-def application_pin(*, application: Application, actor: Any = None) -> bool:
+def application_pin(*, application: Application, actor: Any = None, settings: TritonLoadSettings | None = None) -> bool:
     """The Open Inference Protocol's model load: put a released `application` back into planning; its routes
     return with the next plan applied (Tessera's plans wait for approval unless the re-planning policy
-    applies them itself). True when it was released; pinning an application in service changes nothing."""
+    applies them itself). `settings`: what the load's configuration maps onto
+    (engine.dataplane.triton.triton_load_config_parse), applied in the same transaction; the next plan
+    honours them. True when anything changed; pinning an application in service with nothing to change
+    changes nothing."""
     application = Application.objects.select_for_update(no_key=True).get(pk=application.pk)
-    if not application.released:
+    changed = []
+    if application.released:
+        application.released, changed = False, ["released"]
+    for name in ("max_batch_size", "batching_delay_ms"):
+        value = getattr(settings, name, None) if settings is not None else None
+        if value is not None and value != getattr(application, name):
+            setattr(application, name, value)
+            changed.append(name)
+    if not changed:
         return False
-    application.released = False
-    application.save(update_fields=["released", "last_updated"])
+    application.full_clean(validate_unique=False)
+    application.save(update_fields=[*changed, "last_updated"])
     return True
 
 

@@ -40,6 +40,11 @@ class Host(ChangeLoggedModel):
         null=True, blank=True, editable=False,
         help_text="The desired-state version the agent last reported it has converged to; empty before the first",
     )
+    settled_version = models.PositiveIntegerField(
+        null=True, blank=True, editable=False,
+        help_text="The desired-state version the agent reached but for runtimes that failed to start (reported as failed, "
+        "retried): a rollout goes on without them",
+    )
     catalogue_disagreements = models.JSONField(
         default=list, blank=True, editable=False,
         help_text="Where the GPUs' MIG placements (as NVML reports them) differ from the catalogue, per the agent",

@@ -53,6 +53,23 @@ def router_credential_issue(*, name: str, description: str | None = None, may_lo
 
 
 @transaction.atomic
+def router_credential_update(*, credential: RouterCredential, description: str | None = None,
+                             may_load_models: bool | None = None) -> RouterCredential:
+    """Change what a router credential says and may do (None: as it was) without touching its secret, so the
+    running router keeps working; audited like every change (issue, revoke, update)."""
+    credential = RouterCredential.objects.select_for_update().get(pk=credential.pk)
+    changed = []
+    if description is not None and description != credential.description:
+        credential.description, changed = description, [*changed, "description"]
+    if may_load_models is not None and may_load_models != credential.may_load_models:
+        credential.may_load_models, changed = may_load_models, [*changed, "may_load_models"]
+    if changed:
+        credential.full_clean(validate_unique=False)
+        credential.save(update_fields=[*changed, "last_updated"])
+    return credential
+
+
+@transaction.atomic
 def router_credential_revoke(*, credential: RouterCredential) -> RouterCredential:
     """Revoke a router credential: its secret stops working at once (401). The record stays, marked revoked,
     for the fleet page and the audit log; issuing again gives the router a new secret."""
@@ -208,6 +225,8 @@ def host_actual_state_apply(*, host: Host, report: dict[str, Any]) -> Host:
     # Optional parts (older agents leave them out): a key that is absent leaves the stored value alone.
     if "desired_version" in report:
         host_values["converged_version"] = report["desired_version"]
+    if "settled_version" in report:
+        host_values["settled_version"] = report["settled_version"]
     if "catalogue_disagreements" in report:
         host_values["catalogue_disagreements"] = list(report["catalogue_disagreements"])
     if host.status != HostStatusChoices.MAINTENANCE:

@@ -14,6 +14,12 @@ Rollout (`rollout_execute`, the work of a rollout job) keeps capacity while the 
    either all old tables or all new ones.
 3. *Break*: hosts that kept old instances get the plan's state, again in waves with the same deadline.
 
+A host whose agent reaches its state but for runtimes that failed to start (an artifact that does not load,
+a process that dies: `Host.settled_version`) does not fail the rollout: those runtimes are reported (the
+job's log, the plan's rollout record and notes), routers route only to ready runtimes so their routes stay
+withdrawn, the agent keeps retrying them, and every other change goes on. One application's broken model
+never rolls back the others' changes.
+
 A host that does not converge in time (or routers that do not confirm a withdrawal) fails the rollout:
 every host touched gets its state from before the rollout back (as a new version, with the same
 withdrawal first), then the routing tables from before the rollout are restored, and the plan is FAILED. The job is idempotent: a retried task re-derives what is left from the stored state (a host whose
@@ -31,7 +37,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.core.context import change_context
-from apps.deployments.models import RoutingTable
+from apps.deployments.choices import RuntimeStateChoices
+from apps.deployments.models import RoutingTable, Runtime
 from apps.deployments.services import (
     RoutersBehind,
     host_desired_state_latest,
@@ -161,17 +168,23 @@ def _union_spec(host: Host, before: dict, target: dict) -> dict:
         return target  # e.g. the CPU threads of both do not fit: no room to keep the old ones meanwhile
 
 
-def _wait_converged(*, job: Job, waiting: dict[int, int], deadline_s: float, what: str) -> None:
-    """Wait until every host reports converged_version >= its version (host id -> version)."""
+def _wait_converged(*, job: Job, waiting: dict[int, int], deadline_s: float, what: str) -> set[int]:
+    """Wait until every host (host id -> version) reports converged_version >= its version, or
+    settled_version >= it: everything reached but runtimes that failed to start, which the agent reports
+    failed and keeps retrying. Returns the hosts that settled so: the rollout goes on without those
+    runtimes (routers route only to ready runtimes) rather than failing every application's change."""
     deadline = time.monotonic() + deadline_s
     pending = dict(waiting)
+    settled: set[int] = set()
     while pending:
-        converged = dict(Host.objects.filter(pk__in=pending).values_list("pk", "converged_version"))
-        for host_id, version in list(pending.items()):
-            if (converged.get(host_id) or 0) >= version:
+        for host_id, converged, settled_version in Host.objects.filter(pk__in=pending).values_list("pk", "converged_version", "settled_version"):
+            if (converged or 0) >= pending[host_id]:
                 del pending[host_id]
+            elif (settled_version or 0) >= pending[host_id]:
+                del pending[host_id]
+                settled.add(host_id)
         if not pending:
-            return
+            return settled
         if time.monotonic() > deadline:
             names = ", ".join(sorted(Host.objects.filter(pk__in=pending).values_list("name", flat=True)))
             raise RolloutFailed(f"{what}: {names} did not converge within {deadline_s:g} s")
@@ -209,8 +222,23 @@ def _write_waves(*, job: Job, plan: Plan, targets: dict[int, dict], fraction: fl
             Plan.objects.filter(pk=plan.pk).update(rollout=plan.rollout)
         names = ", ".join(h.name for h, _t, _v in wave)
         job_progress(job_id=job.pk, log_line=f"{phase}: wrote desired state of {names}; waiting for their agents")
-        _wait_converged(job=job, waiting=waiting, deadline_s=deadline_s, what=phase)
-        job_progress(job_id=job.pk, log_line=f"{phase}: {names} converged")
+        settled = _wait_converged(job=job, waiting=waiting, deadline_s=deadline_s, what=phase)
+        if settled:
+            _failed_runtimes_record(job=job, plan=plan, hosts=[h for h, _t, _v in wave if h.pk in settled], phase=phase)
+        job_progress(job_id=job.pk, log_line=f"{phase}: {names} converged" + (" (but for the runtimes above)" if settled else ""))
+
+
+def _failed_runtimes_record(*, job: Job, plan: Plan, hosts: list[Host], phase: str) -> None:
+    """The runtimes that hosts settled without (they failed to start): kept in the plan's rollout record and
+    its notes, and in the job's log. Their routes stay withdrawn: routers route only to ready runtimes."""
+    failed = plan.rollout.setdefault("failed_runtimes", {})
+    for runtime in Runtime.objects.filter(host__in=hosts, state=RuntimeStateChoices.FAILED).select_related("host", "application").order_by("host__name", "key"):
+        entry = {"key": runtime.key, "application": runtime.application.name if runtime.application else "", "error": runtime.error[:300]}
+        if entry not in failed.setdefault(runtime.host.name, []):
+            failed[runtime.host.name].append(entry)
+            job_progress(job_id=job.pk, log_line=f"{phase}: {runtime.host.name}/{runtime.key} ({entry['application'] or 'unknown application'}) "
+                                                 f"did not start: {entry['error'] or 'no reason given'}; the rest goes on, its routes stay withdrawn")
+    Plan.objects.filter(pk=plan.pk).update(rollout=plan.rollout)
 
 
 def _routes_withdraw(*, job: Job, wave: list, phase: str, actor: Any) -> None:
@@ -320,11 +348,27 @@ def rollout_execute(*, job: Job) -> dict:
         with transaction.atomic(), change_context(source="rollout", principal=_user(actor)):
             plan_status_set(plan=plan, status=PlanStatusChoices.FAILED)
         raise RolloutFailed(f"{message} (rolled back)") from exc
+    failed = _failed_runtimes_now(plan)
     with transaction.atomic(), change_context(source="rollout", principal=_user(actor)):
         for previous in Plan.objects.select_for_update().filter(status=PlanStatusChoices.ACTIVE).exclude(pk=plan.pk):
             plan_status_set(plan=previous, status=PlanStatusChoices.SUPERSEDED)
-        plan_status_set(plan=plan, status=PlanStatusChoices.ACTIVE, activated_at=timezone.now())
-    return {"plan": plan.pk, "status": "active", "hosts": len(final), **{k: round(v, 3) for k, v in timings.items()}}
+        extra = {}
+        if failed:
+            extra["notes"] = [*plan.notes, *(f"rollout: {host}/{r['key']} ({r['application']}) did not start: {r['error']}; its routes stay "
+                                             "withdrawn while its agent retries" for host, rows in sorted(failed.items()) for r in rows)]
+        plan_status_set(plan=plan, status=PlanStatusChoices.ACTIVE, activated_at=timezone.now(), **extra)
+    result = {"plan": plan.pk, "status": "active", "hosts": len(final), **{k: round(v, 3) for k, v in timings.items()}}
+    if failed:
+        result["failed_runtimes"] = failed
+    return result
+
+
+def _failed_runtimes_now(plan: Plan) -> dict[str, list]:
+    """Of the runtimes the rollout went on without, those still not running once it is done (an agent's
+    retry may have started one meanwhile)."""
+    recorded = plan.rollout.get("failed_runtimes") or {}
+    still = set(Runtime.objects.filter(host__name__in=recorded, state=RuntimeStateChoices.FAILED).values_list("host__name", "key"))
+    return {host: rows for host, entries in recorded.items() if (rows := [r for r in entries if (host, r["key"]) in still])}
 
 
 def rollback_execute(*, job: Job) -> dict:

@@ -41,6 +41,7 @@ from apps.jobs.choices import JobKindChoices
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict, job_checkpoint_set, job_create, job_enqueue, job_progress
 from apps.policies.models import ReplanPolicy, SloPolicy
+from apps.registry.selectors import application_batching_overrides
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.plans.problem import (
@@ -463,7 +464,8 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
         return engine_plan
 
     config = SimulationConfig(batching=DEFAULT_BATCHING_POLICY, drop_rule=rules or "deadline", seed=seed, replan_interval_s=None, burst_factor=None,
-                              initial_demand="problem", mps_batching=ROUND_BATCHING_POLICY)
+                              initial_demand="problem", mps_batching=ROUND_BATCHING_POLICY,
+                              batching_by_application=application_batching_overrides(names=[a.name for a in problem.applications]))
     summary = simulate(replay, trace, planner=planned, config=config).summary
     return {
         "trace": "poisson", "seed": seed, "duration_s": round(duration, 3), "demand_rps": observed,

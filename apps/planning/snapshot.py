@@ -464,6 +464,9 @@ def _variants_build(snapshot: FleetSnapshot, devices: _DeviceSection) -> _Varian
             reason = "no profile on a device type of the planned fleet"
             if variant.artifact_id is None and profiles.get(variant.pk):
                 reason += " that it can run on without an artifact"
+            cap = application.max_batch_size
+            if cap is not None and profiles.get(variant.pk) and all(row.batch_size > cap for row in profiles[variant.pk]):
+                reason = f"no profile at a batch within its application's max_batch_size ({cap})"
             snapshot.left_out["variants"][engine_name] = reason
             continue
         # One point per (device type, slice, batch): the first, should two spellings map to one type.
@@ -483,6 +486,9 @@ def _profile_point(row: Profile, engine_name: str, variant: ModelVariant, device
     device_type = _profile_device_type(row.device_type)
     if device_type not in devices.types or (variant.artifact_id is None and device_type in devices.artifact_types):
         return None
+    cap = variant.application.max_batch_size
+    if cap is not None and row.batch_size > cap:
+        return None  # the application's configuration caps its batch (Triton's max_batch_size)
     if device_type == CPU_DEVICE_TYPE:
         if not row.cpu_cores:
             return None

@@ -26,6 +26,7 @@ from django.core.exceptions import ValidationError
 from apps.deployments.services import host_desired_state_validate
 from apps.inventory.choices import AcceleratorKindChoices
 from apps.inventory.models import Accelerator, Host
+from apps.registry.selectors import application_batching_overrides
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.dataplane.routing import routing_tables_from_plan
@@ -40,7 +41,7 @@ __all__ = ["PlanTranslation", "gpu_spec_current", "plan_translate", "runtime_key
 @dataclass(frozen=True)
 class PlanTranslation:
     """What applying a plan would write. `desired_states`: {host name: desired-state spec (POST form)};
-    `routing`: {application: [{"instance": "<host>/<runtime key>", "variant": id, "weight": w}]}, weights
+    `routing`: {application: [{"instance": "<host>/<runtime key>", "variant": id, "weight": w, "batch": b}]}, weights
     summing to 1 (an empty list where the application gets no capacity); `problems`: why applying would
     fail (an empty list when it would not)."""
 
@@ -55,6 +56,7 @@ class _Target:
 
     instance: str  # "<host>/<runtime key>"
     variant: int  # ModelVariant id
+    batch: int  # its planned batch size (the runtime's max_batch)
 
 
 def runtime_key(*, device: Mapping[str, Any], slice_name: str, start: int | None, slot: int | None = None) -> str:
@@ -120,6 +122,7 @@ def plan_translate(
     for inst in engine_plan.instances:
         instances_by_device[inst.device].append(inst)
     stage_slos = pipeline_stage_slos(engine_plan)
+    own_batching = application_batching_overrides(names=[a.name for a in problem.applications])
     device_names = {d.name for d in problem.devices}
     targets: dict[str, _Target] = {}  # engine instance id -> where it runs
     for name, info in sorted(devices.items(), key=lambda kv: (kv[1]["host_name"], kv[1]["kind"], kv[1]["index"])):
@@ -171,6 +174,9 @@ def plan_translate(
                 "batching": {"policy": ROUND_BATCHING_POLICY if mps_percent is not None else DEFAULT_BATCHING_POLICY},
             }
             app_name = problem.variant(inst.variant).application
+            if mps_percent is None and app_name in own_batching:  # the application's configuration (Triton's delay)
+                policy, params = own_batching[app_name]
+                runtime["batching"] = {"policy": policy, "params": dict(params)}
             stage_slo = stage_slos.get(app_name)
             if stage_slo is None and problem.pipeline_of(app_name) is not None:
                 stage_slo = problem.application(app_name).slo_ms  # a stage planned on its own: its SLO (the path's unless it has one)
@@ -183,7 +189,7 @@ def plan_translate(
                 # of the models before it: the live rounds time them as the simulator does.
                 runtime.update(mps_percent=mps_percent, duty_cycle_ms=inst.duty_cycle_ms, turn_ms=round(float(inst.latency_ms), 6))
             spec["runtimes"].append(runtime)
-            targets[inst.id] = _Target(instance_id(host.name, key), variant_id)
+            targets[inst.id] = _Target(instance_id(host.name, key), variant_id, int(inst.batch))
     for spec in specs.values():
         spec["gpus"].sort(key=lambda g: g["index"])
         spec["runtimes"].sort(key=lambda r: r["key"])
@@ -194,7 +200,8 @@ def plan_translate(
     for application in problem.applications:
         table = tables.get(application.name)
         routing[application.name] = [
-            {"instance": targets[engine_id].instance, "variant": targets[engine_id].variant, "weight": weight}
+            {"instance": targets[engine_id].instance, "variant": targets[engine_id].variant, "weight": weight,
+             "batch": targets[engine_id].batch}
             for engine_id, weight in (table.entries if table is not None else ())
             if engine_id in targets
         ]

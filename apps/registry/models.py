@@ -27,6 +27,11 @@ from .choices import (
     TaskChoices,
 )
 
+# Bounds of an application's Triton-style configuration: a batch is at most the largest query size a plan
+# knows (engine.plans.problem.MAX_QUERY_SIZE), a batching delay at most 10 s.
+APPLICATION_MAX_BATCH = 4096
+APPLICATION_MAX_BATCHING_DELAY_MS = 10_000.0
+
 
 def _tensor_specs_validate(value, field: str) -> None:
     """Input/output specs: [{"name": str, "dtype": str, "shape": [int | str | null, ...]}]."""
@@ -105,6 +110,16 @@ class Application(ChangeLoggedModel):
         default=False,
         help_text="Taken out of service (the model repository's unload): its routes are withdrawn and plans give it no "
         "capacity until it is pinned again (load)",
+    )
+    # Triton's model configuration where it maps (a model repository load's `parameters.config` sets them too).
+    max_batch_size = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(APPLICATION_MAX_BATCH)],
+        help_text="The largest batch plans may run it at (queries per batch); empty: any batch it was profiled at",
+    )
+    batching_delay_ms = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(APPLICATION_MAX_BATCHING_DELAY_MS)],
+        help_text="Triton's dynamic batching delay: its runtimes batch with Triton's policy (max-delay), a batch waiting at most "
+        "this long for more queries; empty: Tessera's deadline-aware batching (recommended)",
     )
 
     class Meta:

@@ -76,6 +76,35 @@ def router_credential_issue_cmd(
     typer.echo(secret)
 
 
+@router_credential_app.command("update")
+def router_credential_update_cmd(
+    name: str = typer.Argument(..., help="Router name"),
+    description: str = typer.Option(None, help="What or where the router is"),
+    may_load_models: bool = typer.Option(None, "--may-load-models/--may-not-load-models",
+                                         help="Whether the router may relay the Open Inference Protocol's model load/unload"),
+) -> None:
+    """Change router NAME's description or permissions, keeping its secret (the running router goes on working)."""
+    django_setup()
+    from django.core.exceptions import ValidationError
+
+    from apps.core.context import change_context
+    from apps.inventory.models import RouterCredential
+    from apps.inventory.services import router_credential_update
+
+    if description is None and may_load_models is None:
+        typer.echo("error: nothing to change: give --description and/or --may-load-models/--may-not-load-models", err=True)
+        raise typer.Exit(2)
+    credential = _found_or_exit(RouterCredential.objects, "router credential", name=name)
+    try:
+        with change_context(source="command"):
+            credential = router_credential_update(credential=credential, description=description, may_load_models=may_load_models)
+    except ValidationError as exc:
+        typer.echo(f"error: {'; '.join(exc.messages)}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"router {name}: may load models: {'yes' if credential.may_load_models else 'no'}; "
+               f"description: {credential.description or '-'}")
+
+
 @router_credential_app.command("revoke")
 def router_credential_revoke_cmd(name: str = typer.Argument(..., help="Router name")) -> None:
     """Revoke router NAME's credential: its requests are refused from now on."""

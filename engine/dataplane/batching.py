@@ -779,6 +779,17 @@ _POLICIES: dict[str, type] = {
 }
 
 
+def application_batching(delay_ms: float | None) -> tuple[str, dict[str, Any]] | None:
+    """The batching an application's own configuration asks for, as (policy, params); None (no delay set):
+    the plan's deadline-aware policy. A Triton-style delay (`max_queue_delay_microseconds` of a model
+    configuration, here in ms) asks for Triton's dynamic batcher, `max-delay`, with its default preferred
+    sizes: 0 runs what is queued at once (work-conserving), a longer delay waits that long for a fuller batch
+    whatever the deadlines say."""
+    if delay_ms is None:
+        return None
+    return "max-delay", {"max_queue_delay_ms": float(delay_ms)}
+
+
 def batching_policy_make(name: str, **params) -> BatchingPolicy:
     """A new policy instance (policies with state, AIMD, need one per instance).
 

@@ -31,9 +31,12 @@ from engine.dataplane.tensors import TensorSpecError, oip_shape, triton_datatype
 __all__ = [
     "TRITON_PLATFORM",
     "TritonExportError",
+    "TritonLoadConfigError",
+    "TritonLoadSettings",
     "TritonModelConfig",
     "TritonTensor",
     "triton_config_pbtxt",
+    "triton_load_config_parse",
     "triton_model_config",
     "triton_queue_delay_us",
     "triton_queue_timeout_us",
@@ -167,3 +170,89 @@ def triton_config_pbtxt(config: TritonModelConfig) -> str:
     for key, value in sorted(config.parameters.items()):
         lines.append(f"parameters {{\n  key: {_quoted(key)}\n  value: {{ string_value: {_quoted(value)} }}\n}}")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- a load's configuration
+
+# The fields of a model configuration (model_config.proto) a load may carry, and what Tessera makes of each.
+LOAD_CONFIG_FIELDS = ("name", "platform", "backend", "max_batch_size", "dynamic_batching", "input", "output")
+LOAD_MAX_BATCH = 4096  # the largest query size a plan knows (engine.plans.problem.MAX_QUERY_SIZE)
+LOAD_MAX_DELAY_US = 10_000_000  # 10 s: a longer batching delay is no serving configuration
+
+
+class TritonLoadConfigError(ValueError):
+    """A load's configuration that Tessera cannot apply: `field` is the configuration's field (dotted)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class TritonLoadSettings:
+    """What a load's configuration changes of an application; None: left as it is (a field the configuration
+    leaves out changes nothing)."""
+
+    max_batch_size: int | None = None  # the largest batch plans may run (Triton's 0, no batching: 1)
+    batching_delay_ms: float | None = None  # Triton's dynamic batching delay, in ms: the runtimes batch with max-delay
+
+
+def triton_load_config_parse(config: Any, *, model: str, inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> TritonLoadSettings:
+    """A model repository load's `parameters.config` (Triton's model configuration as JSON, a string or an
+    object; extension_model_repository.md) -> the settings it maps onto, or TritonLoadConfigError naming the
+    first field that does not map. Mapped: `max_batch_size` (the plans' batch cap; 0, Triton's "no batching",
+    caps it at 1) and `dynamic_batching.max_queue_delay_microseconds` (the application's batching delay).
+    Accepted as they are: `name` (the model's own), `platform`/`backend` (ONNX Runtime's), `input`/`output`
+    naming tensors the model has. Refused: anything else, `instance_group` included: plans size instances to
+    demand, which an SLO policy's expected demand declares."""
+    import json
+
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as exc:
+            raise TritonLoadConfigError("config", f"not valid JSON: {exc}") from None
+    if not isinstance(config, Mapping):
+        raise TritonLoadConfigError("config", "must be a model configuration (a JSON object)")
+    for key in config:
+        if key not in LOAD_CONFIG_FIELDS:
+            why = ("plans decide instance counts from demand: declare the application's expected demand "
+                   "(its SLO policy's expected_rps) instead") if key == "instance_group" else \
+                  f"not a field Tessera maps (it maps {', '.join(LOAD_CONFIG_FIELDS)})"
+            raise TritonLoadConfigError(str(key), why)
+    if "name" in config and config["name"] != model:
+        raise TritonLoadConfigError("name", f"{config['name']!r} is not the model loaded ({model!r})")
+    if config.get("platform", TRITON_PLATFORM) != TRITON_PLATFORM:
+        raise TritonLoadConfigError("platform", f"Tessera serves ONNX models ({TRITON_PLATFORM!r}), not {config['platform']!r}")
+    if config.get("backend", "onnxruntime") != "onnxruntime":
+        raise TritonLoadConfigError("backend", f"Tessera runs ONNX Runtime ('onnxruntime'), not {config['backend']!r}")
+    for key, known in (("input", inputs), ("output", outputs)):
+        tensors = config.get(key, [])
+        if not isinstance(tensors, list) or any(not isinstance(t, Mapping) for t in tensors):
+            raise TritonLoadConfigError(key, "must be a list of tensors")
+        for i, tensor in enumerate(tensors):
+            if tensor.get("name") not in known:
+                raise TritonLoadConfigError(f"{key}[{i}].name", f"the model has no {key} tensor {tensor.get('name')!r} "
+                                                                f"(its {key}s: {', '.join(known) or 'none'}); upload a new variant to change them")
+    max_batch = None
+    if "max_batch_size" in config:
+        value = config["max_batch_size"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LOAD_MAX_BATCH:
+            raise TritonLoadConfigError("max_batch_size", f"must be a whole number 0..{LOAD_MAX_BATCH}, got {value!r}")
+        max_batch = max(1, value)
+    delay_ms = None
+    if "dynamic_batching" in config:
+        batching = config["dynamic_batching"]
+        if not isinstance(batching, Mapping):
+            raise TritonLoadConfigError("dynamic_batching", "must be an object")
+        for key in batching:
+            if key != "max_queue_delay_microseconds":
+                raise TritonLoadConfigError(f"dynamic_batching.{key}", "not mapped: the plan picks the batch sizes "
+                                                                      "(cap them with max_batch_size)")
+        delay = batching.get("max_queue_delay_microseconds", 0)
+        if isinstance(delay, str) and delay.isdigit():  # protobuf's JSON mapping writes 64-bit integers as strings
+            delay = int(delay)
+        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= LOAD_MAX_DELAY_US:
+            raise TritonLoadConfigError("dynamic_batching.max_queue_delay_microseconds", f"must be a whole number 0..{LOAD_MAX_DELAY_US}, got {delay!r}")
+        delay_ms = delay / 1000.0
+    return TritonLoadSettings(max_batch_size=max_batch, batching_delay_ms=delay_ms)

@@ -173,6 +173,9 @@ class SimulationConfig:
     # The batching policy of instances on MPS partitions (None: `batching`, with its params); the live
     # fleet's is engine.dataplane.rounds.ROUND_BATCHING_POLICY (what plans translate to).
     mps_batching: str | None = None
+    # Applications whose own configuration picks their batching (engine.dataplane.batching.application_batching):
+    # {application: (policy, params)}, as plans translate it for their runtimes (not on MPS partitions).
+    batching_by_application: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.queue_order not in QUEUE_ORDERS:
@@ -212,6 +215,7 @@ class SimulationConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["batching_params"] = dict(self.batching_params)
+        out["batching_by_application"] = {name: [policy, dict(params)] for name, (policy, params) in self.batching_by_application.items()}
         if isinstance(self.drop_rule, Mapping):
             out["drop_rule"] = dict(self.drop_rule)
         return out
@@ -474,6 +478,8 @@ class _Simulation:
     def __init__(self, problem: Problem, trace: TraceLike, planner: str | Callable[[Problem], Plan], config: SimulationConfig,
                  interference: InterferenceOracle | str | None = INTERFERENCE_FROM_PROBLEM) -> None:
         batching_policy_make(config.batching, **dict(config.batching_params))  # fail early on a bad name or parameter
+        for policy, params in config.batching_by_application.values():
+            batching_policy_make(policy, **dict(params))
         if config.mps_batching is not None:
             batching_policy_make(config.mps_batching)
         self.problem = problem
@@ -627,6 +633,9 @@ class _Simulation:
         percent = mps_slice_percent(inst.slice)
         policy = self.config.mps_batching if percent is not None and self.config.mps_batching else self.config.batching
         params = dict(self.config.batching_params) if policy == self.config.batching else {}
+        own = self.config.batching_by_application.get(variant.application) if percent is None else None
+        if own is not None:
+            policy, params = own[0], dict(own[1])
         self.i_policy.append(batching_policy_make(policy, **params))
         self.i_early.append(policy in EARLY_DROP_POLICIES)  # Nexus drops from the head inside decide
         self.i_lat.append(cached[0])

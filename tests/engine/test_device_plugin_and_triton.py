@@ -106,3 +106,23 @@ def test_a_cpu_runtime_sets_its_threads_and_drop_rules_map_to_queue_policies():
 def test_tensors_triton_cannot_batch_are_refused(inputs, message):
     with pytest.raises(TritonExportError, match=message):
         triton_model_config(name="m", runtime=RUNTIME, inputs=inputs, outputs=LABELS)
+
+
+def test_a_loads_configuration_maps_what_it_can_and_names_what_it_cannot() -> None:
+    from engine.dataplane.triton import TritonLoadConfigError, TritonLoadSettings, triton_load_config_parse
+
+    parse = lambda config: triton_load_config_parse(config, model="m", inputs=["x"], outputs=["y"])  # noqa: E731
+    assert parse("{}") == TritonLoadSettings()  # nothing given: nothing changes
+    assert parse({"max_batch_size": 8}) == TritonLoadSettings(max_batch_size=8)
+    assert parse('{"max_batch_size": 0}').max_batch_size == 1  # Triton's "no batching": one query per batch
+    assert parse({"dynamic_batching": {}}).batching_delay_ms == 0.0  # Triton's default delay
+    assert parse({"dynamic_batching": {"max_queue_delay_microseconds": "2500"}}).batching_delay_ms == 2.5  # protobuf JSON's int64
+    assert parse({"name": "m", "platform": "onnxruntime_onnx", "backend": "onnxruntime", "input": [{"name": "x", "dims": [4]}],
+                  "output": [{"name": "y"}]}) == TritonLoadSettings()
+    for config, field in [({"instance_group": []}, "instance_group"), ({"max_batch_size": True}, "max_batch_size"),
+                          ({"max_batch_size": 1.5}, "max_batch_size"), ({"output": [{"name": "z"}]}, "output[0].name"),
+                          ({"output": {"name": "y"}}, "output"), ({"dynamic_batching": []}, "dynamic_batching"),
+                          ({"backend": "python"}, "backend"), ("not json", "config"), (7, "config")]:
+        with pytest.raises(TritonLoadConfigError) as caught:
+            parse(config)
+        assert caught.value.field == field and str(caught.value).startswith(f"{field}: ")

@@ -138,6 +138,23 @@ def test_proteus_batching_waits_until_the_head_must_start() -> None:
     assert outcomes(result) == [ON_TIME]
 
 
+def test_an_applications_own_batching_overrides_the_fleets() -> None:
+    """A Triton-style delay set on the application (engine.dataplane.batching.application_batching): its
+    instances batch with max-delay, as plans translate it for the live runtimes. A lone query waits the
+    delay (5 ms) and runs alone, where Proteus's policy would wait until 84 ms."""
+    from engine.dataplane.batching import application_batching
+
+    assert application_batching(None) is None
+    assert application_batching(0.0) == ("max-delay", {"max_queue_delay_ms": 0.0})
+    own = {"app0": application_batching(5.0)}
+    result = simulate(tiny_problem(), trace_of([0.0]), planner=fixed_planner(("g0", "full", "v0", None, 50.0)),
+                      config=SimulationConfig(batching="proteus", batching_by_application=own, **QUIET))
+    assert result.queries["done_ms"].tolist() == pytest.approx([15.0])
+    with pytest.raises(ValueError, match="max-delay"):
+        simulate(tiny_problem(), trace_of([0.0]), planner=fixed_planner(("g0", "full", "v0", None, 50.0)),
+                 config=SimulationConfig(batching_by_application={"app0": ("max-delay", {"max_queue_delay_ms": -1.0})}, **QUIET))
+
+
 # --------------------------------------------------------------------------- conservation and drops
 
 

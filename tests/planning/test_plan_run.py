@@ -140,6 +140,7 @@ def test_plan_run_on_the_demo_fleet_stores_a_validated_plan(demo_fleet, fake_dem
         for route in routes:
             assert runtimes[route["instance"]]["variant"] == route["variant"]
             assert runtimes[route["instance"]]["application"] == application
+            assert route["batch"] == runtimes[route["instance"]]["max_batch"]  # what routers show as the model's batching
     # Prediction at the observed demand, overall and per application.
     prediction = plan.prediction
     assert prediction["queries"] > 0 and 0 <= prediction["slo_violation_ratio"] < 0.2
@@ -195,6 +196,21 @@ def test_desired_states_cover_mig_whole_gpus_and_cpus(small_fleet):
     assert "node-maint" not in plan.desired_states and "node-new" not in plan.desired_states
     assert plan.devices["node-a/gpu0"] == {"host": small_fleet.host.pk, "host_name": "node-a", "kind": "gpu", "index": 0}
     assert any("node-maint" in note for note in plan.notes) and any("orphan" in note for note in plan.notes)
+
+
+def test_an_applications_batching_delay_reaches_its_runtimes_and_the_prediction(small_fleet):
+    """A Triton-style delay on the application (a model repository load's configuration sets it): its runtimes
+    batch with max-delay, and the plan's prediction simulates the same policy."""
+    from apps.registry.models import Application
+
+    Application.objects.filter(name="tabular").update(batching_delay_ms=2.0)
+    _job, plan = _run({"demand": {"classify": 2000, "tabular": 100}})
+    assert plan.status == "validated", plan.validation
+    (cpu,) = plan.desired_states["node-cpu"]["runtimes"]
+    assert cpu["batching"] == {"policy": "max-delay", "params": {"max_queue_delay_ms": 2.0}}
+    gpu = [r for r in plan.desired_states["node-a"]["runtimes"] if r["application"] == "classify"]
+    assert gpu and all(r["batching"]["policy"] != "max-delay" for r in gpu)
+    assert plan.prediction["applications"]["tabular"]["queries"] > 0
 
 
 def test_an_idle_host_gets_an_empty_runtime_list(small_fleet):

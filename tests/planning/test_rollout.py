@@ -12,7 +12,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from apps.deployments.models import HostDesiredState, RoutingTable
+from apps.deployments.models import HostDesiredState, RoutingTable, Runtime
 from apps.deployments.services import host_desired_state_latest
 from apps.inventory.models import Host
 from apps.jobs.models import Job
@@ -30,9 +30,12 @@ class StandInAgents:
     """Reports every host in `alive` converged to its latest desired-state version `delay_s` after that
     version was written (as an agent would after reconciling), checking every 50 ms."""
 
-    def __init__(self, alive: set[str], delay_s: float = 0.0) -> None:
+    def __init__(self, alive: set[str], delay_s: float = 0.0, broken: dict[str, str] | None = None) -> None:
         self.alive = alive
         self.delay_s = delay_s
+        # host name -> a runtime key that fails to start there: the host settles (reached but for it), as a
+        # real agent reports when a runtime's artifact does not load.
+        self.broken = broken or {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -40,9 +43,17 @@ class StandInAgents:
         try:
             while not self._stop.wait(0.05):
                 for host in Host.objects.filter(name__in=self.alive):
-                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").values_list("version", "created").first()
-                    if latest and host.converged_version != latest[0] and time.time() - latest[1].timestamp() >= self.delay_s:
-                        Host.objects.filter(pk=host.pk).update(converged_version=latest[0])
+                    latest = HostDesiredState.objects.filter(host=host).order_by("-version").values_list("version", "created", "spec").first()
+                    if not latest or time.time() - latest[1].timestamp() < self.delay_s:
+                        continue
+                    key = self.broken.get(host.name)
+                    if key is not None and any(r["key"] == key for r in latest[2]["runtimes"]):
+                        if host.settled_version != latest[0]:
+                            Runtime.objects.update_or_create(host=host, key=key, defaults={
+                                "state": "failed", "error": "cannot load the model: INVALID_PROTOBUF", "endpoint": ""})
+                            Host.objects.filter(pk=host.pk).update(settled_version=latest[0])
+                    elif host.converged_version != latest[0]:
+                        Host.objects.filter(pk=host.pk).update(converged_version=latest[0], settled_version=latest[0])
         finally:
             connection.close()
 
@@ -131,7 +142,10 @@ def test_rollout_makes_before_it_breaks_and_switches_routing_in_between(fleet) -
     withdrawn = RoutingTable.objects.get(application__name="tabular-cpu", version=3)
     assert {r["instance"] for r in withdrawn.routes} == {"sim-cpu-01/cpu0/0"} and withdrawn.created <= latest.created
     restored = RoutingTable.objects.get(application__name="tabular-cpu", active=True)
-    assert restored.version == 4 and {r["instance"] for r in restored.routes} == {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/1", "sim-cpu-01/cpu0/3"}
+    # The routes of version 1, whatever they were: which CPU slots the demo routes to depends on the CPU profiles
+    # it measured on this machine (a loaded CI run once left the heavy classifier's cpu0/3 out).
+    first = RoutingTable.objects.get(application__name="tabular-cpu", version=1)
+    assert restored.version == 4 and restored.routes == first.routes and {"sim-cpu-01/cpu0/0", "sim-cpu-01/cpu0/1"} <= {r["instance"] for r in restored.routes}
     assert restored.created >= latest.created
     assert "rollback: routes to the slots that change withdrawn (tabular-cpu v3)" in back.log
 
@@ -154,6 +168,34 @@ def test_a_host_that_never_converges_fails_the_rollout_and_everything_is_restore
     # The routers never left the old tables (the switch comes after the make wave).
     assert RoutingTable.objects.get(application__name="tabular-cpu", active=True).version == 1
     assert Job.objects.get(pk=job.pk).result == {}
+
+
+def test_a_runtime_that_cannot_start_is_reported_and_the_rest_of_the_plan_goes_on(fleet) -> None:
+    """Issue 38: a runtime that could not start kept its host from converging, the rollout timed out and
+    every other change of the plan was rolled back. Now its host settles without it: the rollout goes on,
+    the plan is active, the runtime is reported (job log, rollout record, notes) and routers skip it."""
+    plan = cpu_plan()
+    plan_approve(plan=plan, actor=None)
+    with StandInAgents(set(fleet), broken={"sim-cpu-01": "cpu0/8"}):
+        job = plan_apply(plan=plan, actor=None, deadline_s=20)
+    job.refresh_from_db()
+    plan.refresh_from_db()
+    assert job.status == "succeeded", job.log + job.error
+    assert plan.status == "active"
+    failed = [{"key": "cpu0/8", "application": "", "error": "cannot load the model: INVALID_PROTOBUF"}]
+    assert plan.rollout["failed_runtimes"] == {"sim-cpu-01": failed} and job.result["failed_runtimes"] == {"sim-cpu-01": failed}
+    assert any("sim-cpu-01/cpu0/8" in note and "did not start" in note for note in plan.notes)
+    assert "sim-cpu-01/cpu0/8" in job.log and "its routes stay withdrawn" in job.log
+    # The other changes of the plan are in place: cpu0/1 is gone, the routing switched.
+    final = host_desired_state_latest(host=fleet["sim-cpu-01"])
+    assert "cpu0/1" not in {r["key"] for r in final.spec["runtimes"]}
+    table = RoutingTable.objects.get(application__name="tabular-cpu", active=True)
+    assert table.version == 2
+    # ...and no router sends a query to the runtime that did not start: the table lists it without endpoint.
+    from apps.deployments.api.serializers import RoutingTableSerializer
+
+    routes = {r["instance"]: r for r in RoutingTableSerializer(table).data["routes"]}
+    assert routes["sim-cpu-01/cpu0/8"]["state"] == "failed" and routes["sim-cpu-01/cpu0/8"]["endpoint"] is None
 
 
 def key_reuse_plan() -> tuple[Plan, str]:

@@ -236,3 +236,29 @@ def test_a_runtime_reports_the_model_it_serves_not_the_one_wanted_next(tmp_path,
     assert served()["gpu0/3g.20gb@0"] == ("classify", 1)
     assert agent.step().converged
     assert served()["gpu0/3g.20gb@0"] == ("detect", 2)
+
+
+def test_a_runtime_that_cannot_start_leaves_the_host_settled_not_stuck(tmp_path, agent_factory, model_file) -> None:
+    """Issue 38: a runtime whose model does not load kept its host from converging, and the rollout then
+    undid every application's change. The agent reaches the rest (GPU layout, other runtimes), reports the
+    runtime failed with why, calls the version settled (Host.settled_version: the rollout goes on without
+    it), not converged, and keeps retrying it."""
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx model")
+    doc = version_1(model_file)
+    doc["runtimes"][2]["variant"]["artifact"] = {"id": 9, "sha256": hashlib.sha256(broken.read_bytes()).hexdigest(),
+                                                 "size_bytes": broken.stat().st_size, "download": str(broken)}
+    agent = agent_factory(write(tmp_path / "desired.json", doc))
+    result = agent.step()
+    assert result is not None and not result.converged and result.settled, result.errors
+    assert set(result.failed_starts) == {"cpu0/0"} and result.failed_starts["cpu0/0"]
+    assert layout_of(agent.backend) == ["3g.20gb@0", "3g.20gb@4"]
+    assert sorted(agent.supervisor.observe()) == ["gpu0/3g.20gb@0", "gpu0/3g.20gb@4"]  # the others run
+    report = agent.actual_state()
+    assert report["settled_version"] == 1 and report["desired_version"] is None
+    (failed,) = [r for r in report["runtimes"] if r["state"] == "failed"]
+    assert failed["key"] == "cpu0/0" and failed["application"] == "tabular" and failed["error"].startswith("cpu0/0:")
+    # A GPU that cannot reach its layout is not "settled": that is the host's failure, not one model's.
+    from workers.agent.reconcile import ReconcileResult
+
+    assert not ReconcileResult(version=1, converged=False, errors=["gpu0: layout not reached"], failed_starts={"cpu0/0": "x"}).settled

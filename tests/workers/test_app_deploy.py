@@ -86,7 +86,8 @@ def test_a_new_model_is_deployed_planned_for_its_declared_demand_and_served(flee
 
         response = wait_for(answered, 60, "the router to answer for tab-new")
         answer = response.json()
-        assert answer["model_version"] == "tab-mlp" and answer["parameters"]["simulated"] is False
+        assert answer["parameters"]["variant"] == "tab-mlp" and answer["parameters"]["simulated"] is False
+        assert answer["model_version"] == str(ModelVariant.objects.get(application__name="tab-new", name="tab-mlp").pk)
         expected = ort.InferenceSession(model.read_bytes(), providers=["CPUExecutionProvider"]).run(None, {"input": rows})[0]
         np.testing.assert_allclose(np.asarray(answer["outputs"][0]["data"]).reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
     finally:

@@ -24,6 +24,8 @@ from workers.runtime.session import OnnxSession
 pytestmark = pytest.mark.timeout(300)
 
 VARIANTS = ("small", "big")
+# The variants' numbers (the registry's ids, as _tables gives them): the protocol's versions.
+NUMBERS = {"small": 11, "big": 12, "calibrate": 21}
 SPEC_IN = [{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 4]}]
 SPEC_OUT = [{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]},
             {"name": "probabilities", "dtype": "tensor(float)", "shape": ["batch", 3]}]
@@ -47,7 +49,8 @@ def runtimes(models, tmp_path_factory):
             path = workdir / f"{name}.onnx"
             path.write_bytes(models[name])
             application = "calibrate" if name == "calibrate" else "tabular"
-            spec = runtime_spec(key=f"cpu0/{k}", application=application, variant=name, instance=f"host/cpu0/{k}", artifact_path=str(path))
+            spec = runtime_spec(key=f"cpu0/{k}", application=application, variant=name, instance=f"host/cpu0/{k}", artifact_path=str(path),
+                                variant_id=NUMBERS[name])
             started[name] = runtime_start(spec, workdir, name)
         yield started
     finally:
@@ -55,15 +58,17 @@ def runtimes(models, tmp_path_factory):
             rt.stop()
 
 
-def _tables(runtimes, *, tabular_routes=VARIANTS, pipeline=None) -> list[dict]:
-    """The tables as the control plane lists them, `model` block included (RoutingTableSerializer.get_model)."""
-    versions = {v: {"id": 11 + i, "inputs": oip_tensor_metadata(SPEC_IN), "outputs": oip_tensor_metadata(SPEC_OUT)} for i, v in enumerate(VARIANTS)}
+def _tables(runtimes, *, tabular_routes=VARIANTS, pipeline=None, batches=None) -> list[dict]:
+    """The tables as the control plane lists them, `model` block included (RoutingTableSerializer.get_model);
+    `batches`: {variant: its instance's planned batch} for the tabular routes (a plan's tables give them)."""
+    versions = {v: {"id": NUMBERS[v], "inputs": oip_tensor_metadata(SPEC_IN), "outputs": oip_tensor_metadata(SPEC_OUT)} for v in VARIANTS}
     calibrate_io = {"inputs": oip_tensor_metadata([{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 3]}]),
-                    "outputs": oip_tensor_metadata([{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]}])}
+                    "outputs": oip_tensor_metadata([{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]}]),
+                    "id": NUMBERS["calibrate"]}
     return [
         {"id": 1, "application": "tabular", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
          "routes": [{"instance": f"host/cpu0/{VARIANTS.index(v)}", "variant": v, "weight": 1.0, "endpoint": runtimes[v].endpoint,
-                     "state": "ready"} for v in tabular_routes],
+                     "state": "ready", **({"batch": batches[v]} if batches else {})} for v in tabular_routes],
          "pipeline": copy.deepcopy(pipeline),
          "model": {"platform": "onnxruntime_onnx", **versions["small"], "versions": versions}},
         {"id": 2, "application": "calibrate", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
@@ -106,13 +111,33 @@ def test_health_server_and_model_metadata_and_configuration(runtimes, serve) -> 
     assert server["name"] == "tessera-router" and {"binary_tensor_data", "model_repository", "statistics"} <= set(server["extensions"])
     assert client.is_model_ready("tabular") and client.is_model_ready("tabular", "big")
     metadata = client.get_model_metadata("tabular")
-    assert metadata["name"] == "tabular" and metadata["versions"] == ["big", "small"] and metadata["platform"] == "onnxruntime_onnx"
+    # One version numbering: a version is its variant's number wherever the protocol shows one.
+    assert metadata["name"] == "tabular" and metadata["versions"] == ["11", "12"] and metadata["platform"] == "onnxruntime_onnx"
     assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     assert [o["name"] for o in metadata["outputs"]] == ["logits", "probabilities"]
-    assert client.get_model_metadata("tabular", "big")["versions"] == ["big"]
+    assert client.get_model_metadata("tabular", "big")["versions"] == ["12"] == client.get_model_metadata("tabular", "12")["versions"]
     config = client.get_model_config("tabular")
     assert config["max_batch_size"] == 0 and config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]}]
     assert config["parameters"]["tessera_slo_ms"] == {"string_value": "5000"}
+    assert "dynamic_batching" not in config  # the tables give no planned batch
+
+
+def test_the_configuration_shows_the_plans_batching(runtimes, serve) -> None:
+    """Issue 38: `max_batch_size` was always 0. From a plan's tables: the largest planned batch of the routed
+    instances, their sizes as preferred batch sizes, the tensors' dims without the batch axis (Triton's form)."""
+    client, _ = serve(_tables(runtimes, batches={"big": 8, "small": 4}))
+    config = client.get_model_config("tabular")
+    assert config["max_batch_size"] == 8 and config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
+    assert [o["dims"] for o in config["output"]] == [[3], [3]]
+    assert client.get_model_config("tabular", "12")["max_batch_size"] == 8  # version 12: big, by its number
+    assert client.get_model_config("tabular", "small")["max_batch_size"] == 4
+    assert client.get_model_config("calibrate")["max_batch_size"] == 0  # no batch in its table: whole shapes
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 0
+    tables = _tables(runtimes, batches={"big": 8, "small": 4})
+    tables[0]["model"]["batching_delay_ms"] = 1.5  # the application's own delay (a load's configuration set it)
+    delayed, _ = serve(tables)
+    assert delayed.get_model_config("tabular")["dynamic_batching"]["max_queue_delay_microseconds"] == 1500
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
@@ -125,7 +150,8 @@ def test_inference_with_json_and_binary_tensors_answers_as_the_routed_variant(ru
         result = client.infer("tabular", inputs, outputs=outputs, request_id=f"q{i}")
         answer = result.get_response()
         assert answer["id"] == f"q{i}" and answer["model_name"] == "tabular"
-        variant = answer["model_version"]
+        variant = answer["parameters"]["variant"]
+        assert answer["model_version"] == str(NUMBERS[variant])  # the number, as in metadata and statistics
         seen.add(variant)
         expected = _expected(models, variant, x)
         np.testing.assert_allclose(result.as_numpy("logits"), expected["logits"], rtol=1e-5, atol=1e-6)
@@ -141,7 +167,7 @@ def test_outputs_are_selected_and_a_version_pins_the_variant(runtimes, models, s
     for _ in range(6):
         result = client.infer("tabular", inputs, model_version="big", outputs=outputs)
         answer = result.get_response()
-        assert answer["model_version"] == "big" and [o["name"] for o in answer["outputs"]] == ["probabilities"]
+        assert answer["model_version"] == "12" and [o["name"] for o in answer["outputs"]] == ["probabilities"]
         np.testing.assert_allclose(result.as_numpy("probabilities"), _expected(models, "big", x)["probabilities"], rtol=1e-5)
     # Mixed: one output binary, the other JSON, in the order asked.
     mixed = [triton.InferRequestedOutput("probabilities", binary_data=False), triton.InferRequestedOutput("logits", binary_data=True)]
@@ -196,7 +222,7 @@ def test_statistics_count_what_the_router_answered(runtimes, serve) -> None:
     assert small["last_inference"] > 0
     assert client.get_inference_statistics("tabular", "big")["model_stats"] == []
     # A number names the variant too, for inference as for statistics.
-    assert client.infer("tabular", inputs, model_version="12", outputs=outputs).get_response()["model_version"] == "big"
+    assert client.infer("tabular", inputs, model_version="12", outputs=outputs).get_response()["model_version"] == "12"
     assert [s["version"] for s in client.get_inference_statistics("tabular", "12")["model_stats"]] == ["12"]
 
 
@@ -225,18 +251,24 @@ def test_a_pipeline_is_a_model_whose_versions_are_its_paths(runtimes, models, se
 def test_repository_index_load_and_unload_go_through_the_control_plane(runtimes, serve) -> None:
     calls = []
 
-    def repository(action: str, name: str) -> None:
-        calls.append((action, name))
+    def repository(action: str, name: str, *, config=None) -> None:
+        calls.append((action, name, config))
         if name == "forbidden":
             raise RepositoryActionError(403, "this router's credential may not load or unload models")
 
     client, _ = serve(_tables(runtimes, tabular_routes=("small",)), repository)
     index = client.get_model_repository_index()
-    assert {"name": "tabular", "version": "small", "state": "READY", "reason": ""} in index
+    assert {"name": "tabular", "version": "11", "state": "READY", "reason": ""} in index
     assert any(e["name"] == "calibrate" and e["state"] == "READY" for e in index)
     client.unload_model("tabular")
     client.load_model("tabular")
-    assert calls == [("unload", "tabular"), ("load", "tabular")]
+    config = '{"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 500}}'
+    client.load_model("tabular", config=config)  # relayed for the control plane to apply or refuse
+    assert calls == [("unload", "tabular", None), ("load", "tabular", None), ("load", "tabular", config)]
+    with pytest.raises(InferenceServerException) as caught:  # model files: Tessera loads from its registry
+        client.load_model("tabular", files={"file:1/model.onnx": b"onnx"})
+    assert caught.value.status() == "400" and "parameters.file:1/model.onnx" in caught.value.message()
+    assert len(calls) == 3  # refused at the router: nothing relayed
     with pytest.raises(InferenceServerException) as caught:
         client.load_model("forbidden")
     assert caught.value.status() == "403" and "may not" in caught.value.message()
@@ -250,9 +282,12 @@ PERF_ANALYZER = Path(__file__).resolve().parents[2] / "var" / "bench-peers" / "p
 
 
 @pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="perf_analyzer is not installed (make perf-analyzer; .ci/run does)")
-def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serve, tmp_path) -> None:
-    """NVIDIA's perf_analyzer, unmodified, against the router: model configuration, a version by number,
-    binary tensors, and the statistics extension's server-side breakdown (benches/oip.py runs it on the demo)."""
+@pytest.mark.parametrize("batches, shape", [(None, ["--shape", "x:1,4"]), ({"big": 8, "small": 4}, ["--shape", "x:4", "-b", "2"])],
+                         ids=["whole-shapes", "batching-configuration"])
+def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serve, tmp_path, batches, shape) -> None:
+    """NVIDIA's perf_analyzer, unmodified, against the router: model configuration (without and with the
+    plan's batching: then perf_analyzer adds the batch axis, `-b`), a version by number, binary tensors, and
+    the statistics extension's server-side breakdown (benches/oip.py runs it on the demo)."""
     import csv
     import subprocess
 
@@ -261,9 +296,9 @@ def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serv
     # perf_analyzer links libcudart.so.12 even without a GPU: the nvidia-cuda-runtime-cu12 wheel's, in its venv.
     cudart = next(PERF_ANALYZER.parent.parent.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
     env = {**os.environ, "LD_LIBRARY_PATH": str(cudart)}
-    _, url = serve(_tables(runtimes))
+    _, url = serve(_tables(runtimes, batches=batches))
     report = tmp_path / "pa.csv"
-    cmd = [str(PERF_ANALYZER), "-m", "tabular", "-x", "11", "-u", url.removeprefix("http://"), "-i", "http", "--shape", "x:1,4",
+    cmd = [str(PERF_ANALYZER), "-m", "tabular", "-x", "11", "-u", url.removeprefix("http://"), "-i", "http", *shape,
            "--concurrency-range", "2", "--measurement-interval", "1000", "--stability-percentage", "50", "-f", str(report)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -83,11 +83,12 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
             response = httpx.post(f"{handle.url}/v1/infer/tabular-cpu", json=body, timeout=10)
             assert response.status_code == 200, response.text
             answer = response.json()
-            variant = answer["model_version"]
+            variant = answer["parameters"]["variant"]
             served_by.add(variant)
             assert response.headers["X-Tessera-Variant"] == variant and answer["parameters"]["simulated"] is False
-            # The same numbers onnxruntime gives on the variant's artifact: real inference.
+            # The same numbers onnxruntime gives on the variant's artifact: real inference. Its version is its number.
             artifact = ModelVariant.objects.get(application__name="tabular-cpu", name=variant).artifact
+            assert answer["model_version"] == str(ModelVariant.objects.get(application__name="tabular-cpu", name=variant).pk)
             data = artifact.file.open("rb").read()
             assert hashlib.sha256(data).hexdigest() == artifact.sha256
             session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
@@ -199,8 +200,7 @@ def test_triton_s_client_talks_to_the_fleet_and_its_load_and_unload_reach_the_co
             inp = triton.InferInput("input", [4, 8], "FP32")
             inp.set_data_from_numpy(rows, binary_data=binary)
             result = client.infer("tabular-cpu", [inp], outputs=[triton.InferRequestedOutput(metadata["outputs"][0]["name"], binary_data=binary)])
-            variant = result.get_response()["model_version"]
-            artifact = ModelVariant.objects.get(application__name="tabular-cpu", name=variant).artifact
+            artifact = ModelVariant.objects.get(pk=int(result.get_response()["model_version"])).artifact  # the version: its number
             expected = ort.InferenceSession(artifact.file.open("rb").read(), providers=["CPUExecutionProvider"]).run(None, {"input": rows})[0]
             np.testing.assert_allclose(result.as_numpy(metadata["outputs"][0]["name"]), expected, rtol=1e-5, atol=1e-6)
 

@@ -103,6 +103,9 @@ class Agent:
             stop_requested=lambda: self._stop.is_set(), resizer=self.vertical.desired_resize,
         )
         self.converged_version: int | None = None
+        # The latest version reached but for runtimes that failed to start (ReconcileResult.settled): a
+        # rollout goes on without them rather than failing the whole plan.
+        self.settled_version: int | None = None
         self.last_result: ReconcileResult | None = None
         self._desired: DesiredState | None = None
         self._desired_error = ""
@@ -272,7 +275,7 @@ class Agent:
             operations = [op.as_report() for op in self._operations]
         return {
             "backend": self.backend.name, "agent_version": AGENT_VERSION, "accelerators": accelerators,
-            "desired_version": self.converged_version, "runtimes": runtimes, "operations": operations,
+            "desired_version": self.converged_version, "settled_version": self.settled_version, "runtimes": runtimes, "operations": operations,
             "catalogue_disagreements": self.backend.catalogue_disagreements(),
         }
 
@@ -317,6 +320,8 @@ class Agent:
         if desired is not None and self._needs_reconcile(desired):
             result = self.reconciler.reconcile(desired)
             self.last_result = result
+            if result.settled:
+                self.settled_version = desired.version
             if result.converged:
                 if self.converged_version != desired.version:
                     log.info("converged to desired state version %d", desired.version)

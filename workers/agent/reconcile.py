@@ -95,6 +95,18 @@ class ReconcileResult:
     version: int
     converged: bool
     errors: list[str] = field(default_factory=list)
+    # Desired runtimes whose process could not be started (the artifact, the process or its health check),
+    # with the last error: retried with backoff on later passes.
+    failed_starts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def settled(self) -> bool:
+        """Everything reached but runtimes that failed to start: the GPUs have their layouts and MPS modes,
+        nothing undesired runs, and every other runtime runs. The control plane's rollout then goes on
+        without them (their routes stay withdrawn), instead of failing the whole plan over one model."""
+        if self.converged:
+            return True
+        return bool(self.errors) and all(any(error.startswith(key + ":") for key in self.failed_starts) for error in self.errors)
 
 
 def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, device_uuid: str | None, simulated: bool,
@@ -107,7 +119,7 @@ def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, d
         "key": runtime.key,
         "application": runtime.application,
         "variant": runtime.variant["name"],
-        "variant_id": runtime.variant.get("id"),  # for the agent's report (the runtime reads the name only)
+        "variant_id": runtime.variant.get("id"),  # the agent's report, and the runtime's model_version (the protocol's)
         "artifact_path": str(artifact_path) if artifact_path is not None else None,
         "sha256": artifact.get("sha256"),
         "simulated": simulated,
@@ -234,6 +246,7 @@ class Reconciler:
         self.resizer = resizer or self._resize_direct
         self.catalogue = mig_catalogue_load()
         self._failures: dict[str, tuple[int, float]] = {}  # runtime key -> (consecutive failures, retry at)
+        self._start_errors: dict[str, str] = {}  # runtime key -> why its last start failed
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -538,7 +551,9 @@ class Reconciler:
                 continue
             failures, retry_at = self._failures.get(runtime.key, (0, 0.0))
             if now < retry_at:
-                result.errors.append(f"{runtime.key}: start failed {failures}x; retrying in {retry_at - now:.0f} s")
+                last = self._start_errors.get(runtime.key, "")
+                result.errors.append(f"{runtime.key}: start failed {failures}x ({last}); retrying in {retry_at - now:.0f} s")
+                result.failed_starts[runtime.key] = last
                 continue
             simulated = runtime.device_kind == "gpu" and self.backend.name == "simulated"
             try:
@@ -561,10 +576,13 @@ class Reconciler:
             except Exception as exc:  # the artifact, the process or its health: retried later
                 failures += 1
                 self._failures[runtime.key] = (failures, now + min(RESTART_BACKOFF_MAX_S, 2.0 ** failures))
+                self._start_errors[runtime.key] = str(exc)[:500]
                 self._op("runtime.start", runtime.key, "failed", str(exc)[:500])
                 result.errors.append(f"{runtime.key}: {exc}")
+                result.failed_starts[runtime.key] = str(exc)[:500]
                 continue
             self._failures.pop(runtime.key, None)
+            self._start_errors.pop(runtime.key, None)
             running[runtime.key] = record
             label = "simulated" if simulated else (device_uuid or "cpu")
             self._op("runtime.start", runtime.key, "ok", f"{runtime.variant['name']} at {record.endpoint} on {label}")

@@ -78,11 +78,12 @@ class Router:
         upstream_grace_s: float = 2.0,
         connect_timeout_s: float = 1.0,
         unavailable_s: float = 1.0,
-        repository: Callable[[str, str], None] | None = None,
+        repository: Callable[..., None] | None = None,
     ) -> None:
         self.report = report
-        # ("load" | "unload", model name) -> None, or RepositoryActionError: the control plane's pinning and
-        # releasing, for the protocol's model repository extension (workers/router/oip.py); blocking.
+        # ("load" | "unload", model name, config=a load's configuration or None) -> None, or RepositoryActionError:
+        # the control plane's pinning and releasing, for the protocol's model repository extension
+        # (workers/router/oip.py); blocking.
         self.repository = repository
         self.refresh_s = refresh_s
         self.report_s = report_s

@@ -2,7 +2,7 @@
 the router's own credential (scoped to its name)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from workers.client import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable, ReportBacklog, report_backlog_capacity
 from workers.metrics import ReportBacklogCollector
@@ -31,13 +31,14 @@ def router_build(*, control_plane: str, token: str, name: str | None = None, rep
     return router, client
 
 
-def repository_relay(client: ControlPlaneClient) -> Callable[[str, str], None]:
-    """The router's `repository` callable: a load or unload relayed to the control plane, its refusal
-    (403 not allowed, 404 unknown model) or absence (503) as `RepositoryActionError`."""
+def repository_relay(client: ControlPlaneClient) -> Callable[..., None]:
+    """The router's `repository` callable: a load (with its configuration, if any) or unload relayed to the
+    control plane, its refusal (403 not allowed, 400 unknown model or a configuration it cannot apply) or
+    absence (503) as `RepositoryActionError`."""
 
-    def relay(action: str, model: str) -> None:
+    def relay(action: str, model: str, *, config: Any = None) -> None:
         try:
-            client.repository_action(action, model)
+            client.repository_action(action, model, config=config)
         except ControlPlaneRejected as exc:
             raise RepositoryActionError(exc.status, str(exc).split(": ", 1)[-1]) from None
         except ControlPlaneUnavailable as exc:

@@ -11,8 +11,10 @@ extension_parameters.md). Status codes follow Triton's mapping of its error kind
 How Tessera's objects map onto the protocol's:
 
 - A model is an application: the router picks the variant by the active routing table's weights, so the
-  plan decides. A model version is a variant, named by its name or by its number (the registry's id:
-  Triton's clients and perf_analyzer read versions as whole numbers, so statistics give the number):
+  plan decides. A model version is a variant, and its version is its number (the registry's id) wherever
+  the protocol shows one: metadata, configuration, the repository index, statistics and infer answers'
+  `model_version` (Triton's clients and perf_analyzer read versions as whole numbers). A request may name
+  a version by its number or its variant's name; `parameters.variant` and `X-Tessera-Variant` give the name:
   `/v2/models/{app}/versions/{variant}/infer` sends the query to an instance of that variant only (for
   debugging; it still needs a route in the table). A pipeline is a
   model too (platform `tessera_pipeline`); its versions are its paths.
@@ -25,8 +27,11 @@ How Tessera's objects map onto the protocol's:
   the control plane's API with the router's own credential, which an operator must have allowed to do so.
   `index` lists what the router's tables hold.
 
-Differences from Triton, on purpose: a model's `max_batch_size` is 0 in its configuration (the client sends
-whole tensors with their batch axis; the runtimes batch queries server-side, by the plan's batch size);
+A model's configuration shows the plan: `max_batch_size` is the largest batch the routed instances run
+and `dynamic_batching.preferred_batch_size` their batch sizes (0 and whole shapes where an input has no
+variable batch axis, or the table gives no batch). Differences from Triton, on purpose: the runtimes batch
+queries, so `max_batch_size` counts queries per batch, and a query may carry more rows than it (Triton
+counts rows and refuses such a request);
 `/v2/models/{m}/stats` counts what this router saw (answers and failures with their durations), and for
 the answers the queue and compute times their runtimes measured (input and output handling are not
 measured apart, so those fields stay 0). Not served: shared memory,
@@ -98,8 +103,9 @@ async def oip_handle(router: "Router", scope: dict, receive: Callable, send: Cal
             await _json(send, 200, _repository_index(router, bool(ready_only)))
         elif (m := _REPOSITORY_PATH.match(path)) is not None:
             _method(method, "POST")
-            await _body(receive)
-            await _repository_action(router, m["action"], m["name"])
+            body = await _body(receive)
+            config = _repository_parameters(body, m["action"], m["name"])
+            await _repository_action(router, m["action"], m["name"], config)
             await _send(send, 200, b"", _JSON)
         elif path in ("/v2/models/stats", "/v2/models/stats/"):
             _method(method, "GET")
@@ -257,9 +263,14 @@ def _version_number(app: Application, variant: str) -> str:
 def _app_metadata(app: Application, version: str | None) -> dict:
     model = _model_doc(app)
     tensors = (model.get("versions") or {}).get(version, {}) if version is not None else model
-    return {"name": app.name, "versions": [version] if version is not None else _routed_variants(app),
+    routed = [version] if version is not None else _routed_variants(app)
+    return {"name": app.name, "versions": sorted((_version_number(app, v) for v in routed), key=_version_order),
             "platform": model.get("platform", "onnxruntime_onnx"),
             "inputs": list(tensors.get("inputs") or []), "outputs": list(tensors.get("outputs") or [])}
+
+
+def _version_order(version: str) -> tuple:
+    return (0, int(version), "") if version.isdigit() else (1, 0, version)
 
 
 def _app_ready(app: Application, version: str | None) -> bool:
@@ -268,21 +279,39 @@ def _app_ready(app: Application, version: str | None) -> bool:
 
 
 def _config(app: Application, version: str | None) -> dict:
+    """Triton's model configuration (extension_model_configuration.md) of what the plan runs: where every input
+    has a variable batch axis and the routed instances say their planned batch, `max_batch_size` is the
+    largest of those and `dynamic_batching` lists them as preferred sizes (the runtimes batch server-side, by
+    the plan) with the application's own batching delay (0 where it has none: Tessera's runtimes choose
+    their wait against each query's deadline), and the tensors' `dims` leave
+    the batch axis out, as Triton's do. Otherwise `max_batch_size` is 0 and `dims` are whole shapes."""
     metadata = _app_metadata(app, version)
-    return {
+    batches = sorted({r.batch for r in app.routes.values() if r.batch and r.weight > 0 and (version is None or r.variant == version)})
+    batched = bool(batches) and bool(metadata["inputs"]) and all(_batch_axis(t) for t in metadata["inputs"])
+    config = {
         "name": app.name, "platform": metadata["platform"], "backend": "onnxruntime",
-        # 0: the client's tensors carry their own batch axis (Triton's meaning); Tessera batches server-side.
-        "max_batch_size": 0,
-        "input": [_config_tensor(t) for t in metadata["inputs"]],
-        "output": [_config_tensor(t) for t in metadata["outputs"]],
+        "max_batch_size": batches[-1] if batched else 0,
+        "input": [_config_tensor(t, batched) for t in metadata["inputs"]],
+        "output": [_config_tensor(t, batched and _batch_axis(t)) for t in metadata["outputs"]],
         "parameters": {"tessera_slo_ms": {"string_value": f"{app.slo_ms:g}"},
-                       "tessera_variants": {"string_value": ",".join(metadata["versions"])}},
+                       "tessera_variants": {"string_value": ",".join([version] if version is not None else _routed_variants(app))}},
     }
+    if batched:
+        delay_ms = _model_doc(app).get("batching_delay_ms")
+        config["dynamic_batching"] = {"preferred_batch_size": batches,
+                                      "max_queue_delay_microseconds": int(round(delay_ms * 1000)) if isinstance(delay_ms, (int, float)) else 0}
+    return config
 
 
-def _config_tensor(tensor: dict) -> dict:
+def _batch_axis(tensor: dict) -> bool:
+    shape = tensor.get("shape") or []
+    return bool(shape) and shape[0] == -1
+
+
+def _config_tensor(tensor: dict, batched: bool = False) -> dict:
+    shape = list(tensor.get("shape") or [])
     return {"name": tensor["name"], "data_type": OIP_TO_TRITON_DATATYPE.get(tensor.get("datatype", ""), "TYPE_INVALID"),
-            "dims": list(tensor.get("shape") or [])}
+            "dims": shape[1:] if batched else shape}
 
 
 def _pipeline_stages(pipeline: RouterPipeline, version: str | None) -> tuple[str, ...]:
@@ -354,7 +383,7 @@ def _repository_index(router: "Router", ready_only: bool) -> list[dict]:
             entries.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": "the active plan gives it no capacity"})
         for variant in variants:
             ready = _app_ready(app, variant)
-            entries.append({"name": name, "version": variant, "state": "READY" if ready else "UNAVAILABLE",
+            entries.append({"name": name, "version": _version_number(app, variant), "state": "READY" if ready else "UNAVAILABLE",
                             "reason": "" if ready else "no ready instance of this variant"})
     for name in sorted(router.tables.pipelines):
         pipeline = router.tables.pipelines[name]
@@ -365,12 +394,33 @@ def _repository_index(router: "Router", ready_only: bool) -> list[dict]:
     return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
-async def _repository_action(router: "Router", action: str, name: str) -> None:
+def _repository_parameters(body: bytes, action: str, name: str) -> Any:
+    """A load's or unload's `parameters` (extension_model_repository.md): a load's `config` (Triton's model
+    configuration as JSON text) is relayed for the control plane to apply or refuse; `unload_dependents`
+    changes nothing (an application has no dependents a router loads); model files (`file:...`) and anything
+    else are refused, naming the parameter. Returns the config, or None."""
+    if not body.strip():
+        return None
+    params = _json_body(body, f"the {action} request").get("parameters") or {}
+    if not isinstance(params, dict):
+        raise _OipError(400, f"failed to {action} '{name}': parameters must be an object", "malformed")
+    for key in params:
+        if key == "config" and action == "load":
+            continue
+        if key == "unload_dependents" and action == "unload":
+            continue
+        why = ("Tessera loads models from its registry: upload the ONNX file as an artifact and give the application a variant"
+               if key.startswith("file:") else "not a parameter Tessera takes here")
+        raise _OipError(400, f"failed to {action} '{name}': parameters.{key}: {why}", "malformed")
+    return params.get("config")
+
+
+async def _repository_action(router: "Router", action: str, name: str, config: Any = None) -> None:
     if router.repository is None:
         raise _OipError(501, "this router has no control plane to load or unload models through", "unsupported")
     loop = asyncio.get_running_loop()
     try:
-        await loop.run_in_executor(None, router.repository, action, name)
+        await loop.run_in_executor(None, functools.partial(router.repository, action, name, config=config))
     except RepositoryActionError as exc:
         raise _OipError(exc.status, exc.message, "repository") from None
     await router.tables.refresh()  # the withdrawn or returned routes, now rather than at the next refresh

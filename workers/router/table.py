@@ -27,6 +27,7 @@ class Route:
     endpoint: str | None
     state: str
     weight: float
+    batch: int | None = None  # the instance's planned batch size, where the table gives it
 
 
 @dataclass
@@ -61,7 +62,10 @@ def application_build(table: dict, previous: Application | None = None) -> Appli
         if not isinstance(r, dict) or not isinstance(r.get("instance"), str):
             raise ValueError(f"{name}: routes[{i}] must be an object with an instance")
         weight = r.get("weight", 0.0)
-        route = Route(r["instance"], str(r.get("variant") or ""), r.get("endpoint") or None, str(r.get("state") or "ready"), weight)
+        batch = r.get("batch")
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise ValueError(f"{name}: routes[{i}].batch must be a whole number >= 1, got {batch!r}")
+        route = Route(r["instance"], str(r.get("variant") or ""), r.get("endpoint") or None, str(r.get("state") or "ready"), weight, batch)
         if route.endpoint is not None:
             endpoint_parse(route.endpoint)
         routes[route.instance] = route

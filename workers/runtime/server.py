@@ -170,6 +170,14 @@ class RuntimeSpec:
     turn_ms: float | None = None  # a partition's model: its planned turn in the round (None: its profile at max_batch)
     vertical: dict[str, Any] | None = None  # a CPU runtime's Sponge block (workers/runtime/vertical.py), normalised
     cpu_oversubscribe: bool = False  # a resize may ask for more cores than the process has CPUs (simulated hosts)
+    variant_id: int | None = None  # the variant's number in the registry: the protocol's model version, where given
+
+    @property
+    def model_version(self) -> str:
+        """The Open Inference Protocol's `model_version` of its answers: the variant's number (the version
+        numbering of the whole protocol surface, docs/dataplane.md), or its name for a runtime started
+        without one."""
+        return str(self.variant_id) if self.variant_id is not None else self.variant
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeSpec":
@@ -231,6 +239,9 @@ class RuntimeSpec:
         for name in ("sha256", "device_uuid", "instance"):
             if data.get(name) is not None and not isinstance(data[name], str):
                 raise RuntimeSpecError(f"spec field {name!r} must be a string or null, got {data[name]!r}")
+        variant_id = data.get("variant_id")
+        if variant_id is not None and (isinstance(variant_id, bool) or not isinstance(variant_id, int) or variant_id < 1):
+            raise RuntimeSpecError(f"spec field 'variant_id' must be an integer >= 1 or null, got {variant_id!r}")
         turn = data.get("turn_ms")
         if turn is not None and (isinstance(turn, bool) or not isinstance(turn, (int, float)) or not math.isfinite(turn) or turn <= 0):
             raise RuntimeSpecError(f"spec field 'turn_ms' must be a finite number > 0 or null, got {turn!r}")
@@ -240,7 +251,7 @@ class RuntimeSpec:
             cpu_threads=ints["cpu_threads"], max_batch=ints["max_batch"], batching=batching,
             profile=[dict(p) if isinstance(p, Mapping) else {"batch": p[0], "latency_ms": p[1]} for p in profile],
             instance=data.get("instance") or None, turn_ms=None if turn is None else float(turn), vertical=vertical,
-            cpu_oversubscribe=oversubscribe,
+            cpu_oversubscribe=oversubscribe, variant_id=variant_id,
         )
 
     @classmethod
@@ -919,7 +930,7 @@ class ServedModel:
                     return
                 try:
                     body, header_length = response_encode(request_id, result, model_name=self.spec.application,
-                                                          model_version=self.spec.variant, parameters=params, binary=binary)
+                                                          model_version=self.spec.model_version, parameters=params, binary=binary)
                 except WireError as err:
                     stats.failed(latency)
                     self.error(conn, rid, 500, "internal", f"cannot encode the outputs: {err}")

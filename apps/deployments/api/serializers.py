@@ -6,6 +6,7 @@ from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 from apps.policies.choices import DropRuleChoices, EnsembleModeChoices
 from apps.registry.models import Application
 from engine.dataplane.batching import BATCHING_POLICIES
+from engine.plans.problem import MAX_QUERY_SIZE
 from engine.dataplane.tensors import TensorSpecError, oip_tensor_metadata
 from engine.geometry.names import RUNTIME_KEY_MAX_LENGTH, instance_id_parse, runtime_key_parse
 
@@ -111,6 +112,7 @@ class RouteSerializer(serializers.Serializer):
     instance = serializers.CharField(help_text='"<host>/<runtime key>"')
     variant = serializers.CharField(allow_null=True, help_text="The variant's name")
     weight = serializers.FloatField()
+    batch = serializers.IntegerField(allow_null=True, help_text="The instance's planned batch size; null where the table does not say")
     endpoint = serializers.CharField(allow_null=True, help_text="As the instance's agent last reported it")
     state = ChoiceTextField(choices=[*RuntimeStateChoices.values, ROUTE_STATE_UNKNOWN], help_text="The runtime's state as reported;")
 
@@ -200,7 +202,9 @@ class RoutingTableSerializer(serializers.ModelSerializer):
             common = names if common is None else common & names
         first = next(iter(versions.values()), {"outputs": []})
         outputs = [t for t in first["outputs"] if common and t["name"] in common]
-        return {"platform": "onnxruntime_onnx", "inputs": inputs, "outputs": outputs, "versions": versions}
+        # The application's Triton-style batching delay, where its configuration sets one (routers show it).
+        return {"platform": "onnxruntime_onnx", "inputs": inputs, "outputs": outputs, "versions": versions,
+                "batching_delay_ms": obj.application.batching_delay_ms}
 
     @extend_schema_field(serializers.ChoiceField(choices=DropRuleChoices.choices))
     def get_drop_rule(self, obj) -> str:
@@ -240,6 +244,7 @@ class RoutingTableSerializer(serializers.ModelSerializer):
                 "instance": route["instance"],
                 "variant": variants.get(route["variant"]),
                 "weight": route["weight"],
+                "batch": route.get("batch"),
                 "endpoint": (runtime.endpoint or None) if serves else None,
                 "state": state if serves or state != RuntimeStateChoices.READY else ROUTE_STATE_UNKNOWN,
             })
@@ -261,6 +266,16 @@ def _oip_specs(specs) -> list[dict]:
 class RepositoryActionSerializer(serializers.Serializer):
     model = serializers.CharField(help_text="The application's name (the protocol's model name)")
     action = serializers.ChoiceField(choices=["load", "unload"], help_text="unload: release it; load: pin it back into planning")
+    config = serializers.JSONField(
+        required=False, allow_null=True, default=None,
+        help_text="load only: the load's `parameters.config`, Triton's model configuration (JSON text or object). Mapped: "
+                  "max_batch_size (the plans' batch cap) and dynamic_batching.max_queue_delay_microseconds (its batching delay); "
+                  "name, platform, backend, input and output are checked; any other field is refused (400, naming it)")
+
+    def validate(self, attrs):
+        if attrs.get("config") is not None and attrs["action"] != "load":
+            raise serializers.ValidationError({"config": "a configuration applies to a load only."})
+        return attrs
 
 
 class RepositoryActionResultSerializer(serializers.Serializer):
@@ -269,12 +284,16 @@ class RepositoryActionResultSerializer(serializers.Serializer):
     released = serializers.BooleanField()
     changed = serializers.BooleanField(help_text="False when it already was as asked")
     routing_table_version = serializers.IntegerField(allow_null=True, help_text="The active table's version now")
+    max_batch_size = serializers.IntegerField(allow_null=True, help_text="The application's batch cap now (null: none)")
+    batching_delay_ms = serializers.FloatField(allow_null=True, help_text="Its Triton-style batching delay now (null: Tessera's batching)")
 
 
 class RouteRequestSerializer(serializers.Serializer):
     instance = serializers.CharField(help_text='"<host>/<runtime key>", e.g. "sim-cpu-01/cpu0/0"')
     variant = serializers.IntegerField(help_text="The model variant's id (a variant of the application)")
     weight = serializers.FloatField(min_value=0.0, help_text="Relative share; normalised to sum to 1")
+    batch = serializers.IntegerField(min_value=1, max_value=MAX_QUERY_SIZE, required=False,
+                                     help_text="The instance's planned batch size (plans give it; routers show it as the model's batching)")
 
 
 class RoutingTablePublishSerializer(serializers.Serializer):

@@ -5,8 +5,9 @@ from rest_framework.response import Response
 
 from apps.core.api.viewsets import RestrictedQuerysetMixin, TesseraModelViewSet, TesseraReadOnlyModelViewSet
 from apps.inventory.models import Host
-from apps.registry.models import Application
 from apps.inventory.services import host_visible_find
+from apps.registry.models import Application
+from engine.dataplane.triton import TritonLoadConfigError, triton_load_config_parse
 
 from ..filtersets import HostDesiredStateFilterSet, HostOperationFilterSet, RoutingTableFilterSet, RuntimeFilterSet
 from ..models import HostDesiredState, HostOperation, RoutingTable, Runtime
@@ -118,17 +119,29 @@ class RoutingTableViewSet(TesseraModelViewSet):
         body = RepositoryActionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         application = Application.objects.filter(name=body.validated_data["model"]).first()
-        if application is None:
-            raise exceptions.NotFound(f"Request for unknown model: '{body.validated_data['model']}' is not found")
+        if application is None:  # Triton's answer to loading a model its repository does not hold: 400, "failed to load"
+            raise exceptions.ValidationError(
+                f"failed to {body.validated_data['action']} '{body.validated_data['model']}': no application of that name in the registry")
         if body.validated_data["action"] == "unload":
             table = application_release(application=application, actor=request.user)
             changed = table is not None
         else:
-            changed = application_pin(application=application, actor=request.user)
-        application.refresh_from_db(fields=["released"])
+            settings = None
+            if body.validated_data.get("config") is not None:
+                variants = list(application.variants.all())
+                try:
+                    settings = triton_load_config_parse(
+                        body.validated_data["config"], model=application.name,
+                        inputs=sorted({t["name"] for v in variants for t in v.inputs or []}),
+                        outputs=sorted({t["name"] for v in variants for t in v.outputs or []}))
+                except TritonLoadConfigError as exc:
+                    raise exceptions.ValidationError({"config": [f"failed to load '{application.name}': {exc}"]}) from None
+            changed = application_pin(application=application, actor=request.user, settings=settings)
+        application.refresh_from_db(fields=["released", "max_batch_size", "batching_delay_ms"])
         active = RoutingTable.objects.filter(application=application, active=True).values_list("version", flat=True).first()
         return Response({"model": application.name, "action": body.validated_data["action"], "released": application.released,
-                         "changed": changed, "routing_table_version": active})
+                         "changed": changed, "routing_table_version": active, "max_batch_size": application.max_batch_size,
+                         "batching_delay_ms": application.batching_delay_ms})
 
 
 class RuntimeViewSet(TesseraReadOnlyModelViewSet):

@@ -16,11 +16,11 @@ class HostSerializer(TesseraModelSerializer):
         model = Host
         fields = [
             "id", "display", "name", "address", "labels", "status", "backend", "simulated", "last_seen",
-            "agent_version", "agent_token_set", "agent_token_prefix", "accelerator_count", "converged_version",
+            "agent_version", "agent_token_set", "agent_token_prefix", "accelerator_count", "converged_version", "settled_version",
             "catalogue_disagreements", "description", "created", "last_updated",
         ]
         read_only_fields = [
-            "last_seen", "agent_version", "agent_token_prefix", "converged_version", "catalogue_disagreements",
+            "last_seen", "agent_version", "agent_token_prefix", "converged_version", "settled_version", "catalogue_disagreements",
             "created", "last_updated",
         ]
 
@@ -104,6 +104,19 @@ class RouterCredentialIssueSerializer(serializers.Serializer):
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
     may_load_models = serializers.BooleanField(required=False, allow_null=True, default=None,
                                                help_text="Let the router relay the model repository's load/unload (omitted: as it was; off when new)")
+
+
+class RouterCredentialUpdateSerializer(serializers.Serializer):
+    """What an admin may change of a router credential without issuing a new secret."""
+
+    description = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    may_load_models = serializers.BooleanField(required=False, help_text="Let the router relay the model repository's load/unload")
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:  # a misspelt permission would otherwise be a 200 that changed nothing
+            raise serializers.ValidationError({name: "not a field that can be changed here (description, may_load_models)" for name in unknown})
+        return attrs
 
 
 class RouterCredentialIssuedSerializer(RouterCredentialSerializer):
@@ -203,6 +216,10 @@ class HostReportSerializer(serializers.Serializer):
     accelerators = ReportedAcceleratorSerializer(many=True)
     desired_version = serializers.IntegerField(
         min_value=1, required=False, allow_null=True, help_text="The desired-state version the host has converged to"
+    )
+    settled_version = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True,
+        help_text="The desired-state version reached but for runtimes that failed to start (listed as failed in `runtimes`)",
     )
     runtimes = ReportedRuntimeSerializer(many=True, required=False, max_length=1024)
     operations = ReportedOperationSerializer(many=True, required=False, max_length=1000)

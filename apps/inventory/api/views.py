@@ -12,7 +12,7 @@ from engine.geometry.catalogue import mig_catalogue_load, pci_device_id_format
 
 from ..filtersets import AcceleratorFilterSet, GpuInstanceFilterSet, HostFilterSet, MpsPartitionFilterSet, RouterCredentialFilterSet
 from ..models import Accelerator, GpuInstance, Host, MpsPartition, RouterCredential
-from ..services import host_agent_token_rotate, router_credential_issue, router_credential_revoke
+from ..services import host_agent_token_rotate, router_credential_issue, router_credential_revoke, router_credential_update
 from .serializers import (
     AcceleratorSerializer,
     AgentTokenSerializer,
@@ -23,6 +23,7 @@ from .serializers import (
     RouterCredentialIssuedSerializer,
     RouterCredentialIssueSerializer,
     RouterCredentialSerializer,
+    RouterCredentialUpdateSerializer,
 )
 
 
@@ -84,7 +85,7 @@ class RouterCredentialViewSet(TesseraReadOnlyModelViewSet):
     filterset_class = RouterCredentialFilterSet
 
     def restrict_action(self) -> str:
-        return "view" if self.action == "revoke" else super().restrict_action()
+        return "view" if self.action in ("revoke", "partial_update") else super().restrict_action()
 
     def _issued(self, credential: RouterCredential, secret: str) -> Response:
         data = RouterCredentialIssuedSerializer(credential, context=self.get_serializer_context()).data
@@ -100,6 +101,18 @@ class RouterCredentialViewSet(TesseraReadOnlyModelViewSet):
         body.is_valid(raise_exception=True)
         credential, secret = router_credential_issue(**body.validated_data)
         return self._issued(credential, secret)
+
+    @extend_schema(request=RouterCredentialUpdateSerializer, responses={200: RouterCredentialSerializer})
+    def partial_update(self, request, pk=None):
+        """Admin only: change the credential's description and whether the router may load and unload models,
+        keeping its secret (the running router goes on working). Audited."""
+        if not IsAdminRole().has_permission(request, self):
+            raise exceptions.PermissionDenied(IsAdminRole.message)
+        credential = self.get_object()
+        body = RouterCredentialUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        credential = router_credential_update(credential=credential, **body.validated_data)
+        return Response(RouterCredentialSerializer(credential, context=self.get_serializer_context()).data)
 
     @extend_schema(request=None, responses={200: RouterCredentialSerializer})
     @action(detail=True, methods=["post"], permission_classes=[IsAdminRole])

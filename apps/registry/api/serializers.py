@@ -69,9 +69,11 @@ class ApplicationSerializer(TesseraModelSerializer):
     class Meta:
         model = Application
         fields = [
-            "id", "display", "name", "task", "description", "input_spec", "pipeline",
+            "id", "display", "name", "task", "description", "input_spec", "max_batch_size", "batching_delay_ms", "released", "pipeline",
             "variant_count", "created", "last_updated",
         ]
+        # Out of service and back only through the model repository's unload and load (routes withdrawn first).
+        read_only_fields = ["released"]
 
 
 class ArtifactSerializer(TesseraModelSerializer):
