@@ -16,7 +16,7 @@ from apps.planning.models import Plan
 from apps.planning.services import PLAN_RUN_JOB_KEY, plan_run_execute, plan_run_start
 from apps.planning.snapshot import fleet_problem_build
 from apps.policies.models import ReplanPolicy, SloPolicy
-from apps.registry.models import ModelVariant
+from apps.registry.models import ModelVariant, Profile
 from engine.dataplane.batching import DEFAULT_BATCHING_POLICY
 from engine.dataplane.rounds import ROUND_BATCHING_POLICY
 from engine.geometry.names import runtime_key_parse
@@ -436,6 +436,14 @@ def test_the_task_retries_a_transient_failure_without_solving_again(small_fleet,
 
 def test_biscale_on_the_demo_fleet_resizes_the_pipeline_and_its_cpu_application_in_place(demo_fleet, fake_demand):
     fake_demand(DEMO_DEMAND, method="ewma", window_s=300)
+    # The chain's SLO scaled to what the demo measured on this machine: its 40 ms fit the heavy classifier at one
+    # core on an idle machine (about 5 ms a row), and one loaded CI run measured it so slow that no choice met the
+    # path's SLO and biscale picked nothing. The test is about the resizing, not about this machine's speed.
+    from apps.registry.models import Pipeline
+
+    conv = Profile.objects.get(variant__name="conv-features-80", device_type="cpu", cpu_cores=1, batch_size=1)
+    chain = Pipeline.objects.get(name="tabular-chain")
+    Pipeline.objects.filter(pk=chain.pk).update(paths=[{**q, "slo_ms": max(q["slo_ms"], 8 * conv.latency_p99_ms)} for q in chain.paths])
     _, plan = _run({"solver": "biscale"})
     assert plan.status == "validated", plan.validation
     assert plan.solver == "biscale" and plan.result["solver"].startswith("biscale+sponge")
