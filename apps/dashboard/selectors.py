@@ -698,10 +698,10 @@ def _chart_with_slo(chart: dict | None, slo) -> dict | None:
     return None if chart is None else {**chart, "slo_ms": slo.latency_p99_ms if slo is not None else None}
 
 
-def applications_overview(user) -> list[ApplicationView]:
-    """Every application the user may see, with its SLO and its variants (accuracy, artifact, profile
-    points per device type, and latency-vs-batch chart data with the SLO)."""
-    applications = list(application_queryset_for(user))
+def applications_overview(user, *, applications: list[Application] | None = None) -> list[ApplicationView]:
+    """Every application the user may see (or those of `applications`), with its SLO and its variants
+    (accuracy, artifact, profile points per device type, and latency-vs-batch chart data with the SLO)."""
+    applications = list(application_queryset_for(user)) if applications is None else list(applications)
     slos = {s.application_id: s for s in SloPolicy.objects.restrict(user, "view").filter(application__in=applications)}
     variants = list(
         ModelVariant.objects.restrict(user, "view").filter(application__in=applications).select_related("artifact")

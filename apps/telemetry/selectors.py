@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Sum
+from django.db.models import F, Max, Sum
 from django.db.models.functions import TruncSecond
 from django.utils import timezone
 
@@ -114,6 +114,20 @@ def application_latency_window(*, application_name: str, seconds: float, now=Non
     agg["violation_ratio"] = agg.pop("bad") / agg["arrivals"] if agg["arrivals"] else None
     agg["window_s"] = seconds
     return agg
+
+
+def applications_traffic_window(*, names: list[str], seconds: float, now=None) -> dict[str, dict[str, Any]]:
+    """`application_latency_window` for many applications in one query: {name: {"arrivals", "served",
+    "violation_ratio", "p99_ms", "window_s"}} for those a router reported in the last `seconds`."""
+    since = (now or timezone.now()) - timedelta(seconds=seconds)
+    rows = (ApplicationSample.objects.filter(at__gt=since, application_name__in=names).values("application_name")
+            .annotate(arrivals=Sum("arrivals"), served=Sum("served"), bad=Sum(F("late") + F("dropped") + F("no_route")),
+                      p99_ms=Max("latency_p99_ms")))
+    return {
+        row["application_name"]: {"arrivals": row["arrivals"] or 0, "served": row["served"] or 0, "p99_ms": row["p99_ms"],
+                                  "violation_ratio": (row["bad"] or 0) / row["arrivals"] if row["arrivals"] else None, "window_s": seconds}
+        for row in rows
+    }
 
 
 def runtime_cores_history(*, host_ids: list[int], seconds: int = 300, now=None) -> dict[tuple[int, str], list[tuple[float, int]]]:

@@ -1,9 +1,9 @@
 """Dashboard views, one module per page family; each view is a thin adapter over selectors and services."""
-from .applications import applications
+from .applications import application, application_deploy, applications
 from .fleet import fleet
 from .jobs import job, jobs
 from .overview import overview
 from .plans import plan, plan_action, plans
 from .policies import policies
 
-__all__ = ["applications", "fleet", "job", "jobs", "overview", "plan", "plan_action", "plans", "policies"]
+__all__ = ["application", "application_deploy", "applications", "fleet", "job", "jobs", "overview", "plan", "plan_action", "plans", "policies"]

@@ -3,13 +3,17 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.shortcuts import redirect, render
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from apps.core.context import change_context
+from apps.jobs.services import JobConflict
 from apps.registry.models import ModelVariant
 from apps.registry.services.artifacts import artifact_create
 
-from ..selectors import application_queryset_for, applications_overview, pipelines_declared
+from ..applications import APPLICATIONS_WINDOW_S, application_deploy_steps, application_detail, applications_list
+from ..selectors import application_queryset_for, pipelines_declared
 from .common import _require
 
 UPLOAD_PERMS = ("registry.add_artifact", "registry.add_modelvariant")
@@ -68,7 +72,8 @@ def _variant_upload(request) -> ModelVariant:
 
 @login_required
 def applications(request):
-    """Every application with its SLO and variants (viewer and up: `registry.view_application`); operators
+    """Every application in one table (its SLO, demand, what was served and how fast, at what accuracy, its
+    variants and state; viewer and up: `registry.view_application`), each linking to its own page; operators
     and up also get a form to upload a new variant with its ONNX file."""
     _require(request, "registry.view_application", "Viewing applications needs the viewer role.")
     can_upload = _can_upload(request.user)
@@ -83,13 +88,91 @@ def applications(request):
             values = {key: request.POST.get(key, "") for key in UPLOAD_FIELDS if key != "file"}
         else:
             messages.success(request, f"Variant {variant} uploaded (artifact {variant.artifact.sha256[:12]}).")
-            return redirect("dashboard:applications")
+            return redirect("dashboard:application", pk=variant.application_id)
+    rows = applications_list(request.user)
+    if request.method == "GET" and request.GET.get("application", "").isdigit():
+        values = {"application": request.GET["application"]}  # "Upload one" from an application's page
     context = {
-        "applications": applications_overview(request.user), "nav": "applications", "can_upload": can_upload,
+        "rows": rows, "nav": "applications", "can_upload": can_upload, "window_s": APPLICATIONS_WINDOW_S,
         "pipelines": pipelines_declared(request.user),
         "errors": errors, "values": values,
-        "application_choices": application_queryset_for(request.user).values_list("pk", "name") if can_upload else [],
+        "application_choices": [(r.pk, r.name) for r in rows] if can_upload else [],
     }
     return render(request, "dashboard/applications.html", context, status=status)
 
 
+@login_required
+def application(request, pk: int):
+    """One application's page: its SLO and serving configuration, its traffic, its variants with their
+    latency profiles, the pipelines and the ensemble it belongs to, and its latest plans."""
+    _require(request, "registry.view_application", "Viewing applications needs the viewer role.")
+    detail = application_detail(request.user, pk)
+    context = {"detail": detail, "a": detail.view, "row": detail.row, "nav": "applications", "can_upload": _can_upload(request.user),
+               "pipelines": detail.pipelines, "window_s": APPLICATIONS_WINDOW_S,
+               # Each step with whether this user may take its action (the API's permission for the same call).
+               "steps": [{"step": step, "allowed": bool(step.action) and request.user.has_perms(DEPLOY_PERMS[step.action])}
+                         for step in application_deploy_steps(detail.application, detail.row)]}
+    return render(request, "dashboard/application.html", context)
+
+
+# The guided deploy flow's actions, each with the permission it needs (the API's for the same call).
+DEPLOY_PERMS = {"profile": ("registry.view_modelvariant", "registry.add_profilingrequest"), "plan": ("planning.add_plan",),
+                "apply": ("planning.change_plan",)}
+
+
+@login_required
+@require_POST
+def application_deploy(request, pk: int, action: str):
+    """The next step of putting an application into service, from its page: profile its unprofiled variants
+    on the fleet's agents, plan the fleet, or approve and apply the plan that serves it. Each opens the job
+    that follows it (live progress); a refused step comes back as a message on the page, having changed
+    nothing."""
+    perms = DEPLOY_PERMS.get(action)
+    if perms is None:
+        raise Http404("No such step.")
+    _require(request, "registry.view_application", "Viewing applications needs the viewer role.")
+    if not request.user.has_perms(perms):
+        raise PermissionDenied("This step needs the operator role.")
+    application = get_object_or_404(application_queryset_for(request.user), pk=pk)
+    try:
+        with change_context(request=request, source="web"):
+            job = _deploy_step(request, application, action)
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+        return redirect("dashboard:application", pk=application.pk)
+    except JobConflict as exc:
+        messages.error(request, f"Not now: {exc}")
+        return redirect("dashboard:application", pk=application.pk)
+    messages.success(request, f"{application.name}: {action} started as job {job.pk}.")
+    return redirect("dashboard:job", pk=job.pk)
+
+
+def _deploy_step(request, application, action: str):
+    from apps.planning.models import Plan
+    from apps.planning.rollout import plan_apply, plan_approve
+    from apps.planning.services import plan_run_start
+    from apps.registry.services.profiling import variant_profile
+
+    from ..applications import PLAN_SERVING_STATUSES
+
+    if action == "profile":
+        unprofiled = [v for v in application.variants.filter(artifact__isnull=False, profiles__isnull=True).distinct().order_by("name")]
+        if not unprofiled:
+            raise ValidationError("Every variant with an ONNX file is profiled already.")
+        started = None
+        for variant in unprofiled:
+            start = variant_profile(variant=variant, actor=request.user)
+            for skipped in start.skipped:
+                where = skipped.device_type + (f" {skipped.slice}" if skipped.slice else "")
+                messages.warning(request, f"{variant.name}: not profiled on {where}: {skipped.reason}")
+            started = start.job
+        return started
+    if action == "plan":
+        return plan_run_start(trigger="manual", trigger_detail=f"dashboard: deploy {application.name}", actor=request.user)
+    plan = next((p for p in Plan.objects.filter(status__in=("validated", "approved"), routing__has_key=application.name).order_by("-created", "-id")[:5]
+                 if any(float(r.get("weight") or 0) > 0 for r in p.routing.get(application.name) or [])), None)
+    if plan is None or plan.status not in PLAN_SERVING_STATUSES:
+        raise ValidationError(f"No validated plan serves {application.name}: plan the fleet first.")
+    if plan.status == "validated":
+        plan_approve(plan=plan, actor=request.user)
+    return plan_apply(plan=plan, actor=request.user)
