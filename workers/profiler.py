@@ -33,7 +33,8 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 _DTYPES = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
 
@@ -51,11 +52,26 @@ def _rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
-def _feed(session, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+# String inputs (tensor(string), the protocol's BYTES) are fed random ASCII words of this many characters
+# unless the profiling request declares another length: a text model's latency depends on it.
+DEFAULT_STRING_LENGTH = 16
+_LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
+
+
+def _feed(session, batch: int, rng: np.random.Generator, string_length: int = DEFAULT_STRING_LENGTH) -> dict[str, np.ndarray]:
     feed = {}
     for spec in session.get_inputs():
         shape = [batch] + [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape[1:]]
-        dtype = _DTYPES.get(spec.type, np.float32)
+        if spec.type == "tensor(string)":
+            count = int(np.prod(shape))
+            letters = rng.choice(_LETTERS, size=(count, string_length))
+            words = np.empty(count, dtype=object)
+            words[:] = [row.tobytes().decode("ascii") for row in letters]
+            feed[spec.name] = words.reshape(shape)
+            continue
+        if spec.type not in _DTYPES:
+            raise ProfilingError(f"input {spec.name!r} is {spec.type}: the profiler cannot feed it")
+        dtype = _DTYPES[spec.type]
         if np.issubdtype(dtype, np.floating):
             feed[spec.name] = rng.standard_normal(shape).astype(dtype)
         else:
@@ -75,6 +91,7 @@ def profile_sweep(
     max_iterations: int = 2000,
     progress: Callable[[int, dict], None] | None = None,
     seed: int = 0,
+    string_length: int = DEFAULT_STRING_LENGTH,
 ) -> list[dict[str, Any]]:
     """Measure every batch size in this process; one dict per batch size (see the module docstring)."""
     import onnxruntime as ort
@@ -83,6 +100,8 @@ def profile_sweep(
         raise ProfilingError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
     if cpu_threads < 1:
         raise ProfilingError(f"cpu_threads must be >= 1, got {cpu_threads}")
+    if not 1 <= string_length <= 1 << 16:
+        raise ProfilingError(f"string_length must be 1..65536, got {string_length}")
     baseline = _rss_mb()
     options = ort.SessionOptions()
     options.intra_op_num_threads = cpu_threads
@@ -96,7 +115,7 @@ def profile_sweep(
     outputs = [o.name for o in session.get_outputs()]
     points: list[dict[str, Any]] = []
     for n, batch in enumerate(sorted(set(int(b) for b in batch_sizes))):
-        feed = _feed(session, batch, rng)
+        feed = _feed(session, batch, rng, string_length)
         for _ in range(warmup):
             session.run(outputs, feed)
         samples: list[float] = []
@@ -130,10 +149,11 @@ def profile_sweep_subprocess(
     min_time_s: float = 0.5,
     progress: Callable[[dict], None] | None = None,
     timeout_s: float = 1800.0,
+    string_length: int = DEFAULT_STRING_LENGTH,
 ) -> list[dict[str, Any]]:
     """`profile_sweep` in a fresh process (see the module docstring); `progress` sees each point."""
     cmd = [sys.executable, "-m", "workers.profiler", "--model", str(model_path), "--threads", str(cpu_threads),
-           "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--min-time", str(min_time_s)]
+           "--batch-sizes", ",".join(str(b) for b in batch_sizes), "--min-time", str(min_time_s), "--string-length", str(string_length)]
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(cpu_threads)
     if device_uuid is not None:
@@ -155,8 +175,20 @@ def profile_sweep_subprocess(
             raise ProfilingError(f"profiling took longer than {timeout_s:.0f} s")
     stderr = process.stderr.read() if process.stderr else ""
     if process.wait() != 0:
-        raise ProfilingError(f"profiler process failed: {stderr.strip()[-800:]}")
+        raise ProfilingError(f"profiler process failed: {_failure_reason(stderr)}")
     return points
+
+
+def _failure_reason(stderr: str) -> str:
+    """What a failed profiler process said: its exception's last line (the reason), whole, rather than the
+    tail of a traceback cut wherever a character limit fell."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    if not lines:
+        return "it exited without saying why"
+    reason = lines[-1]
+    for prefix in ("workers.profiler.ProfilingError: ", "ProfilingError: "):
+        reason = reason.removeprefix(prefix)
+    return reason[:1000]
 
 
 def profiling_request_run(request: dict, *, client: Any, backend: Any, cache_dir: Path) -> list[dict]:
@@ -219,7 +251,8 @@ def profiling_request_run(request: dict, *, client: Any, backend: Any, cache_dir
                                       log=f"{where} batch {point['batch_size']}: p50 {point['latency_p50_ms']:.3f} ms, p99 {point['latency_p99_ms']:.3f} ms")
 
         try:
-            points = profile_sweep_subprocess(model_path, batch_sizes=batch_sizes, cpu_threads=threads, device_uuid=device_uuid, progress=progress)
+            points = profile_sweep_subprocess(model_path, batch_sizes=batch_sizes, cpu_threads=threads, device_uuid=device_uuid, progress=progress,
+                                              string_length=int(request.get("string_length") or DEFAULT_STRING_LENGTH))
         except ProfilingError as exc:
             return fail(str(exc))
         for point in points:
@@ -239,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default=",".join(str(b) for b in DEFAULT_BATCH_SIZES))
     parser.add_argument("--providers", default="CPUExecutionProvider")
     parser.add_argument("--min-time", type=float, default=0.5)
+    parser.add_argument("--string-length", type=int, default=DEFAULT_STRING_LENGTH, help="characters per string input element")
     args = parser.parse_args(argv)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
 
@@ -247,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
 
     profile_sweep(args.model, batch_sizes=batch_sizes, cpu_threads=args.threads, providers=args.providers.split(","),
-                  min_time_s=args.min_time, progress=emit)
+                  min_time_s=args.min_time, progress=emit, string_length=args.string_length)
     return 0
 
 

@@ -15,8 +15,11 @@
      `{"error": {"status", "code", "message"}}`.
    - Malformed input raises `WireError` (a `ValueError`) whose message says what is wrong and where.
 
-   Datatypes: BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64 (BYTES is
-   not supported).
+   Datatypes: BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64, FP16, FP32, FP64 and BYTES.
+   BYTES tensors are numpy object arrays of `bytes`: in JSON each element is a string (UTF-8; Triton's
+   clients send bytes that are not UTF-8 as binary data), as binary data each element is a 4-byte
+   little-endian length and its bytes, one after another (the binary tensor data extension's BYTES layout).
+   An output of `str` elements (onnxruntime's string tensors) is written as UTF-8.
 
 2. The router <-> runtime frames: `u32 header length | u32 body length | header (UTF-8 JSON) | body`,
    lengths big-endian. `frame_pack(header, body) -> bytes` (`frame_head_pack(header, body length)`: all
@@ -83,6 +86,11 @@ DATATYPES: dict[str, np.dtype] = {
     "FP64": np.dtype("<f8"),
 }
 _KIND_SIZE_TO_DATATYPE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items()}
+# BYTES: variable-length elements, numpy object arrays of bytes (not a fixed-size dtype like the others).
+BYTES = "BYTES"
+OBJECT = np.dtype(object)
+DATATYPES[BYTES] = OBJECT
+_LENGTH = struct.Struct("<I")
 
 # Frames: a JSON header this large is a bug or an attack; bodies are tensors.
 MAX_HEADER_BYTES = 1 << 20
@@ -112,6 +120,8 @@ class FrameError(WireError):
 def datatype_of(array: np.ndarray) -> str:
     """The KServe datatype name of a numpy array's dtype (WireError for dtypes the protocol lacks here)."""
     dt = array.dtype
+    if dt.kind in "OSU":  # object arrays (bytes or str elements), and fixed-width byte or text strings
+        return BYTES
     name = _KIND_SIZE_TO_DATATYPE.get((dt.kind, dt.itemsize))
     if name is None:
         raise WireError(f"dtype {dt} has no KServe v2 datatype supported here ({', '.join(DATATYPES)})")
@@ -137,6 +147,8 @@ def _dtype(value: Any, where: str) -> np.dtype:
 def _json_tensor(data: Any, dt: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
     if not isinstance(data, list):
         raise WireError(f"{where}: 'data' must be a list (flat or nested), got {type(data).__name__}")
+    if dt is OBJECT:
+        return _json_bytes_tensor(data, shape, where)
     try:
         if dt.kind == "b":
             array = np.asarray(data)
@@ -167,6 +179,60 @@ def _json_tensor(data: Any, dt: np.dtype, shape: tuple[int, ...], where: str) ->
     if array.size != expected:
         raise WireError(f"{where}: 'data' has {array.size} elements but shape {list(shape)} needs {expected}")
     return array.reshape(shape)
+
+
+def _json_bytes_tensor(data: list, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """BYTES in JSON: (nested lists of) strings, each element's UTF-8 bytes."""
+    flat: list[bytes] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, str):
+            flat.append(value.encode("utf-8", "surrogatepass"))
+        else:
+            raise WireError(f"{where}: BYTES data must be strings, got {type(value).__name__}")
+
+    walk(data)
+    expected = math.prod(shape)
+    if len(flat) != expected:
+        raise WireError(f"{where}: 'data' has {len(flat)} elements but shape {list(shape)} needs {expected}")
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array.reshape(shape)
+
+
+def _binary_bytes_tensor(raw: memoryview, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """BYTES as binary data: each element a 4-byte little-endian length and its bytes, exactly filling `raw`."""
+    count = math.prod(shape)
+    out = np.empty(count, dtype=object)
+    offset, n = 0, len(raw)
+    for i in range(count):
+        if offset + 4 > n:
+            raise WireError(f"{where}: binary BYTES data ends inside element {i} of {count} (its length prefix)")
+        (length,) = _LENGTH.unpack_from(raw, offset)
+        offset += 4
+        if offset + length > n:
+            raise WireError(f"{where}: binary BYTES element {i} says {length} bytes, past the end of its data")
+        out[i] = bytes(raw[offset:offset + length])
+        offset += length
+    if offset != n:
+        raise WireError(f"{where}: binary BYTES data has {n - offset} bytes after its {count} elements")
+    return out.reshape(shape)
+
+
+def _bytes_elements(array: np.ndarray, where: str) -> list[bytes]:
+    """A BYTES tensor's elements as bytes (str as UTF-8); WireError for anything else."""
+    out = []
+    for value in array.reshape(-1).tolist():
+        if isinstance(value, bytes):
+            out.append(value)
+        elif isinstance(value, str):
+            out.append(value.encode("utf-8", "surrogatepass"))
+        else:
+            raise WireError(f"{where}: a BYTES element must be bytes or text, got {type(value).__name__}")
+    return out
 
 
 def _only_integers(data: list) -> bool:
@@ -232,7 +298,7 @@ def request_decode(body: bytes | bytearray | memoryview, header_length: int | No
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise WireError(f"{where}: binary_data_size must be a non-negative integer, got {size!r}")
             expected = math.prod(shape) * dt.itemsize
-            if size != expected:
+            if dt is not OBJECT and size != expected:
                 raise WireError(f"{where}: binary_data_size {size} does not match shape {list(shape)} of {entry['datatype']} ({expected} bytes)")
             if header_length is None:
                 raise WireError(f"{where}: binary data needs the {HEADER_LENGTH_HEADER} header")
@@ -240,7 +306,10 @@ def request_decode(body: bytes | bytearray | memoryview, header_length: int | No
                 raise WireError(f"{where}: binary data runs past the end of the body ({offset + size} > {end} bytes)")
             if view is None:
                 view = memoryview(body)
-            tensors[name] = np.frombuffer(view[offset:offset + size], dtype=dt).reshape(shape)
+            if dt is OBJECT:
+                tensors[name] = _binary_bytes_tensor(view[offset:offset + size], shape, where)
+            else:
+                tensors[name] = np.frombuffer(view[offset:offset + size], dtype=dt).reshape(shape)
             offset += size
         else:
             if "data" not in entry:
@@ -359,6 +428,21 @@ def _tensor_entries(tensors: Mapping[str, np.ndarray], binary: bool | RequestedO
     finite = True
     per_output = isinstance(binary, RequestedOutputs)
     for name, value in tensors.items():
+        array = np.asarray(value)
+        if array.dtype.kind in "OSU":  # BYTES: length-prefixed elements as binary, strings in JSON
+            elements = _bytes_elements(array, f"tensor {name!r}")
+            entry = {"name": name, "shape": list(array.shape), "datatype": BYTES}
+            if binary.binary_for(name) if per_output else binary:  # type: ignore[union-attr]
+                raw = b"".join(_LENGTH.pack(len(e)) + e for e in elements)
+                entry["parameters"] = {"binary_data_size": len(raw)}
+                buffers.append(raw)
+            else:
+                try:
+                    entry["data"] = [e.decode("utf-8") for e in elements]
+                except UnicodeDecodeError:
+                    raise WireError(f"tensor {name!r}: BYTES that are not UTF-8 cannot be sent as JSON; ask for binary data") from None
+            entries.append(entry)
+            continue
         array = _contiguous_le(value)
         entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype_of(array)}
         if binary.binary_for(name) if per_output else binary:  # type: ignore[union-attr]
@@ -432,7 +516,10 @@ def response_decode(body: bytes, header_length: int | None = None) -> tuple[dict
         if size is not None:
             if header_length is None or offset + size > len(body):
                 raise WireError(f"{where}: binary data missing")
-            outputs[entry["name"]] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=offset).reshape(shape)
+            if dt is OBJECT:
+                outputs[entry["name"]] = _binary_bytes_tensor(memoryview(body)[offset:offset + size], shape, where)
+            else:
+                outputs[entry["name"]] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=offset).reshape(shape)
             offset += size
         else:
             outputs[entry["name"]] = _json_tensor(entry.get("data"), dt, shape, where)

@@ -31,3 +31,8 @@ PROFILING_FINISHED = (ProfilingStatusChoices.SUCCEEDED, ProfilingStatusChoices.F
 PROFILING_BATCH_SIZES_DEFAULT = (1, 2, 4, 8, 16, 32, 64)
 PROFILING_CPU_THREADS_DEFAULT = (1, 2, 4)  # capped at the CPU's cores
 PROFILING_BATCH_SIZE_MAX = 4096
+
+# What the profiler feeds a string (BYTES) input: words of this many characters unless a request says otherwise
+# (workers/profiler.py, DEFAULT_STRING_LENGTH).
+PROFILING_STRING_LENGTH_DEFAULT = 16
+PROFILING_STRING_LENGTH_MAX = 65536

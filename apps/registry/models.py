@@ -22,6 +22,8 @@ from .choices import (
     PROFILING_BATCH_SIZE_MAX,
     PROFILING_BATCH_SIZES_DEFAULT,
     PROFILING_CPU_THREADS_DEFAULT,
+    PROFILING_STRING_LENGTH_DEFAULT,
+    PROFILING_STRING_LENGTH_MAX,
     ProfileSourceChoices,
     ProfilingStatusChoices,
     TaskChoices,
@@ -380,6 +382,10 @@ class ProfilingRequest(ChangeLoggedModel):
     placement = models.CharField(max_length=40, blank=True, help_text='A MIG placement on the GPU ("3g.20gb@4"); blank for the whole GPU and for CPUs')
     batch_sizes = models.JSONField(default=profiling_batch_sizes_default, blank=True)
     cpu_threads = models.JSONField(default=list, blank=True, help_text="CPU only: thread counts to measure; default 1, 2, 4 up to the cores")
+    string_length = models.PositiveIntegerField(
+        default=PROFILING_STRING_LENGTH_DEFAULT, validators=[MinValueValidator(1), MaxValueValidator(PROFILING_STRING_LENGTH_MAX)],
+        help_text="Characters of each element the profiler feeds a string (BYTES) input: a text model's latency depends on it",
+    )
     status = models.CharField(max_length=20, choices=ProfilingStatusChoices.choices, default=ProfilingStatusChoices.PENDING)
     progress = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)], help_text="Percent done")
     log = models.TextField(blank=True)

@@ -30,6 +30,14 @@ def _tensor_specs(values) -> list[dict]:
     return [{"name": v.name, "dtype": v.type, "shape": list(v.shape)} for v in values]
 
 
+# The input types a runtime can feed from a request: tensors of the protocol's datatypes that numpy holds
+# (workers/wire.py: BOOL, the integers, FP16/32/64, and BYTES as strings).
+FEEDABLE_INPUT_TYPES = frozenset({
+    "tensor(bool)", "tensor(uint8)", "tensor(uint16)", "tensor(uint32)", "tensor(uint64)", "tensor(int8)", "tensor(int16)",
+    "tensor(int32)", "tensor(int64)", "tensor(float16)", "tensor(float)", "tensor(double)", "tensor(string)",
+})
+
+
 def onnx_model_inspect(source: Path | bytes) -> OnnxModelInfo:
     data = source.read_bytes() if isinstance(source, Path) else source
     digest = hashlib.sha256(data).hexdigest()
@@ -49,6 +57,12 @@ def onnx_model_inspect(source: Path | bytes) -> OnnxModelInfo:
         session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception classes
         raise InvalidOnnxModel(f"onnxruntime cannot load the model: {exc}") from exc
+    unfed = [f"{i.name} ({i.type})" for i in session.get_inputs() if i.type not in FEEDABLE_INPUT_TYPES]
+    if unfed:
+        raise InvalidOnnxModel(
+            f"Tessera cannot feed input {', '.join(unfed)}: the Open Inference Protocol carries tensors of "
+            f"{', '.join(sorted(t.removeprefix('tensor(').rstrip(')') for t in FEEDABLE_INPUT_TYPES))} only "
+            "(no sequences, maps, optionals, bfloat16 or complex numbers)")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return OnnxModelInfo(
         sha256=digest,

@@ -7,7 +7,7 @@ from django.test import override_settings
 
 from apps.registry.models import Artifact, ModelVariant, Profile
 from tests.factories import ApplicationFactory, ModelVariantFactory
-from tests.onnx_builders import onnx_failing_checker_bytes, onnx_mlp_bytes, onnx_unloadable_bytes
+from tests.onnx_builders import onnx_failing_checker_bytes, onnx_mlp_bytes, onnx_sequence_input_bytes, onnx_text_bytes, onnx_unloadable_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -42,6 +42,7 @@ def test_upload_valid_onnx(clients, settings):
         (b"this is not an onnx model", "Not an ONNX model"),
         (onnx_failing_checker_bytes(), "ONNX checker"),
         (onnx_unloadable_bytes(), "onnxruntime cannot load"),
+        (onnx_sequence_input_bytes(), "Tessera cannot feed input xs (seq(tensor(float)))"),
         (b"", "empty"),
     ],
 )
@@ -182,3 +183,10 @@ def test_profile_filters(clients):
         Profile.objects.create(variant=variant, device_type="cpu", cpu_cores=4, batch_size=batch, latency_p50_ms=batch, latency_p99_ms=batch, throughput_rps=1000)
     rows = clients["viewer"].get(f"/api/v1/profiles/?variant={variant.pk}&device_type=cpu&ordering=-batch_size").json()["results"]
     assert [r["batch_size"] for r in rows] == [4, 2, 1]
+
+
+def test_a_text_model_is_accepted_with_its_inputs_as_bytes(clients):
+    """String inputs are fed as the protocol's BYTES (issue 38): a text model uploads, and its tensors read so."""
+    response = _upload(clients["operator"], onnx_text_bytes())
+    assert response.status_code == 201, response.content
+    assert response.json()["inputs"] == [{"name": "text", "dtype": "tensor(string)", "shape": ["batch", 1]}]

@@ -306,3 +306,35 @@ def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serv
     assert float(row["Inferences/Second"]) > 10 and int(row["p99 latency"]) > 0
     assert int(row["Server Compute Infer"]) > 0  # from the runtime's own measurement, through /v2/models/tabular/stats
     assert "Successful request count" in done.stdout
+
+
+def test_a_text_model_is_served_with_bytes_tensors_through_tritons_client(serve, tmp_path) -> None:
+    """BYTES through the router (issue 38): tritonclient's string tensors (numpy object arrays), as JSON and
+    as binary data, to a real onnxruntime text model; its string output comes back both ways."""
+    from tests.onnx_builders import TEXT_KINDS, TEXT_LABELS, onnx_text_bytes
+
+    model = tmp_path / "text.onnx"
+    model.write_bytes(onnx_text_bytes())
+    runtime = runtime_start(runtime_spec(key="cpu0/5", application="tags", variant="labels", instance="host/cpu0/5",
+                                         artifact_path=str(model), variant_id=31), tmp_path, "text")
+    try:
+        text_io = {"inputs": oip_tensor_metadata([{"name": "text", "dtype": "tensor(string)", "shape": ["batch", 1]}]),
+                   "outputs": oip_tensor_metadata([{"name": "label", "dtype": "tensor(int64)", "shape": ["batch", 1]},
+                                                   {"name": "kind", "dtype": "tensor(string)", "shape": ["batch", 1]}])}
+        table = {"id": 3, "application": "tags", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
+                 "routes": [{"instance": "host/cpu0/5", "variant": "labels", "weight": 1.0, "endpoint": runtime.endpoint, "state": "ready"}],
+                 "pipeline": None, "model": {"platform": "onnxruntime_onnx", **text_io, "versions": {"labels": {**text_io, "id": 31}}}}
+        client, _ = serve([table])
+        assert client.get_model_metadata("tags")["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
+        words = np.array([["cat"], ["owl"], ["dog"]], dtype=object)
+        for binary in (False, True):
+            x = triton.InferInput("text", [3, 1], "BYTES")
+            x.set_data_from_numpy(words, binary_data=binary)
+            outputs = [triton.InferRequestedOutput(name, binary_data=binary) for name in ("label", "kind")]
+            result = client.infer("tags", [x], outputs=outputs)
+            assert result.as_numpy("label").tolist() == [[TEXT_LABELS.get(w, 0)] for (w,) in words]
+            assert [k.decode() if isinstance(k, bytes) else k for (k,) in result.as_numpy("kind")] == \
+                [TEXT_KINDS.get(TEXT_LABELS.get(w, 0), "unknown") for (w,) in words]
+            assert result.get_response()["model_version"] == "31"
+    finally:
+        runtime.stop()

@@ -298,3 +298,39 @@ def test_runtime_spec_parsing(tmp_path) -> None:
     with pytest.raises(RuntimeSpecError, match="not valid JSON"):
         (tmp_path / "bad.json").write_text("{")
         RuntimeSpec.load(tmp_path / "bad.json")
+
+
+def test_a_text_model_answers_bytes_in_json_and_binary(tmp_path) -> None:
+    """BYTES end to end in a runtime (issue 38): string inputs in JSON and as the binary extension's
+    length-prefixed elements, batched with other queries, fed to onnxruntime as text, and a string output
+    answered both ways; a query of another datatype is refused naming both."""
+    from tests.onnx_builders import TEXT_KINDS, TEXT_LABELS, onnx_text_bytes
+
+    model = tmp_path / "text.onnx"
+    model.write_bytes(onnx_text_bytes())
+    spec = runtime_spec(application="tags", variant="labels", artifact_path=str(model), sha256=hashlib.sha256(model.read_bytes()).hexdigest(),
+                        batching={"policy": "fixed", "params": {"size": 4}, "drop_rule": "deadline", "queue_order": "fifo", "slo_ms": 5000.0})
+    rt = runtime_start(spec, tmp_path)
+    try:
+        words = ["cat", "fish", "bird", "dög"]
+        text = np.array([[w.encode()] for w in words], dtype=object)
+        expected_labels = [[TEXT_LABELS.get(w, 0)] for w in words]
+        expected_kinds = [[TEXT_KINDS.get(TEXT_LABELS.get(w, 0), "unknown").encode()] for w in words]
+        client = FrameClient(rt.endpoint)
+        try:
+            for i, binary in enumerate((False, True)):
+                body, header_length = request_encode({"text": text}, request_id=f"t{i}", binary=binary, binary_outputs=binary)
+                reply, reply_body = client.call(infer_header(i, header_length), body)
+                assert reply["status"] == 200, reply_body
+                doc, outputs = response_decode(bytes(reply_body), reply["header_length"])
+                assert [o["datatype"] for o in doc["outputs"]] == ["INT64", "BYTES"]
+                assert outputs["label"].tolist() == expected_labels and outputs["kind"].tolist() == expected_kinds
+                if not binary:
+                    assert json.loads(bytes(reply_body))["outputs"][1]["data"] == [k[0].decode() for k in expected_kinds]
+            wrong, header_length = request_encode({"text": np.zeros((1, 1), np.float32)})
+            reply, reply_body = client.call(infer_header(9, header_length), wrong)
+            assert reply["status"] == 400 and b"datatype FP32 but the model takes BYTES" in bytes(reply_body)
+        finally:
+            client.close()
+    finally:
+        assert rt.stop() == 0, rt.log()

@@ -3,6 +3,7 @@ router <-> runtime frames (incremental parser, asyncio helpers, size limits)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import json
 
 import numpy as np
@@ -33,6 +34,10 @@ def sample(datatype: str, shape=(2, 3)) -> np.ndarray:
     if dt.kind in "iu":
         info = np.iinfo(dt)
         return rng.integers(max(info.min, -100), min(info.max, 100), size=shape).astype(dt)
+    if dt.kind == "O":  # BYTES: words of varied lengths, the empty one among them
+        words = np.empty(int(np.prod(shape)), dtype=object)
+        words[:] = [("w" * int(n)).encode() for n in rng.integers(0, 9, size=words.size)]
+        return words.reshape(shape)
     return rng.normal(size=shape).astype(dt)
 
 
@@ -114,7 +119,7 @@ def test_outputs_selected_and_binary_per_output_as_triton_asks() -> None:
         (b"[1, 2]", None, "must be an object"),
         (json.dumps({"inputs": []}).encode(), None, "non-empty list"),
         (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "FP8", "data": [1, 2]}]}).encode(), None, "unsupported datatype 'FP8'"),
-        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}).encode(), None, "unsupported datatype"),
+        (json.dumps({"inputs": [{"name": "x", "shape": [2], "datatype": "BF16", "data": [1, 2]}]}).encode(), None, "unsupported datatype"),
         (json.dumps({"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1, 2, 3]}]}).encode(), None, r"3 elements but shape \[2, 2\] needs 4"),
         (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": ["a"]}]}).encode(), None, "does not hold numbers"),
         (json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [1.5]}]}).encode(), None, "must be integers"),
@@ -176,7 +181,9 @@ def test_empty_outputs_and_unsupported_dtypes() -> None:
     body, header_length = response_encode(None, {}, model_name="m", parameters={"simulated": True})
     assert header_length is None and json.loads(body) == {"model_name": "m", "outputs": [], "parameters": {"simulated": True}}
     with pytest.raises(WireError, match="no KServe v2 datatype"):
-        response_encode(None, {"s": np.array(["a"])}, model_name="m")
+        response_encode(None, {"c": np.array([1 + 2j])}, model_name="m")  # complex numbers: the protocol has none
+    # numpy text arrays are BYTES (UTF-8), as object arrays of str are.
+    assert json.loads(response_encode(None, {"s": np.array(["a"])}, model_name="m")[0])["outputs"][0]["datatype"] == "BYTES"
 
 
 def test_error_body_has_the_control_plane_shape() -> None:
@@ -361,3 +368,49 @@ def test_a_large_binary_frame_gathered_over_reads_decodes_to_read_only_arrays() 
             frames += parser.feed(stream[k:k + step])
         _, inputs, _ = request_decode(frames[0][1], header_length)
         assert np.array_equal(inputs["x"], x) and not inputs["x"].flags.writeable
+
+
+# --------------------------------------------------------------------------- BYTES
+
+def test_bytes_tensors_in_json_and_binary_round_trip() -> None:
+    """The protocol's BYTES (issue 38): strings in JSON, 4-byte little-endian length-prefixed elements as
+    binary data; numpy object arrays of bytes either way; str elements (onnxruntime's string outputs) as UTF-8."""
+    import struct
+
+    text = np.array([[b"cat"], ["d\u00f6g".encode()], [b""]], dtype=object)
+    for binary in (False, True):
+        body, header_length = request_encode({"text": text}, request_id="b", binary=binary)
+        _, inputs, _ = request_decode(body, header_length)
+        assert inputs["text"].dtype == object and inputs["text"].tolist() == text.tolist()
+    body, header_length = request_encode({"text": text}, binary=True)
+    assert body[header_length:] == b"".join(struct.pack("<I", len(v[0])) + v[0] for v in text.tolist())
+    doc = json.loads(request_encode({"text": text})[0])
+    assert doc["inputs"][0] == {"name": "text", "shape": [3, 1], "datatype": "BYTES", "data": ["cat", "d\u00f6g", ""]}
+    kinds = np.array([["feline"], ["unknown"]], dtype=object)  # str elements, as onnxruntime answers
+    for binary in (False, True):
+        body, header_length = response_encode("r", {"kind": kinds, "n": np.array([1, 2])}, model_name="m", binary=binary)
+        head, outputs = response_decode(body, header_length)
+        assert outputs["kind"].tolist() == [[b"feline"], [b"unknown"]] and outputs["n"].tolist() == [1, 2]
+        assert head["outputs"][0]["datatype"] == "BYTES"
+
+
+@pytest.mark.parametrize("doc, header_tail, text", [
+    ({"name": "t", "shape": [2], "datatype": "BYTES", "data": ["a", 3]}, None, "BYTES data must be strings"),
+    ({"name": "t", "shape": [3], "datatype": "BYTES", "data": ["a", "b"]}, None, "has 2 elements but shape [3] needs 3"),
+    ({"name": "t", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}}, b"\x05\x00\x00\x00ab", "past the end of its data"),
+    ({"name": "t", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 2}}, b"\x01\x00", "ends inside element 0"),
+    ({"name": "t", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 7}}, b"\x01\x00\x00\x00abc", "2 bytes after its 1 elements"),
+])
+def test_malformed_bytes_are_refused_naming_the_input(doc, header_tail, text) -> None:
+    header = json.dumps({"inputs": [doc]}).encode()
+    body = header + (header_tail or b"")
+    with pytest.raises(WireError, match=re.escape(text)):
+        request_decode(body, len(header) if header_tail is not None else None)
+
+
+def test_bytes_that_are_not_utf8_go_binary_not_json() -> None:
+    raw = np.array([b"\xff\xfe"], dtype=object)
+    with pytest.raises(WireError, match="not UTF-8 cannot be sent as JSON"):
+        response_encode(None, {"blob": raw}, model_name="m")
+    body, header_length = response_encode(None, {"blob": raw}, model_name="m", binary=True)
+    assert response_decode(body, header_length)[1]["blob"].tolist() == [b"\xff\xfe"]

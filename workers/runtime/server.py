@@ -117,8 +117,8 @@ from workers.runtime.batcher import BatcherClosed, DeadlineExceeded, InstanceBat
 from workers.runtime.partition import PartitionRounds, PartitionTurns, RoundMember
 from workers.runtime.simulated import SimulatedSession, profile_points, vertical_points
 from workers.runtime.vertical import ArrivalLog, VerticalSpec, affinity_apply, process_cpus, vertical_model_parse, vertical_parse
-from workers.wire import (FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, RequestedOutputs, WireError, error_body, frame_pack,
-                          request_decode, response_encode)
+from workers.wire import (FRAME_PREFIX, UNKNOWN_INSTANCE, WRONG_MODEL, FrameParser, RequestedOutputs, WireError, datatype_of, error_body,
+                          frame_pack, request_decode, response_encode)
 
 __all__ = ["UNKNOWN_INSTANCE", "BatchingSpec", "PartitionSpec", "RuntimeServer", "RuntimeSpec", "RuntimeSpecError", "ServedModel",
            "ready_file_write", "main", "session_load", "spec_from_dict", "spec_load"]
@@ -426,9 +426,17 @@ def _input_signature(session: Any) -> dict[str, tuple[Any, tuple[Any, ...]]]:
 
     out = {}
     for i in inputs:
-        dt = _ONNX_DTYPES.get(i.type)
+        dt = np.dtype(object) if i.type == "tensor(string)" else _ONNX_DTYPES.get(i.type)  # BYTES: object arrays of bytes
         out[i.name] = (np.dtype(dt) if dt is not None else None, tuple(i.shape))
     return out
+
+
+def _datatype_name(dt: np.dtype) -> str:
+    """The protocol's name of a numpy dtype (BYTES for object arrays), or numpy's where it has none."""
+    try:
+        return datatype_of(np.empty(0, dtype=dt))
+    except WireError:
+        return str(dt)
 
 
 def _measured_profile(session: Any, max_batch: int, signature: dict) -> list[dict[str, Any]]:
@@ -893,7 +901,7 @@ class ServedModel:
         for name, array in inputs.items():
             dt, dims = signature[name]
             if dt is not None and array.dtype != dt:
-                raise WireError(f"input {name!r}: datatype {array.dtype} but the model takes {dt}")
+                raise WireError(f"input {name!r}: datatype {_datatype_name(array.dtype)} but the model takes {_datatype_name(dt)}")
             rank = len(dims)
             if array.ndim != rank:
                 if array.ndim != rank - 1:

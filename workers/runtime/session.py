@@ -106,6 +106,8 @@ class OnnxSession:
         self.input_names: list[str] = [i.name for i in self._inputs]
         self.output_names: list[str] = [o.name for o in self._session.get_outputs()]
         self._rank = {i.name: len(i.shape) for i in self._inputs}
+        # String inputs (tensor(string), the protocol's BYTES): onnxruntime takes text, the wire gives bytes.
+        self._strings = frozenset(i.name for i in self._inputs if i.type == "tensor(string)")
 
     def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
         """Run the model once per batch size on zeros (symbolic dims other than the batch set to 1)."""
@@ -113,12 +115,32 @@ class OnnxSession:
             feed = {}
             for i in self._inputs:
                 shape = [b] + [d if isinstance(d, int) and d > 0 else 1 for d in i.shape[1:]]
-                feed[i.name] = np.zeros(shape, dtype=_ONNX_DTYPES.get(i.type, np.float32))
+                if i.name in self._strings:
+                    feed[i.name] = np.full(shape, "", dtype=object)
+                else:
+                    feed[i.name] = np.zeros(shape, dtype=_ONNX_DTYPES.get(i.type, np.float32))
             self._session.run(self.output_names, feed)
+
+    def _text(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The string inputs as text (UTF-8), as onnxruntime takes them."""
+        if not self._strings:
+            return feed
+        out = dict(feed)
+        for name in self._strings & feed.keys():
+            array = np.asarray(feed[name])
+            flat = array.reshape(-1).tolist()
+            try:
+                text = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"input {name!r}: a string element is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            converted = np.empty(len(text), dtype=object)
+            converted[:] = text
+            out[name] = converted.reshape(array.shape)
+        return out
 
     def run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on already batched inputs."""
-        return dict(zip(self.output_names, self._session.run(self.output_names, feed)))
+        return dict(zip(self.output_names, self._session.run(self.output_names, self._text(feed))))
 
     def run_batch(self, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """Stack the queries' inputs along axis 0, run once, split the outputs back per query."""
@@ -138,7 +160,7 @@ class OnnxSession:
         for name in self.input_names:
             parts = [np.asarray(query[name])[None] if unbatched else np.asarray(query[name]) for query, unbatched in zip(inputs, squeeze)]
             feed[name] = np.concatenate(parts, axis=0)
-        outputs = self._session.run(self.output_names, feed)
+        outputs = self._session.run(self.output_names, self._text(feed))
         bounds = np.cumsum(sizes)[:-1]
         per_query: list[dict[str, np.ndarray]] = [{} for _ in inputs]
         for name, out in zip(self.output_names, outputs):

@@ -4,7 +4,7 @@ from rest_framework import serializers
 from apps.core.api.serializers import ChoiceTextField, TesseraModelSerializer
 from apps.jobs.api.serializers import JobSerializer
 
-from ..choices import PROFILING_BATCH_SIZE_MAX, ProfilingStatusChoices
+from ..choices import PROFILING_BATCH_SIZE_MAX, PROFILING_STRING_LENGTH_DEFAULT, PROFILING_STRING_LENGTH_MAX, ProfilingStatusChoices
 from ..models import Application, Artifact, CorunMeasurement, ModelVariant, Pipeline, Profile, ProfilingRequest
 
 
@@ -152,7 +152,7 @@ class ProfilingRequestSerializer(TesseraModelSerializer):
         model = ProfilingRequest
         fields = [
             "id", "display", "variant", "variant_name", "application", "artifact", "host", "device", "placement",
-            "device_type", "slice", "batch_sizes", "cpu_threads", "status", "progress", "log", "error", "created_by",
+            "device_type", "slice", "batch_sizes", "cpu_threads", "string_length", "status", "progress", "log", "error", "created_by",
             "job", "started", "finished", "created", "last_updated",
         ]
         read_only_fields = ["status", "progress", "log", "error", "created_by", "job", "started", "finished", "created", "last_updated"]
@@ -221,6 +221,10 @@ class VariantProfileSerializer(serializers.Serializer):
     timeout_s = serializers.IntegerField(
         min_value=1, max_value=7 * 24 * 3600, required=False,
         help_text="Fail the job (and its open requests) after this long; default TESSERA_PROFILING_JOB_TIMEOUT_S (1800)",
+    )
+    string_length = serializers.IntegerField(
+        min_value=1, max_value=PROFILING_STRING_LENGTH_MAX, required=False,
+        help_text=f"String (BYTES) inputs: characters per element the profiler feeds; default {PROFILING_STRING_LENGTH_DEFAULT}",
     )
 
 

@@ -182,7 +182,7 @@ class ModelVariantViewSet(TesseraModelViewSet):
             start = variant_profile(
                 variant=variant, device_types=data.get("device_types") or None, slices=data.get("slices") or None,
                 batch_sizes=data.get("batch_sizes") or None, cpu_threads=data.get("cpu_threads") or None,
-                timeout_s=data.get("timeout_s"), actor=request.user,
+                timeout_s=data.get("timeout_s"), string_length=data.get("string_length"), actor=request.user,
             )
         except DjangoValidationError as exc:
             raise validation_error_from_django(exc) from exc

@@ -434,6 +434,7 @@ def variant_profile(
     batch_sizes: Sequence[int] | None = None,
     cpu_threads: Sequence[int] | None = None,
     timeout_s: int | None = None,
+    string_length: int | None = None,
     actor: Any = None,
     actor_name: str = "",
 ) -> ProfilingJobStart:
@@ -466,6 +467,7 @@ def variant_profile(
             variant=variant, host=target.host, device=target.device, placement=target.placement,
             batch_sizes=list(batch_sizes) if batch_sizes else list(PROFILING_BATCH_SIZES_DEFAULT),
             cpu_threads=list(cpu_threads or []) if target.is_cpu else [], created_by=user,
+            **({"string_length": int(string_length)} if string_length else {}),
         )
         try:
             pr.full_clean(validate_unique=False, validate_constraints=False)
@@ -475,7 +477,7 @@ def variant_profile(
         requests.append(pr)
     params = {
         "device_types": list(device_types or []), "slices": list(slices or []), "batch_sizes": list(batch_sizes or []),
-        "cpu_threads": list(cpu_threads or []), "timeout_s": timeout_s,
+        "cpu_threads": list(cpu_threads or []), "timeout_s": timeout_s, **({"string_length": int(string_length)} if string_length else {}),
     }
     job = job_create(kind=JobKindChoices.PROFILING, actor=actor, actor_name=actor_name, targets=[variant], params=params)
     for pr in requests:
