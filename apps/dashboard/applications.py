@@ -180,7 +180,7 @@ def application_deploy_steps(application: Application, row: ApplicationRow) -> l
         (f"p99 ≤ {slo.latency_p99_ms:g} ms" + (f", planned for at least {slo.expected_rps:g} queries/s" if slo.expected_rps else
                                                 ", sized from what it is sent (declare an expected demand to serve it before traffic comes)"))
         if slo is not None else "none: plans leave the application out",
-        link=None if slo is not None else reverse("dashboard:policies") + "#slo", link_label="Set one on the Policies page"))
+        action=None if slo is not None else "slo", action_label="Set it"))
     missing = [v for v in usable if v.pk not in profiled]
     steps.append(DeployStep(
         "profiles", "Profiles on the fleet", bool(usable) and not missing,

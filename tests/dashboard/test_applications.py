@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from apps.core.models import ObjectChange
 from apps.dashboard.profile_charts import variant_profile_series
 from apps.dashboard.selectors import applications_overview
 from apps.registry.choices import ProfileSourceChoices
@@ -266,7 +267,16 @@ def test_a_new_applications_page_says_what_is_missing_step_by_step(client, users
     assert f'<option value="{fresh.pk}" selected>' in client.get(f"/applications/?application={fresh.pk}").content.decode()
 
     client.post("/applications/", _form(fresh, onnx_mlp_bytes(seed=5), name="fresh-mlp"))
-    SloPolicy.objects.create(application=fresh, latency_p99_ms=50.0, expected_rps=20.0)
+    page = client.get(f"/applications/{fresh.pk}/").content.decode()
+    assert _steps(page)["variant"] == "true" and 'data-deploy-action="slo"' in page and 'name="latency_p99_ms"' in page
+    refused = client.post(f"/applications/{fresh.pk}/deploy/slo/", {"latency_p99_ms": "fast"}, follow=True)
+    assert "give a number" in refused.content.decode() and not SloPolicy.objects.filter(application=fresh).exists()
+    refused = client.post(f"/applications/{fresh.pk}/deploy/slo/", {"latency_p99_ms": "-5"}, follow=True)
+    assert not SloPolicy.objects.filter(application=fresh).exists()
+    client.post(f"/applications/{fresh.pk}/deploy/slo/", {"latency_p99_ms": "50", "expected_rps": "20"})
+    slo = SloPolicy.objects.get(application=fresh)
+    assert (slo.latency_p99_ms, slo.expected_rps) == (50.0, 20.0)
+    assert ObjectChange.objects.filter(changed_object_type__model="slopolicy", changed_object_id=str(slo.pk), user=users["operator"]).exists()
     page = client.get(f"/applications/{fresh.pk}/").content.decode()
     assert _steps(page) == {"variant": "true", "slo": "true", "profiles": "false", "plan": "false", "serve": "false"}
     assert "planned for at least 20 queries/s" in page and "not profiled: fresh-mlp" in page

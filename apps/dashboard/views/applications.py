@@ -116,8 +116,8 @@ def application(request, pk: int):
 
 
 # The guided deploy flow's actions, each with the permission it needs (the API's for the same call).
-DEPLOY_PERMS = {"profile": ("registry.view_modelvariant", "registry.add_profilingrequest"), "plan": ("planning.add_plan",),
-                "apply": ("planning.change_plan",)}
+DEPLOY_PERMS = {"slo": ("policies.add_slopolicy",), "profile": ("registry.view_modelvariant", "registry.add_profilingrequest"),
+                "plan": ("planning.add_plan",), "apply": ("planning.change_plan",)}
 
 
 @login_required
@@ -135,13 +135,16 @@ def application_deploy(request, pk: int, action: str):
         raise PermissionDenied("This step needs the operator role.")
     application = get_object_or_404(application_queryset_for(request.user), pk=pk)
     try:
-        with change_context(request=request, source="web"):
+        with change_context(request=request, source="web"), transaction.atomic():  # a refused step changes nothing
             job = _deploy_step(request, application, action)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return redirect("dashboard:application", pk=application.pk)
     except JobConflict as exc:
         messages.error(request, f"Not now: {exc}")
+        return redirect("dashboard:application", pk=application.pk)
+    if job is None:  # a step that is done at once (the SLO policy)
+        messages.success(request, f"{application.name}: SLO policy set.")
         return redirect("dashboard:application", pk=application.pk)
     messages.success(request, f"{application.name}: {action} started as job {job.pk}.")
     return redirect("dashboard:job", pk=job.pk)
@@ -155,6 +158,24 @@ def _deploy_step(request, application, action: str):
 
     from ..applications import PLAN_SERVING_STATUSES
 
+    if action == "slo":
+        from apps.policies.models import SloPolicy
+
+        if SloPolicy.objects.filter(application=application).exists():
+            raise ValidationError(f"{application.name} has an SLO policy already: change it on the Policies page.")
+        values = {}
+        for field, required in (("latency_p99_ms", True), ("expected_rps", False)):
+            raw = request.POST.get(field, "").strip()
+            if not raw and not required:
+                continue
+            try:
+                values[field] = float(raw)
+            except ValueError:
+                raise ValidationError(f"{field.replace('_', ' ')}: give a number, not {raw!r}.") from None
+        policy = SloPolicy(application=application, **values)
+        policy.full_clean()
+        policy.save()
+        return None
     if action == "profile":
         unprofiled = [v for v in application.variants.filter(artifact__isnull=False, profiles__isnull=True).distinct().order_by("name")]
         if not unprofiled:
