@@ -74,16 +74,17 @@ def _routed_accuracy(table: RoutingTable | None, accuracy: dict[int, float]) -> 
     return sum(w * a for w, a in weighted if a is not None) / total if total > 0 else None
 
 
-def applications_list(user, *, window_s: int = APPLICATIONS_WINDOW_S) -> list[ApplicationRow]:
-    """One row per application the user may see, in name order; a fixed number of queries whatever the
-    number of applications."""
-    applications = list(application_queryset_for(user).annotate(variant_count=Count("variants")))
+def applications_list(user, *, window_s: int = APPLICATIONS_WINDOW_S, only: int | None = None) -> list[ApplicationRow]:
+    """One row per application the user may see (or only the one with pk `only`), in name order; a fixed
+    number of queries whatever the number of applications."""
+    applications = application_queryset_for(user).annotate(variant_count=Count("variants"))
+    applications = list(applications.filter(pk=only) if only is not None else applications)
     names = [a.name for a in applications]
     slos = {s.application_id: s for s in SloPolicy.objects.restrict(user, "view").filter(application__in=applications)}
     stages = set(Application.objects.filter(pk__in=[a.pk for a in applications], pipeline_stage__isnull=False).values_list("pk", flat=True))
     tables = {t.application_id: t for t in RoutingTable.objects.filter(application__in=applications, active=True)}
     accuracy = dict(ModelVariant.objects.filter(application__in=applications).values_list("pk", "accuracy"))
-    hosts = {host for t in tables.values() for r in t.routes if "/" in str(r.get("instance", "")) for host in [r["instance"].split("/", 1)[0]]}
+    hosts = {str(r["instance"]).split("/", 1)[0] for t in tables.values() for r in t.routes if "/" in str(r.get("instance", ""))}
     runtimes = {(r.host.name, r.key): r for r in Runtime.objects.filter(host__name__in=hosts).select_related("host").only(
         "key", "state", "variant_id", "host__name")}
     traffic = applications_traffic_window(names=names, seconds=window_s)
@@ -124,7 +125,7 @@ def application_detail(user, pk: int) -> ApplicationDetail:
     from apps.policies.models import EnsemblePolicy
 
     application = get_object_or_404(application_queryset_for(user), pk=pk)
-    (row,) = [r for r in applications_list(user) if r.pk == application.pk]
+    (row,) = applications_list(user, only=application.pk)
     (view,) = applications_overview(user, applications=[application])
     pipelines = [g for g in pipelines_declared(user) if application.name in {node["name"] for node in g["nodes"]}]
     ensemble = (EnsemblePolicy.objects.restrict(user, "view").filter(application=application)

@@ -108,7 +108,7 @@ def test_an_unbatched_query_comes_back_unbatched(runtime, model) -> None:
         (b"{oops", "not valid JSON"),
         (request_encode({"features": np.zeros((1, 4), np.float32)})[0], "missing inputs ['x']"),
         (request_encode({"x": np.zeros((1, 5), np.float32)})[0], "shape [1, 5] but the model takes"),
-        (request_encode({"x": np.zeros((1, 4), np.float64)})[0], "datatype float64"),
+        (request_encode({"x": np.zeros((1, 4), np.float64)})[0], "datatype FP64 but the model takes FP32"),
     ],
 )
 def test_malformed_requests_get_400(runtime, body: bytes, message: str) -> None:
