@@ -19,6 +19,7 @@ from apps.registry.models import Application, ModelVariant, Profile
 from tests.dashboard.test_fleet_browser import SCREENSHOTS, browser_page  # noqa: F401 (fixture)
 from tests.waiting import wait_for
 from tests.workers.test_app_deploy import _model_write
+from tests.workers.dataplane_helpers import router_answer_wait
 from tests.workers.test_with_control_plane import fleet  # noqa: F401 - the live demo fleet with its agents
 from workers.router.main import router_build
 from workers.router.server import router_start_in_thread
@@ -109,12 +110,7 @@ def test_an_operator_puts_a_new_model_into_service_from_the_dashboard(fleet, bro
     try:
         rows = np.random.default_rng(2).normal(size=(1, 8)).astype(np.float32)
         body = {"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": rows.ravel().tolist()}]}
-
-        def answered():
-            response = httpx.post(f"{handle.url}/v2/models/tab-web/infer", json=body, timeout=10)
-            return response if response.status_code == 200 else None
-
-        answer = wait_for(answered, 60, "the router to answer for tab-web").json()
+        answer = router_answer_wait(handle.url, "tab-web", body)
         assert answer["parameters"]["variant"] == "web-mlp" and answer["parameters"]["simulated"] is False
         # Within its SLO: the router gives a query the SLO's deadline and answers 504 past it.
         for _ in range(10):

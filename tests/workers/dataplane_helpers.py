@@ -137,3 +137,17 @@ def frame_call(endpoint: str, header: dict, body: bytes = b"", timeout_s: float 
         return client.call(header, body)
     finally:
         client.close()
+
+
+def router_answer_wait(router_url: str, application: str, body: dict, timeout_s: float = 60.0) -> dict:
+    """The first 200 answer of a router for `application` to `body` (the Open Inference Protocol's infer),
+    waiting while the router has no route to it yet (its tables refresh, its runtime starts)."""
+    import httpx
+
+    from tests.waiting import wait_for
+
+    def answered():
+        response = httpx.post(f"{router_url}/v2/models/{application}/infer", json=body, timeout=10)
+        return response if response.status_code == 200 else None
+
+    return wait_for(answered, timeout_s, f"the router to answer for {application}").json()

@@ -4,7 +4,6 @@ for its declared demand before any query, approved, rolled out, and answered by 
 a model onnxruntime cannot load stops at the first step with nothing created."""
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -21,6 +20,7 @@ from apps.registry.models import Application, Artifact, ModelVariant, Profile
 from apps.users.services import token_create
 from controlplane.cli import app as cli_app
 from tests.waiting import wait_for
+from tests.workers.dataplane_helpers import router_answer_wait
 from tests.workers.test_with_control_plane import fleet  # noqa: F401 - the live demo fleet with its agents
 from workers.router.main import router_build
 from workers.router.server import router_start_in_thread
@@ -79,13 +79,7 @@ def test_a_new_model_is_deployed_planned_for_its_declared_demand_and_served(flee
     try:
         rows = np.random.default_rng(1).normal(size=(2, 8)).astype(np.float32)
         body = {"inputs": [{"name": "input", "shape": [2, 8], "datatype": "FP32", "data": rows.ravel().tolist()}]}
-
-        def answered():
-            response = httpx.post(f"{handle.url}/v2/models/tab-new/infer", json=body, timeout=10)
-            return response if response.status_code == 200 else None
-
-        response = wait_for(answered, 60, "the router to answer for tab-new")
-        answer = response.json()
+        answer = router_answer_wait(handle.url, "tab-new", body)
         assert answer["parameters"]["variant"] == "tab-mlp" and answer["parameters"]["simulated"] is False
         assert answer["model_version"] == str(ModelVariant.objects.get(application__name="tab-new", name="tab-mlp").pk)
         expected = ort.InferenceSession(model.read_bytes(), providers=["CPUExecutionProvider"]).run(None, {"input": rows})[0]
