@@ -46,10 +46,23 @@ class ApplicationRow:
     window_s: int = APPLICATIONS_WINDOW_S
 
 
+def routes_weighted(routes) -> list[dict]:
+    """The routes that carry traffic (weight > 0) of a stored table or a plan's routing for one application."""
+    return [r for r in routes or [] if float(r.get("weight") or 0) > 0]
+
+
+def plan_serving_find(application: Application, statuses: tuple[str, ...] | None = None):
+    """The latest plan in `statuses` (default PLAN_SERVING_STATUSES) that routes traffic to `application`, or None."""
+    from apps.planning.models import Plan
+
+    plans = Plan.objects.filter(status__in=statuses or PLAN_SERVING_STATUSES, routing__has_key=application.name).order_by("-created", "-id")[:5]
+    return next((p for p in plans if routes_weighted(p.routing.get(application.name))), None)
+
+
 def _route_state(table: RoutingTable | None, runtimes: dict[tuple[str, str], Runtime]) -> tuple[str, str]:
     if table is None:
         return STATE_NOT_PLANNED, "no plan has given it a routing table"
-    routed = [r for r in table.routes if float(r.get("weight") or 0) > 0]
+    routed = routes_weighted(table.routes)
     if not routed:
         return STATE_NO_CAPACITY, f"routing table v{table.version} gives it no instance"
     ready = 0
@@ -130,7 +143,7 @@ def application_detail(user, pk: int) -> ApplicationDetail:
     pipelines = [g for g in pipelines_declared(user) if application.name in {node["name"] for node in g["nodes"]}]
     ensemble = (EnsemblePolicy.objects.restrict(user, "view").filter(application=application)
                 .prefetch_related("members__variant").first())
-    plans = [{"plan": plan, "instances": sum(1 for r in plan.routing.get(application.name) or [] if float(r.get("weight") or 0) > 0)}
+    plans = [{"plan": plan, "instances": len(routes_weighted(plan.routing.get(application.name)))}
              for plan in Plan.objects.restrict(user, "view").filter(routing__has_key=application.name).order_by("-created", "-id")[:APPLICATION_PLANS]]
     return ApplicationDetail(application=application, row=row, view=view, pipelines=pipelines, ensemble=ensemble, plans=plans)
 
@@ -154,6 +167,7 @@ class DeployStep:
 
 DEPLOY_ACTIONS = ("profile", "plan", "apply")
 PLAN_SERVING_STATUSES = ("validated", "approved", "rolling_out", "active")
+PLAN_APPLICABLE_STATUSES = ("validated", "approved")  # what the deploy flow's apply step approves (if need be) and applies
 
 
 def application_deploy_steps(application: Application, row: ApplicationRow) -> list[DeployStep]:
@@ -162,7 +176,6 @@ def application_deploy_steps(application: Application, row: ApplicationRow) -> l
     it, and in service. A step is offered only once the steps before it are done."""
     from django.urls import reverse
 
-    from apps.planning.models import Plan
     from apps.registry.models import Profile
 
     variants = list(application.variants.select_related("artifact").order_by("name"))
@@ -188,14 +201,13 @@ def application_deploy_steps(application: Application, row: ApplicationRow) -> l
         "every variant is profiled" if usable and not missing else
         (f"not profiled: {', '.join(v.name for v in missing)}" if missing else "nothing to profile yet"),
         action="profile" if any(v.artifact_id for v in missing) else None, action_label="Profile on the fleet's agents"))
-    plan = next((p for p in Plan.objects.filter(status__in=PLAN_SERVING_STATUSES, routing__has_key=application.name).order_by("-created", "-id")[:5]
-                 if any(float(r.get("weight") or 0) > 0 for r in p.routing.get(application.name) or [])), None)
+    plan = plan_serving_find(application)
     steps.append(DeployStep(
         "plan", "A plan that serves it", plan is not None,
         f"plan #{plan.pk} ({plan.get_status_display().lower()}) routes it" if plan is not None else "no plan gives it capacity yet",
         action=None if plan is not None else "plan", action_label="Plan the fleet"))
     serving = row.state == STATE_SERVING
-    offer_apply = plan is not None and plan.status in ("validated", "approved") and not serving
+    offer_apply = plan is not None and plan.status in PLAN_APPLICABLE_STATUSES and not serving
     steps.append(DeployStep(
         "serve", "In service", serving, row.state_detail if serving or plan is None else
         (f"plan #{plan.pk} waits for approval" if offer_apply else f"{row.state}: {row.state_detail}"),

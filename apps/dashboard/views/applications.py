@@ -151,12 +151,11 @@ def application_deploy(request, pk: int, action: str):
 
 
 def _deploy_step(request, application, action: str):
-    from apps.planning.models import Plan
     from apps.planning.rollout import plan_apply, plan_approve
     from apps.planning.services import plan_run_start
     from apps.registry.services.profiling import variant_profile
 
-    from ..applications import PLAN_SERVING_STATUSES
+    from ..applications import PLAN_APPLICABLE_STATUSES, plan_serving_find
 
     if action == "slo":
         from apps.policies.models import SloPolicy
@@ -190,9 +189,8 @@ def _deploy_step(request, application, action: str):
         return started
     if action == "plan":
         return plan_run_start(trigger="manual", trigger_detail=f"dashboard: deploy {application.name}", actor=request.user)
-    plan = next((p for p in Plan.objects.filter(status__in=("validated", "approved"), routing__has_key=application.name).order_by("-created", "-id")[:5]
-                 if any(float(r.get("weight") or 0) > 0 for r in p.routing.get(application.name) or [])), None)
-    if plan is None or plan.status not in PLAN_SERVING_STATUSES:
+    plan = plan_serving_find(application, PLAN_APPLICABLE_STATUSES)
+    if plan is None:
         raise ValidationError(f"No validated plan serves {application.name}: plan the fleet first.")
     if plan.status == "validated":
         plan_approve(plan=plan, actor=request.user)
