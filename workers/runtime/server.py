@@ -129,6 +129,17 @@ JSON_CT = "application/json"
 BINARY_CT = "application/octet-stream"
 
 
+
+def _text_check(name: str, array: np.ndarray) -> None:
+    """WireError unless every element of a BYTES input is UTF-8 text (onnxruntime's string tensors are text)."""
+    for i, value in enumerate(array.reshape(-1).tolist()):
+        if isinstance(value, bytes):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise WireError(f"input {name!r}: element {i} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                                f"the model's string inputs are text") from None
+
 class RuntimeSpecError(ValueError):
     """The spec file is missing, unreadable, or a field is wrong; the message names the field."""
 
@@ -902,6 +913,8 @@ class ServedModel:
             dt, dims = signature[name]
             if dt is not None and array.dtype != dt:
                 raise WireError(f"input {name!r}: datatype {_datatype_name(array.dtype)} but the model takes {_datatype_name(dt)}")
+            if array.dtype.kind == "O":
+                _text_check(name, array)  # here, not in the batch's run, where it would fail the query's batch-mates too
             rank = len(dims)
             if array.ndim != rank:
                 if array.ndim != rank - 1:
