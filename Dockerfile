@@ -89,8 +89,8 @@ ENV PATH=/opt/tessera/.venv/bin:$PATH \
     TESSERA_STATIC_ROOT=/var/lib/tessera/static
 WORKDIR /opt/tessera
 USER 10001:10001
-# web (tessera serve), ingest (tessera ingest), router (tessera router)
-EXPOSE 8000 8001 8100
+# web (tessera serve), ingest (tessera ingest), router (tessera router: HTTP and gRPC)
+EXPOSE 8000 8001 8100 8101
 # The web server's /healthz; compose.yaml gives each other process its own check (or none: worker, beat).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "deploy/docker/healthcheck.py", "http://127.0.0.1:8000/healthz"]

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock vendor bench-peers perf-analyzer train-deps clean
+.PHONY: demo test lock proto vendor bench-peers perf-analyzer train-deps clean
 
 # scripts/install.sh is the one install: the Dockerfile's images run it too.
 $(STAMP): requirements/lock.txt pyproject.toml scripts/install.sh
@@ -54,6 +54,11 @@ bench-peers:
 TORCH ?= torch==2.13.0
 train-deps: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)" "stable-baselines3==2.9.2"
+
+## Regenerate the router's gRPC messages after editing workers/router/proto/oip.proto (protoc from grpcio-tools,
+## a dev dependency; tests/workers/test_router_grpc.py checks the committed code matches the .proto).
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. workers/router/proto/oip.proto
 
 perf-analyzer:
 	command -v apt-get >/dev/null && { dpkg -s libb64-0d >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q libb64-0d; } || true

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""NVIDIA's perf_analyzer against the demo's router over the Open Inference Protocol (issue 21, section 1):
-the standard load generator of Triton users, unmodified, measures a Tessera fleet as it would measure a
-Triton server. A script, not a test (the protocol is tested with tritonclient in tests/workers/test_router_oip.py).
+"""NVIDIA's perf_analyzer against the demo's router over the Open Inference Protocol, over HTTP and over gRPC
+(issues 21 and 38): the standard load generator of Triton users, unmodified, measures a Tessera fleet as it
+would measure a Triton server. A script, not a test (the protocol is tested with tritonclient in
+tests/workers/test_router_oip.py and test_router_grpc.py).
 
     make perf-analyzer                              # once: perf_analyzer in var/bench-peers/perf-analyzer
     .venv/bin/python benches/oip.py                 # full run (about 3 minutes on two cores)
     .venv/bin/python benches/oip.py --quick         # smoke run, about 1.5 minutes
     options: --out DIR (default bench-results), --perf-analyzer PATH, --concurrency 1,2,4,8, --window-ms MS
 
-Writes DIR/oip.csv (one row per tensor format and concurrency) and DIR/oip.png, and prints the table.
+Writes DIR/oip.csv (one row per transport, tensor format and concurrency) and DIR/oip.png, and prints the
+table and gRPC against HTTP (binary tensors) at each concurrency.
 
 Setup (printed with the results):
 - perf_analyzer: the binary tritonclient 2.41.0's manylinux wheel ships (the last wheel that carries it;
@@ -22,8 +24,8 @@ Setup (printed with the results):
   (REST API, an admin token from `tessera token create`), and waits for the router's new table. It then
   measures the variant the plan routes most weight to, by its number (`-x`), so the server statistics
   perf_analyzer reads are that variant's.
-- For each tensor format (binary: the binary tensor data extension; json: JSON tensors both ways) and each
-  concurrency: perf_analyzer's closed loop (`--concurrency-range C`), stabilised on the average latency,
+- For each transport and tensor format (HTTP binary: the binary tensor data extension; HTTP json: JSON
+  tensors both ways; gRPC raw: `raw_input_contents`, `-i grpc`) and each concurrency: perf_analyzer's closed loop (`--concurrency-range C`), stabilised on the average latency,
   `--measurement-interval` windows; throughput and client-side p50/p99 latency from its CSV.
 """
 from __future__ import annotations
@@ -48,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from _common import PNG_SKIPPED, csv_rows_write, figure_write, fmt, pyplot_load  # noqa: E402
 
-FIELDS = ["format", "concurrency", "status", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms", "server_queue_ms", "server_compute_ms", "error"]
+FIELDS = ["protocol", "format", "concurrency", "status", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms", "server_queue_ms", "server_compute_ms", "error"]
 DEFAULT_PA = REPO / "var" / "bench-peers" / "perf-analyzer" / "bin" / "perf_analyzer"
 MODEL = "tabular-cpu"
 READY_TIMEOUT_S = 240.0
@@ -70,12 +72,14 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
-def demo_start(workdir: Path) -> tuple[subprocess.Popen, str, str]:
-    """`tessera demo` in `workdir` (its own SQLite and data plane), until its router says the model is ready."""
-    port, router_port = _free_port(), _free_port()
+def demo_start(workdir: Path) -> tuple[subprocess.Popen, str, str, str]:
+    """`tessera demo` in `workdir` (its own SQLite and data plane), until its router says the model is ready:
+    (the process, the router's HTTP HOST:PORT, the control plane's URL, the router's gRPC HOST:PORT)."""
+    port, router_port, grpc_port = _free_port(), _free_port(), _free_port()
     env = {**os.environ, "TESSERA_VAR_DIR": str(workdir), "TESSERA_ADMIN_PASSWORD": "Bench-oip-admin-1"}
     log = open(workdir / "demo.log", "w")
-    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "tessera"), "demo", "--port", str(port), "--router-port", str(router_port)],
+    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "tessera"), "demo", "--port", str(port), "--router-port", str(router_port),
+                             "--router-grpc-port", str(grpc_port)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     router = f"127.0.0.1:{router_port}"
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -84,7 +88,7 @@ def demo_start(workdir: Path) -> tuple[subprocess.Popen, str, str]:
             raise SystemExit(f"tessera demo exited ({proc.returncode}):\n{_tail(workdir / 'demo.log')}")
         status, _ = _get(f"http://{router}/v2/models/{MODEL}/ready")
         if status == 200:
-            return proc, router, f"http://127.0.0.1:{port}"
+            return proc, router, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
         time.sleep(1.0)
     demo_stop(proc, workdir)
     raise SystemExit(f"the demo's router did not get {MODEL} ready in {READY_TIMEOUT_S:.0f} s:\n{_tail(workdir / 'demo.log')}")
@@ -157,6 +161,11 @@ def slo_relax(api: ControlPlane, router: str, *, slo_ms: float, demand_rps: floa
     raise SystemExit(f"the router did not get {MODEL}'s new table in 120 s")
 
 
+def transports(router: str, grpc_router: str) -> list[tuple[str, str, str]]:
+    """(protocol, tensor format, address) measured, in order."""
+    return [("http", "binary", router), ("http", "json", router), ("grpc", "raw", grpc_router)]
+
+
 def perf_analyzer_env(binary: Path) -> dict[str, str]:
     """libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel in the same venv (perf_analyzer links it even
     on a machine without a GPU)."""
@@ -173,14 +182,16 @@ def perf_analyzer_shape(config: dict) -> list[str]:
     return ["--shape", "input:8", "-b", "1"] if config.get("max_batch_size", 0) > 0 else ["--shape", "input:1,8"]
 
 
-def perf_analyzer_run(binary: Path, router: str, version: str, *, tensor_format: str, concurrency: int, window_ms: int,
+def perf_analyzer_run(binary: Path, router: str, version: str, *, protocol: str, tensor_format: str, concurrency: int, window_ms: int,
                       workdir: Path, shape: list[str]) -> dict[str, Any]:
-    report = workdir / f"pa-{tensor_format}-{concurrency}.csv"
-    cmd = [str(binary), "-m", MODEL, "-x", version, "-u", router, "-i", "http", *shape,
+    """One perf_analyzer measurement: `protocol` http (tensor_format binary or json) or grpc (raw contents)."""
+    report = workdir / f"pa-{protocol}-{tensor_format}-{concurrency}.csv"
+    formats = ["--input-tensor-format", tensor_format, "--output-tensor-format", tensor_format] if protocol == "http" else []
+    cmd = [str(binary), "-m", MODEL, "-x", version, "-u", router, "-i", protocol, *shape,
            "--concurrency-range", str(concurrency), "--measurement-interval", str(window_ms),
-           "--stability-percentage", "30", "--input-tensor-format", tensor_format, "--output-tensor-format", tensor_format, "-f", str(report)]
+           "--stability-percentage", "30", *formats, "-f", str(report)]
     proc = subprocess.run(cmd, env=perf_analyzer_env(binary), capture_output=True, text=True, timeout=max(120, window_ms // 100))
-    row: dict[str, Any] = {"format": tensor_format, "concurrency": concurrency}
+    row: dict[str, Any] = {"protocol": protocol, "format": tensor_format, "concurrency": concurrency}
     if proc.returncode != 0 or not report.exists():
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         row.update(status="failed", error=(lines[-1] if lines else f"exit {proc.returncode}")[:200])
@@ -212,7 +223,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tessera-oip-bench-") as tmp:
         workdir = Path(tmp)
         started = time.monotonic()
-        proc, router, url = demo_start(workdir)
+        proc, router, url, grpc_router = demo_start(workdir)
         try:
             print(f"demo ready in {time.monotonic() - started:.0f} s; router {router}; relaxing {MODEL}'s SLO to {args.slo_ms:g} ms "
                   f"(drop rule deadline) through a plan, as an operator would")
@@ -229,12 +240,12 @@ def main() -> None:
             status, body = _get(f"http://{router}/v2/models/{MODEL}/versions/{version}/config")
             shape = perf_analyzer_shape(json.loads(body) if status == 200 else {})
             time.sleep(5.0)  # the rollout's runtimes warm up
-            for tensor_format in ("binary", "json"):
+            for protocol, tensor_format, address in transports(router, grpc_router):
                 for concurrency in levels:
-                    row = perf_analyzer_run(args.perf_analyzer, router, version, tensor_format=tensor_format, concurrency=concurrency,
-                                            window_ms=window_ms, workdir=workdir, shape=shape)
+                    row = perf_analyzer_run(args.perf_analyzer, address, version, protocol=protocol, tensor_format=tensor_format,
+                                            concurrency=concurrency, window_ms=window_ms, workdir=workdir, shape=shape)
                     rows.append(row)
-                    print(f"  {tensor_format:6} c={concurrency}: {row['status']} {fmt(row.get('throughput_per_s'), '.0f')}/s "
+                    print(f"  {protocol:4} {tensor_format:6} c={concurrency}: {row['status']} {fmt(row.get('throughput_per_s'), '.0f')}/s "
                           f"p50 {fmt(row.get('p50_ms'), '.2f')} ms p99 {fmt(row.get('p99_ms'), '.2f')} ms {row.get('error', '')}")
             status, body = _get(f"http://{router}/v2/models/{MODEL}/versions/{version}/stats")
             stats = json.loads(body)["model_stats"] if status == 200 else []
@@ -243,11 +254,21 @@ def main() -> None:
     path = csv_rows_write(args.out / "oip.csv", rows, FIELDS)
     print(f"\nperf_analyzer against `tessera demo`'s router, model {MODEL} version {variant}, SLO {args.slo_ms:g} ms "
           f"({platform.machine()}, {os.cpu_count()} CPUs, {window_ms} ms windows)")
-    print(f"{'format':8} {'conc':>4} {'status':7} {'infer/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'queue ms':>8} {'compute ms':>10}")
+    print(f"{'protocol':8} {'format':8} {'conc':>4} {'status':7} {'infer/s':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'queue ms':>8} {'compute ms':>10}")
     for r in rows:
-        print(f"{r['format']:8} {r['concurrency']:>4} {r['status']:7} {fmt(r.get('throughput_per_s'), '8.0f')} "
+        print(f"{r['protocol']:8} {r['format']:8} {r['concurrency']:>4} {r['status']:7} {fmt(r.get('throughput_per_s'), '8.0f')} "
               f"{fmt(r.get('p50_ms'), '7.2f')} {fmt(r.get('p90_ms'), '7.2f')} {fmt(r.get('p99_ms'), '7.2f')} "
               f"{fmt(r.get('server_queue_ms'), '8.2f')} {fmt(r.get('server_compute_ms'), '10.2f')}  {r.get('error', '')}")
+    print("\ngRPC against HTTP (binary tensors), side by side in this run")
+    print(f"{'conc':>4} {'http infer/s':>12} {'grpc infer/s':>12} {'ratio':>6} {'http p99 ms':>11} {'grpc p99 ms':>11} {'ratio':>6}")
+    for concurrency in levels:
+        http = next((r for r in rows if r["protocol"] == "http" and r["format"] == "binary" and r["concurrency"] == concurrency), {})
+        grpc = next((r for r in rows if r["protocol"] == "grpc" and r["concurrency"] == concurrency), {})
+        if http.get("status") == "ok" and grpc.get("status") == "ok":
+            print(f"{concurrency:>4} {http['throughput_per_s']:12.0f} {grpc['throughput_per_s']:12.0f} {grpc['throughput_per_s'] / http['throughput_per_s']:6.2f} "
+                  f"{http['p99_ms']:11.2f} {grpc['p99_ms']:11.2f} {grpc['p99_ms'] / http['p99_ms']:6.2f}")
+        else:
+            print(f"{concurrency:>4} (a measurement failed: http {http.get('status')}, grpc {grpc.get('status')})")
     for s in stats:
         success = s["inference_stats"]["success"]
         print(f"router statistics (the protocol's stats extension): version {s['version']}: {success['count']} answered, "
@@ -258,9 +279,9 @@ def main() -> None:
         print(PNG_SKIPPED.format(name="oip.png"))
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for tensor_format, marker in (("binary", "o"), ("json", "s")):
-        ok = [r for r in rows if r["format"] == tensor_format and r["status"] == "ok"]
-        ax.plot([r["throughput_per_s"] for r in ok], [r["p99_ms"] for r in ok], marker=marker, label=f"{tensor_format} tensors")
+    for (protocol, tensor_format, _address), marker in zip(transports(router, grpc_router), ("o", "s", "^")):
+        ok = [r for r in rows if r["protocol"] == protocol and r["format"] == tensor_format and r["status"] == "ok"]
+        ax.plot([r["throughput_per_s"] for r in ok], [r["p99_ms"] for r in ok], marker=marker, label=f"{protocol}, {tensor_format} tensors")
         for r in ok:
             ax.annotate(f"c={r['concurrency']}", (r["throughput_per_s"], r["p99_ms"]), fontsize=7)
     ax.set_xlabel("inferences / s (perf_analyzer)")

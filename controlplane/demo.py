@@ -571,6 +571,7 @@ def _deployment_seed(admin) -> None:
 class DemoDataPlane:
     processes: tuple  # subprocess.Popen of each agent and the router
     router_url: str
+    router_grpc: str | None = None  # HOST:PORT of the router's gRPC (the Open Inference Protocol), when it serves it
 
 
 def _simulate_option(host: Host) -> str:
@@ -582,10 +583,12 @@ def _simulate_option(host: Host) -> str:
     return ",".join(f"{n}x{name}" for name, n in counts.items())
 
 
-def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8100, log_dir=None) -> DemoDataPlane:
+def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8100, router_grpc_port: int | None = None,
+                         log_dir=None) -> DemoDataPlane:
     """Start one simulated agent per demo host (new agent tokens each time) and a router with a router
     credential of its own (issued anew each time), named after the CPU host it would run on. They reach the
-    control plane at `control_plane` over its REST API, like real ones."""
+    control plane at `control_plane` over its REST API, like real ones. The router serves gRPC too on
+    `router_grpc_port` when one is given."""
     import os
     import subprocess
     import sys
@@ -613,10 +616,12 @@ def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8
         with open(log_dir / f"agent-{host.name}.log", "ab") as log:
             processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     env = dict(os.environ, TESSERA_ROUTER_TOKEN=router_token, TESSERA_CONTROL_PLANE=control_plane)
-    cmd = [sys.executable, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}", "--name", router_name]
+    grpc = f"127.0.0.1:{router_grpc_port}" if router_grpc_port is not None else None
+    cmd = [sys.executable, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}", "--grpc-listen", grpc or "off",
+           "--name", router_name]
     with open(log_dir / "router.log", "ab") as log:
         processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-    return DemoDataPlane(tuple(processes), f"http://127.0.0.1:{router_port}")
+    return DemoDataPlane(tuple(processes), f"http://127.0.0.1:{router_port}", grpc)
 
 
 def demo_dataplane_stop(dataplane: DemoDataPlane, timeout_s: float = 20.0) -> None:

@@ -62,8 +62,12 @@ __all__ = [
     "frame_write",
     "request_decode",
     "request_encode",
+    "request_inputs_json",
     "response_decode",
     "response_encode",
+    "response_raw_outputs",
+    "tensor_raw",
+    "values_raw",
 ]
 
 JSON_CONTENT_TYPE = "application/json"
@@ -433,7 +437,7 @@ def _tensor_entries(tensors: Mapping[str, np.ndarray], binary: bool | RequestedO
             elements = _bytes_elements(array, f"tensor {name!r}")
             entry = {"name": name, "shape": list(array.shape), "datatype": BYTES}
             if binary.binary_for(name) if per_output else binary:  # type: ignore[union-attr]
-                raw = b"".join(_LENGTH.pack(len(e)) + e for e in elements)
+                raw = b"".join(_LENGTH.pack(len(e)) + e for e in elements)  # tensor_raw's layout
                 entry["parameters"] = {"binary_data_size": len(raw)}
                 buffers.append(raw)
             else:
@@ -502,10 +506,24 @@ def request_encode(
     return b"".join([header, *buffers]), len(header)
 
 
-def response_decode(body: bytes, header_length: int | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """A KServe v2 inference response (clients, tests) -> (its JSON header, {output name: array})."""
+def request_inputs_json(body: bytes, header_length: int | None) -> bytes:
+    """A request whose inputs are binary data -> the same request with every input as JSON `data` (what a
+    pipeline's stages take); the rest of its header is kept. WireError for what JSON cannot hold (BYTES that
+    are not UTF-8)."""
+    if header_length is None:
+        return body
+    doc, _offset = _json_header(body, header_length)
+    _request_id, tensors, _requested = request_decode(body, header_length)
+    entries, _buffers, finite = _tensor_entries(tensors, False)
+    doc["inputs"] = entries
+    return _dumps(doc, finite=finite)
+
+
+def _response_outputs(body: bytes, header_length: int | None) -> tuple[dict[str, Any], list[tuple[str, str, np.dtype, tuple[int, ...], Any]]]:
+    """A KServe v2 response's JSON header and, per output in order: (name, where, dtype, shape, its binary
+    bytes as a memoryview or its JSON `data`), checked."""
     doc, offset = _json_header(body, header_length)
-    outputs: dict[str, np.ndarray] = {}
+    parts = []
     for i, entry in enumerate(doc.get("outputs") or []):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise WireError(f"outputs[{i}] must be an object with a 'name'")
@@ -514,16 +532,63 @@ def response_decode(body: bytes, header_length: int | None = None) -> tuple[dict
         dt = _dtype(entry.get("datatype"), where)
         size = _parameters(entry, where).get("binary_data_size")
         if size is not None:
-            if header_length is None or offset + size > len(body):
+            if header_length is None or isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(body):
                 raise WireError(f"{where}: binary data missing")
-            if dt is OBJECT:
-                outputs[entry["name"]] = _binary_bytes_tensor(memoryview(body)[offset:offset + size], shape, where)
-            else:
-                outputs[entry["name"]] = np.frombuffer(body, dtype=dt, count=math.prod(shape), offset=offset).reshape(shape)
+            parts.append((entry["name"], where, dt, shape, memoryview(body)[offset:offset + size]))
             offset += size
         else:
-            outputs[entry["name"]] = _json_tensor(entry.get("data"), dt, shape, where)
+            parts.append((entry["name"], where, dt, shape, entry.get("data")))
+    return doc, parts
+
+
+def response_decode(body: bytes, header_length: int | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A KServe v2 inference response (clients, tests) -> (its JSON header, {output name: array})."""
+    doc, parts = _response_outputs(body, header_length)
+    outputs: dict[str, np.ndarray] = {}
+    for name, where, dt, shape, value in parts:
+        if not isinstance(value, memoryview):
+            outputs[name] = _json_tensor(value, dt, shape, where)
+        elif dt is OBJECT:
+            outputs[name] = _binary_bytes_tensor(value, shape, where)
+        elif len(value) != math.prod(shape) * dt.itemsize:
+            raise WireError(f"{where}: binary_data_size {len(value)} does not match shape {list(shape)} ({math.prod(shape) * dt.itemsize} bytes)")
+        else:
+            outputs[name] = np.frombuffer(value, dtype=dt).reshape(shape)
     return doc, outputs
+
+
+def tensor_raw(array: np.ndarray, where: str = "tensor") -> tuple[str, bytes]:
+    """A tensor's datatype and its raw bytes as the binary tensor data extension (and the protocol's gRPC
+    `raw_*_contents`) lay them out: little-endian, row-major; BYTES elements each a 4-byte length and its bytes."""
+    array = np.asarray(array)
+    if array.dtype.kind in "OSU":
+        return BYTES, b"".join(_LENGTH.pack(len(e)) + e for e in _bytes_elements(array, where))
+    array = _contiguous_le(array)
+    return datatype_of(array), array.tobytes()
+
+
+def values_raw(datatype: str, shape: tuple[int, ...], values: list, where: str) -> bytes:
+    """Typed element values (the gRPC protocol's `InferTensorContents`, one list per datatype: numbers, or
+    bytes for BYTES) -> the raw bytes `tensor_raw` gives, checked against the datatype and the shape as JSON
+    `data` is (WireError)."""
+    dt = _dtype(datatype, where)
+    if dt is OBJECT:
+        expected = math.prod(shape)
+        if len(values) != expected:
+            raise WireError(f"{where}: the contents have {len(values)} elements but shape {list(shape)} needs {expected}")
+        if not all(isinstance(v, bytes) for v in values):
+            raise WireError(f"{where}: BYTES contents must be bytes")
+        return b"".join(_LENGTH.pack(len(v)) + v for v in values)
+    return _contiguous_le(_json_tensor(list(values), dt, shape, where)).tobytes()
+
+
+def response_raw_outputs(body: bytes, header_length: int | None = None) -> tuple[dict[str, Any], list[bytes]]:
+    """A KServe v2 inference response -> (its JSON header, each output's raw bytes in order, as `tensor_raw`
+    lays them out): binary outputs are sliced from the body as they are, JSON ones encoded (the gRPC
+    protocol's `raw_output_contents`)."""
+    doc, parts = _response_outputs(body, header_length)
+    return doc, [bytes(value) if isinstance(value, memoryview) else tensor_raw(_json_tensor(value, dt, shape, where), where)[1]
+                 for _name, where, dt, shape, value in parts]
 
 
 def error_body(status: int, code: str, message: str) -> bytes:

@@ -121,6 +121,8 @@ def app_deploy(
     device_types: str = typer.Option(None, "--device-types", help="Profile on these device types only, comma-separated (default: every one an agent can measure)"),
     batch_sizes: str = typer.Option(None, "--batch-sizes", help="Profile these batch sizes, e.g. 1,2,4,8 (default: the service's)"),
     cpu_threads: str = typer.Option(None, "--cpu-threads", help="Profile CPU models at these thread counts, e.g. 1,2"),
+    string_length: int = typer.Option(None, "--string-length", help="A text model: characters of each string element the profiler feeds "
+                                                                   "(default: the service's); its latency depends on it"),
     apply: bool = typer.Option(False, "--apply", help="Approve the plan and roll it out (else it waits for an operator's approval)"),
     solver: str = typer.Option(None, "--solver", help="The plan run's planner (default: the control plane's)"),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds each of profiling, planning and rollout may take"),
@@ -142,6 +144,8 @@ def app_deploy(
         raise fail(f"--accuracy must be within 0..1, got {accuracy:g}")
     if not timeout > 0:
         raise fail(f"--timeout must be positive, got {timeout:g}")
+    if string_length is not None and string_length < 1:
+        raise fail(f"--string-length must be >= 1, got {string_length}")
     batches, threads = _numbers(batch_sizes, "--batch-sizes"), _numbers(cpu_threads, "--cpu-threads")
     types = [t.strip() for t in device_types.split(",") if t.strip()] if device_types else None
     variant_name = variant or model.name.removesuffix(".onnx")
@@ -150,7 +154,7 @@ def app_deploy(
     try:
         short = _deploy(api, name=name, model=model, slo_ms=slo_ms, expected_rps=expected_rps, variant_name=variant_name, accuracy=accuracy,
                         accuracy_metric=accuracy_metric, task=task, device_types=types, batch_sizes=batches, cpu_threads=threads,
-                        apply=apply, solver=solver, timeout_s=timeout)
+                        string_length=string_length, apply=apply, solver=solver, timeout_s=timeout)
     except StepFailed as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_INVALID) from None
@@ -164,7 +168,7 @@ def _step(n: int, text: str) -> None:
 
 def _deploy(api: _Api, *, name: str, model: Path, slo_ms: float, expected_rps: float | None, variant_name: str, accuracy: float,
             accuracy_metric: str, task: str, device_types: list[str] | None, batch_sizes: list[int] | None, cpu_threads: list[int] | None,
-            apply: bool, solver: str | None, timeout_s: float) -> bool:
+            string_length: int | None = None, apply: bool, solver: str | None, timeout_s: float) -> bool:
     """The flow; returns True when the plan leaves demand unserved."""
     import hashlib
 
@@ -206,7 +210,8 @@ def _deploy(api: _Api, *, name: str, model: Path, slo_ms: float, expected_rps: f
         variant = api.call("PATCH", f"/variants/{existing['id']}/", json=body)
 
     _step(5, "profiling on the fleet's agents")
-    request = {k: v for k, v in {"device_types": device_types, "batch_sizes": batch_sizes, "cpu_threads": cpu_threads}.items() if v}
+    request = {k: v for k, v in {"device_types": device_types, "batch_sizes": batch_sizes, "cpu_threads": cpu_threads,
+                                 "string_length": string_length}.items() if v}
     started = api.call("POST", f"/variants/{variant['id']}/profile/", json=request)
     for skipped in started.get("skipped", []):
         typer.echo(f"      skipped: {skipped}")

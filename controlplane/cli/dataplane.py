@@ -62,15 +62,27 @@ def router(
     control_plane: str = typer.Option(..., envvar="TESSERA_CONTROL_PLANE", help="Control plane URL"),
     token: str = typer.Option(..., envvar="TESSERA_ROUTER_TOKEN",
                               help="The router's credential (tessera router-credential issue NAME prints one)"),
-    listen: str = typer.Option("127.0.0.1:8100", help="host:port to serve POST /v1/infer/{application} on"),
+    listen: str = typer.Option("127.0.0.1:8100", help="host:port to serve HTTP on (POST /v1/infer/{application}, /v2)"),
+    grpc_listen: str = typer.Option(None, help="host:port to serve the Open Inference Protocol over gRPC on "
+                                               "(default: --listen's host, its port + 1; 'off': HTTP only)"),
     name: str = typer.Option(None, help="Name in router reports: the credential's (default: asked of the control plane)"),
     loglevel: str = typer.Option("INFO"),
 ) -> None:
-    """Run the router: the inference endpoint, following the control plane's routing tables."""
+    """Run the router: the inference endpoint (HTTP and gRPC), following the control plane's routing tables."""
     from workers.router.main import router_main
 
     _logging_setup(loglevel)
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise fail(f"--listen must be host:port, not {listen!r}")
-    router_main(control_plane=control_plane, token=token, host=host, port=int(port), name=name)
+    host, port = _host_port(listen, "--listen")
+    if grpc_listen is None:
+        grpc_listen = f"{host}:{port + 1 if port else 0}"
+    elif grpc_listen != "off":
+        _host_port(grpc_listen, "--grpc-listen")
+    router_main(control_plane=control_plane, token=token, host=host, port=port, name=name,
+                grpc_listen=None if grpc_listen == "off" else grpc_listen)
+
+
+def _host_port(value: str, option: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise fail(f"{option} must be host:port, not {value!r}")
+    return host, int(port)

@@ -16,6 +16,7 @@ def demo(
     serve: bool = typer.Option(True, help="Run the control plane after seeding"),
     dataplane: bool = typer.Option(True, help="Also run the demo's simulated agents and a router (port 8100)"),
     router_port: int = typer.Option(8100, help="Port of the demo's router"),
+    router_grpc_port: int = typer.Option(8101, help="Port of the demo's router's gRPC (the Open Inference Protocol); 0: none"),
     admin_password: str = typer.Option(None, envvar="TESSERA_ADMIN_PASSWORD", help="Admin password (random if unset)"),
 ) -> None:
     """Migrate, seed the demo fleet, run the control plane on embedded defaults with simulated agents and a router."""
@@ -43,8 +44,10 @@ def demo(
         typer.echo("Control loop: planning watch every 5 s and periodic re-plans in this process (no beat without Redis)")
     if dataplane:
         state_root = Path(settings.VAR_DIR) / "demo-dataplane"
-        running = demo_dataplane_start(control_plane=f"http://{host}:{port}", state_root=state_root, router_port=router_port)
-        typer.echo(f"Data plane: 4 simulated agents and a router at {running.router_url} (logs in {state_root / 'logs'})")
+        running = demo_dataplane_start(control_plane=f"http://{host}:{port}", state_root=state_root, router_port=router_port,
+                                       router_grpc_port=router_grpc_port or None)
+        typer.echo(f"Data plane: 4 simulated agents and a router at {running.router_url}"
+                   + (f" (gRPC {running.router_grpc})" if running.router_grpc else "") + f" (logs in {state_root / 'logs'})")
         typer.echo(f"  try: curl -s {running.router_url}/v1/infer/tabular-cpu -H 'Content-Type: application/json' "
                    "-d '{\"inputs\": [{\"name\": \"input\", \"shape\": [1, 8], \"datatype\": \"FP32\", "
                    "\"data\": [0.5, -1.2, 0.3, 2.0, -0.7, 0.1, 1.5, -0.4]}]}'")

@@ -180,18 +180,19 @@ def test_commands_are_the_kubernetes_ones():
 
 
 def test_ports_are_the_commands_ports_published_on_loopback_only():
-    published = {}
+    published: dict[str, set[int]] = {}
     for name in TESSERA:
         for port in SERVICES[name].get("ports", []):
             host_ip, host_port, target = port.split(":")
             assert host_ip == "127.0.0.1" and host_port == target
-            published[name] = int(target)
-    assert published == {"web": 8000, "router": 8100}
+            published.setdefault(name, set()).add(int(target))
+    assert published == {"web": {8000}, "router": {8100, 8101}}
     (web,) = _commands("web")
     assert int(web[web.index("--port") + 1]) == 8000 == _ports(_k8s("web"))["http"]
     (router,) = _commands("router")
-    assert router[router.index("--listen") + 1] == "0.0.0.0:8100"
-    assert {int(p) for v in STAGES["tessera"].values("EXPOSE") for p in v.split()} >= set(published.values())
+    assert router[router.index("--listen") + 1] == "0.0.0.0:8100" and router[router.index("--grpc-listen") + 1] == "0.0.0.0:8101"
+    assert _ports(_k8s("router")) == {"http": 8100, "grpc": 8101}
+    assert {int(p) for v in STAGES["tessera"].values("EXPOSE") for p in v.split()} >= set().union(*published.values())
     # The data plane calls ingest at the port ingest listens on.
     (ingest,) = _commands("ingest")
     for name in ("router", "agent"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc
+import tritonclient.http
 from django.contrib.auth import get_user_model
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
@@ -19,6 +21,7 @@ from apps.policies.models import SloPolicy
 from apps.registry.models import Application, Artifact, ModelVariant, Profile
 from apps.users.services import token_create
 from controlplane.cli import app as cli_app
+from tests.onnx_builders import TEXT_KINDS, TEXT_LABELS, onnx_text_bytes
 from tests.waiting import wait_for
 from tests.workers.dataplane_helpers import router_answer_wait
 from tests.workers.test_with_control_plane import fleet  # noqa: F401 - the live demo fleet with its agents
@@ -74,7 +77,22 @@ def test_a_new_model_is_deployed_planned_for_its_declared_demand_and_served(flee
     assert plan.demand["details"]["basis"]["tab-new"] == "declared" and plan.result["served_rps"]["tab-new"] > 0
     wait_for(lambda: Runtime.objects.filter(variant=variant, state="ready").exists(), 60, "the new runtime")
 
-    router, _client = router_build(control_plane=fleet["url"], token=router_credential_issue(name="deploy-test")[1])
+    # A text model (string inputs, BYTES) the same way: profiled with strings of a declared length, planned beside
+    # the first, served over HTTP (JSON and binary tensors) and gRPC.
+    text_model = tmp_path / "tags.onnx"
+    text_model.write_bytes(onnx_text_bytes())
+    text_args = ["app", "deploy", "tags-new", "--model", str(text_model), "--slo-ms", "40", "--expected-rps", "10", "--device-types", "cpu",
+                 "--batch-sizes", "1,2,4", "--cpu-threads", "1", "--string-length", "8", "--apply", "--timeout", "300",
+                 "--url", fleet["url"], "--token", _operator_token()]
+    text_result = CliRunner().invoke(cli_app, text_args)
+    assert text_result.exit_code == 0, text_result.output
+    text_variant = ModelVariant.objects.get(application__name="tags-new", name="tags")
+    assert Profile.objects.filter(variant=text_variant, device_type="cpu", source="measured").count() == 3
+    assert text_variant.profiling_requests.get().string_length == 8
+    wait_for(lambda: Runtime.objects.filter(variant=text_variant, state="ready").exists()
+             and Runtime.objects.filter(variant=variant, state="ready").exists(), 60, "both new runtimes")
+
+    router, _client = router_build(control_plane=fleet["url"], token=router_credential_issue(name="deploy-test")[1], grpc_listen="127.0.0.1:0")
     handle = router_start_in_thread(router)
     try:
         rows = np.random.default_rng(1).normal(size=(2, 8)).astype(np.float32)
@@ -84,6 +102,25 @@ def test_a_new_model_is_deployed_planned_for_its_declared_demand_and_served(flee
         assert answer["model_version"] == str(ModelVariant.objects.get(application__name="tab-new", name="tab-mlp").pk)
         expected = ort.InferenceSession(model.read_bytes(), providers=["CPUExecutionProvider"]).run(None, {"input": rows})[0]
         np.testing.assert_allclose(np.asarray(answer["outputs"][0]["data"]).reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
+
+        words = [["cat"], ["owl"], ["bird"]]
+        labels = [[TEXT_LABELS.get(w, 0)] for (w,) in words]
+        kinds = [TEXT_KINDS.get(label, "unknown") for (label,) in labels]
+        text_body = {"inputs": [{"name": "text", "shape": [3, 1], "datatype": "BYTES", "data": words}]}
+        as_json = router_answer_wait(handle.url, "tags-new", text_body)
+        assert as_json["model_version"] == str(text_variant.pk)
+        assert [o["data"] for o in as_json["outputs"]] == [sum(labels, []), kinds]
+        http = tritonclient.http.InferenceServerClient(handle.url.removeprefix("http://"))
+        x = tritonclient.http.InferInput("text", [3, 1], "BYTES")
+        x.set_data_from_numpy(np.array(words, dtype=object), binary_data=True)
+        binary = http.infer("tags-new", [x], outputs=[tritonclient.http.InferRequestedOutput(n, binary_data=True) for n in ("label", "kind")])
+        assert binary.as_numpy("label").tolist() == labels and [k.decode() for (k,) in binary.as_numpy("kind")] == kinds
+        grpc_client = tritonclient.grpc.InferenceServerClient(handle.grpc_url)
+        g = tritonclient.grpc.InferInput("text", [3, 1], "BYTES")
+        g.set_data_from_numpy(np.array(words, dtype=object))
+        over_grpc = grpc_client.infer("tags-new", [g])
+        assert over_grpc.as_numpy("label").tolist() == labels and [k.decode() for (k,) in over_grpc.as_numpy("kind")] == kinds
+        assert over_grpc.get_response().model_version == str(text_variant.pk)
     finally:
         handle.stop()
 

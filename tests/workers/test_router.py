@@ -276,7 +276,8 @@ def test_a_failing_report_does_not_stop_serving(runtimes, serve) -> None:
 
 
 def test_tables_file_router_cli(runtimes, tmp_path) -> None:
-    """`python -m workers.router --tables FILE` (the benches' router) serves and writes its ready file."""
+    """`python -m workers.router --tables FILE` (the benches' router) serves HTTP and gRPC and writes its ready
+    file (the HTTP URL, then the gRPC address)."""
     import subprocess
     import sys
 
@@ -286,13 +287,17 @@ def test_tables_file_router_cli(runtimes, tmp_path) -> None:
     tables.write_text(json.dumps([table([route(runtimes["a"], "a", 1.0)])]))
     ready = tmp_path / "router.ready"
     proc = subprocess.Popen([sys.executable, "-m", "workers.router", "--tables", str(tables), "--listen", "127.0.0.1:0",
-                             "--ready-file", str(ready)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--grpc-listen", "127.0.0.1:0", "--ready-file", str(ready)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: ready.exists() or proc.poll() is not None, 90)
         assert proc.poll() is None, proc.stderr.read()
-        url = ready.read_text().strip()
+        url, grpc_url = ready.read_text().split()
         response = httpx.post(f"{url}/v1/infer/{APP}", content=query(), timeout=60)
         assert response.status_code == 200 and response.headers["x-tessera-variant"] == "mlp-a"
+        import tritonclient.grpc
+
+        client = tritonclient.grpc.InferenceServerClient(grpc_url.removeprefix("grpc://"))
+        assert client.is_server_live() and client.is_model_ready(APP)
     finally:
         proc.terminate()
         proc.wait(30)

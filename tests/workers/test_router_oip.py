@@ -6,7 +6,6 @@ statistics extension and the model repository extension's index, load and unload
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -14,69 +13,14 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from engine.dataplane.tensors import oip_tensor_metadata
-from tests.onnx_builders import onnx_mlp_bytes
-from tests.workers.dataplane_helpers import runtime_spec, runtime_start
+from tests.workers.oip_helpers import (
+    NUMBERS, PERF_ANALYZER, PIPELINE, VARIANTS, oip_expected, oip_tables, repository_recording,
+    text_model_served,
+)
 from workers.router import Router, router_start_in_thread
-from workers.router.oip import RepositoryActionError
 from workers.runtime.session import OnnxSession
 
 pytestmark = pytest.mark.timeout(300)
-
-VARIANTS = ("small", "big")
-# The variants' numbers (the registry's ids, as _tables gives them): the protocol's versions.
-NUMBERS = {"small": 11, "big": 12, "calibrate": 21}
-SPEC_IN = [{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 4]}]
-SPEC_OUT = [{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]},
-            {"name": "probabilities", "dtype": "tensor(float)", "shape": ["batch", 3]}]
-PIPELINE = {"name": "chain", "stages": [{"application": "tabular", "max_batch": 4},
-                                        {"application": "calibrate", "max_batch": 4, "inputs": {"x": "logits"}}],
-            "paths": [{"name": "main", "stages": ["tabular", "calibrate"], "slo_ms": 5000.0, "demand_rps": 1.0}]}
-
-
-@pytest.fixture(scope="module")
-def models() -> dict[str, bytes]:
-    return {"small": onnx_mlp_bytes(seed=1, probabilities=True), "big": onnx_mlp_bytes(hidden=32, seed=2, probabilities=True),
-            "calibrate": onnx_mlp_bytes(n_in=3, hidden=4, n_out=3, seed=3)}
-
-
-@pytest.fixture(scope="module")
-def runtimes(models, tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("oip-runtimes")
-    started = {}
-    try:
-        for k, name in enumerate(models):
-            path = workdir / f"{name}.onnx"
-            path.write_bytes(models[name])
-            application = "calibrate" if name == "calibrate" else "tabular"
-            spec = runtime_spec(key=f"cpu0/{k}", application=application, variant=name, instance=f"host/cpu0/{k}", artifact_path=str(path),
-                                variant_id=NUMBERS[name])
-            started[name] = runtime_start(spec, workdir, name)
-        yield started
-    finally:
-        for rt in started.values():
-            rt.stop()
-
-
-def _tables(runtimes, *, tabular_routes=VARIANTS, pipeline=None, batches=None) -> list[dict]:
-    """The tables as the control plane lists them, `model` block included (RoutingTableSerializer.get_model);
-    `batches`: {variant: its instance's planned batch} for the tabular routes (a plan's tables give them)."""
-    versions = {v: {"id": NUMBERS[v], "inputs": oip_tensor_metadata(SPEC_IN), "outputs": oip_tensor_metadata(SPEC_OUT)} for v in VARIANTS}
-    calibrate_io = {"inputs": oip_tensor_metadata([{"name": "x", "dtype": "tensor(float)", "shape": ["batch", 3]}]),
-                    "outputs": oip_tensor_metadata([{"name": "logits", "dtype": "tensor(float)", "shape": ["batch", 3]}]),
-                    "id": NUMBERS["calibrate"]}
-    return [
-        {"id": 1, "application": "tabular", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
-         "routes": [{"instance": f"host/cpu0/{VARIANTS.index(v)}", "variant": v, "weight": 1.0, "endpoint": runtimes[v].endpoint,
-                     "state": "ready", **({"batch": batches[v]} if batches else {})} for v in tabular_routes],
-         "pipeline": copy.deepcopy(pipeline),
-         "model": {"platform": "onnxruntime_onnx", **versions["small"], "versions": versions}},
-        {"id": 2, "application": "calibrate", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
-         "routes": [{"instance": "host/cpu0/2", "variant": "calibrate", "weight": 1.0, "endpoint": runtimes["calibrate"].endpoint,
-                     "state": "ready"}],
-         "pipeline": copy.deepcopy(pipeline), "model": {"platform": "onnxruntime_onnx", **calibrate_io, "versions": {"calibrate": calibrate_io}}},
-    ]
-
 
 @pytest.fixture
 def serve():
@@ -94,10 +38,6 @@ def serve():
         handle.stop()
 
 
-def _expected(models, variant: str, x: np.ndarray) -> dict[str, np.ndarray]:
-    return OnnxSession(models[variant]).run({"x": x})
-
-
 def _request(x: np.ndarray, *, binary: bool, outputs=("logits", "probabilities")):
     inp = triton.InferInput("x", list(x.shape), "FP32")
     inp.set_data_from_numpy(x, binary_data=binary)
@@ -105,7 +45,7 @@ def _request(x: np.ndarray, *, binary: bool, outputs=("logits", "probabilities")
 
 
 def test_health_server_and_model_metadata_and_configuration(runtimes, serve) -> None:
-    client, _ = serve(_tables(runtimes))
+    client, _ = serve(oip_tables(runtimes))
     assert client.is_server_live() and client.is_server_ready()
     server = client.get_server_metadata()
     assert server["name"] == "tessera-router" and {"binary_tensor_data", "model_repository", "statistics"} <= set(server["extensions"])
@@ -125,7 +65,7 @@ def test_health_server_and_model_metadata_and_configuration(runtimes, serve) -> 
 def test_the_configuration_shows_the_plans_batching(runtimes, serve) -> None:
     """Issue 38: `max_batch_size` was always 0. From a plan's tables: the largest planned batch of the routed
     instances, their sizes as preferred batch sizes, the tensors' dims without the batch axis (Triton's form)."""
-    client, _ = serve(_tables(runtimes, batches={"big": 8, "small": 4}))
+    client, _ = serve(oip_tables(runtimes, batches={"big": 8, "small": 4}))
     config = client.get_model_config("tabular")
     assert config["max_batch_size"] == 8 and config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
@@ -134,7 +74,7 @@ def test_the_configuration_shows_the_plans_batching(runtimes, serve) -> None:
     assert client.get_model_config("tabular", "small")["max_batch_size"] == 4
     assert client.get_model_config("calibrate")["max_batch_size"] == 0  # no batch in its table: whole shapes
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 0
-    tables = _tables(runtimes, batches={"big": 8, "small": 4})
+    tables = oip_tables(runtimes, batches={"big": 8, "small": 4})
     tables[0]["model"]["batching_delay_ms"] = 1.5  # the application's own delay (a load's configuration set it)
     delayed, _ = serve(tables)
     assert delayed.get_model_config("tabular")["dynamic_batching"]["max_queue_delay_microseconds"] == 1500
@@ -142,7 +82,7 @@ def test_the_configuration_shows_the_plans_batching(runtimes, serve) -> None:
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_inference_with_json_and_binary_tensors_answers_as_the_routed_variant(runtimes, models, serve, binary) -> None:
-    client, _ = serve(_tables(runtimes))
+    client, _ = serve(oip_tables(runtimes))
     x = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
     seen = set()
     for i in range(12):
@@ -153,7 +93,7 @@ def test_inference_with_json_and_binary_tensors_answers_as_the_routed_variant(ru
         variant = answer["parameters"]["variant"]
         assert answer["model_version"] == str(NUMBERS[variant])  # the number, as in metadata and statistics
         seen.add(variant)
-        expected = _expected(models, variant, x)
+        expected = oip_expected(models, variant, x)
         np.testing.assert_allclose(result.as_numpy("logits"), expected["logits"], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(result.as_numpy("probabilities"), expected["probabilities"], rtol=1e-5, atol=1e-6)
         assert all(("binary_data_size" in o.get("parameters", {})) == binary for o in answer["outputs"])
@@ -161,14 +101,14 @@ def test_inference_with_json_and_binary_tensors_answers_as_the_routed_variant(ru
 
 
 def test_outputs_are_selected_and_a_version_pins_the_variant(runtimes, models, serve) -> None:
-    client, _ = serve(_tables(runtimes))
+    client, _ = serve(oip_tables(runtimes))
     x = np.ones((2, 4), np.float32)
     inputs, outputs = _request(x, binary=True, outputs=("probabilities",))
     for _ in range(6):
         result = client.infer("tabular", inputs, model_version="big", outputs=outputs)
         answer = result.get_response()
         assert answer["model_version"] == "12" and [o["name"] for o in answer["outputs"]] == ["probabilities"]
-        np.testing.assert_allclose(result.as_numpy("probabilities"), _expected(models, "big", x)["probabilities"], rtol=1e-5)
+        np.testing.assert_allclose(result.as_numpy("probabilities"), oip_expected(models, "big", x)["probabilities"], rtol=1e-5)
     # Mixed: one output binary, the other JSON, in the order asked.
     mixed = [triton.InferRequestedOutput("probabilities", binary_data=False), triton.InferRequestedOutput("logits", binary_data=True)]
     answer = client.infer("tabular", inputs, outputs=mixed).get_response()
@@ -177,7 +117,7 @@ def test_outputs_are_selected_and_a_version_pins_the_variant(runtimes, models, s
 
 
 def test_errors_have_triton_s_shape_and_status(runtimes, serve) -> None:
-    client, url = serve(_tables(runtimes, tabular_routes=("small",)))
+    client, url = serve(oip_tables(runtimes, tabular_routes=("small",)))
     x = np.ones((1, 4), np.float32)
     inputs, outputs = _request(x, binary=False)
     cases = [
@@ -208,7 +148,7 @@ def _named(name: str, x: np.ndarray):
 
 
 def test_statistics_count_what_the_router_answered(runtimes, serve) -> None:
-    client, _ = serve(_tables(runtimes))
+    client, _ = serve(oip_tables(runtimes))
     inputs, outputs = _request(np.ones((1, 4), np.float32), binary=True)
     for _ in range(5):
         client.infer("tabular", inputs, model_version="small", outputs=outputs)
@@ -227,14 +167,14 @@ def test_statistics_count_what_the_router_answered(runtimes, serve) -> None:
 
 
 def test_a_pipeline_is_a_model_whose_versions_are_its_paths(runtimes, models, serve) -> None:
-    client, url = serve(_tables(runtimes, tabular_routes=("small",), pipeline=PIPELINE))
+    client, url = serve(oip_tables(runtimes, tabular_routes=("small",), pipeline=PIPELINE))
     metadata = client.get_model_metadata("chain")
     assert metadata["platform"] == "tessera_pipeline" and metadata["versions"] == ["main"]
     assert metadata["inputs"][0]["name"] == "x" and metadata["outputs"][0]["name"] == "logits"
     assert client.is_model_ready("chain")
     x = np.random.default_rng(1).normal(size=(2, 4)).astype(np.float32)
     inputs = [_named("x", x)]
-    middle = _expected(models, "small", x)["logits"]
+    middle = oip_expected(models, "small", x)["logits"]
     expected = OnnxSession(models["calibrate"]).run({"x": middle})["logits"]
     # tritonclient asks for binary outputs by default: the last stage answers so, the stage between in JSON.
     result = client.infer("chain", inputs, model_version="main")
@@ -249,14 +189,9 @@ def test_a_pipeline_is_a_model_whose_versions_are_its_paths(runtimes, models, se
 
 
 def test_repository_index_load_and_unload_go_through_the_control_plane(runtimes, serve) -> None:
-    calls = []
-
-    def repository(action: str, name: str, *, config=None) -> None:
-        calls.append((action, name, config))
-        if name == "forbidden":
-            raise RepositoryActionError(403, "this router's credential may not load or unload models")
-
-    client, _ = serve(_tables(runtimes, tabular_routes=("small",)), repository)
+    calls: list = []
+    repository = repository_recording(calls)
+    client, _ = serve(oip_tables(runtimes, tabular_routes=("small",)), repository)
     index = client.get_model_repository_index()
     assert {"name": "tabular", "version": "11", "state": "READY", "reason": ""} in index
     assert any(e["name"] == "calibrate" and e["state"] == "READY" for e in index)
@@ -272,13 +207,12 @@ def test_repository_index_load_and_unload_go_through_the_control_plane(runtimes,
     with pytest.raises(InferenceServerException) as caught:
         client.load_model("forbidden")
     assert caught.value.status() == "403" and "may not" in caught.value.message()
-    plain, _ = serve(_tables(runtimes))  # a router with no control plane behind it
+    plain, _ = serve(oip_tables(runtimes))  # a router with no control plane behind it
     with pytest.raises(InferenceServerException) as caught:
         plain.unload_model("tabular")
     assert caught.value.status() == "501"
 
 
-PERF_ANALYZER = Path(__file__).resolve().parents[2] / "var" / "bench-peers" / "perf-analyzer" / "bin" / "perf_analyzer"
 
 
 @pytest.mark.skipif(not PERF_ANALYZER.exists(), reason="perf_analyzer is not installed (make perf-analyzer; .ci/run does)")
@@ -296,7 +230,7 @@ def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serv
     # perf_analyzer links libcudart.so.12 even without a GPU: the nvidia-cuda-runtime-cu12 wheel's, in its venv.
     cudart = next(PERF_ANALYZER.parent.parent.glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
     env = {**os.environ, "LD_LIBRARY_PATH": str(cudart)}
-    _, url = serve(_tables(runtimes, batches=batches))
+    _, url = serve(oip_tables(runtimes, batches=batches))
     report = tmp_path / "pa.csv"
     cmd = [str(PERF_ANALYZER), "-m", "tabular", "-x", "11", "-u", url.removeprefix("http://"), "-i", "http", *shape,
            "--concurrency-range", "2", "--measurement-interval", "1000", "--stability-percentage", "50", "-f", str(report)]
@@ -311,19 +245,9 @@ def test_perf_analyzer_measures_the_router_with_server_statistics(runtimes, serv
 def test_a_text_model_is_served_with_bytes_tensors_through_tritons_client(serve, tmp_path) -> None:
     """BYTES through the router (issue 38): tritonclient's string tensors (numpy object arrays), as JSON and
     as binary data, to a real onnxruntime text model; its string output comes back both ways."""
-    from tests.onnx_builders import TEXT_KINDS, TEXT_LABELS, onnx_text_bytes
+    from tests.onnx_builders import TEXT_KINDS, TEXT_LABELS
 
-    model = tmp_path / "text.onnx"
-    model.write_bytes(onnx_text_bytes())
-    runtime = runtime_start(runtime_spec(key="cpu0/5", application="tags", variant="labels", instance="host/cpu0/5",
-                                         artifact_path=str(model), variant_id=31), tmp_path, "text")
-    try:
-        text_io = {"inputs": oip_tensor_metadata([{"name": "text", "dtype": "tensor(string)", "shape": ["batch", 1]}]),
-                   "outputs": oip_tensor_metadata([{"name": "label", "dtype": "tensor(int64)", "shape": ["batch", 1]},
-                                                   {"name": "kind", "dtype": "tensor(string)", "shape": ["batch", 1]}])}
-        table = {"id": 3, "application": "tags", "version": 1, "active": True, "slo_ms": 5000.0, "drop_rule": "deadline",
-                 "routes": [{"instance": "host/cpu0/5", "variant": "labels", "weight": 1.0, "endpoint": runtime.endpoint, "state": "ready"}],
-                 "pipeline": None, "model": {"platform": "onnxruntime_onnx", **text_io, "versions": {"labels": {**text_io, "id": 31}}}}
+    with text_model_served(tmp_path) as table:
         client, _ = serve([table])
         assert client.get_model_metadata("tags")["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
         words = np.array([["cat"], ["owl"], ["dog"]], dtype=object)
@@ -336,5 +260,3 @@ def test_a_text_model_is_served_with_bytes_tensors_through_tritons_client(serve,
             assert [k.decode() if isinstance(k, bytes) else k for (k,) in result.as_numpy("kind")] == \
                 [TEXT_KINDS.get(TEXT_LABELS.get(w, 0), "unknown") for (w,) in words]
             assert result.get_response()["model_version"] == "31"
-    finally:
-        runtime.stop()

@@ -11,18 +11,23 @@ import pytest
 
 from workers.wire import (
     DATATYPES,
-    FRAME_PREFIX,
-    FrameError,
-    FrameParser,
-    WireError,
     error_body,
     frame_pack,
+    FRAME_PREFIX,
     frame_read,
     frame_write,
+    FrameError,
+    FrameParser,
     request_decode,
     request_encode,
+    request_inputs_json,
+    RequestedOutputs,
     response_decode,
     response_encode,
+    response_raw_outputs,
+    tensor_raw,
+    values_raw,
+    WireError,
 )
 
 
@@ -414,3 +419,34 @@ def test_bytes_that_are_not_utf8_go_binary_not_json() -> None:
         response_encode(None, {"blob": raw}, model_name="m")
     body, header_length = response_encode(None, {"blob": raw}, model_name="m", binary=True)
     assert response_decode(body, header_length)[1]["blob"].tolist() == [b"\xff\xfe"]
+
+
+def test_raw_contents_are_the_binary_extensions_layout() -> None:
+    """The gRPC protocol's raw contents (workers/router/oip_grpc.py): the binary extension's bytes, from typed
+    values checked as JSON data is, and back out of an answer whatever form its outputs took."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert tensor_raw(x) == ("FP32", x.tobytes())
+    assert tensor_raw(np.array([b"ab", "\u00e9"], dtype=object)) == ("BYTES", b"\x02\x00\x00\x00ab\x02\x00\x00\x00\xc3\xa9")
+    assert values_raw("FP32", (2, 3), x.reshape(-1).tolist(), "input 'x'") == x.tobytes()
+    assert values_raw("BYTES", (1,), [b"\xff"], "input 't'") == b"\x01\x00\x00\x00\xff"
+    with pytest.raises(WireError, match=re.escape("has 5 elements but shape [2, 3] needs 6")):
+        values_raw("FP32", (2, 3), [0.0] * 5, "input 'x'")
+    with pytest.raises(WireError, match=re.escape("uint8 data must lie in [0, 255], got 300")):
+        values_raw("UINT8", (1,), [300], "input 'x'")
+    with pytest.raises(WireError, match="BYTES contents must be bytes"):
+        values_raw("BYTES", (1,), ["text"], "input 't'")
+    mixed = RequestedOutputs(None, False, {"b": True})
+    body, header_length = response_encode("q", {"a": x, "b": x + 1}, model_name="m", binary=mixed)
+    doc, raws = response_raw_outputs(body, header_length)
+    assert [o["name"] for o in doc["outputs"]] == ["a", "b"] and raws == [x.tobytes(), (x + 1).tobytes()]
+
+
+def test_binary_inputs_rewritten_as_json_keep_the_rest_of_the_request() -> None:
+    x = np.ones((1, 2), np.float32)
+    body, header_length = request_encode({"x": x, "t": np.array([b"hi"], dtype=object)}, request_id="r", binary=True)
+    rewritten = json.loads(request_inputs_json(body, header_length))
+    assert rewritten["id"] == "r" and [i["data"] for i in rewritten["inputs"]] == [[1.0, 1.0], ["hi"]]
+    assert request_inputs_json(b'{"inputs": []}', None) == b'{"inputs": []}'
+    not_text, length = request_encode({"t": np.array([b"\xff"], dtype=object)}, binary=True)
+    with pytest.raises(WireError, match="not UTF-8 cannot be sent as JSON"):
+        request_inputs_json(not_text, length)

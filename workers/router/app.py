@@ -7,7 +7,7 @@ import json
 import logging
 import socket
 import time
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from workers.metrics import PROMETHEUS_CONTENT_TYPE, RouterStats
 from workers.router.asgi import InferHeaders, deadline_parse, reply_relay, request_headers_parse
@@ -38,6 +38,9 @@ class Router:
     `fetch_tables()` returns the active routing tables (see `RoutingTables`), refreshed every `refresh_s`;
     `report(dict)` receives the router report every `report_s` (`ControlPlaneClient.router_report`). Both
     are blocking callables, run in a worker thread, so the router depends on no client.
+
+    `grpc_listen` (HOST:PORT): the same protocol over gRPC as well (`inference.GRPCInferenceService` and
+    `grpc.health.v1`; workers/router/oip_grpc.py), through the same dispatch.
 
     HTTP:
 
@@ -79,12 +82,18 @@ class Router:
         connect_timeout_s: float = 1.0,
         unavailable_s: float = 1.0,
         repository: Callable[..., None] | None = None,
+        grpc_listen: str | None = None,
     ) -> None:
         self.report = report
         # ("load" | "unload", model name, config=a load's configuration or None) -> None, or RepositoryActionError:
         # the control plane's pinning and releasing, for the protocol's model repository extension
         # (workers/router/oip.py); blocking.
         self.repository = repository
+        # HOST:PORT of the Open Inference Protocol over gRPC (workers/router/oip_grpc.py), served on this
+        # router's event loop from start-up; None: HTTP only. `grpc_port` is the port bound.
+        self.grpc_listen = grpc_listen
+        self.grpc_port: int | None = None
+        self._grpc: Any = None
         self.refresh_s = refresh_s
         self.report_s = report_s
         self.name = name or socket.gethostname()
@@ -145,6 +154,11 @@ class Router:
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
+        if self.grpc_listen is not None:
+            from workers.router.oip_grpc import oip_grpc_start  # grpcio is loaded only by routers that serve it
+
+            self._grpc = await oip_grpc_start(self, self.grpc_listen)
+            self.grpc_port = self._grpc.port
         try:
             await asyncio.wait_for(self.tables.refresh(), timeout=max(5.0, 5 * self.dispatcher.connect_timeout_s))
         except asyncio.TimeoutError:
@@ -152,6 +166,9 @@ class Router:
         self._tasks = [self._loop.create_task(self._refresh_loop()), self._loop.create_task(self._report_loop())]
 
     async def shutdown(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop()
+            self._grpc = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

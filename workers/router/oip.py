@@ -1,5 +1,7 @@
 """The Open Inference Protocol (KServe v2, Triton's HTTP API) on the router: what lets `tritonclient`,
-`perf_analyzer` and KServe's SDK talk to a Tessera fleet as to one inference server.
+`perf_analyzer` and KServe's SDK talk to a Tessera fleet as to one inference server. The protocol's
+operations (`server_metadata`, `model_metadata`, `model_config`, `model_infer`, ...) are written once here
+and serve both transports: `oip_handle` over HTTP, workers/router/oip_grpc.py over gRPC.
 
 Source: the protocol's REST specification (kserve/open-inference-protocol, specification/protocol/
 inference_rest.md: health, server and model metadata, model ready, inference, the error object) and
@@ -43,13 +45,14 @@ import asyncio
 import functools
 import re
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import orjson
 
 from engine.dataplane.tensors import OIP_TO_TRITON_DATATYPE
 from workers.router.asgi import body_read as _body
-from workers.router.asgi import reply_relay, request_headers_parse
+from workers.router.asgi import InferHeaders, reply_relay, request_headers_parse
 from workers.router.asgi import response_send as _send
 from workers.router.dispatch import DispatchError
 from workers.router.pipelines import PipelineError, RouterPipeline
@@ -58,7 +61,11 @@ from workers.router.table import Application
 if TYPE_CHECKING:
     from workers.router.app import Router
 
-__all__ = ["OIP_EXTENSIONS", "RepositoryActionError", "oip_handle"]
+__all__ = [
+    "InferAnswer", "OIP_EXTENSIONS", "OipError", "RepositoryActionError", "model_config", "model_find", "model_infer", "model_metadata",
+    "model_ready", "model_statistics", "oip_handle", "repository_action", "repository_index", "repository_parameters_check",
+    "server_metadata", "server_ready",
+]
 
 OIP_EXTENSIONS = ("binary_tensor_data", "parameters", "model_configuration", "model_repository", "statistics")
 
@@ -68,10 +75,13 @@ _JSON = b"application/json"
 _PIPELINE_PLATFORM = "tessera_pipeline"
 
 
-class _OipError(Exception):
-    def __init__(self, status: int, message: str, code: str) -> None:
+class OipError(Exception):
+    """The router's own refusal of a protocol request: `status` (HTTP; the gRPC side maps it), the message,
+    Tessera's machine-readable `code`, and headers to send with it (a refused query's variant)."""
+
+    def __init__(self, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.headers = status, message, code, headers or []
 
 
 class RepositoryActionError(Exception):
@@ -82,108 +92,174 @@ class RepositoryActionError(Exception):
         self.status, self.message = status, message
 
 
+@dataclass(frozen=True)
+class InferAnswer:
+    """A query's answer as a runtime (or the router, for an ensemble) gave it: the KServe v2 body, JSON or
+    with binary outputs after a JSON header of `header_length` bytes, and the headers to send with it
+    (`x-tessera-variant`, and a pipeline's `x-tessera-path`)."""
+
+    body: bytes
+    content_type: bytes
+    header_length: int | None
+    headers: list[tuple[bytes, bytes]]
+
+
 async def oip_handle(router: "Router", scope: dict, receive: Callable, send: Callable) -> None:
-    """Answer one `/v2...` request (see the module docstring)."""
+    """Answer one `/v2...` request over HTTP (see the module docstring)."""
     path, method = scope["path"], scope["method"]
     try:
         if path in ("/v2", "/v2/"):
             _method(method, "GET")
-            await _json(send, 200, {"name": "tessera-router", "version": _version(), "extensions": list(OIP_EXTENSIONS)})
+            await _json(send, 200, server_metadata())
         elif path == "/v2/health/live":
             _method(method, "GET")
             await _json(send, 200, {"live": True})
         elif path == "/v2/health/ready":
             _method(method, "GET")
-            ready = router.tables.refreshes > 0 or bool(router.tables.apps)
+            ready = server_ready(router)
             await _json(send, 200 if ready else 400, {"ready": ready})
         elif path in ("/v2/repository/index", "/v2/repository/index/"):
             _method(method, "POST")
             body = await _body(receive)
             ready_only = _json_body(body, "the index request").get("ready", False) if body.strip() else False
-            await _json(send, 200, _repository_index(router, bool(ready_only)))
+            await _json(send, 200, repository_index(router, bool(ready_only)))
         elif (m := _REPOSITORY_PATH.match(path)) is not None:
             _method(method, "POST")
             body = await _body(receive)
-            config = _repository_parameters(body, m["action"], m["name"])
-            await _repository_action(router, m["action"], m["name"], config)
+            params = (_json_body(body, f"the {m['action']} request").get("parameters") or {}) if body.strip() else {}
+            config = repository_parameters_check(params, m["action"], m["name"])
+            await repository_action(router, m["action"], m["name"], config)
             await _send(send, 200, b"", _JSON)
         elif path in ("/v2/models/stats", "/v2/models/stats/"):
             _method(method, "GET")
-            apps = router.tables.apps
-            await _json(send, 200, {"model_stats": [s for name in sorted(apps) for s in _stats(router, apps[name], None)]})
+            await _json(send, 200, {"model_stats": model_statistics(router, None, None)})
         elif (m := _MODEL_PATH.match(path)) is not None:
             await _model(router, scope, receive, send, m["name"], m["version"], m["action"])
         else:
-            raise _OipError(404, f"no such path {path}", "not_found")
-    except _OipError as exc:
-        await _json(send, exc.status, {"error": exc.message}, [(b"x-tessera-error-code", exc.code.encode())])
+            raise OipError(404, f"no such path {path}", "not_found")
+    except OipError as exc:
+        await _json(send, exc.status, {"error": exc.message}, [*exc.headers, (b"x-tessera-error-code", exc.code.encode())])
 
 
 async def _model(router: "Router", scope: dict, receive: Callable, send: Callable, name: str, version: str | None,
                  action: str | None) -> None:
+    if action == "infer":
+        _method(scope["method"], "POST")
+        t0 = time.monotonic()
+        model_find(router, name)  # an unknown model is refused before its body is read
+        try:
+            request = request_headers_parse(scope["headers"])
+        except ValueError as exc:
+            raise OipError(400, str(exc), "malformed") from None
+        body = await _body(receive)
+        answer = await model_infer(router, name, version, request, body, t0)
+        await reply_relay(send, 200, {"content_type": answer.content_type.decode(), "header_length": answer.header_length},
+                          answer.body, answer.headers)
+        return
+    _method(scope["method"], "GET")
+    if action is None:
+        await _json(send, 200, model_metadata(router, name, version))
+    elif action == "ready":
+        await _send(send, 200 if model_ready(router, name, version) else 400, b"", _JSON)
+    elif action == "config":
+        await _json(send, 200, model_config(router, name, version))
+    else:  # stats
+        await _json(send, 200, {"model_stats": model_statistics(router, name, version)})
+
+
+# --------------------------------------------------------------------------- the protocol's operations
+# One implementation for both transports: HTTP above, gRPC in workers/router/oip_grpc.py. Each takes the
+# model's name and version as the request gives them (None: none given) and raises OipError.
+
+
+def server_metadata() -> dict:
+    return {"name": "tessera-router", "version": _version(), "extensions": list(OIP_EXTENSIONS)}
+
+
+def server_ready(router: "Router") -> bool:
+    """Ready once the router holds routing tables (fetched at least once, or given)."""
+    return router.tables.refreshes > 0 or bool(router.tables.apps)
+
+
+def model_find(router: "Router", name: str) -> tuple[Application | None, RouterPipeline | None]:
+    """The application or pipeline a model name means; 404 for neither."""
     app = router.tables.apps.get(name)
     pipeline = router.tables.pipelines.get(name) if app is None else None
     if app is None and pipeline is None:
-        raise _OipError(404, f"Request for unknown model: '{name}' is not found", "unknown_model")
-    if action == "infer":
-        _method(scope["method"], "POST")
-        if app is not None:
-            await _application_infer(router, scope, receive, send, app, version)
-        else:
-            await _pipeline_infer(router, scope, receive, send, pipeline, version)  # type: ignore[arg-type]
-        return
-    _method(scope["method"], "GET")
+        raise OipError(404, f"Request for unknown model: '{name}' is not found", "unknown_model")
+    return app, pipeline
+
+
+def _pipeline_version_known(pipeline: RouterPipeline, version: str | None) -> str | None:
+    if version is not None and version not in pipeline.paths:
+        raise OipError(404, f"Request for unknown model: '{pipeline.name}' version '{version}' is not found (its versions are its "
+                            f"paths: {', '.join(pipeline.paths)})", "unknown_version")
+    return version
+
+
+def model_metadata(router: "Router", name: str, version: str | None) -> dict:
+    app, pipeline = model_find(router, name)
     if app is not None:
-        version = _version_known(app, version)
-    elif version is not None and version not in pipeline.paths:  # type: ignore[union-attr]
-        raise _OipError(404, f"Request for unknown model: '{name}' version '{version}' is not found (its versions are its paths: "
-                             f"{', '.join(pipeline.paths)})", "unknown_version")  # type: ignore[union-attr]
-    if action is None:
-        await _json(send, 200, _app_metadata(app, version) if app is not None else _pipeline_metadata(router, pipeline, version))
-    elif action == "ready":
-        ready = _app_ready(app, version) if app is not None else _pipeline_ready(router, pipeline, version)
-        await _send(send, 200 if ready else 400, b"", _JSON)
-    elif action == "config":
-        await _json(send, 200, _config(app, version) if app is not None else _pipeline_config(router, pipeline, version))
-    else:  # stats
-        if app is None:
-            raise _OipError(400, f"statistics are kept per application: ask for the stages of pipeline '{name}'", "unsupported")
-        await _json(send, 200, {"model_stats": _stats(router, app, version)})
+        return _app_metadata(app, _version_known(app, version))
+    return _pipeline_metadata(router, pipeline, _pipeline_version_known(pipeline, version))  # type: ignore[arg-type]
+
+
+def model_ready(router: "Router", name: str, version: str | None) -> bool:
+    app, pipeline = model_find(router, name)
+    if app is not None:
+        return _app_ready(app, _version_known(app, version))
+    return _pipeline_ready(router, pipeline, _pipeline_version_known(pipeline, version))  # type: ignore[arg-type]
+
+
+def model_config(router: "Router", name: str, version: str | None) -> dict:
+    app, pipeline = model_find(router, name)
+    if app is not None:
+        return _config(app, _version_known(app, version))
+    return _pipeline_config(router, pipeline, _pipeline_version_known(pipeline, version))  # type: ignore[arg-type]
+
+
+def model_statistics(router: "Router", name: str | None, version: str | None) -> list[dict]:
+    """Statistics of one application (every version, or one), or of every application (`name` None)."""
+    if name is None:
+        apps = router.tables.apps
+        return [s for n in sorted(apps) for s in _stats(router, apps[n], None)]
+    app, _pipeline = model_find(router, name)
+    if app is None:
+        raise OipError(400, f"statistics are kept per application: ask for the stages of pipeline '{name}'", "unsupported")
+    return _stats(router, app, _version_known(app, version))
+
+
+async def model_infer(router: "Router", name: str, version: str | None, request: InferHeaders, body: bytes, t0: float) -> InferAnswer:
+    """One query to a model received at `t0` (the body as the HTTP protocol carries it: JSON, or the binary
+    tensor data extension with `request.header_length`): an application's dispatched by its routing table
+    (to `version`'s variant only when one is named), a pipeline's sent along the path `version` names.
+    A runtime's refusal is raised as OipError with its status, message and code."""
+    app, pipeline = model_find(router, name)
+    if app is not None:
+        return await _application_infer(router, app, _version_known(app, version), request, body, t0)
+    return await _pipeline_infer(router, pipeline, _pipeline_version_known(pipeline, version), request, body, t0)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- inference
 
 
-async def _application_infer(router: "Router", scope: dict, receive: Callable, send: Callable, app: Application,
-                             version: str | None) -> None:
-    t0 = time.monotonic()
-    version = _version_known(app, version)
-    try:
-        request = request_headers_parse(scope["headers"])
-    except ValueError as exc:
-        raise _OipError(400, str(exc), "malformed") from None
-    body = await _body(receive)
+async def _application_infer(router: "Router", app: Application, version: str | None, request: InferHeaders, body: bytes,
+                             t0: float) -> InferAnswer:
     budget_ms = _timeout_ms(body, request.header_length)
     try:
         status, reply, reply_body, variant = await router.application_infer(app, request, body, t0, variant=version, budget_ms=budget_ms)
     except DispatchError as exc:
-        raise _OipError(exc.status, exc.message, exc.code) from None
+        raise OipError(exc.status, exc.message, exc.code) from None
+    headers = [(b"x-tessera-variant", variant.encode())]
     if status != 200:
-        await _relay_refusal(send, status, reply_body, [(b"x-tessera-variant", variant.encode())])
-        return
-    await reply_relay(send, status, reply, reply_body, [(b"x-tessera-variant", variant.encode())])
+        raise _refusal(status, reply_body, headers)
+    return InferAnswer(reply_body, (reply.get("content_type") or "application/json").encode(), reply.get("header_length"), headers)
 
 
-async def _pipeline_infer(router: "Router", scope: dict, receive: Callable, send: Callable, pipeline: RouterPipeline,
-                          version: str | None) -> None:
-    t0 = time.monotonic()
-    try:
-        request = request_headers_parse(scope["headers"])
-    except ValueError as exc:
-        raise _OipError(400, str(exc), "malformed") from None
+async def _pipeline_infer(router: "Router", pipeline: RouterPipeline, version: str | None, request: InferHeaders, body: bytes,
+                          t0: float) -> InferAnswer:
     if request.header_length is not None:
-        raise _OipError(400, "pipelines take JSON tensors, not the binary tensor data extension", "malformed")
-    body = await _body(receive)
+        raise OipError(400, "pipelines take JSON tensors, not the binary tensor data extension", "malformed")
     client_ms = request.deadline_ms
     timeout_ms = _timeout_ms(body, None)
     if timeout_ms is not None:
@@ -191,11 +267,11 @@ async def _pipeline_infer(router: "Router", scope: dict, receive: Callable, send
     try:
         status, reply_body, content_type, headers = await router.pipeline_infer(pipeline, version, body, t0, client_ms)
     except PipelineError as exc:
-        raise _OipError(exc.status, exc.message, exc.code) from None
+        raise OipError(exc.status, exc.message, exc.code) from None
     if status != 200:
-        await _relay_refusal(send, status, reply_body, headers)
-        return
-    await _send(send, status, reply_body, content_type, headers)
+        raise _refusal(status, reply_body, headers)
+    header_length = next((int(v) for k, v in headers if k == b"inference-header-content-length"), None)
+    return InferAnswer(reply_body, content_type, header_length, [(k, v) for k, v in headers if k != b"inference-header-content-length"])
 
 
 def _timeout_ms(body: bytes, header_length: int | None) -> float | None:
@@ -209,12 +285,12 @@ def _timeout_ms(body: bytes, header_length: int | None) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise _OipError(400, f"parameters.timeout must be a whole number of microseconds >= 0, got {timeout!r}", "malformed")
+        raise OipError(400, f"parameters.timeout must be a whole number of microseconds >= 0, got {timeout!r}", "malformed")
     return timeout / 1000.0
 
 
-async def _relay_refusal(send: Callable, status: int, body: bytes, headers: list) -> None:
-    """A runtime's refusal (Tessera's error object) in the protocol's shape, its code in a header."""
+def _refusal(status: int, body: bytes, headers: list) -> OipError:
+    """A runtime's refusal (Tessera's error object) in the protocol's shape, its code kept."""
     try:
         error = orjson.loads(body).get("error")
     except (orjson.JSONDecodeError, AttributeError):
@@ -223,7 +299,7 @@ async def _relay_refusal(send: Callable, status: int, body: bytes, headers: list
         message, code = str(error.get("message", "")), str(error.get("code", "error"))
     else:
         message, code = (error if isinstance(error, str) else body.decode("utf-8", "replace")), "error"
-    await _json(send, status, {"error": message}, [*headers, (b"x-tessera-error-code", code.encode())])
+    return OipError(status, message, code, list(headers))
 
 
 # --------------------------------------------------------------------------- metadata, readiness, configuration
@@ -250,7 +326,7 @@ def _version_known(app: Application, version: str | None) -> str | None:
     for name, doc in versions.items():
         if isinstance(doc, dict) and str(doc.get("id")) == version:
             return name
-    raise _OipError(404, f"Request for unknown model: '{app.name}' version '{version}' is not found "
+    raise OipError(404, f"Request for unknown model: '{app.name}' version '{version}' is not found "
                          f"(its versions are its variants, by name or number: {', '.join(sorted(known)) or 'none'})", "unknown_version")
 
 
@@ -372,7 +448,7 @@ def _stats(router: "Router", app: Application, version: str | None) -> list[dict
 # --------------------------------------------------------------------------- the model repository
 
 
-def _repository_index(router: "Router", ready_only: bool) -> list[dict]:
+def repository_index(router: "Router", ready_only: bool) -> list[dict]:
     """One entry per application and variant the tables route (a table with no routes: one entry, UNAVAILABLE),
     and one per pipeline path."""
     entries: list[dict] = []
@@ -394,16 +470,13 @@ def _repository_index(router: "Router", ready_only: bool) -> list[dict]:
     return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
-def _repository_parameters(body: bytes, action: str, name: str) -> Any:
+def repository_parameters_check(params: Any, action: str, name: str) -> Any:
     """A load's or unload's `parameters` (extension_model_repository.md): a load's `config` (Triton's model
     configuration as JSON text) is relayed for the control plane to apply or refuse; `unload_dependents`
     changes nothing (an application has no dependents a router loads); model files (`file:...`) and anything
     else are refused, naming the parameter. Returns the config, or None."""
-    if not body.strip():
-        return None
-    params = _json_body(body, f"the {action} request").get("parameters") or {}
     if not isinstance(params, dict):
-        raise _OipError(400, f"failed to {action} '{name}': parameters must be an object", "malformed")
+        raise OipError(400, f"failed to {action} '{name}': parameters must be an object", "malformed")
     for key in params:
         if key == "config" and action == "load":
             continue
@@ -411,18 +484,19 @@ def _repository_parameters(body: bytes, action: str, name: str) -> Any:
             continue
         why = ("Tessera loads models from its registry: upload the ONNX file as an artifact and give the application a variant"
                if key.startswith("file:") else "not a parameter Tessera takes here")
-        raise _OipError(400, f"failed to {action} '{name}': parameters.{key}: {why}", "malformed")
+        raise OipError(400, f"failed to {action} '{name}': parameters.{key}: {why}", "malformed")
     return params.get("config")
 
 
-async def _repository_action(router: "Router", action: str, name: str, config: Any = None) -> None:
+async def repository_action(router: "Router", action: str, name: str, config: Any = None) -> None:
+    """A load or unload relayed to the control plane (`router.repository`), then the tables refreshed."""
     if router.repository is None:
-        raise _OipError(501, "this router has no control plane to load or unload models through", "unsupported")
+        raise OipError(501, "this router has no control plane to load or unload models through", "unsupported")
     loop = asyncio.get_running_loop()
     try:
         await loop.run_in_executor(None, functools.partial(router.repository, action, name, config=config))
     except RepositoryActionError as exc:
-        raise _OipError(exc.status, exc.message, "repository") from None
+        raise OipError(exc.status, exc.message, "repository") from None
     await router.tables.refresh()  # the withdrawn or returned routes, now rather than at the next refresh
 
 
@@ -431,16 +505,16 @@ async def _repository_action(router: "Router", action: str, name: str, config: A
 
 def _method(method: str, allowed: str) -> None:
     if method != allowed and not (allowed == "GET" and method == "HEAD"):
-        raise _OipError(405, f"{method} is not allowed here; use {allowed}", "method_not_allowed")
+        raise OipError(405, f"{method} is not allowed here; use {allowed}", "method_not_allowed")
 
 
 def _json_body(body: bytes, what: str) -> dict:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _OipError(400, f"{what} is not valid JSON: {exc}", "malformed") from None
+        raise OipError(400, f"{what} is not valid JSON: {exc}", "malformed") from None
     if not isinstance(doc, dict):
-        raise _OipError(400, f"{what} must be a JSON object", "malformed")
+        raise OipError(400, f"{what} must be a JSON object", "malformed")
     return doc
 
 

@@ -115,7 +115,10 @@ def _serve_with_ready_file(router: Router, host: str, port: int, log_level: str,
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
-            ready_file_write(ready_file, f"http://{bound[0]}:{bound[1]}")
+            lines = f"http://{bound[0]}:{bound[1]}"
+            if router.grpc_port is not None:
+                lines += f"\ngrpc://{bound[0]}:{router.grpc_port}"
+            ready_file_write(ready_file, lines)
         await task
 
     gc.collect()
@@ -130,12 +133,14 @@ def _serve_with_ready_file(router: Router, host: str, port: int, log_level: str,
 
 @dataclass
 class RouterHandle:
-    """A router serving in a background thread: `url` (http://127.0.0.1:PORT), `stop()`."""
+    """A router serving in a background thread: `url` (http://127.0.0.1:PORT), `grpc_url` (127.0.0.1:PORT
+    when the router serves gRPC, else None), `stop()`."""
 
     url: str
     router: Router
     server: Any
     thread: threading.Thread
+    grpc_url: str | None = None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self.server.should_exit = True
@@ -178,7 +183,8 @@ def router_start_in_thread(router: Router, host: str = "127.0.0.1", port: int = 
             raise RuntimeError("the router did not start in time")
         time.sleep(0.01)
     host_part = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-    return RouterHandle(url=f"http://{host_part}:{bound[1]}", router=router, server=server, thread=thread)
+    grpc_url = f"{host_part}:{router.grpc_port}" if router.grpc_port is not None else None
+    return RouterHandle(url=f"http://{host_part}:{bound[1]}", router=router, server=server, thread=thread, grpc_url=grpc_url)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,14 +195,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.router", description="A Tessera router on a routing-tables file.")
     parser.add_argument("--tables", required=True, help="JSON: the routing tables as GET /api/v1/routing-tables/?active=true lists them")
     parser.add_argument("--listen", default="127.0.0.1:8000", help="HOST:PORT (port 0: any free port)")
-    parser.add_argument("--ready-file", default=None, help="where to write http://HOST:PORT once serving")
+    parser.add_argument("--grpc-listen", default=None, help="HOST:PORT for the Open Inference Protocol over gRPC too (port 0: any free port)")
+    parser.add_argument("--ready-file", default=None, help="where to write http://HOST:PORT once serving (and grpc://HOST:PORT on a second line)")
     parser.add_argument("--name", default=None)
     parser.add_argument("--refresh-s", type=float, default=1.0)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     host, _, port = args.listen.rpartition(":")
-    router = Router(tables_file_reader(args.tables), None, refresh_s=args.refresh_s, name=args.name)
+    router = Router(tables_file_reader(args.tables), None, refresh_s=args.refresh_s, name=args.name, grpc_listen=args.grpc_listen)
     router_serve(router, host or "127.0.0.1", int(port), log_level=args.log_level, ready_file=args.ready_file)
     return 0
 
