@@ -213,7 +213,50 @@ def _conv_model(nodes: list, inits: list, output: str, width: int, name: str) ->
 
 @functools.lru_cache(maxsize=1)
 def demo_conv_model_build() -> DemoModel:
-    """Deterministic (fixed seeds), so built once per process: its features take a few seconds to compute."""
+    """Deterministic (fixed seeds), so built once per process, and kept on disk beside the demo's
+    measurements where TESSERA_DEMO_MEASUREMENTS_DIR names a folder: its features take 14 s of two cores to
+    compute, paid by every process that seeds the demo (each test worker, each bench's stack)."""
+    cached = _conv_cache_path()
+    if cached is not None and cached.exists():
+        import json
+
+        doc = json.loads(cached.with_suffix(".json").read_text())
+        return DemoModel(CONV_MODEL_NAME, cached.read_bytes(), doc["accuracy"], doc["description"])
+    model = _demo_conv_model_compute()
+    if cached is not None:
+        import json
+        import os
+
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        for path, data in ((cached.with_suffix(".json"), json.dumps({"accuracy": model.accuracy, "description": model.description}).encode()),
+                           (cached, model.onnx_bytes)):  # the model last: its presence says both are whole
+            partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+            partial.write_bytes(data)
+            partial.replace(path)
+    return model
+
+
+def _conv_cache_path():
+    """The conv model's file in TESSERA_DEMO_MEASUREMENTS_DIR, keyed by what it is computed from: this
+    module's source, onnxruntime's and NumPy's versions, the CPU (floating-point sums may differ between
+    them); None when the setting is unset."""
+    import hashlib
+    import os
+    import platform
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    folder = os.environ.get("TESSERA_DEMO_MEASUREMENTS_DIR", "")
+    if not folder:
+        return None
+    from engine.reference.machine import cpu_model_name
+
+    key = hashlib.sha256(Path(__file__).read_bytes() + repr((ort.__version__, np.__version__, platform.machine(), cpu_model_name())).encode())
+    return Path(folder) / f"demo-conv-{key.hexdigest()[:40]}.onnx"
+
+
+def _demo_conv_model_compute() -> DemoModel:
     import onnxruntime as ort
 
     x, y = _dataset()

@@ -114,3 +114,23 @@ def test_the_demo_mps_host_serves_pairs_of_models_in_rounds():
             assert all(duty + m["turn_ms"] <= slos[m["application"]] for m in models)
     routed = {r["instance"] for t in RoutingTable.objects.filter(active=True) for r in t.routes}
     assert {f"sim-2080ti-01/{r['key']}" for r in spec["runtimes"]} <= routed
+
+
+def test_the_conv_model_is_read_back_from_the_measurements_folder(tmp_path, monkeypatch):
+    """demo_conv_model_build keeps what it computed (14 s of two cores) in TESSERA_DEMO_MEASUREMENTS_DIR under
+    a key of its inputs, and a process that finds it there reads it instead of computing it again."""
+    from controlplane import demo_models
+
+    monkeypatch.setenv("TESSERA_DEMO_MEASUREMENTS_DIR", str(tmp_path))
+    path = demo_models._conv_cache_path()
+    assert path is not None and path.parent == tmp_path and path.name.startswith("demo-conv-")
+    path.with_suffix(".json").write_text('{"accuracy": 0.5, "description": "kept"}')
+    path.write_bytes(b"onnx bytes")
+    demo_models.demo_conv_model_build.cache_clear()
+    try:
+        kept = demo_models.demo_conv_model_build()
+        assert (kept.onnx_bytes, kept.accuracy, kept.description) == (b"onnx bytes", 0.5, "kept")
+    finally:
+        demo_models.demo_conv_model_build.cache_clear()  # the next caller in this process builds (or reads) the real one
+    monkeypatch.delenv("TESSERA_DEMO_MEASUREMENTS_DIR")
+    assert demo_models._conv_cache_path() is None

@@ -81,6 +81,17 @@ def test_collectstatic_under_production_settings_collects_the_project_assets(tmp
     for name in ("img/favicon.svg", "img/logo.svg", "css/tessera.css", "dashboard/dashboard.css",
                  "vendor/uplot-1.6.32/uPlot.iife.min.js", "vendor/uplot-1.6.32/LICENSE"):
         assert (tmp_path / name).is_file(), name
+    # Served with their gzip forms; brotli ones only when TESSERA_STATIC_BROTLI asks (controlplane/storage.py).
+    assert (tmp_path / "css/tessera.css.gz").is_file() and not list(tmp_path.rglob("*.br"))
+
+
+def test_static_files_get_brotli_forms_only_when_asked(settings):
+    pytest.importorskip("brotli")
+    from controlplane.storage import StaticFilesStorage
+
+    assert not StaticFilesStorage().create_compressor(quiet=True).use_brotli
+    settings.TESSERA_STATIC_BROTLI = True
+    assert StaticFilesStorage().create_compressor(quiet=True).use_brotli
 
 
 def test_healthz_says_which_service_is_down_without_the_drivers_message(client, db, monkeypatch):

@@ -95,8 +95,10 @@ TESSERA_DEMO_MEASUREMENTS_DIR = env.str("TESSERA_DEMO_MEASUREMENTS_DIR", default
 MEDIA_URL = "/media/"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "controlplane.storage.StaticFilesStorage"},
 }
+# Brotli forms of the static files beside the gzip ones (needs the `brotli` package; controlplane/storage.py).
+TESSERA_STATIC_BROTLI = env.bool("TESSERA_STATIC_BROTLI", default=False)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The dashboard's login page (Django's auth views); the admin keeps its own at /admin/login/.
 LOGIN_URL = "/login/"
