@@ -94,6 +94,21 @@ def demand_inject(application: str, rps: float, seconds: int = 60) -> None:
     ])
 
 
+def _answered(url: str, body: dict, attempts: int = 20) -> httpx.Response:
+    """The first 200 answer to `body` at `url`. The runtimes are real onnxruntime processes on this machine's
+    two cores, beside the other test worker: a query the drop rule predicts late is refused (504
+    deadline_exceeded, the rule at work; seen once in a fresh-clone CI run); any other refusal fails."""
+    refused = []
+    for _ in range(attempts):
+        response = httpx.post(url, json=body, timeout=10)
+        if response.status_code == 200:
+            return response
+        assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded", response.text
+        refused.append(response.text)
+        time.sleep(0.2)
+    raise AssertionError(f"no answer in {attempts} queries: {refused[-1]}")
+
+
 def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, agents, live_server) -> None:
     hosts = fleet_seed()
     ReplanPolicy.objects.filter(name="default").update(auto_apply=True, debounce_seconds=0)
@@ -136,8 +151,8 @@ def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, ag
 
         wait_for(router_on_new_tables, 30, "the router on the new routing tables")
         body = {"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", "data": [0.1] * 8}]}
-        answer = httpx.post(f"{handle.url}/v1/infer/tabular-cpu", json=body, timeout=10)
-        assert answer.status_code == 200, answer.text
+        answer = _answered(f"{handle.url}/v1/infer/tabular-cpu", body)
+        assert answer.json()["model_name"] == "tabular-cpu"
         # The demo pipeline, re-planned as a whole by FA2 (one-core replicas side by side on the CPU host),
         # rolled out on the real agent and served stage to stage through the router.
         cpu_spec = HostDesiredState.objects.filter(host__name="sim-cpu-01").order_by("-version").first().spec
@@ -146,8 +161,7 @@ def test_demand_jump_replans_rolls_out_on_agents_and_moves_the_router(broker, ag
             [(r["key"], r["application"], r.get("cpu_threads")) for r in cpu_spec["runtimes"]],
             [(i["id"], i["variant"]) for i in plan.result["instances"] if "cpu" in i["device"]])
         assert plan.result["pipelines"]["tabular-chain"]["solver"].startswith("fa2")
-        chained = httpx.post(f"{handle.url}/v1/pipelines/tabular-chain/infer", json=body, timeout=10)
-        assert chained.status_code == 200, chained.text
+        chained = _answered(f"{handle.url}/v1/pipelines/tabular-chain/infer", body)
         assert chained.json()["model_name"] == "tabular-calibrate" and chained.headers["x-tessera-path"] == "tabular-chain"
         assert elapsed < 300, f"demand change to active plan took {elapsed:.0f} s (the default interval is 300 s)"
     finally:
