@@ -19,6 +19,6 @@ urlpatterns = [
     path("plans/<int:pk>/<str:action>/", views.plan_action, name="plan-action"),
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/<int:pk>/", views.job, name="job"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", views.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

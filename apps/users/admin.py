@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Token
+from .models import LoginFailure, Token
 
 
 @admin.register(Token)
@@ -12,3 +12,18 @@ class TokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # the secret must be shown once: create tokens through the API or `tessera token create`
+
+
+@admin.register(LoginFailure)
+class LoginFailureAdmin(admin.ModelAdmin):
+    """Failed password sign-ins, as the throttle counts them (read-only)."""
+
+    list_display = ["username", "address", "created"]
+    search_fields = ["username", "address"]
+    date_hierarchy = "created"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -35,3 +35,18 @@ class Token(ChangeLoggedModel):
         if user.is_superuser or user.has_perm("auth.change_user"):
             return queryset
         return queryset.filter(user=user)
+
+
+class LoginFailure(models.Model):
+    """A failed password sign-in (dashboard, admin): what `login_throttle_wait` counts to slow a
+    password-guessing client down. Kept a day (`login_failure_record` prunes older rows)."""
+
+    username = models.CharField(max_length=150, db_index=True)
+    address = models.GenericIPAddressField(null=True, blank=True, db_index=True)
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.username} from {self.address or 'unknown'} at {self.created:%Y-%m-%d %H:%M:%S}"

@@ -49,3 +49,63 @@ def user_update(*, user, role: str | None = None, password: str | None = None, *
     if role is not None:
         user_role_set(user, role or None)
     return user
+
+
+# --------------------------------------------------------------------------- sign-in throttling
+# A password sign-in (the dashboard's, the admin's) is free for the first LOGIN_FREE_FAILURES failures of a
+# username, or from an address, within LOGIN_FAILURE_WINDOW_S; after that each attempt must wait 2^(k - free)
+# seconds after the last failure (k failures so far), at most LOGIN_DELAY_MAX_S, or it is refused without
+# the password being checked. A success clears the username's failures. Counted in the database, which every
+# sign-in needs anyway, so every control plane process sees the same count.
+LOGIN_FREE_FAILURES = 5
+LOGIN_FAILURE_WINDOW_S = 15 * 60
+LOGIN_DELAY_MAX_S = 5 * 60
+LOGIN_FAILURE_KEEP_S = 24 * 3600
+
+
+def _login_failures(*, username: str, address: str | None):
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from django.utils import timezone
+
+    from .models import LoginFailure
+
+    since = timezone.now() - timedelta(seconds=LOGIN_FAILURE_WINDOW_S)
+    who = Q(username=username) | Q(address=address) if address else Q(username=username)
+    return LoginFailure.objects.filter(who, created__gte=since)
+
+
+def login_throttle_wait(*, username: str, address: str | None) -> float:
+    """Seconds this username, or this address, must still wait before its password is checked again (0:
+    now). The count is whichever of the two has failed more."""
+    from django.utils import timezone
+
+    failures = _login_failures(username=username, address=address)
+    by_user = failures.filter(username=username)
+    counts = [by_user.count()] + ([failures.filter(address=address).count()] if address else [])
+    count = max(counts)
+    if count < LOGIN_FREE_FAILURES:
+        return 0.0
+    last = failures.order_by("-created").values_list("created", flat=True).first()
+    delay = min(LOGIN_DELAY_MAX_S, 2.0 ** (count - LOGIN_FREE_FAILURES))
+    return max(0.0, delay - (timezone.now() - last).total_seconds())
+
+
+def login_failure_record(*, username: str, address: str | None) -> None:
+    """One failed sign-in; rows older than a day go."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from .models import LoginFailure
+
+    LoginFailure.objects.create(username=username[:150], address=address or None)
+    LoginFailure.objects.filter(created__lt=timezone.now() - timedelta(seconds=LOGIN_FAILURE_KEEP_S)).delete()
+
+
+def login_failures_clear(*, username: str) -> None:
+    """A successful sign-in: the username's failures are forgiven (the address's stay counted)."""
+    from .models import LoginFailure
+
+    LoginFailure.objects.filter(username=username).delete()

@@ -100,6 +100,8 @@ STORAGES = {
 # Brotli forms of the static files beside the gzip ones (needs the `brotli` package; controlplane/storage.py).
 TESSERA_STATIC_BROTLI = env.bool("TESSERA_STATIC_BROTLI", default=False)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Password sign-ins slow down after repeated failures (apps/users/services.py, "sign-in throttling").
+AUTHENTICATION_BACKENDS = ["apps.users.backends.ThrottledModelBackend"]
 # The dashboard's login page (Django's auth views); the admin keeps its own at /admin/login/.
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
