@@ -12,7 +12,9 @@ answered fast, in the right form, and reported.
   that drops packets) is not caught by the server's own statement_timeout; the watchdog shuts the
   connection's socket once a statement outlives that bound by `WATCHDOG_GRACE_S`, so the request gets an
   OperationalError (then a 503) instead of waiting for ever. Connecting is bounded by libpq's
-  connect_timeout and the pool's timeout (controlplane/settings/base.py, "Outages").
+  connect_timeout and the pool's timeout (controlplane/settings/base.py, "Outages"). COMMIT and ROLLBACK
+  are watched too (controlplane/postgresql, the database engine). Migrations run under their own bound
+  (`statement_bound_override`, the migrate command: TESSERA_DB_MIGRATE_STATEMENT_TIMEOUT_S, none by default).
 - `services_health`: each service checked with short bounds, for /healthz."""
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from itertools import count
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
@@ -164,18 +168,65 @@ def _socket_shutdown(fd: int) -> None:
 _watchdog = _StatementWatchdog()
 
 
-def statement_watchdog_wrapper(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:
-    """A Django execute wrapper: the statement runs watched, with the bound statement_timeout + grace."""
-    bound = settings.TESSERA_DB_STATEMENT_TIMEOUT_S
+# A bound other than the setting's for the statements of this context (the migrate command's; 0: none).
+_bound_override: ContextVar[float | None] = ContextVar("tessera_statement_bound", default=None)
+
+
+def statement_bound_s() -> float:
+    """The bound on one statement here and now: the setting's, or the one `statement_bound_override` set."""
+    override = _bound_override.get()
+    return settings.TESSERA_DB_STATEMENT_TIMEOUT_S if override is None else override
+
+
+@contextmanager
+def statement_bound_override(seconds: float) -> Iterator[None]:
+    """Statements in this context run under `seconds` (0: unbounded) instead of the request bound, both on
+    the server (`SET statement_timeout` on every open PostgreSQL connection, reset after) and for the
+    watchdog. For work that is long by nature and runs alone: migrations."""
+    from django.db import connections
+
+    token = _bound_override.set(seconds)
+    touched = []
     try:
-        fd = context["connection"].connection.pgconn.socket
+        for connection in connections.all():
+            if connection.vendor == "postgresql":  # connected here if it was not: the work inside will use it
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET statement_timeout = {int(seconds * 1000)}")
+                touched.append(connection)
+        yield
+    finally:
+        _bound_override.reset(token)
+        for connection in touched:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("RESET statement_timeout")  # back to the connection's own (its options' -c statement_timeout)
+            except Exception:  # noqa: BLE001 - a broken connection is not reused
+                connection.close()
+
+
+@contextmanager
+def statement_watched(connection: Any) -> Iterator[None]:
+    """Whatever runs inside waits on the connection's socket at most the statement bound + grace: COMMIT and
+    ROLLBACK (controlplane/postgresql) as well as statements (`statement_watchdog_wrapper`)."""
+    bound = statement_bound_s()
+    try:
+        fd = connection.connection.pgconn.socket if bound > 0 else None
     except Exception:  # noqa: BLE001 - not psycopg, or no socket: run unwatched
-        return execute(sql, params, many, context)
+        fd = None
+    if fd is None:
+        yield
+        return
     token = _watchdog.watch(fd, bound + WATCHDOG_GRACE_S)
     try:
-        return execute(sql, params, many, context)
+        yield
     finally:
         _watchdog.unwatch(token)
+
+
+def statement_watchdog_wrapper(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:
+    """A Django execute wrapper: the statement runs watched, with the bound statement_timeout + grace."""
+    with statement_watched(context["connection"]):
+        return execute(sql, params, many, context)
 
 
 def statement_watchdog_install(sender: Any, connection: Any, **kwargs: Any) -> None:

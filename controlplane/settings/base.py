@@ -182,6 +182,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # (apps.core.outages). The figures the fault-injection bench measures are in benches/faults.py.
 TESSERA_DB_CONNECT_TIMEOUT_S = env.int("TESSERA_DB_CONNECT_TIMEOUT_S", default=2)  # libpq's least is 2
 TESSERA_DB_STATEMENT_TIMEOUT_S = env.float("TESSERA_DB_STATEMENT_TIMEOUT_S", default=4.0)  # 0: none
+# `manage.py migrate`'s bound on one statement instead (0: none): a migration may rewrite a large table, and it
+# runs alone, before the processes that serve requests.
+TESSERA_DB_MIGRATE_STATEMENT_TIMEOUT_S = env.float("TESSERA_DB_MIGRATE_STATEMENT_TIMEOUT_S", default=0.0)
 TESSERA_REDIS_CONNECT_TIMEOUT_S = env.float("TESSERA_REDIS_CONNECT_TIMEOUT_S", default=1.0)
 TESSERA_REDIS_SOCKET_TIMEOUT_S = env.float("TESSERA_REDIS_SOCKET_TIMEOUT_S", default=2.0)
 TESSERA_RETRY_AFTER_S = env.int("TESSERA_RETRY_AFTER_S", default=5)  # the Retry-After of a 503
@@ -222,6 +225,7 @@ def database_settings(url: str) -> dict:
     database = env.db_url_config(url)
     if database["ENGINE"] != "django.db.backends.postgresql":
         return database
+    database["ENGINE"] = "controlplane.postgresql"  # Django's, with COMMIT and ROLLBACK watched too (apps.core.outages)
     options = database.setdefault("OPTIONS", {})
     # Bounded waits (see "Outages" above): connecting, and any one statement on the server. A server that
     # stops answering mid-statement is cut off by apps.core.outages' statement watchdog.

@@ -223,6 +223,77 @@ def test_a_statement_on_a_frozen_postgres_is_cut_off(transactional_db, settings)
     assert outcome and outcome[0][0] == "cut off" and outcome[0][1] < 5, outcome
 
 
+
+def test_a_commit_on_a_frozen_postgres_is_cut_off(transactional_db, settings) -> None:
+    """Issue 44: COMMIT goes through psycopg's connection, not a cursor, so the execute wrappers never watched
+    it; a server frozen between a transaction's last statement and its COMMIT held the caller until it
+    thawed. Tessera's engine (controlplane/postgresql) watches COMMIT and ROLLBACK too."""
+    if connection.vendor != "postgresql":
+        service_unavailable("needs PostgreSQL (set DATABASE_URL)")
+    settings.TESSERA_DB_STATEMENT_TIMEOUT_S = 1.0
+    with FaultProxy(url_port(_database_url_of_test_db(), 5432)) as proxy:
+        outcome: list = []
+
+        def transaction_committed() -> None:
+            wrapper = connections.create_connection("default")
+            wrapper.settings_dict = {**wrapper.settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port}
+            try:
+                wrapper.set_autocommit(False)
+                with wrapper.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                proxy.mode = "frozen"
+                started = time.monotonic()
+                try:
+                    wrapper.commit()
+                    outcome.append(("committed", time.monotonic() - started))
+                except OperationalError:
+                    outcome.append(("cut off", time.monotonic() - started))
+            finally:
+                wrapper.close()
+
+        thread = threading.Thread(target=transaction_committed, daemon=True)
+        thread.start()
+        thread.join(timeout=15)
+        proxy.mode = "up"  # releases a COMMIT still waiting (the failure this test catches)
+        thread.join(timeout=10)
+    assert type(connections["default"]).__module__ == "controlplane.postgresql.base"
+    assert outcome and outcome[0][0] == "cut off" and outcome[0][1] < 5, outcome
+
+
+def test_migrate_runs_under_its_own_statement_bound(transactional_db, settings, monkeypatch) -> None:
+    """Issue 44: `manage.py migrate` ran under the requests' statement timeout, so a migration longer than
+    4 s (a large table rewritten) failed half-way. It runs under TESSERA_DB_MIGRATE_STATEMENT_TIMEOUT_S (none by
+    default), and the connection is back on the request bound afterwards."""
+    from django.core.management import call_command
+    from django.core.management.commands.migrate import Command as DjangoMigrate
+    from django.db.utils import OperationalError as DatabaseError
+
+    if connection.vendor != "postgresql":
+        service_unavailable("needs PostgreSQL (set DATABASE_URL)")
+    from apps.core.outages import statement_bound_s
+
+    def shown() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            return cursor.fetchone()[0]
+
+    request_bound = shown()
+    assert request_bound == f"{settings.TESSERA_DB_STATEMENT_TIMEOUT_S:g}s"  # the connection's options set it
+    ran: list = []
+
+    def long_migration(self, *args, **options) -> None:  # Django's migrate, standing for a long migration
+        ran.append((shown(), statement_bound_s()))
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(0.3)")
+
+    monkeypatch.setattr(DjangoMigrate, "handle", long_migration)
+    call_command("migrate", verbosity=0)
+    assert ran == [("0", 0.0)]  # unbounded on the server and for the watchdog
+    assert shown() == request_bound  # and the connection is back on the request bound
+    settings.TESSERA_DB_MIGRATE_STATEMENT_TIMEOUT_S = 0.2
+    with pytest.raises(DatabaseError, match="statement timeout"):
+        call_command("migrate", verbosity=0)  # a bound of its own, when one is set
+
 def _worker(redis_url: str, tmp_path, *, beat: bool) -> subprocess.Popen:
     """A Celery worker on the test database with the bench's `bench.steps` job, fast sweeper settings, and
     kombu's own redelivery out of the way (an hour), so only the sweeper can bring a killed job back."""
