@@ -190,72 +190,67 @@ def test_broker_away_plan_run_answers_503_at_once_and_creates_nothing(served, mo
     assert served.http.post("/api/v1/plan-runs/", json={}).status_code == 409  # queued, waiting for a worker: not stale
 
 
-def test_a_statement_on_a_frozen_postgres_is_cut_off(transactional_db, settings) -> None:
-    """The watchdog (apps.core.outages): libpq has no read timeout, and a frozen server never runs its own
-    statement_timeout; without the watchdog the statement waits until the server thaws."""
+def _frozen_mid(settings, act) -> list:
+    """Run `act(wrapper, freeze)` on a connection of its own through a fault proxy in front of the test
+    database, with a 1 s statement bound; `act` calls `freeze()` and then does the thing that must not hang.
+    Returns [(outcome, seconds since the freeze)]: "cut off" when the thing raised OperationalError."""
     if connection.vendor != "postgresql":
         service_unavailable("needs PostgreSQL (set DATABASE_URL)")
     settings.TESSERA_DB_STATEMENT_TIMEOUT_S = 1.0
+    outcome: list = []
+    frozen_at: list = []
     with FaultProxy(url_port(_database_url_of_test_db(), 5432)) as proxy:
-        outcome: list = []
 
-        def statement() -> None:  # a connection of its own, through the proxy
+        def freeze() -> None:
+            proxy.mode = "frozen"
+            frozen_at.append(time.monotonic())
+
+        def run() -> None:
             wrapper = connections.create_connection("default")
             wrapper.settings_dict = {**wrapper.settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port}
             try:
-                with wrapper.cursor() as cursor:
-                    cursor.execute("SELECT 1")
-                    proxy.mode = "frozen"
-                    started = time.monotonic()
-                    try:
-                        cursor.execute("SELECT 2")
-                        outcome.append(("answered", time.monotonic() - started))
-                    except OperationalError:
-                        outcome.append(("cut off", time.monotonic() - started))
+                act(wrapper, freeze)
+                outcome.append(("answered", time.monotonic() - frozen_at[-1]))
+            except OperationalError:
+                outcome.append(("cut off", time.monotonic() - frozen_at[-1]))
             finally:
                 wrapper.close()
 
-        thread = threading.Thread(target=statement, daemon=True)
+        thread = threading.Thread(target=run, daemon=True)
         thread.start()
         thread.join(timeout=15)
-        proxy.mode = "up"  # releases a statement still waiting (the failure this test catches)
+        proxy.mode = "up"  # releases whatever still waits (the failure these tests catch)
         thread.join(timeout=10)
-    assert outcome and outcome[0][0] == "cut off" and outcome[0][1] < 5, outcome
+    return outcome
 
+
+def test_a_statement_on_a_frozen_postgres_is_cut_off(transactional_db, settings) -> None:
+    """The watchdog (apps.core.outages): libpq has no read timeout, and a frozen server never runs its own
+    statement_timeout; without the watchdog the statement waits until the server thaws."""
+
+    def statement(wrapper, freeze) -> None:
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            freeze()
+            cursor.execute("SELECT 2")
+
+    outcome = _frozen_mid(settings, statement)
+    assert outcome and outcome[0][0] == "cut off" and outcome[0][1] < 5, outcome
 
 
 def test_a_commit_on_a_frozen_postgres_is_cut_off(transactional_db, settings) -> None:
     """Issue 44: COMMIT goes through psycopg's connection, not a cursor, so the execute wrappers never watched
     it; a server frozen between a transaction's last statement and its COMMIT held the caller until it
     thawed. Tessera's engine (controlplane/postgresql) watches COMMIT and ROLLBACK too."""
-    if connection.vendor != "postgresql":
-        service_unavailable("needs PostgreSQL (set DATABASE_URL)")
-    settings.TESSERA_DB_STATEMENT_TIMEOUT_S = 1.0
-    with FaultProxy(url_port(_database_url_of_test_db(), 5432)) as proxy:
-        outcome: list = []
 
-        def transaction_committed() -> None:
-            wrapper = connections.create_connection("default")
-            wrapper.settings_dict = {**wrapper.settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port}
-            try:
-                wrapper.set_autocommit(False)
-                with wrapper.cursor() as cursor:
-                    cursor.execute("SELECT 1")
-                proxy.mode = "frozen"
-                started = time.monotonic()
-                try:
-                    wrapper.commit()
-                    outcome.append(("committed", time.monotonic() - started))
-                except OperationalError:
-                    outcome.append(("cut off", time.monotonic() - started))
-            finally:
-                wrapper.close()
+    def commit(wrapper, freeze) -> None:
+        wrapper.set_autocommit(False)
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        freeze()
+        wrapper.commit()
 
-        thread = threading.Thread(target=transaction_committed, daemon=True)
-        thread.start()
-        thread.join(timeout=15)
-        proxy.mode = "up"  # releases a COMMIT still waiting (the failure this test catches)
-        thread.join(timeout=10)
+    outcome = _frozen_mid(settings, commit)
     assert type(connections["default"]).__module__ == "controlplane.postgresql.base"
     assert outcome and outcome[0][0] == "cut off" and outcome[0][1] < 5, outcome
 
