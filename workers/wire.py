@@ -239,6 +239,12 @@ def _bytes_elements(array: np.ndarray, where: str) -> list[bytes]:
     return out
 
 
+def _bytes_raw(elements: list[bytes]) -> bytes:
+    """BYTES elements as binary data: each a 4-byte little-endian length and its bytes (what
+    `_binary_bytes_tensor` reads back)."""
+    return b"".join(_LENGTH.pack(len(e)) + e for e in elements)
+
+
 def _only_integers(data: list) -> bool:
     """Whether a (nested) list holds Python integers only (not booleans, not floats)."""
     return all(_only_integers(v) if isinstance(v, list) else type(v) is int for v in data)
@@ -437,7 +443,7 @@ def _tensor_entries(tensors: Mapping[str, np.ndarray], binary: bool | RequestedO
             elements = _bytes_elements(array, f"tensor {name!r}")
             entry = {"name": name, "shape": list(array.shape), "datatype": BYTES}
             if binary.binary_for(name) if per_output else binary:  # type: ignore[union-attr]
-                raw = b"".join(_LENGTH.pack(len(e)) + e for e in elements)  # tensor_raw's layout
+                raw = _bytes_raw(elements)
                 entry["parameters"] = {"binary_data_size": len(raw)}
                 buffers.append(raw)
             else:
@@ -562,7 +568,7 @@ def tensor_raw(array: np.ndarray, where: str = "tensor") -> tuple[str, bytes]:
     `raw_*_contents`) lay them out: little-endian, row-major; BYTES elements each a 4-byte length and its bytes."""
     array = np.asarray(array)
     if array.dtype.kind in "OSU":
-        return BYTES, b"".join(_LENGTH.pack(len(e)) + e for e in _bytes_elements(array, where))
+        return BYTES, _bytes_raw(_bytes_elements(array, where))
     array = _contiguous_le(array)
     return datatype_of(array), array.tobytes()
 
@@ -578,7 +584,7 @@ def values_raw(datatype: str, shape: tuple[int, ...], values: list, where: str) 
             raise WireError(f"{where}: the contents have {len(values)} elements but shape {list(shape)} needs {expected}")
         if not all(isinstance(v, bytes) for v in values):
             raise WireError(f"{where}: BYTES contents must be bytes")
-        return b"".join(_LENGTH.pack(len(v)) + v for v in values)
+        return _bytes_raw(values)
     return _contiguous_le(_json_tensor(list(values), dt, shape, where)).tobytes()
 
 
