@@ -23,3 +23,14 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+
+# `manage.py check --deploy` is clean in every environment deploy/ gives a control-plane process
+# (tests/security/test_deploy_checks.py). Silenced: a protection the environment turned off by name, never by
+# default, so the warning would only repeat that choice. DJANGO_SECURE_SSL_REDIRECT=false: the in-cluster
+# ingest Service (plain HTTP between pods, deploy/kubernetes/base/ingest.yaml) and compose on localhost;
+# DJANGO_HSTS_SECONDS=0: compose on localhost (HSTS there would pin the browser to HTTPS on every local port).
+# Everything else check --deploy says fails the test.
+SILENCED_SYSTEM_CHECKS = [
+    *([] if SECURE_SSL_REDIRECT else ["security.W008"]),
+    *([] if SECURE_HSTS_SECONDS else ["security.W004"]),
+]
