@@ -307,13 +307,14 @@ class RecordingSupervisor:
     def observe(self) -> dict[str, RuntimeProcess]:
         return dict(self.records)
 
-    def start(self, *, key: str, fingerprint: str, spec: dict, env: dict | None = None, ready_timeout_s: float = 60.0) -> RuntimeProcess:
+    def start(self, *, key: str, fingerprint: str, spec: dict, env: dict | None = None, ready_timeout_s: float = 60.0,
+              mps_daemon: str = "") -> RuntimeProcess:
         n = len(self.started)
         spec_path = self.dir / f"{n}.spec"
         spec_path.write_text(json.dumps(spec))
         self.events.append(("start", key))
         record = RuntimeProcess(key=key, fingerprint=fingerprint, spec_path=str(spec_path), ready_file="", log_path="",
-                                pid=10_000 + n, endpoint=f"tcp://127.0.0.1:{20_000 + n}", started_at=time.time() + n)
+                                pid=10_000 + n, endpoint=f"tcp://127.0.0.1:{20_000 + n}", started_at=time.time() + n, mps_daemon=mps_daemon)
         self.records[key] = record
         self.started.append((key, spec, dict(env or {})))
         self.events.append(("ready", key))
@@ -614,3 +615,157 @@ def test_agent_killed_during_a_reorganisation_converges(tmp_path) -> None:
             assert sorted(pid for pid, _cmd in supervisor._processes_under_state_dir()) == sorted(r.pid for r in running.values())
         finally:
             RuntimeSupervisor(state).stop_all()
+
+
+# --------------------------------------------------------------------------- MPS daemons watched, and stopped at exit (issue 44)
+
+
+def test_mps_control_does_not_take_a_reused_pid_for_its_daemon(fake_control) -> None:
+    """A daemon killed with its container leaves its pid file; the next PID namespace hands the number out again.
+    The daemon's identity (PID and start time) is kept when it starts, so another process under that PID is not it."""
+    mps = MpsControl(fake_control.root, str(fake_control.path), timeout_s=10.0)
+    mps.start(0, "GPU-aaaa")
+    first = mps.daemon_id(0)
+    assert first is not None and first.startswith(f"{mps.pid(0)}@")
+    os.kill(mps.pid(0), signal.SIGKILL)
+    stand_in = subprocess.Popen(["sleep", "60"])  # a live process that the stale pid file will name
+    try:
+        (mps.pipe_dir(0) / MPS_PID_FILE).write_text(str(stand_in.pid))
+        (fake_control.root / "gpu0" / "daemon.id").write_text(f"{stand_in.pid}@1\n")  # what was kept: another start time
+        assert mps.daemon_id(0) is None and not mps.running(0)
+        mps.start(0, "GPU-aaaa")  # so it is started again, and is another daemon
+        assert mps.running(0) and mps.daemon_id(0) not in (None, first) and mps.pid(0) != stand_in.pid
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+@pytest.fixture
+def computing_v1(tmp_path) -> Path:
+    """V1 with a real ONNX model behind every model (real GPUs compute), as a desired-state file."""
+    from tests.onnx_builders import onnx_mlp_bytes
+    import hashlib
+
+    data = onnx_mlp_bytes(n_in=4, hidden=8, n_out=3, seed=5)
+    model_path = tmp_path / "mlp.onnx"
+    model_path.write_bytes(data)
+    doc = copy.deepcopy(V1)
+    for runtime in doc["runtimes"]:
+        runtime["variant"]["artifact"] = {"id": 9, "sha256": hashlib.sha256(data).hexdigest(), "size_bytes": len(data), "download": str(model_path)}
+    path = tmp_path / "desired.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def partition_pids(agent: Agent) -> dict[str, int]:
+    return {partition_of(k): r.pid for k, r in agent.supervisor.observe().items()}
+
+
+def test_a_daemon_that_dies_after_convergence_is_reported_and_restored_with_its_partitions(tmp_path, fake_control, computing_v1, caplog) -> None:
+    """Real partition processes on an MPS GPU (NVML faked, the fake control program standing for
+    nvidia-cuda-mps-control): the daemon killed after convergence is noticed on the next poll, logged, its
+    partitions' models reported failed, and the pass starts the daemon again and the partitions under it."""
+    nvml = FakeNvml(["Tesla T4"])
+    backend = NvmlBackend(nvml=nvml, mps_dir=fake_control.root, mps_control=str(fake_control.path))
+    ops: list = []
+    states_when_lost: dict[str, str] = {}
+    agent: Agent | None = None
+
+    def on_operation(op) -> None:
+        ops.append(op)
+        if op.action == "mps.daemon" and agent is not None:
+            states_when_lost.update({r["key"]: r["state"] for r in agent.actual_state()["runtimes"]})
+
+    agent = Agent(backend=backend, state_dir=tmp_path / "state", desired_file=computing_v1, drain_timeout_s=1.0, on_operation=on_operation)
+    mps = MpsControl(fake_control.root, str(fake_control.path))
+    try:
+        result = agent.step()
+        assert result.converged, result.errors
+        daemon = mps.daemon_id(0)
+        assert daemon is not None
+        before = partition_pids(agent)
+        assert sorted(before) == ["gpu0/mps40@1", "gpu0/mps60@0"]
+        assert {r.mps_daemon for r in agent.supervisor.observe().values()} == {daemon}  # each recorded with its daemon
+        assert agent.step() is None  # converged, daemon alive: nothing to do
+
+        os.kill(mps.pid(0), signal.SIGKILL)
+        wait_for_dead = time.monotonic() + 10
+        while mps.running(0) and time.monotonic() < wait_for_dead:
+            time.sleep(0.05)
+        ops.clear()
+        with caplog.at_level("WARNING", logger="tessera.agent"):
+            result = agent.step()
+        assert result is not None and result.converged, result and result.errors
+        assert any("gpu0: the MPS control daemon" in m and "not running" in m for m in caplog.messages), caplog.messages
+        # Reported before the repair: no query is routed to a partition whose MPS server is gone.
+        assert states_when_lost == {"gpu0/mps40@1/0": "failed", "gpu0/mps60@0/0": "failed", "gpu0/mps60@0/1": "failed"}
+        actions = [(op.action, op.target, op.outcome) for op in ops]
+        assert actions[0] == ("mps.daemon", "gpu0", "failed")
+        assert actions[1:5] == [("runtime.drain", "gpu0/mps40@1", actions[1][2]), ("runtime.stop", "gpu0/mps40@1", "ok"),
+                                ("runtime.drain", "gpu0/mps60@0", actions[3][2]), ("runtime.stop", "gpu0/mps60@0", "ok")]
+        assert actions[5:] == [("mps.mode", "gpu0", "ok"), ("runtime.start", "gpu0/mps40@1", "ok"), ("runtime.start", "gpu0/mps60@0", "ok")]
+        restored = mps.daemon_id(0)
+        assert restored not in (None, daemon)
+        after = partition_pids(agent)
+        assert sorted(after) == sorted(before) and not set(after.values()) & set(before.values())
+        assert not any(_alive(pid) for pid in before.values())
+        assert {r.mps_daemon for r in agent.supervisor.observe().values()} == {restored}
+        assert all(environ_of(pid)["CUDA_MPS_PIPE_DIRECTORY"] == str(mps.pipe_dir(0)) for pid in after.values())
+        assert all(r["state"] == "ready" for r in agent.actual_state()["runtimes"])
+        assert agent.step() is None  # converged again
+
+        # A daemon replaced behind the agent's back (stopped and started by hand): its partitions connected to the
+        # old one, so they are restarted under the new one.
+        mps.stop(0)
+        mps.start(0, backend.gpus()[0].uuid)
+        replaced = mps.daemon_id(0)
+        ops.clear()
+        result = agent.step()
+        assert result is not None and result.converged, result and result.errors
+        assert [(op.action, op.outcome) for op in ops][0] == ("mps.daemon", "failed") and "which is gone" in ops[0].detail
+        assert ("mps.mode", "gpu0", "ok") not in [(op.action, op.target, op.outcome) for op in ops]  # it runs: not started again
+        assert {r.mps_daemon for r in agent.supervisor.observe().values()} == {replaced}
+        assert [c["argv"] for c in fake_control.calls()].count(["-d"]) == 3
+    finally:
+        agent.stop(stop_runtimes=True)
+
+
+def test_the_mps_daemons_stop_with_the_runtimes_and_outlive_an_agent_restart(tmp_path, fake_control, computing_v1) -> None:
+    """An agent that exits to be restarted leaves its partition processes and their daemon serving (the next
+    agent takes them over as they are); one that exits draining its runtimes stops the daemon after them."""
+    nvml = FakeNvml(["Tesla T4"])
+    mps = MpsControl(fake_control.root, str(fake_control.path))
+
+    left_at_daemon_stop: list = []
+
+    def agent_make(ops: list) -> Agent:
+        def seen(op) -> None:
+            ops.append(op)
+            if op.action == "mps.mode" and op.detail.startswith("disabled"):
+                left_at_daemon_stop.append(RuntimeSupervisor(tmp_path / "state")._processes_under_state_dir())
+
+        backend = NvmlBackend(nvml=nvml, mps_dir=fake_control.root, mps_control=str(fake_control.path))
+        return Agent(backend=backend, state_dir=tmp_path / "state", desired_file=computing_v1, drain_timeout_s=1.0, on_operation=seen)
+
+    first_ops: list = []
+    first = agent_make(first_ops)
+    assert first.step().converged
+    daemon, pids = mps.daemon_id(0), partition_pids(first)
+    first.stop()  # a restart: runtimes keep serving, and so does their MPS daemon
+    assert mps.daemon_id(0) == daemon and all(_alive(pid) for pid in pids.values())
+    assert not [c for c in fake_control.calls() if c["stdin"] == "quit\n"]
+
+    ops: list = []
+    second = agent_make(ops)
+    try:
+        assert second.step().converged
+        assert ops == [] and partition_pids(second) == pids and mps.daemon_id(0) == daemon  # taken over, nothing restarted
+    finally:
+        second.stop(stop_runtimes=True)  # a drain: runtimes first, then the daemon nothing needs any more
+    assert [(op.action, op.target, op.outcome) for op in ops] == [("mps.mode", "gpu0", "ok")] and "agent stopped" in ops[-1].detail
+    assert left_at_daemon_stop == [[]]  # the daemon went once no partition process was left
+    assert not mps.running(0) and not _alive(int(daemon.split("@")[0]))
+    assert fake_control.calls()[-1]["stdin"] == "quit\n"
+    assert fake_control.calls()[-1]["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(mps.pipe_dir(0))
+    assert not any(_alive(pid) for pid in pids.values())
+    assert RuntimeSupervisor(tmp_path / "state")._processes_under_state_dir() == []

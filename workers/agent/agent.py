@@ -115,6 +115,8 @@ class Agent:
         self._loop_running = threading.Event()
         self._threads: list[threading.Thread] = []
         self._runtime_errors: dict[str, str] = {}
+        self._mps_lost: dict[int, str] = {}  # GPU index -> why its MPS daemon is lost, until a pass restores it
+        self._mps_lost_seen: dict[int, str] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -189,10 +191,10 @@ class Agent:
         self._desired = desired
         return desired
 
-    def _needs_reconcile(self, desired: DesiredState) -> bool:
+    def _needs_reconcile(self, desired: DesiredState, mps_lost: dict[int, str]) -> bool:
         if self.converged_version != desired.version or self.last_result is None or not self.last_result.converged:
             return True
-        return bool(runtimes_missing(desired, self.supervisor.observe()))
+        return bool(mps_lost) or bool(runtimes_missing(desired, self.supervisor.observe()))
 
     def _served(self, running: dict[str, RuntimeProcess]) -> dict[str, tuple[RuntimeProcess, dict | None]]:
         """Runtime key -> (the process serving it, its model's spec within an MPS partition's spec, else None).
@@ -262,9 +264,14 @@ class Agent:
                 # the model it serves, never the one wanted next, so the control plane routes no query for the new
                 # model to it before its replacement runs.
                 application, variant, simulated = self._running_model(record.spec_path)
+            state, error = "ready", ""
+            if model is not None and (parsed := partition_record_parse(record.key)) is not None:
+                index = names.runtime_key_parse(parsed[0]).index
+                if index in self._mps_lost:  # its MPS server is gone: no query should be routed to it
+                    state, error = "failed", f"gpu{index}: {self._mps_lost[index]}"
             runtimes.append({
                 "key": key, "application": application, "variant": variant,
-                "state": "ready", "endpoint": record.endpoint or "", "simulated": bool(simulated), "error": "",
+                "state": state, "endpoint": record.endpoint or "", "simulated": bool(simulated), "error": error,
             })
         for key, want in sorted(desired.items()):
             if key not in served:
@@ -314,10 +321,18 @@ class Agent:
     # ------------------------------------------------------------------ the loops
 
     def step(self) -> ReconcileResult | None:
-        """One pass of the control loop."""
+        """One pass of the control loop. An MPS control daemon found lost (`Reconciler.mps_daemons_lost`) is
+        logged and reported at once, its partitions' models failed, before the pass that restores it."""
         desired = self.desired_read()
         result = None
-        if desired is not None and self._needs_reconcile(desired):
+        mps_lost = self.reconciler.mps_daemons_lost(desired, self.supervisor.observe()) if desired is not None else {}
+        if mps_lost and mps_lost != self._mps_lost_seen:  # once per loss, not on every poll a repair keeps failing
+            for index, why in sorted(mps_lost.items()):
+                log.warning("gpu%d: %s; its partitions are reported failed until they run again under a new daemon", index, why)
+            self._mps_lost = mps_lost
+            self.report()
+        self._mps_lost_seen = mps_lost
+        if desired is not None and self._needs_reconcile(desired, mps_lost):
             result = self.reconciler.reconcile(desired)
             self.last_result = result
             if result.settled:
@@ -328,6 +343,7 @@ class Agent:
                 self.converged_version = desired.version
             else:
                 log.warning("desired state version %d not reached yet: %s", desired.version, "; ".join(result.errors[:5]))
+            self._mps_lost = {}
         if result is not None or time.monotonic() - self._last_report >= self.report_s:
             self.report()
         return result
@@ -470,6 +486,8 @@ class Agent:
         if stop_runtimes:
             for record in self.supervisor.observe().values():
                 self.supervisor.stop(record, drain_timeout_s=2.0)
+            # Nothing is left to need an MPS daemon. (Without stop_runtimes they stay: the runtimes outlive the agent.)
+            self.reconciler.mps_daemons_stop()
         if self.exporter is not None:
             self.exporter.close()
         self.backend.close()

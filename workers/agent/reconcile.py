@@ -25,6 +25,16 @@ the processes of partitions that are gone or changed are drained and stopped (st
 stop while a GPU is reorganised (the percents may add up to more than 100 % meanwhile, which MPS allows);
 a GPU taken out of MPS mode has its daemon stopped after its last partition process.
 
+MPS daemons are watched (issue 44): every partition process's record keeps the identity of the daemon it was
+started under (`mps_daemon`: PID and start time, backends/mps.py). A daemon the desired state relies on that
+is gone after convergence (it died: its clients lost their MPS server, so their queries fail or run without
+the partition's SM limit), or partition processes under another daemon than the one running now, is lost
+(`mps_daemons_lost`, which the agent checks on every poll, reports, and repairs with a pass): the pass
+records `mps.daemon` failed (a WARNING), stops the partition processes that used the lost daemon, starts the
+daemon again and their partitions under it. The daemons are stopped only by a GPU leaving MPS mode, and by
+the agent's drain exit (`mps_daemons_stop`, after its runtimes); an agent that exits to be restarted leaves
+them running with the runtimes that need them.
+
 CPU runtimes resized in place (issue 19): a CPU runtime's `cpu_threads` and `vertical` block are not in its
 restart fingerprint (desired.py). When only they change, the running process is sent a `resize` frame at
 the end of the pass (its cores become `cpu_threads`, within the vertical bounds, its batch cap the desired
@@ -247,6 +257,7 @@ class Reconciler:
         self.catalogue = mig_catalogue_load()
         self._failures: dict[str, tuple[int, float]] = {}  # runtime key -> (consecutive failures, retry at)
         self._start_errors: dict[str, str] = {}  # runtime key -> why its last start failed
+        self._mps_daemons: dict[int, str] = {}  # GPU index -> the MPS daemon this reconciler last saw serving it
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -351,9 +362,77 @@ class Reconciler:
 
     # ------------------------------------------------------------------ MPS
 
+    def mps_daemons_lost(self, desired: DesiredState, running: dict[str, RuntimeProcess]) -> dict[int, str]:
+        """The GPUs the desired state keeps in MPS mode whose MPS control daemon was lost, each with why: its
+        daemon does not run though this reconciler saw it run or partition processes still run on the GPU, or
+        partition processes run there under another daemon than the one running now (see the module docstring).
+        A GPU whose daemon was simply never started yet is not lost (the pass starts it)."""
+        partitions: dict[int, list[RuntimeProcess]] = {}
+        for record_key, record in running.items():
+            parsed = partition_record_parse(record_key)
+            if parsed is not None:
+                partitions.setdefault(names.runtime_key_parse(parsed[0]).index, []).append(record)
+        lost: dict[int, str] = {}
+        for want in desired.gpus:
+            if not want.mps_enabled:
+                continue
+            try:
+                daemon = self.backend.mps_daemon(want.index)
+            except BackendError:
+                continue  # no such GPU: the pass reports it
+            records = partitions.get(want.index, [])
+            if daemon is None:
+                seen = self._mps_daemons.get(want.index)
+                if seen is not None or records:
+                    lost[want.index] = (f"the MPS control daemon{f' {seen}' if seen else ''} is not running "
+                                        f"({len(records)} partition process(es) used it)")
+                continue
+            stale = [r for r in records if r.mps_daemon and r.mps_daemon != daemon]
+            if stale:
+                lost[want.index] = (f"{len(stale)} partition process(es) run under MPS control daemon {stale[0].mps_daemon}, "
+                                    f"which is gone (now {daemon})")
+        return lost
+
+    def _mps_daemons_repair(self, desired: DesiredState, running: dict[str, RuntimeProcess]) -> None:
+        """Record every lost daemon (`mps.daemon` failed) and stop the partition processes that used it (taken out
+        of `running`), so that the pass starts the daemon again and their partitions under it."""
+        for index, why in sorted(self.mps_daemons_lost(desired, running).items()):
+            self._op("mps.daemon", f"gpu{index}", "failed", f"{why}: starting it again, and its partitions under it")
+            self._mps_daemons.pop(index, None)
+            daemon = self.backend.mps_daemon(index)
+            for record_key, record in sorted(running.items()):
+                parsed = partition_record_parse(record_key)
+                if parsed is None or names.runtime_key_parse(parsed[0]).index != index:
+                    continue
+                if daemon is None or (record.mps_daemon and record.mps_daemon != daemon):
+                    # Their MPS server is gone: what they hold fails anyway, so a short drain only.
+                    self._runtime_stop(record, target=parsed[0], drain_timeout_s=min(self.drain_timeout_s, 2.0))
+                    del running[record_key]
+
+    def mps_daemons_stop(self) -> None:
+        """Stop the MPS control daemon of every GPU in MPS mode (the agent's drain exit, once no runtime is left
+        to need one). A failure is recorded and the rest are still stopped."""
+        try:
+            gpus = self.backend.gpus()
+        except BackendError as exc:
+            log.warning("MPS daemons not stopped: the GPUs cannot be read: %s", exc)
+            return
+        for gpu in gpus:
+            if not gpu.mps_enabled:
+                continue
+            try:
+                self.backend.mps_mode_set(gpu.index, False)
+            except BackendError as exc:
+                self._op("mps.mode", f"gpu{gpu.index}", "failed", str(exc))
+                continue
+            self._mps_daemons.pop(gpu.index, None)
+            self._op("mps.mode", f"gpu{gpu.index}", "ok", "disabled: the agent stopped its runtimes and exits")
+
     def _mps_make(self, desired: DesiredState, running: dict[str, RuntimeProcess], result: ReconcileResult) -> dict[int, GpuInfo]:
-        """MPS daemons on for the GPUs that want them (once MIG is off), then the desired partitions' processes
-        that do not run yet, each ready before the next. Returns the GPUs as they are now."""
+        """Lost MPS daemons repaired (`_mps_daemons_repair`), MPS daemons on for the GPUs that want them (once MIG
+        is off), then the desired partitions' processes that do not run yet, each ready before the next, each
+        recorded with the daemon it runs under. Returns the GPUs as they are now."""
+        self._mps_daemons_repair(desired, running)
         gpus = {g.index: g for g in self.backend.gpus()}
         changed = False
         for want in desired.gpus:
@@ -388,7 +467,8 @@ class Reconciler:
                 paths = {r.key: (self.artifact_fetch(r.variant["artifact"]) if r.variant.get("artifact") else None) for r in partition.runtimes}
                 spec = partition_spec_build(partition, host=desired.host, artifact_paths=paths, device_uuid=gpu.uuid, simulated=simulated)
                 env = self.backend.mps_environment(partition.device_index, partition.percent)
-                record = self.supervisor.start(key=record_key, fingerprint=partition.fingerprint, spec=spec, env=env, ready_timeout_s=self.ready_timeout_s)
+                record = self.supervisor.start(key=record_key, fingerprint=partition.fingerprint, spec=spec, env=env, ready_timeout_s=self.ready_timeout_s,
+                                               mps_daemon=self.backend.mps_daemon(partition.device_index) or "")
                 health = self.supervisor.call(record, "health", timeout_s=5.0)
                 if health.get("status") != 200:
                     self.supervisor.stop(record, drain_timeout_s=0)
@@ -404,6 +484,10 @@ class Reconciler:
             label = "simulated" if simulated else gpu.uuid
             models = ", ".join(r.variant["name"] for r in partition.runtimes)
             self._op("runtime.start", partition.key, "ok", f"{partition.percent} % for {models} at {record.endpoint} on {label}")
+        for want in desired.gpus:
+            daemon = self.backend.mps_daemon(want.index) if want.mps_enabled and want.index in gpus else None
+            if daemon is not None:
+                self._mps_daemons[want.index] = daemon
         return gpus
 
     def _mps_break(self, desired: DesiredState, result: ReconcileResult) -> None:
@@ -430,6 +514,7 @@ class Reconciler:
                 self._op("mps.mode", f"gpu{want.index}", "failed", str(exc))
                 result.errors.append(f"gpu{want.index}: {exc}")
                 continue
+            self._mps_daemons.pop(want.index, None)
             self._op("mps.mode", f"gpu{want.index}", "ok", "disabled")
 
     # ------------------------------------------------------------------ MIG
@@ -516,9 +601,9 @@ class Reconciler:
         reply["before"] = {"cores": before.get("cores"), "max_batch": before.get("max_batch")}
         return reply
 
-    def _runtime_stop(self, record: RuntimeProcess, target: str | None = None) -> None:
+    def _runtime_stop(self, record: RuntimeProcess, target: str | None = None, drain_timeout_s: float | None = None) -> None:
         target = target or record.key
-        drained = self.supervisor.drain(record, self.drain_timeout_s)
+        drained = self.supervisor.drain(record, self.drain_timeout_s if drain_timeout_s is None else drain_timeout_s)
         self._op("runtime.drain", target, "ok" if drained else "failed", "" if drained else "did not drain; stopping anyway")
         self.supervisor.stop(record, drain_timeout_s=0)
         self._op("runtime.stop", target, "ok")

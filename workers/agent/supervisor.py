@@ -4,9 +4,10 @@ One process per runtime (`python -m workers.runtime.server`), in its own session
 restarts (an upgrade, a crash) leaves the runtimes serving. What the agent must find again after a restart
 is kept on disk under `<state dir>/runtimes/`:
 
-- `<key>.json`, the record: key, fingerprint, spec file, pid, endpoint, and the resize fingerprint (what a
+- `<key>.json`, the record: key, fingerprint, spec file, pid, endpoint, the resize fingerprint (what a
   CPU runtime was last resized to in place: reconcile.py's `runtime.resize`; a record written before it
-  existed reads as ""). (The process of an MPS partition is
+  existed reads as ""), and for an MPS partition's process the identity of the MPS control daemon it was
+  started under (`mps_daemon`, backends/mps.py; "" in records written before it). (The process of an MPS partition is
   recorded as `<partition key>#<fingerprint>`, so that its replacement can start, under a record of its
   own, while it still serves: reconcile.py, `partition_record_key`.) It is written *before* the process
   is started (without a pid) and again once it runs, each time atomically (temp file + rename).
@@ -54,6 +55,7 @@ class RuntimeProcess:
     endpoint: str | None = None
     started_at: float = 0.0
     resize_fingerprint: str = ""
+    mps_daemon: str = ""
 
 
 def _atomic_write(path: Path, data: str) -> None:
@@ -212,12 +214,12 @@ class RuntimeSupervisor:
     # ------------------------------------------------------------------ start / stop
 
     def start(self, *, key: str, fingerprint: str, spec: dict[str, Any], env: dict[str, str] | None = None, ready_timeout_s: float = 60.0,
-              resize_fingerprint: str = "") -> RuntimeProcess:
+              resize_fingerprint: str = "", mps_daemon: str = "") -> RuntimeProcess:
         """Start a runtime and wait until it serves (it writes its endpoint to the ready file once warm)."""
         nonce = secrets.token_hex(4)
         safe = _safe(key)
         record = RuntimeProcess(
-            key=key, fingerprint=fingerprint, resize_fingerprint=resize_fingerprint,
+            key=key, fingerprint=fingerprint, resize_fingerprint=resize_fingerprint, mps_daemon=mps_daemon,
             spec_path=str(self.dir / f"{safe}.{nonce}.spec"), ready_file=str(self.dir / f"{safe}.{nonce}.ready"),
             log_path=str(self.logs / f"{safe}.log"), started_at=time.time(),
         )

@@ -190,6 +190,13 @@ class DeviceBackend(Protocol):
         stop."""
         ...
 
+    def mps_daemon(self, index: int) -> str | None:
+        """Which MPS control daemon serves the GPU now: on real GPUs its identity (PID and start time, so a
+        daemon started again is another one), on simulated GPUs "simulated" while MPS mode is on; None when
+        none runs. The agent records it with every partition process it starts, and notices a daemon that
+        died (None) or was replaced (another identity) after convergence."""
+        ...
+
     def mps_environment(self, index: int, percent: int) -> dict[str, str]:
         """The environment of a runtime process on a partition of `percent` % of the GPU's SMs:
         ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_VISIBLE_DEVICES`` and, on real GPUs, the GPU's

@@ -15,7 +15,12 @@ process). What this module relies on, from NVIDIA's MPS documentation (docs.nvid
   with the same pipe directory to reach the right daemon.
 - The daemon writes its PID to ``nvidia-cuda-mps-control.pid`` in its pipe directory ("one can target a
   specific instance by looking up its PID in the corresponding CUDA_MPS_PIPE_DIRECTORY"): the running
-  check reads it.
+  check reads it. A PID alone does not name a process for long: the pid file outlives a daemon that was
+  killed (with its container, under Kubernetes, whose next PID namespace hands the same numbers out again),
+  so once a daemon runs its identity, PID and start time (``/proc/<pid>/stat``), is kept beside it
+  (``<root>/gpu<i>/daemon.id``), and a live process with that PID but another start time is not the daemon.
+  The identity is also what the agent records with every runtime process it starts under the daemon
+  (`daemon_id`), so that a daemon that died and was started again is told from the one they connected to.
 - ``CUDA_VISIBLE_DEVICES`` set when the daemon starts restricts (and renumbers) the devices its server
   uses; NVIDIA recommends GPU UUIDs rather than indices so that the daemon and its clients name the same
   device, so both get the GPU's ``GPU-…`` UUID.
@@ -39,12 +44,14 @@ from pathlib import Path
 
 from . import BackendError
 
-__all__ = ["MPS_CONTROL", "MPS_PID_FILE", "MpsControl"]
+__all__ = ["MPS_CONTROL", "MPS_DAEMON_ID_FILE", "MPS_PID_FILE", "MpsControl"]
 
 log = logging.getLogger("tessera.agent")
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_PID_FILE = "nvidia-cuda-mps-control.pid"
+# Beside each GPU's pipe directory: "<pid>@<start time>" of the daemon the agent started there.
+MPS_DAEMON_ID_FILE = "daemon.id"
 # Longest pipe directory that leaves room for the daemon's socket names under the UNIX socket path limit.
 _PIPE_DIR_MAX = 80
 
@@ -60,6 +67,18 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def _identity(pid: int) -> str | None:
+    """"<pid>@<start time in clock ticks since boot>" while `pid` runs (not a zombie); just "<pid>" where /proc
+    cannot say; None when no such process runs."""
+    if not _alive(pid):
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        return f"{pid}@{fields[19]}"  # starttime, field 22 of proc(5); the text after the command's ")" begins at field 3
+    except (OSError, IndexError):
+        return str(pid)
 
 
 class MpsControl:
@@ -78,6 +97,9 @@ class MpsControl:
     def log_dir(self, index: int) -> Path:
         return self.root / f"gpu{index}" / "log"
 
+    def _id_path(self, index: int) -> Path:
+        return self.root / f"gpu{index}" / MPS_DAEMON_ID_FILE
+
     def _env(self, index: int, device: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(self.pipe_dir(index))
@@ -87,12 +109,27 @@ class MpsControl:
         return env
 
     def pid(self, index: int) -> int | None:
-        """The PID of GPU `index`'s daemon while it runs (from its pid file), else None."""
+        """The PID of GPU `index`'s daemon while it runs (from its pid file), else None. A live process under that
+        PID that is not the daemon started there (another start time than the one kept: the PID was reused) is
+        not it."""
+        return int(found.split("@", 1)[0]) if (found := self.daemon_id(index)) else None
+
+    def daemon_id(self, index: int) -> str | None:
+        """The identity ("<pid>@<start time>") of GPU `index`'s daemon while it runs, else None."""
         try:
             pid = int((self.pipe_dir(index) / MPS_PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if pid > 0 and _alive(pid) else None
+        identity = _identity(pid) if pid > 0 else None
+        if identity is None:
+            return None
+        try:
+            kept = self._id_path(index).read_text().strip()
+        except OSError:
+            kept = ""  # a daemon started before identities were kept, or by hand with this pipe directory
+        if kept.split("@", 1)[0] == str(pid) and "@" in kept and "@" in identity and kept != identity:
+            return None  # the PID names another process now
+        return identity
 
     def running(self, index: int) -> bool:
         return self.pid(index) is not None
@@ -138,10 +175,13 @@ class MpsControl:
         if len(str(pipe)) > _PIPE_DIR_MAX:
             log.warning("MPS pipe directory %s is long; its sockets may exceed the UNIX path limit", pipe)
         (pipe / MPS_PID_FILE).unlink(missing_ok=True)  # a stale file from a daemon that died
+        self._id_path(index).unlink(missing_ok=True)
         self._run(index, ["-d"], device=device)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            if self.running(index):
+            identity = self.daemon_id(index)
+            if identity is not None:
+                self._id_path(index).write_text(identity + "\n")
                 log.info("gpu%d: MPS control daemon started (pid %s, pipes in %s)", index, self.pid(index), pipe)
                 return
             time.sleep(0.05)
@@ -161,6 +201,7 @@ class MpsControl:
         while time.monotonic() < deadline:
             if not _alive(pid):
                 (self.pipe_dir(index) / MPS_PID_FILE).unlink(missing_ok=True)
+                self._id_path(index).unlink(missing_ok=True)
                 log.info("gpu%d: MPS control daemon stopped", index)
                 return
             time.sleep(0.05)

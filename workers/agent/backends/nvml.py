@@ -237,6 +237,9 @@ class NvmlBackend:
                 raise BackendError(f"gpu{index}: MPS is not enabled (its control daemon does not run)")
             return mps.client_environment(index, percent, self._nvml.nvmlDeviceGetUUID(handle))
 
+    def mps_daemon(self, index: int) -> str | None:
+        return self._mps.daemon_id(index) if self._mps is not None else None
+
     def _mps_control(self) -> MpsControl:
         if self._mps is None:
             raise BackendError("MPS is not set up on this host (the nvml backend was given no MPS directory)")

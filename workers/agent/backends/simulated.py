@@ -225,6 +225,10 @@ class SimulatedBackend:
             with self._change(gpu):
                 gpu.mps_enabled = bool(enabled)
 
+    def mps_daemon(self, index: int) -> str | None:
+        with self._lock:
+            return "simulated" if self._gpu(index).mps_enabled else None  # no daemon that could die
+
     def mps_environment(self, index: int, percent: int) -> dict[str, str]:
         if isinstance(percent, bool) or not isinstance(percent, int) or not 1 <= percent <= 100:
             raise ValueError(f"an MPS partition is 1..100 % of the GPU, got {percent!r}")
