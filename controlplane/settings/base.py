@@ -135,6 +135,11 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    # Rates of the throttles views name (apps/core/api/throttling.py: "N/period", e.g. 20/h or 5/15m), counted
+    # in the default cache (Redis wherever REDIS_URL is set, so every process shares the count).
+    "DEFAULT_THROTTLE_RATES": {
+        "token_create": env.str("TESSERA_TOKEN_CREATE_RATE", default="20/h"),  # API tokens one user creates
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tessera API",
@@ -172,7 +177,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env.int("TESSERA_TASK_TIME_LIMIT", default=15 * 60)
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("TESSERA_TASK_SOFT_TIME_LIMIT", default=14 * 60)
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's database schedule, waiting for PostgreSQL at beat's start (at most this long, then beat
+# exits for its supervisor) and riding out an outage while it runs (apps/core/beat.py).
+CELERY_BEAT_SCHEDULER = "apps.core.beat:DatabaseWaitingScheduler"
+TESSERA_BEAT_DATABASE_WAIT_S = env.float("TESSERA_BEAT_DATABASE_WAIT_S", default=300.0)
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
@@ -276,6 +284,9 @@ def redis_settings(redis_url: str) -> dict:
         "CELERY_TASK_PUBLISH_RETRY_POLICY": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2},
         "CELERY_REDIS_SOCKET_CONNECT_TIMEOUT": TESSERA_REDIS_CONNECT_TIMEOUT_S,
         "CELERY_REDIS_SOCKET_TIMEOUT": TESSERA_REDIS_SOCKET_TIMEOUT_S,
+        # The API's rate limits (apps/core/api/throttling.py), shared by every server process.
+        "CACHES": {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": redis_url,
+                               "KEY_PREFIX": "tessera", "OPTIONS": sockets}},
     }
 
 
@@ -286,6 +297,8 @@ EMBEDDED_SERVICES = {
     "CELERY_BROKER_URL": "memory://",
     "CELERY_RESULT_BACKEND": "cache+memory://",
     "CHANNEL_LAYERS": {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}},
+    # The API's rate limits count in this process's memory (one process serves the embedded defaults).
+    "CACHES": {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
     # The in-process worker: a job's task runs in a thread of this process once its transaction commits,
     # so a long job (a rollout waits for agents) does not hold up the request that started it.
     "TESSERA_JOBS_IN_THREAD": True,
