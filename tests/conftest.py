@@ -273,6 +273,19 @@ def agent_hosts(db):
 
 
 @pytest.fixture(autouse=True)
+def _throttles_reset():
+    """Each test starts with nothing counted by the API's rate limits: the cache (process memory in tests) and
+    the addresses this process saw refused (the metrics fast path's memory); their database rows go with the
+    test's transaction."""
+    from django.core.cache import cache
+
+    from apps.users import services
+
+    cache.clear()
+    services._failing_addresses.clear()
+
+
+@pytest.fixture(autouse=True)
 def _media_root(settings, tmp_path):
     """Each test stores files in its own folder, so "nothing left behind" is checkable."""
     settings.MEDIA_ROOT = tmp_path / "media"

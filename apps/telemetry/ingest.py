@@ -38,6 +38,7 @@ from django.http.request import split_domain_port, validate_host
 
 from apps.core.outages import DATABASE, ServiceUnavailable, outage_api_response, outage_from_exception
 from apps.inventory.models import Host
+from apps.users.services import api_auth_address_failed_recently
 from apps.users.tokens import AGENT_TOKEN_PREFIX, token_from_header, token_hash
 
 from .api.serializers import MetricsReportSerializer, report_fast_validate
@@ -227,6 +228,8 @@ class MetricsIngestApplication:
         secret = token_from_header(_header(scope, b"authorization"))
         if secret is None or not secret.startswith(AGENT_TOKEN_PREFIX):
             return None
+        if api_auth_address_failed_recently((scope.get("client") or (None,))[0]):
+            return None  # an address that must wait after refused secrets: Django refuses it unchecked
         if (_header(scope, b"content-type") or "").split(";")[0].strip() != "application/json" or not _django_would_take(scope):
             return None
         try:

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import LoginFailure, Token
+from .models import ApiAuthFailure, LoginFailure, Token
 
 
 @admin.register(Token)
@@ -14,12 +14,9 @@ class TokenAdmin(admin.ModelAdmin):
         return False  # the secret must be shown once: create tokens through the API or `tessera token create`
 
 
-@admin.register(LoginFailure)
-class LoginFailureAdmin(admin.ModelAdmin):
-    """Failed password sign-ins, as the throttle counts them (read-only)."""
+class _ThrottleRecordAdmin(admin.ModelAdmin):
+    """What a throttle counts: read-only (deleting a row forgives that failure)."""
 
-    list_display = ["username", "address", "created"]
-    search_fields = ["username", "address"]
     date_hierarchy = "created"
 
     def has_add_permission(self, request):
@@ -27,3 +24,20 @@ class LoginFailureAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(LoginFailure)
+class LoginFailureAdmin(_ThrottleRecordAdmin):
+    """Failed password sign-ins, as the throttle counts them."""
+
+    list_display = ["username", "address", "created"]
+    search_fields = ["username", "address"]
+
+
+@admin.register(ApiAuthFailure)
+class ApiAuthFailureAdmin(_ThrottleRecordAdmin):
+    """Bearer secrets the API refused, by address, as the throttle counts them."""
+
+    list_display = ["address", "kind", "created"]
+    list_filter = ["kind"]
+    search_fields = ["address"]

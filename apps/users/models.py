@@ -4,6 +4,8 @@ from django.utils import timezone
 
 from apps.core.models import ChangeLoggedModel
 
+from .choices import CredentialKindChoices
+
 
 class Token(ChangeLoggedModel):
     """A user's API token for CI and scripts. It acts with its user's role; `write_enabled` off makes it
@@ -50,3 +52,20 @@ class LoginFailure(models.Model):
 
     def __str__(self) -> str:
         return f"{self.username} from {self.address or 'unknown'} at {self.created:%Y-%m-%d %H:%M:%S}"
+
+
+class ApiAuthFailure(models.Model):
+    """A bearer secret the API refused (an API token, agent token or router credential that is wrong, revoked
+    or expired), by the client's address: what `api_auth_failure_wait` counts to slow a guessing client down.
+    The secret itself is never kept. Kept a day (`api_auth_failure_record` prunes older rows)."""
+
+    address = models.GenericIPAddressField()
+    kind = models.CharField(max_length=32, choices=CredentialKindChoices.choices)
+    created = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created"]
+        indexes = [models.Index(fields=["address", "created"], name="users_apiauthfail_addr_created")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} refused from {self.address} at {self.created:%Y-%m-%d %H:%M:%S}"

@@ -3,6 +3,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status, viewsets
 from rest_framework.response import Response
 
+from apps.core.api.throttling import TokenCreateThrottle
 from apps.core.api.viewsets import TesseraModelViewSet
 
 from ..filtersets import TokenFilterSet, UserFilterSet
@@ -42,6 +43,7 @@ class TokenViewSet(TesseraModelViewSet):
     serializer_class = TokenSerializer
     filterset_class = TokenFilterSet
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    throttle_classes = [TokenCreateThrottle]  # creating: at most REST_FRAMEWORK's `token_create` rate per user
 
     @extend_schema(responses={201: TokenCreatedSerializer})
     def create(self, request, *args, **kwargs):
