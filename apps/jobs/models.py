@@ -36,10 +36,13 @@ class Job(models.Model):
     finished = models.DateTimeField(null=True, blank=True)
     # Delivery bookkeeping for the sweeper (apps.jobs.services.jobs_sweep): the task that runs the job, when
     # it last left for the broker (null: never), and the running attempt's last sign of life (null: none
-    # beating, e.g. heartbeats off or between attempts).
+    # beating, e.g. heartbeats off or between attempts), and while it waits between attempts when its next
+    # attempt is due (its task's retry): the sweeper counts that wait as alive, and sends the job again
+    # only if that attempt has not started TESSERA_JOB_STALE_AFTER_S after it was due (its message lost).
     task = models.CharField(max_length=100, blank=True, help_text="The Celery task that runs the job")
     queued = models.DateTimeField(null=True, blank=True)
     heartbeat = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Between attempts: when the next attempt is due")
 
     objects = RestrictedQuerySet.as_manager()
 

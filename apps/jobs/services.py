@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Callable, Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection as _connection, models, transaction
-from django.db.models import Value
-from django.db.models.functions import Concat
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce, Concat, Greatest
 from django.utils import timezone
 
 from apps.core.outages import BROKER_ERRORS, broker_check
@@ -38,6 +38,7 @@ __all__ = [
     "job_enqueue",
     "job_execute",
     "job_progress",
+    "job_retry_scheduled",
     "job_targets",
     "jobs_sweep",
 ]
@@ -187,8 +188,9 @@ def _job_claim(job_id: int) -> Job | None:
         job.attempts += 1
         job.started = job.started or timezone.now()
         job.heartbeat = timezone.now() if settings.TESSERA_JOB_HEARTBEAT_S > 0 else None
+        job.retry_at = None
         job.log += _line(f"attempt {job.attempts} started" + (" (resuming from its checkpoint)" if job.checkpoint else ""))
-        job.save(update_fields=["status", "attempts", "started", "heartbeat", "log"])
+        job.save(update_fields=["status", "attempts", "started", "heartbeat", "retry_at", "log"])
         job_stream_announce(job.pk)
         return job
 
@@ -226,8 +228,20 @@ def _heartbeats(job_id: int) -> Iterator[None]:
         thread.join(timeout=every_s)
 
 
+def job_retry_scheduled(*, job_id: int, retry_at: datetime) -> None:
+    """Record that the job's attempt ended with its task's retry, due at `retry_at` (a transient failure's
+    backoff, or a job that re-schedules itself to look again later). Between attempts nothing beats, so
+    the wait itself counts as the job's sign of life: the sweeper leaves the job alone until `retry_at` +
+    TESSERA_JOB_STALE_AFTER_S, and sends it again after that (the retry's message was lost: a worker
+    killed while holding it, a broker restarted). A job no longer running is left as it is."""
+    line = _line(f"next attempt due at {timezone.localtime(retry_at):%H:%M:%S}")
+    if Job.objects.filter(pk=job_id, status=JobStatusChoices.RUNNING).update(
+            heartbeat=None, retry_at=retry_at, log=Concat("log", Value(line), output_field=models.TextField())):
+        job_stream_announce(job_id)
+
+
 def _job_finish(job_id: int, *, status: str, result: dict | None = None, error: str = "") -> None:
-    values: dict[str, Any] = {"status": status, "finished": timezone.now(), "error": error[:10_000], "heartbeat": None}
+    values: dict[str, Any] = {"status": status, "finished": timezone.now(), "error": error[:10_000], "heartbeat": None, "retry_at": None}
     if status == JobStatusChoices.SUCCEEDED:
         values["progress"] = 100
         values["result"] = result or {}
@@ -266,8 +280,10 @@ def jobs_sweep() -> dict[str, int]:
     """Deliver what the broker lost (Celery beat runs it every TESSERA_JOB_SWEEP_EVERY_S; also callable on
     demand): send again a pending job whose task never left (TESSERA_JOB_STALE_AFTER_S after its creation)
     or that no worker took within TESSERA_JOB_REQUEUE_AFTER_S of its last send, and a running job whose
-    heartbeat is older than TESSERA_JOB_STALE_AFTER_S (its worker died; the attempt resumes from its
-    checkpoint), at most once per TESSERA_JOB_REQUEUE_AFTER_S after the first; fail a job pending for
+    last sign of life is older than TESSERA_JOB_STALE_AFTER_S (its worker died; the attempt resumes from
+    its checkpoint), at most once per TESSERA_JOB_REQUEUE_AFTER_S after the first. A running job's sign of
+    life is its heartbeat or, between attempts, the time its next attempt is due (`job_retry_scheduled`):
+    a job waiting for its retry is not sent early, and is sent again when that attempt never started. Fail a job pending for
     TESSERA_JOB_PENDING_MAX_S. A send is claimed with a conditional update, so two sweepers never both
     send; a duplicate delivery is harmless anyway (`_job_claim`). Counts of what it did."""
     from celery import current_app
@@ -281,16 +297,17 @@ def jobs_sweep() -> dict[str, int]:
         _job_finish(job.pk, status=JobStatusChoices.FAILED, error=f"no worker took it in {settings.TESSERA_JOB_PENDING_MAX_S:.0f} s")
         done["failed"] += 1
     lost = Job.objects.filter(status=JobStatusChoices.PENDING).exclude(task="").filter(
-        models.Q(queued__isnull=True, created__lt=stale_before) | models.Q(queued__lt=requeue_before))
-    dead = Job.objects.filter(status=JobStatusChoices.RUNNING, heartbeat__lt=stale_before).exclude(task="").filter(
-        models.Q(queued__isnull=True) | models.Q(queued__lt=models.F("heartbeat")) | models.Q(queued__lt=requeue_before))
+        Q(queued__isnull=True, created__lt=stale_before) | Q(queued__lt=requeue_before))
+    # The later of the two (PostgreSQL's GREATEST skips a null, SQLite's MAX does not: both coalesced).
+    alive_at = Greatest(Coalesce("heartbeat", "retry_at"), Coalesce("retry_at", "heartbeat"))
+    dead = Job.objects.filter(status=JobStatusChoices.RUNNING).exclude(task="").alias(alive_at=alive_at).filter(alive_at__lt=stale_before).filter(
+        Q(queued__isnull=True) | Q(queued__lt=F("alive_at")) | Q(queued__lt=requeue_before))
     for kind, jobs in (("pending_sent", lost), ("running_sent", dead)):
         for job in jobs:
             # Claim this send: only the sweeper whose update matched sends it.
             if not Job.objects.filter(pk=job.pk, queued=job.queued, status=job.status).update(queued=now):
                 continue
-            why = (f"its worker stopped beating (last heartbeat {(now - job.heartbeat).total_seconds():.0f} s ago)"
-                   if job.status == JobStatusChoices.RUNNING else "no worker took it")
+            why = _job_lost_why(job, now)
             job_progress(job_id=job.pk, log_line=f"sweeper: {why}; sent again")
             task = _task_by_name(current_app, job.task)
             if task is not None and _task_send(task, job.pk):
@@ -300,6 +317,15 @@ def jobs_sweep() -> dict[str, int]:
     if any(done.values()):
         log.warning("jobs sweep: %s", done)
     return done
+
+
+def _job_lost_why(job: Job, now: datetime) -> str:
+    """Why the sweeper sends `job` again, for its log."""
+    if job.status != JobStatusChoices.RUNNING:
+        return "no worker took it"
+    if job.retry_at is not None and (job.heartbeat is None or job.retry_at >= job.heartbeat):
+        return f"its next attempt, due {(now - job.retry_at).total_seconds():.0f} s ago, never started (its retry was lost)"
+    return f"its worker stopped beating (last heartbeat {(now - job.heartbeat).total_seconds():.0f} s ago)"
 
 
 def _task_by_name(app: Any, name: str) -> Any:

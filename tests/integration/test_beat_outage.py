@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from tests.conftest import service_unavailable
 from tests.waiting import wait_for
 
 from .conftest import REPO, _database_url_of_test_db
+from .processes import process_group_stop
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(240)]
 
@@ -39,16 +39,6 @@ def _sent_tasks(redis_url: str) -> list[str]:
 def _env(redis_url: str, proxy: FaultProxy, tmp_path) -> dict:
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings.local", "DATABASE_URL": url_via(_database_url_of_test_db(), proxy),
             "REDIS_URL": redis_url, "TESSERA_VAR_DIR": str(tmp_path), "TESSERA_JOB_SWEEP_EVERY_S": "1"}
-
-
-def _stopped(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
 
 
 @pytest.fixture
@@ -94,7 +84,7 @@ def test_beat_started_while_postgres_refuses_waits_then_sends_and_rides_out_an_o
         text = log_path.read_text()
         assert "the database answers again" in text and "Traceback" not in text
     finally:
-        _stopped(beat)
+        process_group_stop(beat)
 
 
 # The schedule is read again in full at least every 5 minutes (django-celery-beat's SCHEDULE_SYNC_MAX_INTERVAL),
@@ -145,7 +135,7 @@ def test_a_schedule_reread_during_an_outage_keeps_the_last_schedule(pg_proxy, pr
         assert line.startswith("ticked after") and "a task added after the outage" in line, line + log_path.read_text()[-3000:]
         assert driver.wait(timeout=30) == 0
     finally:
-        _stopped(driver)
+        process_group_stop(driver)
 
 
 def test_beat_gives_up_after_its_bound_and_says_so(pg_proxy, private_redis_url, tmp_path) -> None:

@@ -14,6 +14,6 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "display", "kind", "status", "progress", "log", "error", "targets", "params", "result", "key", "actor",
-            "actor_name", "attempts", "created", "started", "finished", "queued", "heartbeat",
+            "actor_name", "attempts", "created", "started", "finished", "queued", "heartbeat", "retry_at",
         ]
         read_only_fields = fields
