@@ -129,3 +129,22 @@ class HostOperation(models.Model):
     @staticmethod
     def agent_scope(queryset, host):
         return queryset.filter(host=host)
+
+
+class SlotChange(models.Model):
+    """A change of what a host's slots serve, announced before their routes are withdrawn and gone once the
+    host's new desired state is stored (`routes_withdraw`, `host_desired_state_set`). `serving` is what the
+    host's slots will serve ({runtime key: variant id or null}; a key not in it: nothing). While it stands, a
+    routing table may not add a route to one of the host's slots for another variant than that one, so an
+    operator's publish cannot slip a route in between the withdrawal and the write. `expires_at` ends one
+    whose writer died between the two."""
+
+    host = models.OneToOneField(Host, on_delete=models.CASCADE, related_name="slot_change")
+    serving = models.JSONField(default=dict)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["host"]
+
+    def __str__(self) -> str:
+        return f"{self.host.name}: {len(self.serving)} slots changing until {self.expires_at:%H:%M:%S}"

@@ -11,7 +11,9 @@ changes what a routed slot serves (another application or variant, or nothing) i
 that slot are withdrawn from the active routing tables (`routes_withdraw`), and the write waits until every
 live router reports the new table versions (`routers_behind`); only then is the slot's desired state
 written, and routes to it are published again once it serves the routed variant (a rollout's switch, or
-an operator's table; a table read shows a route's endpoint only while its runtime reports that variant)."""
+an operator's table; a table read shows a route's endpoint only while its runtime reports that variant).
+The change is announced before the withdrawal (`SlotChange`), and a table may not add a route to a slot
+for a variant it is leaving, neither while the change stands nor after it (`_routes_slots_check`)."""
 from __future__ import annotations
 
 import math
@@ -43,7 +45,7 @@ from engine.dataplane.triton import TritonLoadSettings
 from engine.plans.problem import MAX_QUERY_SIZE
 from engine.sharing.partitions import mps_slice_name
 
-from .models import HostDesiredState, HostOperation, RoutingTable, Runtime
+from .models import HostDesiredState, HostOperation, RoutingTable, Runtime, SlotChange
 
 ARTIFACT_DOWNLOAD_PATH = "/api/v1/artifacts/{id}/download/"
 DEFAULT_QUEUE_ORDER = "fifo"
@@ -673,6 +675,7 @@ def host_desired_state_set(*, host: Host, spec: dict, actor: Any = None) -> Host
     document = host_desired_state_validate(host=host, spec=spec)
     latest = host.desired_states.aggregate(latest=Max("version"))["latest"] or 0
     version = latest + 1
+    SlotChange.objects.filter(host=host).delete()  # the change it announced is now the desired state itself
     return HostDesiredState.objects.create(
         host=host, version=version, spec={"host": host.name, "version": version, **document}, created_by=_user_or_none(actor)
     )
@@ -738,7 +741,40 @@ def _routes_validate(*, application: Application, routes: Any) -> list[dict]:
              **({"batch": batches[instance]} if instance in batches else {})} for instance, _, variant_id, _ in parsed]
 
 
-def _routing_table_activate(*, application: Application, routes: list[dict], actor: Any) -> RoutingTable:
+def _routes_slots_check(*, routes: list[dict]) -> None:
+    """Refuse routes (being added to a table) to a slot that will not serve their variant: one whose host has
+    announced a change of it (SlotChange, unexpired) to another variant or to nothing, or, with none announced,
+    whose host's latest desired state serves another variant there or nothing. The hosts are locked (FOR NO KEY
+    UPDATE, as `host_desired_state_set` and agents' reports lock them) so that an announcement is either seen
+    here or made after this table is active, where the withdrawal that follows it finds the route. Hosts
+    without a desired state are not checked (nothing is planned there)."""
+    by_host: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+    for i, route in enumerate(routes):
+        host_name, key = instance_id_parse(route["instance"])
+        by_host[host_name].append((i, key.key, route["variant"]))
+    if not by_host:
+        return
+    hosts = list(Host.objects.select_for_update(no_key=True).filter(name__in=list(by_host)).order_by("pk"))
+    announced = {c.host_id: c.serving for c in SlotChange.objects.filter(host__in=hosts, expires_at__gt=timezone.now())}
+    errors = _Errors()
+    for host in hosts:
+        if host.pk in announced:
+            serving, why = {k: _variant_id(v) for k, v in announced[host.pk].items()}, "is changing to serve"
+        else:
+            desired = host_desired_state_latest(host=host)
+            if desired is None:
+                continue
+            serving = _slots_serving({host.name: desired.spec.get("runtimes", [])})[host.name]
+            why = f"serves, in the host's desired state version {desired.version},"
+        for i, key, variant in by_host[host.name]:
+            if serving.get(key) != variant:
+                will = f"variant {serving[key]}" if serving.get(key) is not None else "nothing"
+                errors.add("routes", f"routes[{i}] ({host.name}/{key}): the slot {why} {will}, not variant {variant}; "
+                                     "publish its route once the host's desired state serves it.")
+    errors.raise_if_any()
+
+
+def _routing_table_activate(*, application: Application, routes: list[dict], actor: Any, check_slots: bool = True) -> RoutingTable:
     # FOR NO KEY UPDATE, not FOR UPDATE: it serialises publishers all the same, but leaves alone the FOR KEY
     # SHARE locks that every insert of a row referring to the application takes (an agent's report storing
     # its runtimes). With FOR UPDATE, a report holding one application's key-share lock and waiting for
@@ -749,6 +785,10 @@ def _routing_table_activate(*, application: Application, routes: list[dict], act
         # and the application stays without routes until it is pinned again.
         routes = []
     tables = RoutingTable.objects.filter(application=application)
+    if check_slots:
+        active = tables.filter(active=True).first()
+        held = {(r["instance"], r["variant"]) for r in (active.routes if active else [])}
+        _routes_slots_check(routes=[r for r in routes if (r["instance"], r["variant"]) not in held])
     latest = tables.aggregate(latest=Max("version"))["latest"] or 0
     # Deactivate first: at most one active table per application is a database constraint.
     for previous in tables.filter(active=True):
@@ -760,10 +800,11 @@ def _routing_table_activate(*, application: Application, routes: list[dict], act
 
 
 @transaction.atomic
-def routing_tables_publish(*, tables: Mapping[Application, Any], actor: Any = None) -> dict[Application, RoutingTable]:
+def routing_tables_publish(*, tables: Mapping[Application, Any], actor: Any = None, check_slots: bool = True) -> dict[Application, RoutingTable]:
     """Publish a new version of several applications' routing tables and make them the active ones, all in
     one transaction: routers see either every old table or every new one. Every table is validated before
-    anything is written; an invalid one refuses them all."""
+    anything is written; an invalid one refuses them all, and so does a route added to a slot that will not
+    serve its variant (`_routes_slots_check`; `check_slots=False` only to put back routes just withdrawn)."""
     validated: dict[Application, list[dict]] = {}
     messages: list[str] = []
     for application, routes in tables.items():
@@ -775,7 +816,7 @@ def routing_tables_publish(*, tables: Mapping[Application, Any], actor: Any = No
         raise ValidationError({"routes": messages})
     # A fixed order (by id) so two publishers lock applications in the same order.
     return {
-        application: _routing_table_activate(application=application, routes=validated[application], actor=actor)
+        application: _routing_table_activate(application=application, routes=validated[application], actor=actor, check_slots=check_slots)
         for application in sorted(validated, key=lambda a: a.pk)
     }
 
@@ -836,6 +877,8 @@ def application_pin(*, application: Application, actor: Any = None, settings: Tr
 # that stopped reporting drops out of the count after it, so the wait for confirmations must be longer.
 ROUTER_LIVE_S = 10.0
 ROUTERS_CONFIRM_DEADLINE_S = 30.0
+# An announced slot change outlives the routers' deadline by this much: time to store the desired state.
+SLOT_CHANGE_MARGIN_S = 30.0
 _CONFIRM_POLL_S = 0.2
 
 
@@ -889,6 +932,18 @@ def _routes_without(*, desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]
     return changed
 
 
+@transaction.atomic
+def _slot_changes_announce(*, desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]]], expires_in_s: float) -> list[Host]:
+    """Announce what these hosts' slots will serve (SlotChange, one per host, replacing any earlier), each host
+    locked as `_routes_slots_check` locks it, before their routes are read and withdrawn."""
+    serving = _slots_serving(desired_runtimes)
+    hosts = list(Host.objects.select_for_update(no_key=True).filter(name__in=list(serving)).order_by("pk"))
+    until = timezone.now() + timedelta(seconds=expires_in_s)
+    for host in hosts:
+        SlotChange.objects.update_or_create(host=host, defaults={"serving": serving[host.name], "expires_at": until})
+    return hosts
+
+
 def routes_withdraw(*, desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]]], actor: Any = None,
                     deadline_s: float | None = None, live_s: float | None = None) -> dict[str, int]:
     """Before a slot changes what it serves: publish every active routing table that routes to a slot of
@@ -900,17 +955,20 @@ def routes_withdraw(*, desired_runtimes: Mapping[str, Iterable[Mapping[str, Any]
     Raises RoutersBehind when live routers still hold the old tables at the deadline; the withdrawn routes
     are then published again (the slots did not change). Call it outside a transaction: routers must be able
     to read the published tables while it waits."""
+    deadline_s = ROUTERS_CONFIRM_DEADLINE_S if deadline_s is None else deadline_s
+    hosts = _slot_changes_announce(desired_runtimes=desired_runtimes, expires_in_s=deadline_s + SLOT_CHANGE_MARGIN_S)
     with transaction.atomic():  # no other publish between reading the active tables and replacing them
         changed = _routes_without(desired_runtimes=desired_runtimes)
         if not changed:
             return {}
         published = routing_tables_publish(tables={app: kept for app, (_routes, kept) in changed.items()}, actor=actor)
     versions = {app.name: table.version for app, table in published.items()}
-    deadline_s = ROUTERS_CONFIRM_DEADLINE_S if deadline_s is None else deadline_s
     deadline = time.monotonic() + deadline_s
     while behind := routers_behind(versions=versions, live_s=live_s):
         if time.monotonic() > deadline:
-            routing_tables_publish(tables={app: routes for app, (routes, _kept) in changed.items()}, actor=actor)
+            with transaction.atomic():  # the change is called off: its announcement goes with the routes' return
+                SlotChange.objects.filter(host__in=hosts).delete()
+                routing_tables_publish(tables={app: routes for app, (routes, _kept) in changed.items()}, actor=actor, check_slots=False)
             names = ", ".join(sorted(versions))
             raise RoutersBehind(f"routers {', '.join(behind)} did not take the routing tables of {names} without the routes "
                                 f"to the slots that change within {deadline_s:g} s; nothing was changed", behind)

@@ -128,3 +128,57 @@ def test_a_route_gets_no_endpoint_while_its_slot_serves_another_variant(clients,
     table = RoutingTable.objects.get(application=f.classify, active=True)
     routes = {r["instance"]: (r["endpoint"], r["state"]) for r in clients["viewer"].get(f"/api/v1/routing-tables/{table.pk}/").json()["routes"]}
     assert routes == {f"{f.host.name}/{MOVED}": (None, "unknown"), f"{f.host.name}/{KEPT}": ("tcp://10.0.0.5:41002", "ready")}
+
+
+def _publish(client, f, *keys):
+    routes = [{"instance": f"{f.host.name}/{key}", "variant": f.resnet.pk, "weight": 1.0} for key in keys]
+    return client.post("/api/v1/routing-tables/", {"application": f.classify.pk, "routes": routes}, format="json")
+
+
+def test_a_publish_inside_the_withdrawal_cannot_route_to_the_changing_slot(clients, moving) -> None:
+    """The window between the withdrawal and the write (issue 44): an operator's table that puts the moving
+    slot's route back for the variant it is leaving is refused while the routers confirm, and after the write;
+    routes to slots that keep their variant are published as before."""
+    f = moving
+    done: dict = {}
+
+    def move() -> None:
+        try:
+            done["response"] = clients["admin"].post(url(f.host), f.move, format="json")
+        finally:
+            connection.close()
+
+    with StandInRouter("classify", lag_s=1.5):
+        mover = threading.Thread(target=move)
+        mover.start()
+        # Inside the window: the table without the slot's route is active, the slot's new state is not written.
+        deadline = time.monotonic() + 10
+        while RoutingTable.objects.get(application=f.classify, active=True).version < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert HostDesiredState.objects.filter(host=f.host).count() == 1
+        inside = _publish(clients["operator"], f, MOVED, KEPT)
+        mover.join(timeout=30)
+    assert inside.status_code == 400, inside.content
+    message = " ".join(inside.json()["error"]["fields"]["routes"])
+    assert f"{f.host.name}/{MOVED}" in message and "is changing to serve variant" in message
+    assert done["response"].status_code == 201, done["response"].content
+    active = RoutingTable.objects.get(application=f.classify, active=True)
+    assert active.version == 2 and [r["instance"] for r in active.routes] == [f"{f.host.name}/{KEPT}"]  # nothing slipped in
+    # After the write: the host's desired state says what the slot serves.
+    after = _publish(clients["operator"], f, MOVED, KEPT)
+    assert after.status_code == 400 and "desired state version 2" in " ".join(after.json()["error"]["fields"]["routes"])
+    assert RoutingTable.objects.get(application=f.classify, active=True).version == 2
+    kept = _publish(clients["operator"], f, KEPT)
+    assert kept.status_code == 201, kept.content
+    mobile = clients["operator"].post("/api/v1/routing-tables/", {"application": f.mobile.pk, "routes": [
+        {"instance": f"{f.host.name}/{MOVED}", "variant": f.mobilenet.pk, "weight": 1.0}]}, format="json")
+    assert mobile.status_code == 201, mobile.content  # the slot's new variant is routed to it
+
+
+def test_an_announced_change_that_routers_refuse_is_called_off(clients, moving, monkeypatch) -> None:
+    f = moving
+    monkeypatch.setattr(services, "ROUTERS_CONFIRM_DEADLINE_S", 0.5)
+    with StandInRouter("classify", stuck=True):
+        assert clients["operator"].post(url(f.host), f.move, format="json").status_code == 503
+    assert not services.SlotChange.objects.exists()  # called off with the routes' return
+    assert _publish(clients["operator"], f, MOVED, KEPT).status_code == 201

@@ -108,8 +108,9 @@ def _tables(tables: dict[str, RoutingTable]) -> dict[str, tuple[tuple[str, float
 
 def _published(plan: Plan) -> dict[str, list[dict]]:
     """Publish the plan's routing as the rollout's switch does (as it is) and read back the active tables
-    the routers fetch."""
-    routing_tables_publish(tables={Application.objects.get(name=a): routes for a, routes in plan.routing.items()})
+    the routers fetch. The hosts' desired states are not rolled out here (the switch comes after them), so the
+    check of routes against their slots is off."""
+    routing_tables_publish(tables={Application.objects.get(name=a): routes for a, routes in plan.routing.items()}, check_slots=False)
     return {t.application.name: t.routes for t in PublishedTable.objects.filter(active=True).select_related("application")}
 
 
