@@ -209,6 +209,7 @@ print("allowed" if TokenCreateThrottle().allow_request(request, None) else "refu
 """
 
 
+@pytest.mark.services
 @pytest.mark.django_db
 def test_every_process_shares_the_count_in_redis(clients, users, settings, tmp_path):
     """Wherever REDIS_URL is set (production, local with services) the count is in Redis (base.py's
