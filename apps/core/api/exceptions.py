@@ -45,11 +45,14 @@ def in_use_from_protected(exc: ProtectedError | RestrictedError) -> InUse:
 
 def tessera_exception_handler(exc, context):
     from ..outages import outage_from_exception
+    from ..transactions import request_rollback_note
 
     if isinstance(exc, DjangoValidationError):
         exc = validation_error_from_django(exc)
     if isinstance(exc, (ProtectedError, RestrictedError)):
         exc = in_use_from_protected(exc)
+    # A deadlock victim's request may be run once more before this answer leaves (apps.core.middleware).
+    request_rollback_note(context.get("request"), exc)
     exc = outage_from_exception(exc) or exc  # the database away: 503 with Retry-After, not a 500
     response = exception_handler(exc, context)
     if response is None:
