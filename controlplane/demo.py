@@ -614,13 +614,15 @@ def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8
         if cpu is not None and cpu.cpu_cores:
             cmd += ["--simulate-cpu-cores", str(cpu.cpu_cores)]  # the demo's declared cores, as its GPUs are declared
         with open(log_dir / f"agent-{host.name}.log", "ab") as log:
-            processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,  # nosec B603 - the demo's agent, an argument list
+                                              stdin=subprocess.DEVNULL))
     env = dict(os.environ, TESSERA_ROUTER_TOKEN=router_token, TESSERA_CONTROL_PLANE=control_plane)
     grpc = f"127.0.0.1:{router_grpc_port}" if router_grpc_port is not None else None
     cmd = [sys.executable, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}", "--grpc-listen", grpc or "off",
            "--name", router_name]
     with open(log_dir / "router.log", "ab") as log:
-        processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,  # nosec B603 - the demo's router, an argument list
+                                          stdin=subprocess.DEVNULL))
     return DemoDataPlane(tuple(processes), f"http://127.0.0.1:{router_port}", grpc)
 
 

@@ -137,7 +137,7 @@ _NOT_FAST_PATHS = (
     "api/test_schema_fuzz.py", "engine/test_cli.py", "engine/test_scheduler_training.py",
     "workers/test_agent", "workers/test_with_control_plane.py", "workers/test_router", "workers/test_runtime_server.py",
     "workers/test_metrics_lint.py", "workers/test_resize.py", "security/test_deploy_checks.py",
-    "security/test_secrets_not_logged.py",
+    "security/test_secrets_not_logged.py", "security/test_audits.py",
 )
 
 # Engine and API tests that take seconds each (brute-force comparisons, every serializer's fast path, the

@@ -154,7 +154,7 @@ class _Samples:
     def __init__(self) -> None:
         self.values: list[float] = []
         self.seen = 0
-        self._random = random.Random(0)
+        self._random = random.Random(0)  # nosec B311 - which samples a reservoir keeps, not a secret
 
     def add(self, value: float) -> None:
         self.seen += 1

@@ -61,7 +61,7 @@ def transaction_retry(func: Callable[P, R]) -> Callable[P, R]:
                     logger.warning("%s: rolled back for concurrency %d times, giving up: %s", func.__qualname__, attempt, exc)
                     raise
                 logger.info("%s: rolled back for concurrency (attempt %d), running it again: %s", func.__qualname__, attempt, exc)
-                time.sleep(random.uniform(*RETRY_WAIT_S))  # noqa: S311 - jitter, not security
+                time.sleep(random.uniform(*RETRY_WAIT_S))  # noqa: S311  # nosec B311 - jitter, not security
         raise AssertionError("unreachable")
 
     return wrapper

@@ -76,7 +76,7 @@ def router_credential_revoke(*, credential: RouterCredential) -> RouterCredentia
     credential = RouterCredential.objects.select_for_update().get(pk=credential.pk)
     if credential.revoked is None:
         credential.revoked = timezone.now()
-        credential.token_hash = ""
+        credential.token_hash = ""  # nosec B105 - revoked: no hash matches any secret
         credential.save(update_fields=["revoked", "token_hash", "last_updated"])
     return credential
 

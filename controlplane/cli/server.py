@@ -68,7 +68,7 @@ def demo(
 
 
 def serve(
-    bind: str = typer.Option("0.0.0.0", help="Address to bind"),
+    bind: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0: every interface, as the images and manifests ask)"),
     port: int = typer.Option(8000),
     processes: int = typer.Option(1, min=1, max=64, help="Daphne processes sharing one listening socket (needs Redis)"),
 ) -> None:
@@ -96,7 +96,7 @@ INGEST_UVICORN_OPTIONS = ["--proxy-headers", "--loop", "uvloop", "--http", "http
 
 
 def ingest(
-    bind: str = typer.Option("0.0.0.0", help="Address to bind"),
+    bind: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0: every interface, as the images and manifests ask)"),
     port: int = typer.Option(8001),
     processes: int = typer.Option(1, min=1, max=64, help="Processes sharing one listening socket"),
 ) -> None:
@@ -131,7 +131,8 @@ def _serve_processes(*, bind: str, port: int, processes: int, server: str, why: 
         return EXIT_MALFORMED
     listener = socket.create_server((bind, port), backlog=2048)
     listener.set_inheritable(True)
-    children = [subprocess.Popen(command(listener.fileno()), pass_fds=(listener.fileno(),)) for _ in range(processes)]
+    children = [subprocess.Popen(command(listener.fileno()), pass_fds=(listener.fileno(),))  # nosec B603 - this Python, the server module
+                for _ in range(processes)]
     listener.close()  # the children hold it
     typer.echo(f"Serving on {bind}:{port} with {processes} {server} processes: {' '.join(str(c.pid) for c in children)}")
 

@@ -196,7 +196,7 @@ class WeightedRouter:
 
     def __init__(self, table: RoutingTable, seed: int | None = None) -> None:
         self.table = table
-        self._random = random.Random(seed)
+        self._random = random.Random(seed)  # nosec B311 - picks a route by its weight, not a secret
         self._full = alias_table_build(table.entries) if any(w > 0 for _, w in table.entries) else None
         self._excluding: OrderedDict[frozenset[str], AliasTable | None] = OrderedDict()
 

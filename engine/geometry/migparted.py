@@ -225,7 +225,7 @@ def mig_parted_import(text: str) -> dict[str, list[MigPartedEntry]]:
     if not isinstance(text, str):
         raise MigPartedError(f"mig-parted config must be text, got {type(text).__name__}")
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  # nosec B506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise MigPartedError(f"malformed YAML in mig-parted config: {exc}") from exc
     if not isinstance(data, dict):

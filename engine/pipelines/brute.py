@@ -142,7 +142,7 @@ def profiled_pipeline_random(seed: int, shape: Shape, *, headroom: float = 1.0) 
     """A random pipeline of `shape` (see `_shape_paths`) with profiled latencies at batches 1, 2, 4, 8 and
     batches up to 8; each path's rate 5-60 requests/s and its SLO 1.5-5 times the sum of its stages'
     batch-1 latencies (tight enough that batches and SLOs trade against each other)."""
-    rng = random.Random(f"{shape}-{seed}")
+    rng = random.Random(f"{shape}-{seed}")  # nosec B311 - seeded test instances, not a secret
     names, sequences = _shape_paths(shape, rng)
     profiles = {s: _profile(rng) for s in names}
     paths = tuple(ExecutionPath(f"p{i}", seq, round(sum(profiles[s][0][1] for s in seq) * rng.uniform(1.5, 5.0), 2),

@@ -41,7 +41,7 @@ def fa2_table_p13_problem(rate_rps: float, *, device: str = "cpu", max_batch: in
     (or by `path_weights`)."""
     if device not in BATCH1_MS:
         raise ValueError(f"device must be one of {sorted(BATCH1_MS)}, got {device!r}")
-    rng = random.Random(seed) if seed is not None else None
+    rng = random.Random(seed) if seed is not None else None  # nosec B311 - seeded reference data, not a secret
     g, k, a = CURVE[device]
     stages = []
     for name, d1 in BATCH1_MS[device].items():
@@ -70,7 +70,7 @@ def ipa_random_pipeline(seed: int, stages: int, variants: int, *, max_batch: int
     most 1); latencies d(b) = a*b^2 + k*b + g with k in 2..6 ms and g in 5..20 ms (times the slowdown); the
     SLO is `slo_factor` (drawn) times the sum of the stages' fastest batch-1 latencies, the rate drawn from
     `rate_rps`."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # nosec B311 - seeded reference data, not a secret
     built = []
     for s in range(stages):
         vs = []

@@ -265,7 +265,7 @@ def interference_split_random(samples: Sequence[CorunSample], *, validate_fracti
                               ) -> tuple[list[CorunSample], list[CorunSample]]:
     """The paper's split: samples held out at random (seeded), 30 % by default (750 of 2,500 there)."""
     order = list(range(len(samples)))
-    random.Random(seed).shuffle(order)
+    random.Random(seed).shuffle(order)  # nosec B311 - a seeded, reproducible split, not a secret
     held = set(order[:round(len(samples) * validate_fraction)])
     return [s for i, s in enumerate(samples) if i not in held], [s for i, s in enumerate(samples) if i in held]
 

@@ -56,7 +56,8 @@ def _cuda_device_id(device_uuid: str) -> int:
         raise ValueError(f"GPU {device_uuid} is not in CUDA_VISIBLE_DEVICES={visible}")
     smi = shutil.which("nvidia-smi")
     if smi:
-        out = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"],  # nosec B603 - nvidia-smi, fixed arguments
+                             capture_output=True, text=True, timeout=10)
         for line in out.stdout.splitlines():
             index, _, uuid = (part.strip() for part in line.partition(","))
             if uuid == device_uuid:

@@ -140,7 +140,7 @@ class MpsControl:
         out_path = self.log_dir(index) / "control.out"
         with open(out_path, "ab") as out:
             try:
-                done = subprocess.run(
+                done = subprocess.run(  # nosec B603 - the MPS control program the agent was configured with, an argument list
                     [self.executable, *args], env=self._env(index, device), input=stdin,
                     stdin=None if stdin is not None else subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     timeout=self.timeout_s,
