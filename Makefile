@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lock proto vendor bench-peers perf-analyzer train-deps clean
+.PHONY: demo test lock proto vendor bench-peers perf-analyzer train-deps audit clean
 
 # scripts/install.sh is the one install: the Dockerfile's images run it too.
 $(STAMP): requirements/lock.txt pyproject.toml scripts/install.sh
@@ -63,6 +63,11 @@ proto: $(STAMP)
 perf-analyzer:
 	command -v apt-get >/dev/null && { dpkg -s libb64-0d >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q libb64-0d; } || true
 	python3 -m venv $(PEERS)/perf-analyzer && $(PEERS)/perf-analyzer/bin/pip install --quiet --disable-pip-version-check "tritonclient==2.41.0" "nvidia-cuda-runtime-cu12==12.9.79"
+
+## pip-audit over the lock files where PyPI's advisories or OSV can be reached (CI's machines reach neither:
+## there tests/security/test_audits.py skips its audit, saying so).
+audit: $(STAMP)
+	$(BIN)/python -m pytest tests/security/test_audits.py -p no:cacheprovider -rs
 
 clean:
 	rm -rf $(VENV) var
