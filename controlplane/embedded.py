@@ -1,8 +1,9 @@
 """The embedded scheduler: on embedded defaults (no broker, no beat process) it stands in for
 django-celery-beat inside the control plane's process, running the same services the beat tasks run:
 the planning watch and the job sweeper every few seconds (lost hosts, model pool, demand; jobs a dead
-process left behind), each enabled re-planning policy's periodic re-plan at its interval, and the hourly
-telemetry retention. With Redis configured, `celery beat` does this instead."""
+process left behind), each enabled re-planning policy's periodic re-plan at its interval, the hourly
+telemetry retention and the history's (apps.core.housekeeping, every TESSERA_HOUSEKEEPING_EVERY_S). With
+Redis configured, `celery beat` does this instead."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +24,7 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
 
     from django.conf import settings
 
+    from apps.core.housekeeping import history_prune
     from apps.jobs.services import jobs_sweep
     from apps.planning.triggers import planning_watch, replan_periodic
     from apps.policies.models import ReplanPolicy
@@ -32,7 +34,7 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
 
     def run() -> None:
         last_periodic: dict[int, float] = {}
-        started = last_prune = time.monotonic()
+        started = last_prune = last_housekeeping = time.monotonic()
         try:
             while not stop.wait(watch_every_s):
                 try:
@@ -46,6 +48,9 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
                     if now - last_prune >= PRUNE_EVERY_S:
                         last_prune = now
                         telemetry_prune(older_than=timedelta(days=settings.TESSERA_TELEMETRY_RETENTION_DAYS))
+                    if now - last_housekeeping >= settings.TESSERA_HOUSEKEEPING_EVERY_S:
+                        last_housekeeping = now
+                        history_prune(older_than=timedelta(days=settings.TESSERA_HISTORY_RETENTION_DAYS))
                 except Exception:  # the scheduler outlives a failed check; the next tick tries again
                     log.exception("embedded scheduler tick failed")
         finally:

@@ -161,6 +161,11 @@ SPECTACULAR_SETTINGS = {
 
 # Agent and router samples older than this are deleted (telemetry.prune, hourly on beat or in-process).
 TESSERA_TELEMETRY_RETENTION_DAYS = env.float("TESSERA_TELEMETRY_RETENTION_DAYS", default=7.0)
+# The rest of the history (ended plans, ended jobs, routing-table and desired-state versions, agents' operations,
+# the audit log; apps.core.housekeeping), pruned every TESSERA_HOUSEKEEPING_EVERY_S by beat, as NetBox keeps
+# its changelog and jobs 90 days.
+TESSERA_HISTORY_RETENTION_DAYS = env.float("TESSERA_HISTORY_RETENTION_DAYS", default=90.0)
+TESSERA_HOUSEKEEPING_EVERY_S = env.float("TESSERA_HOUSEKEEPING_EVERY_S", default=3600.0)
 # Agents' metrics reports are stored in batches by one writer thread per server process (group commit,
 # apps/telemetry/ingest.py): at most this many reports per transaction; beyond this many waiting, a report
 # is answered 503 at once; a report not committed within WAIT_S is answered 503 (the agent sends it again).
@@ -211,6 +216,8 @@ TESSERA_JOB_PENDING_MAX_S = env.float("TESSERA_JOB_PENDING_MAX_S", default=900.0
 # longer than its interval in the queue (no worker up) expires instead of piling up.
 CELERY_BEAT_SCHEDULE = {
     "jobs.sweep": {"task": "jobs.sweep", "schedule": TESSERA_JOB_SWEEP_EVERY_S, "options": {"expires": TESSERA_JOB_SWEEP_EVERY_S}},
+    "core.housekeeping": {"task": "core.housekeeping", "schedule": TESSERA_HOUSEKEEPING_EVERY_S,
+                          "options": {"expires": TESSERA_HOUSEKEEPING_EVERY_S}},
 }
 
 LOGGING = {
