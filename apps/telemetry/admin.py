@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from apps.core.admin import ReadOnlyAdmin
 
-from .models import ApplicationSample, GpuSample, RuntimeSample
+from .models import ApplicationSample, GpuSample, RuntimeResize, RuntimeSample
 
 
 class SampleAdmin(ReadOnlyAdmin):
@@ -17,6 +17,14 @@ class RuntimeSampleAdmin(SampleAdmin):
     list_display = ["at", "host", "runtime_key", "application_name", "variant_name", "arrivals", "served", "late", "dropped", "latency_p99_ms"]
     list_filter = ["host", "application"]
     search_fields = ["runtime_key", "application_name", "variant_name"]
+
+
+@admin.register(RuntimeResize)
+class RuntimeResizeAdmin(SampleAdmin):
+    list_display = ["at", "host", "runtime_key", "application_name", "by", "outcome", "from_cores", "cores", "from_batch_cap", "batch_cap",
+                    "resize_ms", "reason"]
+    list_filter = ["host", "by", "outcome"]
+    search_fields = ["runtime_key", "application_name", "reason"]
 
 
 @admin.register(GpuSample)

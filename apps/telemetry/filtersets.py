@@ -2,7 +2,7 @@ import django_filters
 
 from apps.core.filtersets import TesseraFilterSet
 
-from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
+from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeResize, RuntimeSample
 
 
 class _SampleFilterSet(TesseraFilterSet):
@@ -14,6 +14,15 @@ class RuntimeSampleFilterSet(_SampleFilterSet):
     class Meta:
         model = RuntimeSample
         fields = ["host", "application", "application_name", "runtime_key", "variant_name"]
+
+
+class RuntimeResizeFilterSet(_SampleFilterSet):
+    """When and why a runtime was resized: by host and runtime, application, who asked, outcome, and time
+    (`since`, `until`: when it was resized)."""
+
+    class Meta:
+        model = RuntimeResize
+        fields = ["host", "runtime_key", "application", "application_name", "variant_name", "by", "outcome"]
 
 
 class GpuSampleFilterSet(_SampleFilterSet):

@@ -1,5 +1,6 @@
 """Time series the data plane reports every second: per runtime (from the agents' metrics), per GPU and
-MIG instance (ditto), per application and per pipeline path as each router sees it. Samples are measurements, not
+MIG instance (ditto), per application and per pipeline path as each router sees it; and the CPU runtimes'
+in-place resizes, each one as it happened. Samples are measurements, not
 configuration: they are bulk-inserted without model validation or change logging, read-only everywhere,
 and pruned by age (telemetry_prune)."""
 from __future__ import annotations
@@ -46,6 +47,8 @@ class RuntimeSample(IntervalCounts):
     # scaling); null where the agent does not say (GPU runtimes).
     cores = models.PositiveSmallIntegerField(null=True, blank=True)
     batch_cap = models.PositiveIntegerField(null=True, blank=True)
+    # The CPU ids it runs on then (a list; null where it is not pinned, or not a CPU runtime).
+    cpus = models.JSONField(null=True, blank=True)
 
     class Meta(IntervalCounts.Meta):
         indexes = [
@@ -56,6 +59,44 @@ class RuntimeSample(IntervalCounts):
 
     def __str__(self) -> str:
         return f"{self.runtime_key} @ {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class RuntimeResize(models.Model):
+    """One in-place resize of a CPU runtime (vertical scaling), as its agent reported it with the next
+    metrics report: when, who asked (`by`: "vertical", the agent's fast loop, or "desired", a desired-state
+    change) and why, from which cores and batch cap to which, on which CPUs, and whether the runtime took
+    them (`outcome`). A measurement, like the samples: bulk-inserted, read-only, pruned by age."""
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="runtime_resizes")
+    runtime_key = models.CharField(max_length=100)
+    application = models.ForeignKey(Application, null=True, blank=True, on_delete=models.SET_NULL, related_name="runtime_resizes")
+    application_name = models.CharField(max_length=100, blank=True)
+    variant_name = models.CharField(max_length=100, blank=True)
+    at = models.DateTimeField(help_text="When it was resized (the agent's clock)")
+    reported_at = models.DateTimeField(help_text="The end of the interval whose report carried it")
+    by = models.CharField(max_length=20, help_text='"vertical" (the agent\'s fast loop) or "desired" (a desired-state change)')
+    outcome = models.CharField(max_length=20, help_text='"ok", or "failed" (the runtime kept the sizes it had)')
+    reason = models.CharField(max_length=500, blank=True)
+    from_cores = models.PositiveSmallIntegerField(null=True, blank=True)
+    from_batch_cap = models.PositiveIntegerField(null=True, blank=True)
+    cores = models.PositiveSmallIntegerField()
+    batch_cap = models.PositiveIntegerField(null=True, blank=True)
+    cpus = models.JSONField(null=True, blank=True, help_text="The CPU ids after the resize (null: not pinned)")
+    resize_ms = models.FloatField(null=True, blank=True)
+    prepared = models.BooleanField(null=True, blank=True, help_text="A session for those cores was ready (a warm resize)")
+
+    objects = RestrictedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["host", "runtime_key", "at"], name="runtimeresize_host_key_at"),
+            models.Index(fields=["application", "at"], name="runtimeresize_application_at"),
+            models.Index(fields=["at"], name="runtimeresize_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.runtime_key} {self.from_cores}->{self.cores} cores @ {self.at:%Y-%m-%d %H:%M:%S}"
 
 
 class GpuSample(models.Model):

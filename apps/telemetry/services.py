@@ -29,7 +29,7 @@ from apps.registry.models import Application, Pipeline
 
 from apps.core.metrics import agent_reports_ingested
 
-from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
+from .models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeResize, RuntimeSample
 from .streams import host_metrics_batch_event, host_metrics_event, metrics_publish, router_report_event
 
 log = logging.getLogger("tessera.telemetry")
@@ -44,7 +44,7 @@ def _application_ids(names: Iterable[str]) -> dict[str, int]:
 
 RUNTIME_FIELDS = ("host_id", "runtime_key", "application_id", "application_name", "variant_name", "at", "interval_s", "arrivals",
                   "served", "late", "dropped", "queue_length", "batches", "batch_size_mean", "latency_p50_ms", "latency_p99_ms",
-                  "cores", "batch_cap")
+                  "cores", "batch_cap", "cpus")
 GPU_FIELDS = ("host_id", "accelerator_index", "placement", "at", "utilization_pct", "gr_engine_active_pct", "memory_used_mb",
               "power_w", "simulated")
 
@@ -55,8 +55,22 @@ def _runtime_rows(host_id: int, report: dict[str, Any], applications: dict[str, 
         (host_id, r["key"], applications.get(r.get("application", "")), r.get("application", ""), r.get("variant", ""), at, interval_s,
          r.get("arrivals", 0), r.get("served", 0), r.get("late", 0), r.get("dropped", 0), r.get("queue_length", 0),
          r.get("batches", 0), r.get("batch_size_mean") or 0.0, r.get("latency_p50_ms"), r.get("latency_p99_ms"), r.get("cores"),
-         r.get("max_batch"))
+         r.get("max_batch"), r.get("cpus"))
         for r in report.get("runtimes", [])
+    ]
+
+
+RESIZE_FIELDS = ("host_id", "runtime_key", "application_id", "application_name", "variant_name", "at", "reported_at", "by", "outcome",
+                 "reason", "from_cores", "from_batch_cap", "cores", "batch_cap", "cpus", "resize_ms", "prepared")
+
+
+def _resize_rows(host_id: int, report: dict[str, Any], applications: dict[str, int]) -> list[tuple]:
+    """A RuntimeResize per resize a runtime of the report carries (CPU runtimes, since the previous report)."""
+    return [
+        (host_id, r["key"], applications.get(r.get("application", "")), r.get("application", ""), r.get("variant", ""), z["at"],
+         report["at"], z["by"], z["outcome"], z.get("reason", ""), z.get("from_cores"), z.get("from_max_batch"), z["cores"],
+         z.get("max_batch"), z.get("cpus"), z.get("resize_ms"), z.get("prepared"))
+        for r in report.get("runtimes", []) for z in r.get("resizes") or ()
     ]
 
 
@@ -81,7 +95,8 @@ def host_metrics_ingest(*, host: Host, report: dict[str, Any]) -> dict[str, int]
 def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) -> list[dict[str, int]]:
     """Store agents' metrics reports, already validated, in one transaction (the ingest endpoint gathers
     the reports that arrive while the previous batch commits: a group commit). Per report: a RuntimeSample
-    per runtime, a GpuSample per GPU and one per MIG instance on it; every host is marked seen now
+    per runtime (a CPU runtime's cores, batch cap and CPUs included), a RuntimeResize per resize a runtime
+    reports, a GpuSample per GPU and one per MIG instance on it; every host is marked seen now
     (metrics are the agent's heartbeat; a late report, sent after an outage, still means the agent is up).
     An application name the registry does not know is kept by name, with no foreign key. A report stored
     already (same host, same `at`), or twice in `reports`, writes nothing. Returns, per report in order,
@@ -101,6 +116,7 @@ def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) 
         Host.objects.filter(pk__in=host_ids).update(last_seen=timezone.now())
         seen = _stored_already(host_ids, {report["at"] for _, report in reports})
         runtime_rows: list[tuple] = []
+        resize_rows: list[tuple] = []
         gpu_rows: list[tuple] = []
         dropped: dict[int, int] = {}
         events = []
@@ -111,6 +127,7 @@ def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) 
             seen.add((host.pk, report["at"]))
             runtimes, gpus = _runtime_rows(host.pk, report, applications), _gpu_rows(host.pk, report)
             runtime_rows += runtimes
+            resize_rows += _resize_rows(host.pk, report, applications)
             gpu_rows += gpus
             written.append({"runtime_samples": len(runtimes), "gpu_samples": len(gpus)})
             if report.get("dropped_reports"):
@@ -118,6 +135,7 @@ def host_metrics_ingest_many(*, reports: Sequence[tuple[Host, dict[str, Any]]]) 
                 log.warning("host %s: its agent dropped %d metrics reports (outage buffer full)", host.name, report["dropped_reports"])
             events.append(host_metrics_event(host_name=host.name, report=report))
         model_rows_insert(model=RuntimeSample, fields=RUNTIME_FIELDS, rows=runtime_rows)
+        model_rows_insert(model=RuntimeResize, fields=RESIZE_FIELDS, rows=resize_rows)
         model_rows_insert(model=GpuSample, fields=GPU_FIELDS, rows=gpu_rows)
         for host_id, count in dropped.items():
             Host.objects.filter(pk=host_id).update(dropped_reports=F("dropped_reports") + count)
@@ -211,10 +229,11 @@ def router_report_ingest(*, credential: RouterCredential, report: dict[str, Any]
 
 
 def telemetry_prune(*, older_than: timedelta) -> dict[str, int]:
-    """Delete every sample taken more than `older_than` ago. Returns the rows deleted per model."""
+    """Delete every sample taken, and every resize made, more than `older_than` ago. Returns the rows
+    deleted per model."""
     cutoff = timezone.now() - older_than
     deleted = {}
-    for model in (RuntimeSample, GpuSample, ApplicationSample, PipelinePathSample):
+    for model in (RuntimeSample, GpuSample, ApplicationSample, PipelinePathSample, RuntimeResize):
         # Samples have no dependents and are not audited: one DELETE, without loading the rows (a plain
         # delete() would fetch them all, because the audit receivers listen to every model's deletes).
         queryset = model.objects.filter(at__lt=cutoff)

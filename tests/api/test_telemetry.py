@@ -233,7 +233,7 @@ def test_prune_deletes_only_old_samples(agent_hosts):
         host_metrics_ingest(host=host, report={"at": at, "runtimes": [{"key": "cpu0/0"}], "gpus": [{"index": 0}]})
         ApplicationSample.objects.create(router="r", application_name="a", at=at, interval_s=1.0)
     deleted = telemetry_prune(older_than=timedelta(days=7))
-    assert deleted == {"runtimesample": 1, "gpusample": 1, "applicationsample": 1, "pipelinepathsample": 0}
+    assert deleted == {"runtimesample": 1, "gpusample": 1, "applicationsample": 1, "pipelinepathsample": 0, "runtimeresize": 0}
     assert RuntimeSample.objects.count() == GpuSample.objects.count() == ApplicationSample.objects.count() == 1
 
 

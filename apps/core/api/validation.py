@@ -5,12 +5,13 @@ validator objects, error collection), so an agent's report of a few hundred fiel
 large share of what ingest may spend on it at a thousand reports a second. `serializer_compile` reads a
 serializer's declared fields once and returns a function that validates the *well-formed* case directly:
 exact JSON types (an int for an IntegerField, a str for a CharField), the fields' own bounds and
-validators, defaults for missing keys. Whatever it cannot vouch for (a string where a number is due, a
-value out of bounds, a field type or validator it does not know) it hands back as `None`, and the caller
-runs the serializer as usual, which accepts it with the same value or raises the error a client sees.
-So the serializer stays the one definition of a report (and of the API schema); this only skips DRF's
-machinery where the answer is known. It never accepts what DRF refuses and never changes a value DRF
-would keep: tests/api/test_validation_compiled.py checks both against DRF on generated reports.
+validators, defaults for missing keys, lists (ListField, many=True) of what it knows. Whatever it cannot
+vouch for (a string where a number is due, a value out of bounds, a field type or validator it does not
+know) it hands back as `None`, and the caller runs the serializer as usual, which accepts it with the
+same value or raises the error a client sees. So the serializer stays the one definition of a report (and
+of the API schema); this only skips DRF's machinery where the answer is known. It never accepts what DRF
+refuses and never changes a value DRF would keep: tests/api/test_validation_compiled.py and
+tests/api/test_validation_compiled_lists.py check both against DRF on generated reports and fields.
 """
 from __future__ import annotations
 
@@ -174,6 +175,24 @@ def _list(field: serializers.ListSerializer) -> Check:
     return _nullable(field, check)
 
 
+def _list_field(field: serializers.ListField) -> Check:
+    """A ListField (a list of scalars, say CPU ids): a JSON list, not empty unless the field allows it,
+    its length within the field's min_length/max_length (DRF's validators, run on the items as DRF does)
+    and each item its child's."""
+    validators_run = _configured_only(field, serializers.ListField)
+    if validators_run is None or _overrides(field, serializers.ListField, "run_child_validation", "get_value"):
+        return _generic(field)
+    child, allow_empty = _compile(field.child), field.allow_empty
+
+    def check(value: Any) -> Any:
+        if type(value) is not list or (not allow_empty and not value):
+            raise _Defer
+        items = [child(item) for item in value]
+        validators_run(items)
+        return items
+    return _nullable(field, check)
+
+
 def _serializer(serializer: serializers.Serializer) -> Check:
     if _overrides(serializer, serializers.Serializer, "run_validation", "to_internal_value", "validate_empty_values", "validate") \
             or serializer.validators:
@@ -213,6 +232,8 @@ def _compile(field: drf_fields.Field) -> Check:
         return _list(field)
     if isinstance(field, serializers.Serializer):
         return _serializer(field)
+    if isinstance(field, serializers.ListField):
+        return _list_field(field)
     # Exact classes and subclasses that only configure them (the report fields' _Count, _Percent, ...).
     if isinstance(field, serializers.BooleanField):
         return _scalar(field, serializers.BooleanField, _boolean)

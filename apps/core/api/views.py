@@ -43,6 +43,7 @@ def api_root(request, format=None):
     names = [
         "host", "accelerator", "gpuinstance", "gpumodel", "application", "pipeline", "modelvariant",
         "artifact", "profile", "profilingrequest", "slopolicy", "replanpolicy", "ensemblepolicy", "hostdesiredstate", "routingtable",
-        "runtime", "hostoperation", "planrun", "plan", "runtimesample", "gpusample", "applicationsample", "objectchange", "user", "token",
+        "runtime", "hostoperation", "planrun", "plan", "runtimesample", "runtimeresize", "gpusample", "applicationsample", "objectchange",
+        "user", "token",
     ]
     return Response({name: reverse(f"api:{name}-list", request=request, format=format) for name in names})

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from apps.core.api.validation import serializer_compile
 from engine.plans.problem import MAX_QUERY_SIZE
 
-from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
+from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeResize, RuntimeSample
 
 # How far ahead of the control plane's clock a report's `at` may be (clock skew between hosts).
 REPORT_CLOCK_SKEW_S = 300.0
@@ -74,6 +74,38 @@ class MetricsGpuSerializer(serializers.Serializer):
     instances = MetricsGpuInstanceSerializer(many=True, required=False, default=list, max_length=64)
 
 
+# A CPU runtime's CPUs: Linux CPU ids (0..CPU_ID_MAX), at most CPUS_MAX of them; the resizes an agent keeps
+# for one runtime between two reports (workers/agent/vertical.py, RESIZES_KEPT).
+CPU_ID_MAX = 65535
+CPUS_MAX = 4096
+RESIZES_MAX = 256
+
+
+def _cpu_ids(**kwargs) -> serializers.ListField:
+    return serializers.ListField(child=serializers.IntegerField(min_value=0, max_value=CPU_ID_MAX), max_length=CPUS_MAX,
+                                 required=False, allow_null=True, default=None, **kwargs)
+
+
+class MetricsResizeSerializer(serializers.Serializer):
+    """One in-place resize of a CPU runtime since the previous report (workers/agent/vertical.py): when, who
+    asked and why, the sizes before and after, and whether the runtime took them."""
+
+    at = serializers.DateTimeField(help_text="When it was resized (the agent's clock)")
+    by = serializers.CharField(max_length=20, help_text='Who asked: "vertical" (the agent\'s fast loop) or "desired" (a desired-state change)')
+    outcome = serializers.CharField(max_length=20, help_text='"ok", or "failed" (the runtime kept the sizes it had)')
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="",
+                                   help_text="Why, where the agent says (the fast loop's decision)")
+    from_cores = serializers.IntegerField(min_value=1, max_value=4096, required=False, allow_null=True, default=None)
+    from_max_batch = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False, allow_null=True, default=None)
+    cores = serializers.IntegerField(min_value=1, max_value=4096, help_text="The cores it was asked to run on")
+    max_batch = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False, allow_null=True, default=None)
+    cpus = _cpu_ids(help_text="The CPUs it runs on after the resize (null: not pinned)")
+    resize_ms = serializers.FloatField(min_value=0.0, required=False, allow_null=True, default=None,
+                                       help_text="From the resize frame to the swap (null: it did not answer)")
+    prepared = serializers.BooleanField(required=False, allow_null=True, default=None,
+                                        help_text="Whether a session for those cores was ready (a warm resize)")
+
+
 class MetricsRuntimeSerializer(serializers.Serializer):
     key = serializers.CharField(max_length=100)
     application = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
@@ -91,6 +123,9 @@ class MetricsRuntimeSerializer(serializers.Serializer):
                                      help_text="A CPU runtime's cores now (they change in place under vertical scaling)")
     max_batch = serializers.IntegerField(min_value=1, max_value=2**31 - 1, required=False, allow_null=True, default=None,
                                          help_text="Its batch cap now")
+    cpus = _cpu_ids(help_text="A CPU runtime's CPU ids now (null: not pinned, or not a CPU runtime)")
+    resizes = MetricsResizeSerializer(many=True, required=False, default=list, max_length=RESIZES_MAX,
+                                      help_text="A CPU runtime's resizes since the previous report")
 
 
 class MetricsReportSerializer(serializers.Serializer):
@@ -280,7 +315,17 @@ class RuntimeSampleSerializer(serializers.ModelSerializer):
         fields = [
             "id", "host", "runtime_key", "application", "application_name", "variant_name", "at", "interval_s",
             "arrivals", "served", "late", "dropped", "queue_length", "batches", "batch_size_mean",
-            "latency_p50_ms", "latency_p99_ms", "cores", "batch_cap",
+            "latency_p50_ms", "latency_p99_ms", "cores", "batch_cap", "cpus",
+        ]
+        read_only_fields = fields
+
+
+class RuntimeResizeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RuntimeResize
+        fields = [
+            "id", "host", "runtime_key", "application", "application_name", "variant_name", "at", "reported_at", "by", "outcome",
+            "reason", "from_cores", "from_batch_cap", "cores", "batch_cap", "cpus", "resize_ms", "prepared",
         ]
         read_only_fields = fields
 

@@ -7,11 +7,13 @@ from .views import (
     HostMetricsView,
     PipelinePathSampleViewSet,
     RouterReportView,
+    RuntimeResizeViewSet,
     RuntimeSampleViewSet,
 )
 
 router = SimpleRouter()
 router.register("runtime-samples", RuntimeSampleViewSet, basename="runtimesample")
+router.register("runtime-resizes", RuntimeResizeViewSet, basename="runtimeresize")
 router.register("gpu-samples", GpuSampleViewSet, basename="gpusample")
 router.register("application-samples", ApplicationSampleViewSet, basename="applicationsample")
 router.register("pipeline-path-samples", PipelinePathSampleViewSet, basename="pipelinepathsample")

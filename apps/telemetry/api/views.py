@@ -9,8 +9,14 @@ from apps.core.metrics import agent_reports_rejected
 from apps.core.principals import principal_is_agent, principal_is_router
 from apps.inventory.services import host_visible_find
 
-from ..filtersets import ApplicationSampleFilterSet, GpuSampleFilterSet, PipelinePathSampleFilterSet, RuntimeSampleFilterSet
-from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeSample
+from ..filtersets import (
+    ApplicationSampleFilterSet,
+    GpuSampleFilterSet,
+    PipelinePathSampleFilterSet,
+    RuntimeResizeFilterSet,
+    RuntimeSampleFilterSet,
+)
+from ..models import ApplicationSample, GpuSample, PipelinePathSample, RuntimeResize, RuntimeSample
 from ..services import host_metrics_ingest, router_report_ingest
 from .serializers import (
     ApplicationSampleSerializer,
@@ -20,6 +26,7 @@ from .serializers import (
     PipelinePathSampleSerializer,
     RouterReportIngestedSerializer,
     RouterReportSerializer,
+    RuntimeResizeSerializer,
     RuntimeSampleSerializer,
     report_validate,
 )
@@ -90,6 +97,16 @@ class RuntimeSampleViewSet(TesseraReadOnlyModelViewSet):
     queryset = RuntimeSample.objects.all()
     serializer_class = RuntimeSampleSerializer
     filterset_class = RuntimeSampleFilterSet
+    ordering_fields = ["at", "id"]
+
+
+class RuntimeResizeViewSet(TesseraReadOnlyModelViewSet):
+    """CPU runtimes' in-place resizes (vertical scaling), as their agents reported them: when, who asked
+    (`by`) and why, the cores and batch cap before and after, the CPUs, and whether it took (`outcome`)."""
+
+    queryset = RuntimeResize.objects.all()
+    serializer_class = RuntimeResizeSerializer
+    filterset_class = RuntimeResizeFilterSet
     ordering_fields = ["at", "id"]
 
 
