@@ -19,7 +19,12 @@
   previous report.
 
 The control plane being unreachable never stops serving: the runtimes keep their sessions and the router
-its tables; the agent logs the outage once and carries on."""
+its tables; the agent logs the outage once and carries on.
+
+Exits (`stop`): by default the runtimes and their MPS daemons outlive the agent (a restart: the next agent takes
+them over); with `stop_runtimes` (a drain, as under Kubernetes, where they die with the agent's container) they
+are reported draining, drained, stopped and reported stopped first (`drain_exit`). MPS daemons the desired state
+relies on are checked on every poll, and one lost after convergence is reported and restored (reconcile.py)."""
 from __future__ import annotations
 
 import json
@@ -73,6 +78,7 @@ class Agent:
         drain_timeout_s: float = 10.0,
         vertical_s: float = 1.0,
         pin_cpus: bool = True,
+        withdraw_s: float = 0.0,
     ) -> None:
         if client is None and desired_file is None:
             raise ValueError("give a control plane (client) or a desired-state file")
@@ -102,6 +108,11 @@ class Agent:
             on_operation=self._operation_seen, drain_timeout_s=drain_timeout_s,
             stop_requested=lambda: self._stop.is_set(), resizer=self.vertical.desired_resize,
         )
+        # How long a drain exit waits between reporting its runtimes draining and draining them (`tessera agent`:
+        # WITHDRAW_S, two of the routers' one-second refreshes; 0 drains at once, and the runtimes' own `draining`
+        # answers send the routers elsewhere).
+        self.withdraw_s = withdraw_s
+        self._exiting = ""  # "draining", then "stopped", during a drain exit (drain_exit)
         self.converged_version: int | None = None
         # The latest version reached but for runtimes that failed to start (ReconcileResult.settled): a
         # rollout goes on without them rather than failing the whole plan.
@@ -265,7 +276,9 @@ class Agent:
                 # model to it before its replacement runs.
                 application, variant, simulated = self._running_model(record.spec_path)
             state, error = "ready", ""
-            if model is not None and (parsed := partition_record_parse(record.key)) is not None:
+            if self._exiting:
+                state, error = "draining", "the agent is stopping: drained before it exits"
+            elif model is not None and (parsed := partition_record_parse(record.key)) is not None:
                 index = names.runtime_key_parse(parsed[0]).index
                 if index in self._mps_lost:  # its MPS server is gone: no query should be routed to it
                     state, error = "failed", f"gpu{index}: {self._mps_lost[index]}"
@@ -276,6 +289,8 @@ class Agent:
         for key, want in sorted(desired.items()):
             if key not in served:
                 error = next((e for e in (self.last_result.errors if self.last_result else []) if e.startswith(key + ":")), "not started")
+                if self._exiting:
+                    error = "stopped with the agent, which drained its runtimes and exited; they start again with it"
                 runtimes.append({"key": key, "application": want.application, "variant": want.variant.get("id"), "state": "failed",
                                  "endpoint": "", "simulated": want.device_kind == "gpu" and self.backend.name == "simulated", "error": error})
         with self._ops_lock:
@@ -443,6 +458,28 @@ class Agent:
                 except Exception:
                     log.exception("profiling request %s failed", request.get("id"))
 
+    def drain_exit(self) -> None:
+        """Take the host's runtimes out of service and stop them, in this order:
+
+        1. report the host with every runtime `draining` and no desired version reached: the control plane's
+           routing tables mark their routes not ready, and routers stop choosing them at their next refresh;
+        2. `withdraw_s` later (once that report went out), drain every runtime at once and stop it: what it
+           holds is answered, and a query still sent to it is refused `draining`, which routers retry on another
+           instance; then stop the MPS daemons (`Reconciler.runtimes_stop_all`);
+        3. report the host again: its desired runtimes not running (`failed`, saying the agent stopped them).
+
+        Whatever the control plane is told, no query is answered by a runtime that is going: the worst is a
+        refusal. The next agent starts the runtimes again from the desired state (kept on disk) and reports the
+        host not converged until they all run."""
+        self._exiting = "draining"
+        self.converged_version = self.settled_version = None
+        if self.report() and self.withdraw_s > 0:
+            time.sleep(self.withdraw_s)
+        self.reconciler.runtimes_stop_all()
+        self._exiting = "stopped"
+        self.report()
+        log.info("runtimes drained and stopped; the agent exits")
+
     def start_background(self) -> None:
         """Start the metrics (and, with a control plane, profiling) threads."""
         targets = [self._metrics_loop] + ([self._profiling_loop] if self.client is not None else [])
@@ -474,7 +511,12 @@ class Agent:
             self._loop_running.clear()
 
     def stop(self, *, stop_runtimes: bool = False) -> None:
-        """Stop the loops. Runtimes keep serving unless `stop_runtimes` (they are drained first)."""
+        """Stop the loops, then exit one of two ways (docs/dataplane.md, "Agent exits and restarts"):
+
+        - a restart (the default: an upgrade, a crash, systemd's KillMode=process): the runtimes and their MPS
+          daemons keep serving, and the next agent finds them again from their records;
+        - a drain (`stop_runtimes`; under Kubernetes, where every process the agent starts dies with its
+          container): `drain_exit`, so that no query is routed to a runtime that is about to go."""
         self._stop.set()
         # A pass in progress (another thread runs the loop) finishes first: nothing starts after this.
         deadline = time.monotonic() + 120.0
@@ -484,10 +526,7 @@ class Agent:
             thread.join(timeout=5.0)
         self.vertical.stop()
         if stop_runtimes:
-            for record in self.supervisor.observe().values():
-                self.supervisor.stop(record, drain_timeout_s=2.0)
-            # Nothing is left to need an MPS daemon. (Without stop_runtimes they stay: the runtimes outlive the agent.)
-            self.reconciler.mps_daemons_stop()
+            self.drain_exit()
         if self.exporter is not None:
             self.exporter.close()
         self.backend.close()

@@ -12,7 +12,7 @@ from .agent import Agent
 from .backends import backend_make
 from .reconcile import Operation
 
-__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "VERTICAL_ENV", "agent_build", "crash_failpoint_from_env"]
+__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "VERTICAL_ENV", "WITHDRAW_S", "agent_build", "crash_failpoint_from_env"]
 
 log = logging.getLogger("tessera.agent")
 
@@ -23,6 +23,9 @@ CRASH_ENV = "TESSERA_AGENT_CRASH_AFTER_OPS"
 MPS_CONTROL_ENV = "TESSERA_MPS_CONTROL"
 # The fast vertical loop's period in seconds (default 1; 0 turns it off): workers/agent/vertical.py.
 VERTICAL_ENV = "TESSERA_AGENT_VERTICAL_S"
+# A drain exit (--stop-runtimes-on-exit) reports the runtimes draining, then waits this long before draining them:
+# routers read the routing tables every second, so two of their refreshes (Agent.drain_exit).
+WITHDRAW_S = 2.0
 
 
 def crash_failpoint_from_env() -> Callable[[Operation], None] | None:
@@ -95,5 +98,5 @@ def agent_build(
         raise ValueError(f"the vertical loop's period must be >= 0 s (0: off), got {vertical_s!r}")
     return Agent(
         backend=device_backend, state_dir=state_dir, client=client, desired_file=desired_file, bind=bind,
-        advertise=advertise, exporter=exporter, on_operation=on_operation, vertical_s=vertical_s,
+        advertise=advertise, exporter=exporter, on_operation=on_operation, vertical_s=vertical_s, withdraw_s=WITHDRAW_S,
     )

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -408,6 +409,22 @@ class Reconciler:
                     # Their MPS server is gone: what they hold fails anyway, so a short drain only.
                     self._runtime_stop(record, target=parsed[0], drain_timeout_s=min(self.drain_timeout_s, 2.0))
                     del running[record_key]
+
+    def runtimes_stop_all(self) -> None:
+        """The agent's drain exit: every runtime drained at once (each answers what it holds and refuses new
+        queries with `draining`), then stopped, one `runtime.drain` and `runtime.stop` each; then the MPS daemons
+        (`mps_daemons_stop`), which nothing needs any more."""
+        running = sorted(self.supervisor.observe().items())
+
+        def stop(item: tuple[str, RuntimeProcess]) -> None:
+            key, record = item
+            parsed = partition_record_parse(key)
+            self._runtime_stop(record, target=parsed[0] if parsed else key)
+
+        if running:
+            with ThreadPoolExecutor(max_workers=min(16, len(running)), thread_name_prefix="tessera-agent-drain") as pool:
+                list(pool.map(stop, running))
+        self.mps_daemons_stop()
 
     def mps_daemons_stop(self) -> None:
         """Stop the MPS control daemon of every GPU in MPS mode (the agent's drain exit, once no runtime is left

@@ -159,7 +159,7 @@ class RuntimeSupervisor:
     def _reap(self) -> None:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
-                del self._children[pid]
+                self._children.pop(pid, None)  # another thread's stop may have taken it already
 
     def observe(self) -> dict[str, RuntimeProcess]:
         """The runtimes that run now, by key. Records of dead runtimes are removed (with their files), and
