@@ -149,9 +149,9 @@ def stack_start(args) -> Stack:
     server_wait(stack.port, stack.server, var / "server.log")
     stack.worker_start()
     stack.beat = stack.spawn("beat", [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--max-interval", "1", "--loglevel=INFO",
-                                      "-s", str(var / "beat-schedule"), "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"])
-    # Faults start once beat and the worker run: beat's scheduler reads the database as it starts, and does
-    # not survive that read failing (run it under a supervisor that restarts it).
+                                      "-s", str(var / "beat-schedule")])  # the settings' scheduler (apps.core.beat)
+    # Faults start once beat and the worker run (beat would wait for its database, but its first sweep is the
+    # sign the stack is up).
     _wait_for(lambda: "Sending due task jobs.sweep" in (var / "beat.log").read_text(), 90, "beat's first sweep")
     _wait_for(lambda: " ready." in (var / "worker.log").read_text(), 90, "the worker")
     return stack

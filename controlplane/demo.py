@@ -583,6 +583,20 @@ def _simulate_option(host: Host) -> str:
     return ",".join(f"{n}x{name}" for name, n in counts.items())
 
 
+def demo_agent_command(*, host: Host, state_dir) -> list[str]:
+    """The command line of a demo host's simulated agent (its token and the control plane's URL come from the
+    environment: TESSERA_AGENT_TOKEN, TESSERA_CONTROL_PLANE): its GPUs and declared cores as the inventory
+    says, its runtimes drained and stopped when it exits (a SIGKILL leaves them running, as on a real host)."""
+    import sys
+
+    cmd = [sys.executable, "-m", "controlplane.cli", "agent", "--backend", "simulated", "--simulate", _simulate_option(host),
+           "--state-dir", str(state_dir), "--stop-runtimes-on-exit"]
+    cpu = host.accelerators.filter(kind=AcceleratorKindChoices.CPU).first()
+    if cpu is not None and cpu.cpu_cores:
+        cmd += ["--simulate-cpu-cores", str(cpu.cpu_cores)]  # the demo's declared cores, as its GPUs are declared
+    return cmd
+
+
 def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8100, router_grpc_port: int | None = None,
                          log_dir=None) -> DemoDataPlane:
     """Start one simulated agent per demo host (new agent tokens each time) and a router with a router
@@ -608,11 +622,7 @@ def demo_dataplane_start(*, control_plane: str, state_root, router_port: int = 8
         _, router_token = router_credential_issue(name=router_name, description="the demo's router")
     for host in hosts:
         env = dict(os.environ, TESSERA_AGENT_TOKEN=tokens[host.name], TESSERA_CONTROL_PLANE=control_plane)
-        cmd = [sys.executable, "-m", "controlplane.cli", "agent", "--backend", "simulated", "--simulate", _simulate_option(host),
-               "--state-dir", str(state_root / host.name), "--stop-runtimes-on-exit"]
-        cpu = host.accelerators.filter(kind=AcceleratorKindChoices.CPU).first()
-        if cpu is not None and cpu.cpu_cores:
-            cmd += ["--simulate-cpu-cores", str(cpu.cpu_cores)]  # the demo's declared cores, as its GPUs are declared
+        cmd = demo_agent_command(host=host, state_dir=state_root / host.name)
         with open(log_dir / f"agent-{host.name}.log", "ab") as log:
             processes.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,  # nosec B603 - the demo's agent, an argument list
                                               stdin=subprocess.DEVNULL))

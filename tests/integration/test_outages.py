@@ -298,7 +298,7 @@ def _worker(redis_url: str, tmp_path, *, beat: bool) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "--include", "benches.fault_tasks",
            "--hostname", f"outages-{uuid.uuid4().hex[:6]}@%h", "--without-gossip", "--without-mingle", "--loglevel=INFO"]
     if beat:  # the sweeper's schedule (settings CELERY_BEAT_SCHEDULE) in the worker's own beat
-        cmd += ["--beat", "--schedule", str(tmp_path / f"beat-{uuid.uuid4().hex[:6]}"), "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"]
+        cmd += ["--beat", "--schedule", str(tmp_path / f"beat-{uuid.uuid4().hex[:6]}")]  # the settings' scheduler (apps.core.beat)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
