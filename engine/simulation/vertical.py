@@ -32,7 +32,7 @@ import numpy as np
 from engine.forecasting.holt import peak_forecast_estimate
 from engine.vertical.biscale import (BiscaleController, BiscaleProblem, BiscaleStage, StageTarget, biscale_horizontal_solve,
                                      biscale_vertical_solve)
-from engine.vertical.controller import VerticalObservation, sponge_step
+from engine.vertical.controller import ShrinkDwell, VerticalAction, VerticalObservation, sponge_step
 
 __all__ = ["BiscalePolicy", "HorizontalPolicy", "SpongePolicy", "StageView", "StaticPolicy", "VerticalPolicy", "VerticalRun",
            "VerticalRequest", "vertical_simulate"]
@@ -274,18 +274,25 @@ class StaticPolicy:
 class SpongePolicy:
     """One instance resized in place every interval by Sponge's scaler (`sponge_step`), the measured rate
     taken times `headroom` (as the other policies take theirs: an instance sized for exactly the mean rate
-    queues past its budgets on every Poisson burst)."""
+    queues past its budgets on every Poisson burst). `shrink_after`: the intervals a smaller size must have been
+    enough before the instance shrinks (`ShrinkDwell`, the live agent's hysteresis, whose default is
+    `SHRINK_AFTER_INTERVALS`); 1, the default here, is Sponge as published, the baseline the benches compare."""
 
     name = "sponge"
 
-    def __init__(self, stage: BiscaleStage, *, headroom: float = 1.0) -> None:
+    def __init__(self, stage: BiscaleStage, *, headroom: float = 1.0, shrink_after: int = 1) -> None:
         self.stage = stage
         self.headroom = headroom
+        self.dwell = ShrinkDwell(shrink_after)
 
     def decide(self, now_s: float, views: Sequence[StageView]) -> Mapping[str, StageTarget]:
         v = views[0]
-        action = sponge_step(self.stage.latency, VerticalObservation(v.cores, v.batch, v.rate_rps * self.headroom, v.budgets_ms, queued=v.queued),
-                             max_cores=self.stage.max_cores, max_batch=self.stage.max_batch)
+        observation = VerticalObservation(v.cores, v.batch, v.rate_rps * self.headroom, v.budgets_ms, queued=v.queued)
+
+        def at(min_cores: int, max_cores: int) -> VerticalAction:
+            return sponge_step(self.stage.latency, observation, min_cores=min_cores, max_cores=max_cores, max_batch=self.stage.max_batch)
+
+        action = self.dwell.settle(at(1, self.stage.max_cores), max(1, min(v.cores, self.stage.max_cores)), lambda cores: at(cores, cores))
         return {v.name: StageTarget(action.cores, action.batch)}
 
 

@@ -18,15 +18,25 @@ says it should change, and shrinking an idle instance only makes the next burst 
 decision (no size meets every budget) takes the size late for the fewest requests, then the fewest cores:
 where cores help that is the most there are (thesis P4 §p4.5.1.2: scale the running instance to its
 maximum and let horizontal scaling take the rest), and where the model says they do not help (a model
-whose latency hardly falls with cores), the instance is not grown for nothing."""
+whose latency hardly falls with cores), the instance is not grown for nothing.
+
+Hysteresis (`ShrinkDwell`, issue 44): Sponge resizes whenever its decision changes, so a load near the
+boundary between two sizes resizes the instance every interval; the live agent grows at once and shrinks
+only after the smaller size has been enough for several intervals in a row (see the class)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.vertical.sponge import VerticalLatency, sponge_brute_force
 
-__all__ = ["VerticalAction", "VerticalObservation", "sponge_step"]
+__all__ = ["SHRINK_AFTER_INTERVALS", "ShrinkDwell", "VerticalAction", "VerticalObservation", "sponge_step"]
+
+# How many intervals in a row a smaller size must have been enough before an instance shrinks to it (the live
+# agent's default, TESSERA_AGENT_VERTICAL_SHRINK_AFTER: five seconds at its one-second interval). 1 is Sponge as
+# published: shrink as soon as the decision says so.
+SHRINK_AFTER_INTERVALS = 5
 
 
 @dataclass(frozen=True)
@@ -85,3 +95,58 @@ def _split(observation: VerticalObservation) -> tuple[tuple[float, ...], tuple[f
     if not 0 <= observation.queued <= len(observation.budgets_ms):
         raise ValueError(f"queued must be within 0..{len(observation.budgets_ms)}, got {observation.queued!r}")
     return observation.budgets_ms[:observation.queued], observation.budgets_ms[observation.queued:]
+
+
+class ShrinkDwell:
+    """Hysteresis on the per-interval decision of one instance: grow at once, shrink only after a dwell.
+
+    What Sponge does: its scaler re-solves the sizing problem every adaptation period (one second in its
+    evaluation, thesis P2 §p2.4) with the workload and the queued requests' remaining budgets, and its adapter
+    sends the instance whatever size that gives (§p2.3.1, "Scaler"; §p2.3.4, Algorithm 2). It has no
+    hysteresis: a load near the boundary between two sizes, one interval just above what one core serves and
+    the next just below, resizes the instance every interval, and each shrink leaves it short when the next
+    interval's requests come. Biscale (P4 §p4.5.1.2) is careful on the way down only: it gives resources back
+    when the configuration for the peak it predicts over the next ten seconds is the current one.
+
+    Where this departs: a decision for more cores than the instance has, and any infeasible one, is taken at
+    once (the SLO needs it now: Sponge's rule). A decision for fewer cores is held until `intervals` decisions
+    in a row said fewer would do; then the instance shrinks to the most cores any of them wanted (the
+    window's peak, as Biscale sizes for a peak), and the count starts again. A decision that keeps or grows the
+    cores ends the count. An idle interval (no requests, no traffic: the size is kept) neither counts nor ends
+    it. While a shrink is held, the batch is the controller's at the cores kept (`at_cores`), so every request
+    is still sized for. So a load oscillating around a boundary resizes at most once per `intervals`
+    intervals, and `intervals` = 1 is Sponge as published. One object per instance: the live agent
+    (workers/agent/vertical.py) and the simulator (engine/simulation/vertical.py, `SpongePolicy`) both apply
+    it after `sponge_step`."""
+
+    def __init__(self, intervals: int = SHRINK_AFTER_INTERVALS) -> None:
+        if isinstance(intervals, bool) or not isinstance(intervals, int) or intervals < 1:
+            raise ValueError(f"a shrink dwell is a whole number of intervals >= 1, got {intervals!r}")
+        self.intervals = intervals
+        self.below = 0  # decisions in a row that wanted fewer cores than the instance has
+        self.peak = 0  # the most cores those decisions wanted
+
+    def settle(self, action: VerticalAction, cores: int, at_cores: Callable[[int], VerticalAction]) -> VerticalAction:
+        """What the instance, which has `cores` now, does this interval, given `action`, this interval's decision:
+        `action` itself when it keeps or grows the cores (or is idle), or shrinks once the dwell is over; else the
+        decision at the cores kept, `at_cores(cores)` (the controller with exactly those cores), its reason saying
+        the shrink is held. After a dwell the shrink goes to the window's peak, `at_cores(peak)` when that is not
+        `action`'s own size."""
+        if action.status == "idle":
+            return action
+        if action.cores >= cores:
+            self.below = self.peak = 0
+            return action
+        self.below += 1
+        self.peak = max(self.peak, action.cores)
+        if self.below >= self.intervals:
+            target = self.peak
+            self.below = self.peak = 0
+            return action if target == action.cores else self._because(at_cores(target), f"shrunk to the most cores the last {self.intervals} "
+                                                                                          f"intervals wanted ({target}); {action.reason}")
+        return self._because(at_cores(cores), f"shrink to {action.cores} cores held ({self.below} of {self.intervals} intervals "
+                                              f"that fewer would do); {action.reason}")
+
+    @staticmethod
+    def _because(action: VerticalAction, reason: str) -> VerticalAction:
+        return VerticalAction(action.cores, action.batch, action.changed, action.status, reason, action.late, action.expired)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.geometry import names
+from engine.vertical.controller import SHRINK_AFTER_INTERVALS
 from workers.client import ReportBacklog, report_backlog_capacity
 from workers.metrics import ReportBacklogCollector
 
@@ -79,6 +80,7 @@ class Agent:
         vertical_s: float = 1.0,
         pin_cpus: bool = True,
         withdraw_s: float = 0.0,
+        vertical_shrink_after: int = SHRINK_AFTER_INTERVALS,
     ) -> None:
         if client is None and desired_file is None:
             raise ValueError("give a control plane (client) or a desired-state file")
@@ -101,7 +103,7 @@ class Agent:
         self._extra_on_operation = on_operation
         self.vertical = VerticalScaler(
             supervisor=self.supervisor, desired=lambda: self._desired, host_cores=backend.cpu_cores, on_operation=self._operation_seen,
-            interval_s=vertical_s, pin_cpus=pin_cpus,
+            interval_s=vertical_s, pin_cpus=pin_cpus, shrink_after=vertical_shrink_after,
         )
         self.reconciler = Reconciler(
             backend=backend, supervisor=self.supervisor, artifact_fetch=self._artifact_fetch,

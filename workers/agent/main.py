@@ -8,11 +8,13 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from engine.vertical.controller import SHRINK_AFTER_INTERVALS
+
 from .agent import Agent
 from .backends import backend_make
 from .reconcile import Operation
 
-__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "VERTICAL_ENV", "WITHDRAW_S", "agent_build", "crash_failpoint_from_env"]
+__all__ = ["CRASH_ENV", "MPS_CONTROL_ENV", "VERTICAL_ENV", "VERTICAL_SHRINK_AFTER_ENV", "WITHDRAW_S", "agent_build", "crash_failpoint_from_env"]
 
 log = logging.getLogger("tessera.agent")
 
@@ -23,6 +25,9 @@ CRASH_ENV = "TESSERA_AGENT_CRASH_AFTER_OPS"
 MPS_CONTROL_ENV = "TESSERA_MPS_CONTROL"
 # The fast vertical loop's period in seconds (default 1; 0 turns it off): workers/agent/vertical.py.
 VERTICAL_ENV = "TESSERA_AGENT_VERTICAL_S"
+# The intervals a smaller size must have been enough before the fast loop shrinks a runtime (default
+# engine.vertical.controller.SHRINK_AFTER_INTERVALS, 5; 1 shrinks at once, as Sponge does): ShrinkDwell.
+VERTICAL_SHRINK_AFTER_ENV = "TESSERA_AGENT_VERTICAL_SHRINK_AFTER"
 # A drain exit (--stop-runtimes-on-exit) reports the runtimes draining, then waits this long before draining them:
 # routers read the routing tables every second, so two of their refreshes (Agent.drain_exit).
 WITHDRAW_S = 2.0
@@ -96,7 +101,15 @@ def agent_build(
             raise ValueError(f"{VERTICAL_ENV} must be a number of seconds (0: off), got {raw!r}") from None
     if not vertical_s >= 0:
         raise ValueError(f"the vertical loop's period must be >= 0 s (0: off), got {vertical_s!r}")
+    raw = os.environ.get(VERTICAL_SHRINK_AFTER_ENV, str(SHRINK_AFTER_INTERVALS))
+    try:
+        shrink_after = int(raw)
+    except ValueError:
+        shrink_after = 0
+    if shrink_after < 1:
+        raise ValueError(f"{VERTICAL_SHRINK_AFTER_ENV} must be a whole number of intervals >= 1 (1: shrink at once), got {raw!r}")
     return Agent(
         backend=device_backend, state_dir=state_dir, client=client, desired_file=desired_file, bind=bind,
         advertise=advertise, exporter=exporter, on_operation=on_operation, vertical_s=vertical_s, withdraw_s=WITHDRAW_S,
+        vertical_shrink_after=shrink_after,
     )

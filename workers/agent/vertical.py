@@ -14,12 +14,19 @@ One tick:
    min_cores..max_cores and batch 1..the block's max_batch (else the runtime's max_batch, or its largest
    profiled batch when above; never above the limit the runtime reports). A pipeline stage's budgets are
    what the requests have left less the block's `reserve_ms` (the later stages' planned time).
+   Then hysteresis (`engine.vertical.controller.ShrinkDwell`, issue 44): a decision for more cores is taken
+   at once, one for fewer only after `shrink_after` decisions in a row said fewer would do (default
+   `SHRINK_AFTER_INTERVALS`, 5; `TESSERA_AGENT_VERTICAL_SHRINK_AFTER`; 1 is Sponge's shrink at once), and then
+   to the most cores those intervals wanted; meanwhile the runtime keeps its cores with the controller's batch
+   at them. So a load near a boundary resizes a runtime at most once per dwell, not every interval.
 3. Share the host. The runtimes of a host never hold more cores in all than the host has
    (`host_cores`: the CPUs the agent may run on). CPU runtimes without a `vertical` block keep their cores
    (the desired `cpu_threads`); the rest is shared among the vertical ones max-min fairly (`cores_share`:
    each first gets its min_cores, then spare cores go one at a time to the runtime holding the fewest of
-   those that want more, ties to the earlier key). A runtime granted fewer cores than it wants is asked
-   again for its batch at the granted cores (its controller with max_cores = the grant).
+   those that want more, ties to the earlier key), first for what each needs this interval, then what is left
+   to the cores a held shrink keeps (a runtime that needs cores gets them before one that has not shrunk
+   yet). A runtime granted fewer cores than it wants is asked again for its batch at the granted cores (its
+   controller with max_cores = the grant).
 4. Pin. With `pin_cpus` and room for it, each vertical runtime is pinned to CPUs of its own
    (`cpus_assign`: stable, a runtime that shrinks keeps its lowest CPUs, one that grows takes the lowest
    free ones), so that vertical runtimes do not share cores; runtimes without a `vertical` block are not
@@ -44,7 +51,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from engine.vertical.controller import VerticalAction, VerticalObservation, sponge_step
+from engine.vertical.controller import SHRINK_AFTER_INTERVALS, ShrinkDwell, VerticalAction, VerticalObservation, sponge_step
 
 from .desired import DesiredRuntime, DesiredState
 from .reconcile import Operation, resize_detail, resize_frame
@@ -110,7 +117,8 @@ class VerticalScaler:
     """See the module docstring. `desired()` is the desired state the agent follows (None: nothing to do),
     `host_cores` the host's core count (or a function giving it), `host_cpus` the CPU ids to pin to (default:
     the agent's own affinity mask). `call(record, header, timeout_s)` sends a control frame (default: the
-    supervisor's `request`); `controller` is `sponge_step`'s signature (tests pass a fake)."""
+    supervisor's `request`); `controller` is `sponge_step`'s signature (tests pass a fake); `shrink_after` the
+    intervals a smaller size must have been enough before a runtime shrinks (`ShrinkDwell`)."""
 
     def __init__(
         self,
@@ -124,6 +132,7 @@ class VerticalScaler:
         host_cpus: list[int] | None = None,
         call: Callable[[RuntimeProcess, dict, float], dict] | None = None,
         controller: Callable[..., VerticalAction] = sponge_step,
+        shrink_after: int = SHRINK_AFTER_INTERVALS,
     ) -> None:
         self.supervisor = supervisor
         self.desired = desired
@@ -139,6 +148,9 @@ class VerticalScaler:
         self.host_cpus = list(host_cpus)
         self.call = call or (lambda record, header, timeout_s: supervisor.request(record, header, timeout_s=timeout_s))
         self.controller = controller
+        ShrinkDwell(shrink_after)  # refuses a bad value here, not at the first tick
+        self.shrink_after = shrink_after
+        self._dwells: dict[str, ShrinkDwell] = {}  # each vertical runtime's hysteresis
         self._lock = threading.Lock()  # one sizing decision at a time: the fast loop's ticks and the reconciler's resizes
         self.sizes: dict[str, dict[str, Any]] = {}  # key -> {"cores", "max_batch", "cpus"} as the runtime last said
         self._pinned: dict[str, tuple[int, ...]] = {}  # the CPUs given to each vertical runtime
@@ -219,10 +231,24 @@ class VerticalScaler:
             fixed = sum(self._cores_of(r) for r, _rec in runtimes if r.vertical is None)
             budget = self.host_cores - fixed
             actions: dict[str, VerticalAction] = {}
+            needs: dict[str, int] = {}  # the cores each needs this interval, before hysteresis
             for runtime, _record in vertical:
-                actions[runtime.key] = self._decide(runtime, observed[runtime.key], runtime.vertical.min_cores,  # type: ignore[union-attr]
-                                                    min(runtime.vertical.max_cores, max(1, budget)))  # type: ignore[union-attr]
-            grants = cores_share({r.key: (r.vertical.min_cores, actions[r.key].cores) for r, _rec in vertical}, budget)  # type: ignore[union-attr]
+                lo, hi = runtime.vertical.min_cores, max(runtime.vertical.min_cores, min(runtime.vertical.max_cores, max(1, budget)))  # type: ignore[union-attr]
+                stats = observed[runtime.key]
+                need = self._decide(runtime, stats, lo, hi)
+                needs[runtime.key] = need.cores
+                dwell = self._dwells.setdefault(runtime.key, ShrinkDwell(self.shrink_after))
+                actions[runtime.key] = dwell.settle(need, min(max(int(stats["cores"]), lo), hi),
+                                                    lambda cores, runtime=runtime, stats=stats: self._decide(runtime, stats, cores, cores))
+            wanted = {r.key for r, _rec in runtimes if r.vertical is not None}
+            self._dwells = {k: d for k, d in self._dwells.items() if k in wanted}
+            # Needs first, then what is left to the cores held shrinks keep.
+            grants = cores_share({r.key: (r.vertical.min_cores, needs[r.key]) for r, _rec in vertical}, budget)  # type: ignore[union-attr]
+            spare = budget - sum(grants.values())
+            for runtime, _record in vertical:
+                extra = max(0, min(actions[runtime.key].cores - grants[runtime.key], spare))
+                grants[runtime.key] += extra
+                spare -= extra
             for runtime, _record in vertical:
                 grant = grants[runtime.key]
                 if grant < actions[runtime.key].cores:  # the host is short: the best batch at the cores it gets
