@@ -326,7 +326,7 @@ class VerticalScaler:
             reply = {"status": None, "message": f"{type(exc).__name__}: {exc}"}
         at = datetime.now(timezone.utc).isoformat()
         ok = reply.get("status") == 200
-        entry = {"at": at, "by": by, "outcome": "ok" if ok else "failed", "from_cores": before.get("cores"),
+        entry = {"at": at, "by": by, "reason": reason[:500], "outcome": "ok" if ok else "failed", "from_cores": before.get("cores"),
                  "from_max_batch": before.get("max_batch"), "cores": frame["cores"], "max_batch": frame.get("max_batch"),
                  "cpus": reply.get("cpus") if ok else frame.get("cpus"), "resize_ms": reply.get("resize_ms"),
                  "prepared": reply.get("prepared")}
