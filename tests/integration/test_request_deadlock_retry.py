@@ -17,7 +17,6 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings as django_settings
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
 

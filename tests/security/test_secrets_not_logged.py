@@ -9,7 +9,6 @@ and apps.core.security.secrets_in_logs_find, which the soak bench runs on its pr
 secret in them (an Authorization header holds its secret whole, so it is found as well)."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import socket
