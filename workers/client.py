@@ -90,8 +90,11 @@ class ControlPlaneClient:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:  # connection refused, timeout, protocol error
             raise ControlPlaneUnavailable(f"{method} {self.url}{path}: {exc.__class__.__name__}: {exc}") from exc
-        if response.status_code >= 500:
-            raise ControlPlaneUnavailable(f"{method} {self.url}{path}: HTTP {response.status_code}")
+        if response.status_code >= 500 or response.status_code == 429:
+            # 429: the control plane holds this address (refused secrets from it, apps/users/authentication.py)
+            # or throttles it; like an outage it says "later" (Retry-After), so a report is kept, not dropped.
+            retry = response.headers.get("retry-after")
+            raise ControlPlaneUnavailable(f"{method} {self.url}{path}: HTTP {response.status_code}" + (f", retry after {retry} s" if retry else ""))
         if response.status_code >= 400:
             message, fields = response.text[:500], None
             try:

@@ -75,6 +75,9 @@ def test_client_tells_an_outage_from_a_refusal() -> None:
         client_with(down).routing_tables()
     with pytest.raises(ControlPlaneUnavailable):
         client_with(lambda r: httpx.Response(503)).routing_tables()
+    # Held or throttled (429 with Retry-After): "later", like an outage, so the agent keeps its report.
+    with pytest.raises(ControlPlaneUnavailable, match="retry after 8 s"):
+        client_with(lambda r: httpx.Response(429, headers={"Retry-After": "8"}, json={"error": {"status": 429}})).metrics({})
     refused = client_with(lambda r: httpx.Response(400, json={"error": {"status": 400, "code": "invalid", "message": "bad version", "fields": {"version": ["bad"]}}}))
     with pytest.raises(ControlPlaneRejected, match="bad version") as info:
         refused.router_report({})
