@@ -12,6 +12,10 @@ def _logging_setup(level: str) -> None:
     import logging
 
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().level > logging.DEBUG:
+        # httpx logs every request at INFO: an agent's two calls a second would be 170,000 lines a day (the soak's
+        # agents wrote 1 MB an hour each). Its warnings stay; --log-level debug shows the requests again.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def agent(
