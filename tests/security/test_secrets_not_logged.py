@@ -26,7 +26,7 @@ from apps.users.tokens import token_hash
 from controlplane.cli.app import StepFailed, _Api
 from tests.api.test_telemetry import metrics, router_report
 from tests.factories import HostFactory
-from workers.client import ControlPlaneClient, ControlPlaneRejected
+from workers.client import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
 
 # The loggers Django, Celery, the servers and the clients use, made before the capture so they are lowered too.
 NAMED = ("django", "django.request", "django.server", "django.security", "django.db.backends", "django.channels.server",
@@ -112,11 +112,13 @@ def _off_by_one(secret: str) -> str:
 
 
 def _refused(call) -> int:
-    """The status a call was refused with."""
+    """The status a call was refused with (the data plane's client takes a 429 for "later", as an outage)."""
     try:
         call()
     except ControlPlaneRejected as exc:
         return exc.status
+    except ControlPlaneUnavailable as exc:
+        return int(str(exc).split(": HTTP ", 1)[1].split(",")[0])
     except StepFailed as exc:
         return int(str(exc).split(": ", 1)[1].split()[0])
     raise AssertionError("not refused")
