@@ -738,9 +738,9 @@ def fault_play(stack: Stack, fault: str, rng: random.Random, t0: float, *, hold_
         record.converged_s = _converged_within(lambda: _control_plane_well(stack), limit)
         return record
     if fault == "slow-disk":
-        return _slow_disk_play(stack, record, t0, hold_s=hold_s, limit_s=limit)
+        return _slow_disk_play(stack, record, t0, rng, hold_s=hold_s, limit_s=limit)
     if fault == "runtime-killed":
-        pid, key = _runtime_serving(stack)
+        pid, key = _runtime_serving(stack, rng)
         record.target = key
         if pid is None:
             record.note = "no CPU runtime process found"
@@ -777,22 +777,26 @@ def fault_play(stack: Stack, fault: str, rng: random.Random, t0: float, *, hold_
     return record
 
 
-def _slow_disk_play(stack: Stack, record: FaultRecord, t0: float, *, hold_s: float, limit_s: float) -> FaultRecord:
+def _slow_disk_play(stack: Stack, record: FaultRecord, t0: float, rng: random.Random, *, hold_s: float, limit_s: float) -> FaultRecord:
     """The artifact store slow (every read and write SLOW_DISK_MS) while a CPU runtime dies and its agent, its
     artifact cache emptied, must download the model again: from the slow store, through the control plane."""
     if stack.slow_disk is None:
         record.note = "not played: no FUSE on this machine (benches/slowdisk.py)"
         record.ended = time.monotonic() - t0
         return record
-    pid, key = _runtime_serving(stack)
+    pid, key = _runtime_serving(stack, rng)
     record.target = f"artifacts for {key}" if key else "artifacts"
     stack.slow_disk.write_text(str(SLOW_DISK_MS))
     try:
+        killed = time.monotonic()
         if pid is not None:
             for cached in (stack.var / "agents" / key.split("/")[0] / "artifacts").glob("*.onnx"):
                 cached.unlink(missing_ok=True)
             os.kill(pid, signal.SIGKILL)
-        time.sleep(hold_s)
+        while time.monotonic() - killed < hold_s:
+            if pid is not None and not record.note and _runtime_back(stack, key, pid):
+                record.note = f"served again {time.monotonic() - killed:.1f} s after its kill, inside the slow spell"
+            time.sleep(0.25)
     finally:
         stack.slow_disk.write_text("0")
     record.ended = time.monotonic() - t0
@@ -845,7 +849,7 @@ def _worker_serving(stack: Stack, log_offset: int) -> bool:
     return not Job.objects.filter(status="running", heartbeat__lt=stale).exists()
 
 
-def _runtime_serving(stack: Stack) -> tuple[int | None, str]:
+def _runtime_serving(stack: Stack, rng: random.Random) -> tuple[int | None, str]:
     """A runtime that computes (the CPU host's, real onnxruntime) and is running: its pid, from its agent's
     runtime record (STATE_DIR/runtimes/KEY.json, workers/agent/supervisor.py), and "host/key"."""
     from apps.deployments.models import Runtime
@@ -855,7 +859,7 @@ def _runtime_serving(stack: Stack) -> tuple[int | None, str]:
     candidates = [(pid, f"{host}/{key}") for host, key in rows if (pid := _runtime_pid(stack, host, key)) is not None]
     if not candidates:
         return None, ""
-    return random.Random(len(stack.procs) + len(rows)).choice(candidates)
+    return rng.choice(candidates)
 
 
 def _runtime_pid(stack: Stack, host: str, key: str) -> int | None:
@@ -1031,7 +1035,7 @@ def report(traffic: Traffic, faults: list[FaultRecord], end: dict[str, Any], mem
         missed = [r for r in records if not r.ok]
         verdict = "ok" if not missed else f"MISSED x{len(missed)}"
         lines.append(f"{fault:<22}{len(records):>6}{fmt(worst, '.1f'):>19}{BOUNDS_S[fault]:>9.0f}  {verdict:<9} "
-                     f"{', '.join(sorted({r.target for r in records}))}" + "".join(f"; {r.note}" for r in missed if r.note))
+                     f"{', '.join(sorted({r.target for r in records}))}" + "".join(f"; {r.note}" for r in records if r.note)[:300])
     lines += ["", f"jobs by status {end['jobs']}; wedged {end['jobs_wedged']}",
               f"plans by status {end['plans']}; neither applied nor rolled back {end['plans_unfinished']}"]
     for kind, error in end["failed_jobs"]:
@@ -1140,7 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
             record = fault_play(stack, fault, rng, t0, hold_s=rng.uniform(*(down if fault.endswith("killed") else held)))
             records.append(record)
             print(f"  {record.at:7.0f} s {fault:<22} {record.target:<24} converged "
-                  f"{fmt(record.converged_s, '.1f')} s (bound {record.bound_s:g}){'' if record.ok else '  MISSED ' + record.note}", flush=True)
+                  f"{fmt(record.converged_s, '.1f')} s (bound {record.bound_s:g}){'' if record.ok else '  MISSED'}{'  ' + record.note if record.note else ''}", flush=True)
             next_fault = max(next_fault + args.fault_every, time.monotonic() + 1.0)
         traffic.stop()
         # The grace: the last plans finish their rollouts, the last jobs end.
