@@ -484,6 +484,7 @@ class QueryTally:
     hung: int = 0
     checked: int = 0  # answers whose outputs were compared with onnxruntime's
     wrong_examples: list = field(default_factory=list)
+    hung_examples: list = field(default_factory=list)
     latencies: list = field(default_factory=list)
 
 
@@ -580,20 +581,25 @@ class Traffic(Background):
         tally.sent += 1
         started = time.monotonic()
         second = int(started - self.t0)
-        deadline_s = target.slo_ms / 1000.0
+        limit_s = target.slo_ms / 1000.0 + HUNG_GRACE_S
         try:
-            response = await http.post(f"{router}{target.path}", content=target.body, timeout=deadline_s + HUNG_GRACE_S,
-                                       headers={"content-type": "application/json", "x-tessera-deadline-ms": f"{target.slo_ms:g}",
-                                                **target.headers})
-        except httpx.TimeoutException:
-            tally.hung += 1
-            self.per_second[second]["hung"] += 1
-            return
+            # The whole exchange within the deadline + 1 s (httpx's timeout bounds each read, not their sum).
+            response = await asyncio.wait_for(http.post(
+                f"{router}{target.path}", content=target.body, timeout=limit_s,
+                headers={"content-type": "application/json", "x-tessera-deadline-ms": f"{target.slo_ms:g}", **target.headers}), limit_s)
+        except (httpx.TimeoutException, asyncio.TimeoutError):
+            response = None
         except httpx.HTTPError as exc:  # the router is down (killed): refused before it was asked
             tally.refused[f"connect ({exc.__class__.__name__})"] += 1
             self.per_second[second]["refused"] += 1
             return
         elapsed = time.monotonic() - started
+        if response is None or elapsed > limit_s:  # no answer, or one past the deadline + 1 s: hung
+            tally.hung += 1
+            self.per_second[second]["hung"] += 1
+            if len(tally.hung_examples) < 5:
+                tally.hung_examples.append(f"{router}: {'no answer' if response is None else response.status_code} after {elapsed:.2f} s")
+            return
         verdict, why, checked = answer_check(target, response.status_code, response.headers, response.text)
         tally.checked += checked
         if verdict == "answered":
@@ -1018,6 +1024,8 @@ def report(traffic: Traffic, faults: list[FaultRecord], end: dict[str, Any], mem
                      f"{fmt(p50, '.1f'):>9}{fmt(p99, '.1f'):>9}  {dict(t.refused.most_common())}")
         for example in t.wrong_examples:
             lines.append(f"    wrong: {example}")
+        for example in t.hung_examples:
+            lines.append(f"    hung: {example}")
         total.sent += t.sent
         total.answered += t.answered
         total.wrong += t.wrong
