@@ -699,12 +699,15 @@ def _orphan_runtimes(stack: Stack) -> list[int]:
 
 
 def database_sample(database_url: str, t: float) -> list[dict]:
+    """The database's size (table "(size)", in `rows`: bytes) and per table its live and dead rows and its
+    bytes with indexes and TOAST: where the size goes when the rows level off."""
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-        rows = conn.execute("SELECT relname, n_live_tup FROM pg_stat_user_tables").fetchall()
-    return [{"t": t, "table": "(size)", "rows": size}, *({"t": t, "table": name, "rows": n} for name, n in rows)]
+        rows = conn.execute("SELECT relname, n_live_tup, n_dead_tup, pg_total_relation_size(relid) FROM pg_stat_user_tables").fetchall()
+    return [{"t": t, "table": "(size)", "rows": size, "dead": None, "bytes": size},
+            *({"t": t, "table": name, "rows": n, "dead": dead, "bytes": nbytes} for name, n, dead, nbytes in rows)]
 
 
 # --------------------------------------------------------------------------- faults
@@ -932,15 +935,19 @@ def database_growth(samples: list[dict], *, warmup_s: float) -> list[dict]:
     """Per table: rows (the database: bytes) at the warm-up, halfway to the end and at the end, and the rate per
     hour over the second half: a table held to its retention (shorter than that half) levels off there."""
     by_table: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    sizes: dict[str, list[int]] = defaultdict(list)
     for s in samples:
         by_table[s["table"]].append((s["t"], s["rows"]))
+        if s.get("bytes") is not None:
+            sizes[s["table"]].append(s["bytes"])
     out = []
     for table, points in by_table.items():
         start = next(((t, r) for t, r in points if t >= warmup_s), points[0])
         end = points[-1]
         mid = next(((t, r) for t, r in points if t >= (start[0] + end[0]) / 2), end)
         hours = max(1e-9, (end[0] - mid[0]) / 3600.0)
-        out.append({"table": table, "at_warmup": start[1], "at_mid": mid[1], "at_end": end[1], "per_hour": (end[1] - mid[1]) / hours})
+        out.append({"table": table, "at_warmup": start[1], "at_mid": mid[1], "at_end": end[1], "per_hour": (end[1] - mid[1]) / hours,
+                    "mib_at_end": sizes[table][-1] / 2**20 if sizes[table] else None})
     return sorted(out, key=lambda r: (r["table"] != "(size)", -r["at_end"]))
 
 
@@ -1054,9 +1061,10 @@ def report(traffic: Traffic, faults: list[FaultRecord], end: dict[str, Any], mem
         lines.append(f"{m['role']:<26}{m['process'][:29]:<30}{m['from_mib']:>19.1f}{m['to_mib']:>12.1f}{m['growth'] * 100:>8.1f}%"
                      f"{m['span_s']:>8.0f}{flag}")
     lines += ["", f"database (telemetry and history kept {args.retention:g} s, pruned every 60 s)",
-              f"{'table':<40}{'at warm-up':>14}{'halfway':>14}{'at end':>14}{'per hour, 2nd half':>20}"]
+              f"{'table':<40}{'at warm-up':>14}{'halfway':>14}{'at end':>14}{'per hour, 2nd half':>20}{'MiB at end':>12}"]
     for d in database[:16]:
-        lines.append(f"{d['table']:<40}{d['at_warmup']:>14}{d['at_mid']:>14}{d['at_end']:>14}{d['per_hour']:>20.0f}")
+        lines.append(f"{d['table']:<40}{d['at_warmup']:>14}{d['at_mid']:>14}{d['at_end']:>14}{d['per_hour']:>20.0f}"
+                     f"{fmt(d['mib_at_end'], '.1f'):>12}")
     lines += ["", f"{'ERROR lines: process':<24}{'logger':<36}{'when':<26}{'lines':>6}  example"]
     for e in errors[:30]:
         lines.append(f"{e['role']:<24}{e['logger'][:35]:<36}{e['when']:<26}{e['lines']:>6}  {e['example'][:100]}")
@@ -1189,7 +1197,7 @@ def main(argv: list[str] | None = None) -> int:
                   for n, t in traffic.tally.items()]
     csv_rows_write(args.out / "soak_queries.csv", query_rows, tuple(query_rows[0]) if query_rows else ("target",))
     csv_rows_write(args.out / "soak_memory.csv", sampler.memory, ("t", "role", "name", "pid", "rss_kib"))
-    csv_rows_write(args.out / "soak_database.csv", sampler.database, ("t", "table", "rows"))
+    csv_rows_write(args.out / "soak_database.csv", sampler.database, ("t", "table", "rows", "dead", "bytes"))
     print(plot(traffic, records, sampler.memory, sampler.database, args.out / "soak.png"))
     print(f"wrote {args.out}/soak.csv, soak_queries.csv, soak_memory.csv, soak_database.csv; logs kept in {stack.var}")
     if not args.keep_database:
