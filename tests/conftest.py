@@ -154,7 +154,7 @@ _NOT_FAST_TESTS = {
 # xdist they start on both workers at once (xdist hands out the first quarter of the tests in turn) instead of
 # one of them ending the run alone. Solo tests stay where they are: first, they would wait for a long one.
 _LONGEST_FIRST = (
-    "integration/test_bench_faults_smoke.py", "api/test_schema_fuzz.py", "integration/test_bench_telemetry_smoke.py",
+    "integration/test_bench_soak_smoke.py", "integration/test_bench_faults_smoke.py", "api/test_schema_fuzz.py", "integration/test_bench_telemetry_smoke.py",
     "engine/test_vertical_bench_smoke.py", "integration/test_outages.py", "engine/test_repro_benches_smoke.py",
     "engine/test_scheduler_training.py", "workers/test_agent.py", "integration/test_slot_move.py", "workers/test_agent_mps.py",
     "test_project.py", "integration/test_serve_processes.py", "workers/test_bench_dataplane_smoke.py",
