@@ -698,6 +698,15 @@ def _orphan_runtimes(stack: Stack) -> list[int]:
     return out
 
 
+def autovacuum_setting(database_url: str) -> str:
+    """The server's autovacuum ("on" or "off"): where it is off, Tessera's housekeeping vacuums
+    (apps.core.housekeeping.dead_rows_vacuum), and the database's size shows whether that keeps up."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True, connect_timeout=5) as conn:
+        return conn.execute("SHOW autovacuum").fetchone()[0]
+
+
 def database_sample(database_url: str, t: float) -> list[dict]:
     """The database's size (table "(size)", in `rows`: bytes) and per table its live and dead rows and its
     bytes with indexes and TOAST: where the size goes when the rows level off."""
@@ -935,20 +944,22 @@ def database_growth(samples: list[dict], *, warmup_s: float) -> list[dict]:
     """Per table: rows (the database: bytes) at the warm-up, halfway to the end and at the end, and the rate per
     hour over the second half: a table held to its retention (shorter than that half) levels off there."""
     by_table: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    sizes: dict[str, list[int]] = defaultdict(list)
+    sizes: dict[str, dict[float, int]] = defaultdict(dict)
     for s in samples:
         by_table[s["table"]].append((s["t"], s["rows"]))
         if s.get("bytes") is not None:
-            sizes[s["table"]].append(s["bytes"])
+            sizes[s["table"]][s["t"]] = s["bytes"]
     out = []
     for table, points in by_table.items():
         start = next(((t, r) for t, r in points if t >= warmup_s), points[0])
         end = points[-1]
         mid = next(((t, r) for t, r in points if t >= (start[0] + end[0]) / 2), end)
         hours = max(1e-9, (end[0] - mid[0]) / 3600.0)
+        mib = {k: sizes[table][t] / 2**20 if t in sizes[table] else None for k, t in (("mid", mid[0]), ("end", end[0]))}
         out.append({"table": table, "at_warmup": start[1], "at_mid": mid[1], "at_end": end[1], "per_hour": (end[1] - mid[1]) / hours,
-                    "mib_at_end": sizes[table][-1] / 2**20 if sizes[table] else None})
-    return sorted(out, key=lambda r: (r["table"] != "(size)", -r["at_end"]))
+                    "mib_at_mid": mib["mid"], "mib_at_end": mib["end"]})
+    # The database first, then where its bytes are.
+    return sorted(out, key=lambda r: (r["table"] != "(size)", -(r["mib_at_end"] or 0), -r["at_end"]))
 
 
 ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b")
@@ -1060,11 +1071,13 @@ def report(traffic: Traffic, faults: list[FaultRecord], end: dict[str, Any], mem
         flag = "" if m["growth"] < MEMORY_GROWTH_LIMIT else "  OVER 10 %"
         lines.append(f"{m['role']:<26}{m['process'][:29]:<30}{m['from_mib']:>19.1f}{m['to_mib']:>12.1f}{m['growth'] * 100:>8.1f}%"
                      f"{m['span_s']:>8.0f}{flag}")
-    lines += ["", f"database (telemetry and history kept {args.retention:g} s, pruned every 60 s)",
-              f"{'table':<40}{'at warm-up':>14}{'halfway':>14}{'at end':>14}{'per hour, 2nd half':>20}{'MiB at end':>12}"]
+    lines += ["", f"database (telemetry and history kept {args.retention:g} s, pruned every 60 s; the server's autovacuum "
+                  f"{args.autovacuum}{', so housekeeping vacuums' if args.autovacuum == 'off' else ''})",
+              f"{'table (rows; the database: bytes)':<40}{'at warm-up':>14}{'halfway':>14}{'at end':>14}{'per hour, 2nd half':>20}"
+              f"{'MiB halfway':>13}{'MiB at end':>12}"]
     for d in database[:16]:
         lines.append(f"{d['table']:<40}{d['at_warmup']:>14}{d['at_mid']:>14}{d['at_end']:>14}{d['per_hour']:>20.0f}"
-                     f"{fmt(d['mib_at_end'], '.1f'):>12}")
+                     f"{fmt(d['mib_at_mid'], '.1f'):>13}{fmt(d['mib_at_end'], '.1f'):>12}")
     lines += ["", f"{'ERROR lines: process':<24}{'logger':<36}{'when':<26}{'lines':>6}  example"]
     for e in errors[:30]:
         lines.append(f"{e['role']:<24}{e['logger'][:35]:<36}{e['when']:<26}{e['lines']:>6}  {e['example'][:100]}")
@@ -1135,6 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     stack = stack_start(args)
+    args.autovacuum = autovacuum_setting(os.environ["DATABASE_URL"])  # stack_start set it: the server, not the proxy
     print(f"stack up in {time.monotonic() - started:.0f} s: control plane {stack.url}, routers {', '.join(stack.router_urls)}, "
           f"{len(stack.of('agent'))} agents; logs in {stack.var}")
     targets = targets_build(stack.router_urls[0], seed=args.seed)

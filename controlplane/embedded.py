@@ -24,7 +24,7 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
 
     from django.conf import settings
 
-    from apps.core.housekeeping import history_prune
+    from apps.core.housekeeping import housekeeping_run
     from apps.jobs.services import jobs_sweep
     from apps.planning.triggers import planning_watch, replan_periodic
     from apps.policies.models import ReplanPolicy
@@ -50,7 +50,7 @@ def embedded_scheduler_start(*, watch_every_s: float = WATCH_EVERY_S) -> threadi
                         telemetry_prune(older_than=timedelta(days=settings.TESSERA_TELEMETRY_RETENTION_DAYS))
                     if now - last_housekeeping >= settings.TESSERA_HOUSEKEEPING_EVERY_S:
                         last_housekeeping = now
-                        history_prune(older_than=timedelta(days=settings.TESSERA_HISTORY_RETENTION_DAYS))
+                        housekeeping_run(older_than=timedelta(days=settings.TESSERA_HISTORY_RETENTION_DAYS))
                 except Exception:  # the scheduler outlives a failed check; the next tick tries again
                     log.exception("embedded scheduler tick failed")
         finally:

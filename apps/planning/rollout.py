@@ -80,7 +80,9 @@ def plan_status_set(*, plan: Plan, status: str, **fields: Any) -> Plan:
     plan.status = status
     for name, value in fields.items():
         setattr(plan, name, value)
-    plan.save()
+    # Only what changed: a full save rewrites the plan's problem, result and prediction (hundreds of kB in
+    # PostgreSQL's TOAST) on every status move, and the soak saw the dead copies outgrow the live rows.
+    plan.save(update_fields=["status", "last_updated", *fields])
     return plan
 
 

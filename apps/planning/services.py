@@ -398,7 +398,9 @@ def _plan_complete(*, job: Job, plan: Plan, options: dict[str, Any], timings: di
         locked.shortfall = shortfall
         locked.notes = notes
         locked.status = status
-        locked.save()
+        # Not the problem and result the plan was created with: unchanged, they need no second copy.
+        locked.save(update_fields=["validation", "prediction", "desired_states", "routing", "diff", "previous", "shortfall", "notes",
+                                   "status", "last_updated"])
     if status == PlanStatusChoices.FAILED:
         _log(job, 100, f"plan {plan.pk} failed: " + "; ".join(problems[:5]) + (" …" if len(problems) > 5 else ""))
     else:
