@@ -223,6 +223,23 @@ def statement_watched(connection: Any) -> Iterator[None]:
         _watchdog.unwatch(token)
 
 
+POOL_CHECK_BOUND_S = 1.0  # an empty query on a loopback or LAN connection answers in well under a millisecond
+
+
+def pool_connection_check(conn: Any) -> None:
+    """Is this pooled connection still alive? An empty query on it, under the watchdog (POOL_CHECK_BOUND_S):
+    raises if a restarted, refused or frozen server broke it (controlplane.postgresql's CheckedConnectionPool
+    then discards it). psycopg's own `ConnectionPool.check_connection` runs the same query with no bound: a
+    frozen server would hold the request at the pool. One round trip per checkout."""
+    from psycopg_pool import ConnectionPool
+
+    token = _watchdog.watch(conn.pgconn.socket, POOL_CHECK_BOUND_S)
+    try:
+        ConnectionPool.check_connection(conn)
+    finally:
+        _watchdog.unwatch(token)
+
+
 def statement_watchdog_wrapper(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:
     """A Django execute wrapper: the statement runs watched, with the bound statement_timeout + grace."""
     with statement_watched(context["connection"]):

@@ -44,6 +44,7 @@ class Served:
         self.port = free_port()
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings.local", "DJANGO_DEBUG": "false", "TESSERA_VAR_DIR": str(var_dir),
                "DATABASE_URL": url_via(database_url, self.pg), "REDIS_URL": url_via(redis_url, self.redis)}
+        self.var_dir = var_dir
         self.log = (var_dir / "server.log").open("w")
         self.process = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "serve", "--bind", "127.0.0.1", "--port", str(self.port)],
                                         cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -129,6 +130,25 @@ def test_postgres_frozen_holds_no_request(served) -> None:
     finally:
         served.pg.mode = "up"
     wait_for(lambda: served.http.get("/api/v1/hosts/").status_code == 200, 30, "the API back once PostgreSQL is")
+
+
+def test_a_pooled_connection_the_database_broke_is_replaced_not_lent(served) -> None:
+    """PostgreSQL restarted (here: every connection reset, as a restart or a failover does) while the pool's
+    connections sat idle. The next requests get fresh connections, not the broken ones: before the pool
+    checked what it lends, the first request on each broken connection answered 503 ("server closed the
+    connection"), and a worker's task failed once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:  # several connections into the pool, idle after
+        assert set(pool.map(lambda _: served.http.get("/api/v1/hosts/").status_code, range(8))) == {200}
+    served.pg.mode = "refused"  # resets every open connection through the proxy
+    served.pg.mode = "up"
+    statuses = []
+    for _ in range(6):
+        response, waited = served.timed("GET", "/api/v1/hosts/")
+        statuses.append(response.status_code)
+        assert waited < BOUND_S
+    assert statuses == [200] * 6, (served.var_dir / "server.log").read_text()[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["refused", "frozen"])
