@@ -47,7 +47,7 @@ def history_prune(*, older_than: timedelta) -> dict[str, int]:
     from apps.deployments.models import HostDesiredState, HostOperation, RoutingTable
     from apps.inventory.models import Host
     from apps.jobs.models import Job
-    from apps.planning.models import Plan
+    from apps.planning.models import Plan, PredictionCheck
     from apps.registry.models import ProfilingRequest
 
     cutoff = timezone.now() - older_than
@@ -55,6 +55,7 @@ def history_prune(*, older_than: timedelta) -> dict[str, int]:
 
     plans = Plan.objects.filter(status__in=PRUNED_PLAN_STATUSES, created__lt=cutoff).values("pk")
     Plan.objects.filter(previous__in=plans).update(previous=None)
+    _raw_delete(PredictionCheck.objects.filter(plan__in=plans))  # a raw delete does not cascade
     deleted["plan"] = _raw_delete(Plan.objects.filter(pk__in=plans))
 
     jobs = Job.objects.filter(status__in=ENDED_JOB_STATUSES, created__lt=cutoff).values("pk")

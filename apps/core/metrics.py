@@ -56,13 +56,15 @@ class FleetCollector:
         from django.db.models import Count, Sum
 
         from apps.inventory.models import Host
-        from apps.planning.models import Plan
+        from apps.planning.models import Plan, PredictionCheck
 
         try:
             plans = list(Plan.objects.values("status").annotate(n=Count("id")))
             totals = Plan.objects.aggregate(n=Count("id"), seconds=Sum("solve_seconds"))
             newest = Plan.objects.order_by("-id").values_list("solve_seconds", flat=True).first()
             hosts = list(Host.objects.values("status").annotate(n=Count("id")))
+            checked = Plan.objects.filter(prediction_checked_at__isnull=False).order_by("-prediction_checked_at").values_list("pk", flat=True).first()
+            checks = list(PredictionCheck.objects.filter(plan_id=checked).values("target", "violation_error", "p99_error")) if checked else []
         except DatabaseError as exc:
             yield _up("database", exc)
             return
@@ -78,6 +80,19 @@ class FleetCollector:
             last = GaugeMetricFamily("tessera_plan_last_solve_seconds", "The newest plan's solver time")
             last.add_metric([], float(newest))
             yield last
+        if checks:
+            # The latest checked plan's prediction against what was measured (apps.planning.prediction).
+            # No plan label: a re-plan a minute would make a series a minute. The plan is its own gauge.
+            error = GaugeMetricFamily("tessera_plan_prediction_error", "The last checked plan's prediction error per target: violation "
+                                      "(measured - predicted ratio) and p99 ((measured - predicted) / predicted)", labels=["target", "measure"])
+            for c in checks:
+                for measure, value in (("violation", c["violation_error"]), ("p99", c["p99_error"])):
+                    if value is not None:
+                        error.add_metric([c["target"], measure], float(value))
+            yield error
+            which = GaugeMetricFamily("tessera_plan_prediction_checked_plan", "The plan tessera_plan_prediction_error is of")
+            which.add_metric([], float(checked))
+            yield which
         host_status = GaugeMetricFamily("tessera_hosts", "Hosts by status", labels=["status"])
         for row in hosts:
             host_status.add_metric([row["status"]], row["n"])

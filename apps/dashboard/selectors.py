@@ -618,8 +618,30 @@ def plan_detail(plan) -> dict:
         "prediction": prediction, "violation": _pct(prediction.get("slo_violation_ratio")),
         "predicted_accuracy": _pct(prediction.get("effective_accuracy")), "applications": applications,
         "routing": routing, "hosts": hosts, "notes": [str(n) for n in (plan.notes or [])],
-        "pipelines": plan_pipeline_graphs(plan),
+        "pipelines": plan_pipeline_graphs(plan), **plan_prediction_checks(plan),
     }
+
+
+def plan_prediction_checks(plan) -> dict:
+    """The plan's prediction against what was measured while it was active (apps.planning.prediction), as the
+    plan page shows it; or when that comparison will come."""
+    from django.conf import settings
+
+    def _num(value, fmt: str) -> str:
+        return "—" if value is None else format(value, fmt)
+
+    rows = [{
+        "target": c.target, "kind": c.get_kind_display(), "window_s": round((c.window_end - c.window_start).total_seconds()),
+        "predicted_rps": _num(c.predicted_rps, ".1f"), "measured_rps": _num(c.measured_rps, ".1f"),
+        "predicted_violation": _pct(c.predicted_violation_ratio), "measured_violation": _pct(c.measured_violation_ratio),
+        "violation_error": "—" if c.violation_error is None else f"{c.violation_error * 100:+.1f} pt",
+        "predicted_p99": _num(c.predicted_p99_ms, ".1f"), "measured_p99": _num(c.measured_p99_ms, ".1f"),
+        "p99_error": "—" if c.p99_error is None else f"{c.p99_error:+.0%}", "note": c.note,
+    } for c in plan.prediction_checks.all()]
+    pending = None
+    if plan.prediction_checked_at is None and plan.activated_at is not None and plan.status in ("active", "superseded"):
+        pending = f"compared with what is measured once it has been active {settings.TESSERA_PREDICTION_CHECK_WINDOW_S:g} s, or when the next plan replaces it"
+    return {"prediction_checks": rows, "prediction_checked_at": plan.prediction_checked_at, "prediction_check_pending": pending}
 
 
 def plan_pipeline_graphs(plan) -> list[dict]:

@@ -31,3 +31,11 @@ PLAN_TRANSITIONS = {
     PlanStatusChoices.ROLLED_BACK: set(),
     PlanStatusChoices.SUPERSEDED: {PlanStatusChoices.ACTIVE},  # its successor was rolled back
 }
+
+
+class PredictionTargetChoices(models.TextChoices):
+    """What a prediction check compares (apps.planning.prediction)."""
+
+    APPLICATION = "application", "Application"
+    ENSEMBLE = "ensemble", "Ensemble"
+    PIPELINE = "pipeline", "Pipeline"

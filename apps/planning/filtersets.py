@@ -4,8 +4,8 @@ from apps.core.filtersets import TesseraFilterSet
 from apps.jobs.choices import JobStatusChoices
 from apps.jobs.models import Job
 
-from .choices import PlanStatusChoices, PlanTriggerChoices
-from .models import Plan
+from .choices import PlanStatusChoices, PlanTriggerChoices, PredictionTargetChoices
+from .models import Plan, PredictionCheck
 
 
 class PlanFilterSet(TesseraFilterSet):
@@ -26,3 +26,12 @@ class PlanRunFilterSet(TesseraFilterSet):
     class Meta:
         model = Job
         fields = ["status", "since"]
+
+
+class PredictionCheckFilterSet(TesseraFilterSet):
+    kind = django_filters.MultipleChoiceFilter(choices=PredictionTargetChoices.choices)
+    since = django_filters.IsoDateTimeFilter(field_name="window_end", lookup_expr="gte")
+
+    class Meta:
+        model = PredictionCheck
+        fields = ["plan", "target", "kind", "since"]

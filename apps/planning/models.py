@@ -6,8 +6,9 @@ from django.conf import settings
 from django.db import models
 
 from apps.core.models import ChangeLoggedModel
+from apps.core.querysets import RestrictedQuerySet
 
-from .choices import PlanStatusChoices, PlanTriggerChoices
+from .choices import PlanStatusChoices, PlanTriggerChoices, PredictionTargetChoices
 
 
 class Plan(ChangeLoggedModel):
@@ -48,6 +49,8 @@ class Plan(ChangeLoggedModel):
     approved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     approved_at = models.DateTimeField(null=True, blank=True)
     activated_at = models.DateTimeField(null=True, blank=True)
+    prediction_checked_at = models.DateTimeField(null=True, blank=True, help_text="When its prediction was compared with "
+                                                 "what was then measured (its prediction checks)")
 
     audit_exclude_fields = ("problem", "result", "prediction", "diff", "desired_states", "routing", "devices")
 
@@ -59,3 +62,33 @@ class Plan(ChangeLoggedModel):
 
     def __str__(self) -> str:
         return f"plan {self.pk} ({self.status})"
+
+
+class PredictionCheck(models.Model):
+    """One target of an applied plan (an application, an ensemble, a pipeline): what the plan's prediction said
+    against what the routers measured while the plan was active (apps.planning.prediction). Derived from the
+    plan and the telemetry, so not change-logged; deleted with its plan."""
+
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="prediction_checks")
+    target = models.CharField(max_length=100, help_text="The application, ensemble application or pipeline")
+    kind = models.CharField(max_length=20, choices=PredictionTargetChoices.choices)
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    predicted_rps = models.FloatField(null=True, blank=True, help_text="The demand the prediction replayed")
+    measured_rps = models.FloatField(null=True, blank=True, help_text="Arrivals over the window, per second")
+    predicted_violation_ratio = models.FloatField(null=True, blank=True)
+    measured_violation_ratio = models.FloatField(null=True, blank=True, help_text="(late + dropped + no route) / arrivals")
+    predicted_p99_ms = models.FloatField(null=True, blank=True)
+    measured_p99_ms = models.FloatField(null=True, blank=True, help_text="The highest per-interval p99 any router reported")
+    violation_error = models.FloatField(null=True, blank=True, help_text="measured - predicted violation ratio")
+    p99_error = models.FloatField(null=True, blank=True, help_text="(measured - predicted) / predicted p99")
+    note = models.CharField(max_length=300, blank=True, help_text="Why a figure is missing")
+
+    objects = RestrictedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["plan", "target"]
+        constraints = [models.UniqueConstraint(fields=["plan", "target"], name="predictioncheck_plan_target")]
+
+    def __str__(self) -> str:
+        return f"plan {self.plan_id} {self.target}"

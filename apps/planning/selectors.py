@@ -7,13 +7,17 @@ from apps.jobs.choices import JOB_ACTIVE_STATUSES, JobKindChoices
 from apps.jobs.models import Job
 
 from .choices import PlanStatusChoices
-from .models import Plan
+from .models import Plan, PredictionCheck
 
 __all__ = ["plan_active_get", "plan_for_job", "plan_queryset", "plan_run_active_get", "plan_run_queryset"]
 
 
 def plan_queryset() -> QuerySet[Plan]:
-    return Plan.objects.select_related("job", "previous", "created_by", "approved_by")
+    return Plan.objects.select_related("job", "previous", "created_by", "approved_by").prefetch_related("prediction_checks")
+
+
+def prediction_check_queryset() -> QuerySet[PredictionCheck]:
+    return PredictionCheck.objects.select_related("plan")
 
 
 def plan_active_get() -> Plan | None:

@@ -288,12 +288,17 @@ def model_pool_change_check(*, now: datetime | None = None) -> Job | None:
 
 def planning_watch(*, now: datetime | None = None) -> dict[str, Any]:
     """What the watch task runs every few seconds: the fleet, model-pool and demand checks, in that order
-    (lost hosts are marked offline before a demand-triggered run snapshots the fleet). At most one of them
-    starts a run (the others then find it active or debounced). Returns {check: the job id it started, or None}."""
+    (lost hosts are marked offline before a demand-triggered run snapshots the fleet), then the applied plans'
+    prediction checks. At most one of them starts a run (the others then find it active or debounced). Returns
+    {check: the job id it started, or None} and {"prediction_checks": plans checked}."""
     result: dict[str, Any] = {}
     for name, check in (("fleet", fleet_change_check), ("model_pool", model_pool_change_check), ("demand", demand_change_check)):
         job = check(now=now)
         result[name] = job.pk if job else None
+    # Applied plans whose prediction can now be compared with what was measured (apps.planning.prediction).
+    from .prediction import plans_prediction_check_due
+
+    result["prediction_checks"] = plans_prediction_check_due(now=now)
     return result
 
 

@@ -166,6 +166,10 @@ TESSERA_TELEMETRY_RETENTION_DAYS = env.float("TESSERA_TELEMETRY_RETENTION_DAYS",
 # its changelog and jobs 90 days.
 TESSERA_HISTORY_RETENTION_DAYS = env.float("TESSERA_HISTORY_RETENTION_DAYS", default=90.0)
 TESSERA_HOUSEKEEPING_EVERY_S = env.float("TESSERA_HOUSEKEEPING_EVERY_S", default=3600.0)
+# An applied plan's prediction is checked against what the routers measured over this long after it became
+# active (or until the next plan did, if sooner but at least TESSERA_PREDICTION_CHECK_MIN_S; apps.planning.prediction).
+TESSERA_PREDICTION_CHECK_WINDOW_S = env.float("TESSERA_PREDICTION_CHECK_WINDOW_S", default=300.0)
+TESSERA_PREDICTION_CHECK_MIN_S = env.float("TESSERA_PREDICTION_CHECK_MIN_S", default=30.0)
 # Agents' metrics reports are stored in batches by one writer thread per server process (group commit,
 # apps/telemetry/ingest.py): at most this many reports per transaction; beyond this many waiting, a report
 # is answered 503 at once; a report not committed within WAIT_S is answered 503 (the agent sends it again).

@@ -310,7 +310,7 @@ def test_watch_runs_the_checks_and_starts_at_most_one_run(runs, policy):
     result = planning_watch(now=NOW)
     assert result["fleet"] is not None and result["model_pool"] is None and result["demand"] is None
     assert [c["trigger"] for c in runs] == ["fleet"]
-    assert planning_watch_task.apply().get() == {"fleet": None, "model_pool": None, "demand": None}  # debounced
+    assert planning_watch_task.apply().get() == {"fleet": None, "model_pool": None, "demand": None, "prediction_checks": 0}  # debounced
 
 
 def test_periodic_task(runs, policy):

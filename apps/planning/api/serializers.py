@@ -5,8 +5,8 @@ from apps.core.api.serializers import ChoiceTextField
 from engine.plans.problem import OBJECTIVES
 from engine.solvers.registry import PLANNER_KINDS
 
-from ..choices import PlanStatusChoices, PlanTriggerChoices
-from ..models import Plan
+from ..choices import PlanStatusChoices, PlanTriggerChoices, PredictionTargetChoices
+from ..models import Plan, PredictionCheck
 from ..services import HEADROOM_MAX, PLAN_RUN_DEFAULTS, PLAN_RUN_SOLVERS, TIME_LIMIT_MAX_S
 
 
@@ -76,14 +76,33 @@ class PlanListSerializer(serializers.ModelSerializer):
         return (obj.diff or {}).get("summary", {})
 
 
+class PredictionCheckSerializer(serializers.ModelSerializer):
+    """An applied plan's prediction against what was measured while it was active, for one target
+    (apps.planning.prediction): the violation error is in points of ratio (measured - predicted), the p99
+    error relative ((measured - predicted) / predicted)."""
+
+    kind = ChoiceTextField(choices=PredictionTargetChoices.choices, read_only=True)
+
+    class Meta:
+        model = PredictionCheck
+        fields = ["id", "plan", "target", "kind", "window_start", "window_end", "predicted_rps", "measured_rps",
+                  "predicted_violation_ratio", "measured_violation_ratio", "violation_error",
+                  "predicted_p99_ms", "measured_p99_ms", "p99_error", "note"]
+        read_only_fields = fields
+
+
 class PlanSerializer(PlanListSerializer):
     """Everything about a plan: its inputs (`problem`, `demand`, `devices`), the engine's answer (`result`),
-    the validator's verdict, the simulator's prediction, what applying it writes (`desired_states`,
+    the validator's verdict, the simulator's prediction and, once it has been active a while, that
+    prediction against what was measured (`prediction_checks`), what applying it writes (`desired_states`,
     `routing`), the diff against what runs now and its rollout record."""
+
+    prediction_checks = PredictionCheckSerializer(many=True, read_only=True)
 
     class Meta(PlanListSerializer.Meta):
         fields = PlanListSerializer.Meta.fields + [
-            "demand", "validation", "prediction", "diff", "desired_states", "routing", "rollout", "devices", "problem", "result",
+            "demand", "validation", "prediction", "prediction_checked_at", "prediction_checks", "diff", "desired_states", "routing", "rollout",
+            "devices", "problem", "result",
         ]
         read_only_fields = fields
 

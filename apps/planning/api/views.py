@@ -10,10 +10,11 @@ from apps.jobs.services import JobConflict
 from engine.solvers.registry import PLANNERS
 
 from ..choices import PlanTriggerChoices
-from ..filtersets import PlanFilterSet, PlanRunFilterSet
-from ..selectors import plan_queryset, plan_run_queryset
+from ..filtersets import PlanFilterSet, PlanRunFilterSet, PredictionCheckFilterSet
+from ..selectors import plan_queryset, plan_run_queryset, prediction_check_queryset
 from ..services import PLAN_RUN_SOLVERS, plan_run_start
-from .serializers import ConflictErrorSerializer, PlanListSerializer, PlannerSerializer, PlanRunOptionsSerializer, PlanSerializer
+from .serializers import (ConflictErrorSerializer, PlanListSerializer, PlannerSerializer, PlanRunOptionsSerializer, PlanSerializer,
+                          PredictionCheckSerializer)
 
 
 def conflict_response(exc: JobConflict) -> Response:
@@ -135,6 +136,17 @@ class PlanViewSet(TesseraReadOnlyModelViewSet):
             return conflict_response(exc)
         job.refresh_from_db()
         return Response(JobSerializer(job, context=self.get_serializer_context()).data, status=status.HTTP_202_ACCEPTED)
+
+
+class PredictionCheckViewSet(TesseraReadOnlyModelViewSet):
+    """Applied plans' predictions against what was measured while each was active, one row per plan and
+    target (apps.planning.prediction): how far the simulator's what-ifs can be trusted. Read-only; the
+    control plane writes them once a plan's window is over."""
+
+    queryset = prediction_check_queryset()
+    serializer_class = PredictionCheckSerializer
+    filterset_class = PredictionCheckFilterSet
+    ordering_fields = ["window_end", "violation_error", "p99_error"]
 
 
 class PlannerReadPermission(permissions.BasePermission):
