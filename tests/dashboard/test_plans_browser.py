@@ -63,3 +63,47 @@ def test_operator_approves_and_applies_a_plan(asgi_live_server, validated_plan, 
     page.wait_for_selector("tr[data-job]")
     assert page.locator("tr[data-job] .badge").first.text_content() == "Succeeded"
     page.screenshot(path=str(SCREENSHOTS / "jobs.png"), full_page=True)
+
+
+@pytest.fixture
+def checked_plan(transactional_db):
+    """A plan that was active for its window, its prediction compared with what the routers measured, and the
+    active plan that replaced it, whose window is not over."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.planning.prediction import plan_prediction_check
+    from apps.telemetry.models import ApplicationSample
+
+    seeded = demo_seed()
+    Plan.objects.filter(status="active").update(status="superseded")
+    start = timezone.now() - timedelta(minutes=20)
+    prediction = {"slo_violation_ratio": 0.01, "effective_accuracy": 0.9, "demand_rps": {"classify-mobile": 10.0},
+                  "applications": {"classify-mobile": {"queries": 300, "on_time": 297, "late": 3, "dropped": 0, "slo_violation_ratio": 0.01,
+                                                       "effective_accuracy": 0.9, "latency_p99_ms": 40.0}}}
+    old = Plan.objects.create(status="superseded", solver="proteus", activated_at=start, prediction=prediction)
+    ApplicationSample.objects.create(at=start + timedelta(seconds=60), interval_s=60, router="r1", application_name="classify-mobile",
+                                     arrivals=600, served=600, late=12, latency_p99_ms=50.0)
+    plan_prediction_check(plan_id=old.pk, now=start + timedelta(seconds=400))
+    new = Plan.objects.create(status="active", solver="proteus", activated_at=timezone.now(), prediction=prediction)
+    return {"old": old.pk, "new": new.pk, "logins": seeded.logins}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_plan_shows_its_prediction_against_what_was_measured(asgi_live_server, checked_plan, browser_page):
+    page, url = browser_page, asgi_live_server.url
+    _login(page, url, "viewer", checked_plan["logins"]["viewer"])
+    page.goto(f"{url}/plans/{checked_plan['old']}/")
+    row = page.locator('tr[data-prediction-check="classify-mobile"]')
+    row.wait_for()
+    assert row.locator("[data-violation-error]").text_content() == "+1.0 pt"  # measured 2.0 %, predicted 1.0 %
+    assert row.locator("[data-p99-error]").text_content() == "+25%"  # measured 50 ms, predicted 40 ms
+    assert "300" in row.text_content()  # its window, in seconds
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#prediction-checks").screenshot(path=str(SCREENSHOTS / "plan-prediction-checks.png"))
+    page.goto(f"{url}/plans/{checked_plan['new']}/")
+    pending = page.locator("[data-prediction-check-pending]")
+    pending.wait_for()
+    assert "once it has been active 300 s" in pending.text_content()
+    assert page.locator("tr[data-prediction-check]").count() == 0
