@@ -11,8 +11,9 @@ from ._common import EXIT_INVALID, fail, number, problem_read
 
 # The planners whose plans the fleet simulator replays (pipelines and vertical scaling have their own).
 SIMULATE_PLANNERS = tuple(name for name, info in PLANNERS.items() if info.simulated)
-# engine.dataplane.batching.BATCHING_POLICIES, spelt out so that `--help` loads no engine module (a test keeps them equal).
-SIMULATE_BATCHING = ("proteus", "quantile", "aimd", "nexus", "max-delay", "fixed")
+# engine.dataplane.batching.BATCHING_POLICIES and REFERENCE_BATCHING_POLICIES, spelt out so that `--help` loads no
+# engine module (a test keeps them equal).
+SIMULATE_BATCHING = ("proteus", "quantile", "aimd", "nexus", "max-delay", "fixed", "proteus-artefact")
 
 
 def _batching_params(pairs: list[str] | None) -> dict:

@@ -18,7 +18,7 @@ Caller contract (simulator or runtime):
 - After each batch, call `policy.observe(batch, latency_ms, late)` (only AIMD uses it).
 
 One addition to the interface: a policy may *early-drop* queries from the head of the queue inside
-`decide` (Nexus does; no other policy does). Their ids are kept by the queue and returned, first, by the
+`decide` (Nexus does, and the Proteus artefact's batching, kept for comparisons; no other policy does). Their ids are kept by the queue and returned, first, by the
 next `drop_expired` call, whatever its rule, so every pushed query is still popped or dropped exactly
 once. A caller that stops should call `drop_expired(now, "never", ...)` once more to collect them.
 
@@ -54,10 +54,12 @@ __all__ = [
     "FixedBatching",
     "MaxDelayBatching",
     "NexusBatching",
+    "ProteusArtefactBatching",
     "ProteusBatching",
     "QuantileBatching",
     "QueryQueue",
     "QueueOrder",
+    "REFERENCE_BATCHING_POLICIES",
     "batching_policy_make",
 ]
 
@@ -73,6 +75,9 @@ BATCHING_POLICIES: tuple[str, ...] = ("proteus", "quantile", "aimd", "nexus", "m
 # 0.019 against 0.079; proteus_traces.py: 0.16-0.30x Proteus's recorded violations against 0.25-0.40x
 # with `quantile`). `proteus` stays the faithful paper policy.
 DEFAULT_BATCHING_POLICY = "nexus"
+# Policies that reproduce another system's simulator rather than a paper's rule, for comparisons only: the
+# simulator and `batching_policy_make` know them, runtimes are not offered them.
+REFERENCE_BATCHING_POLICIES: tuple[str, ...] = ("proteus-artefact",)
 
 # Floating-point slack in every "finishes by its deadline" test (1 ns, in milliseconds).
 DEADLINE_TOLERANCE_MS = 1e-6
@@ -769,6 +774,136 @@ class FixedBatching:
         return None
 
 
+class ProteusArtefactBatching:
+    """The batching of the Proteus authors' simulator ("accscale", UMass-LIDS/Proteus at 6967c93,
+    `core/predictor.py`), NOT the paper's rule (that is `ProteusBatching`): for comparing Tessera's simulator
+    with the artefact's on identical inputs (issue 41; docs/fidelity-proteus.md, section 3, where every step
+    below is cited to the artefact's lines). Read from the artefact's code; none of it is copied.
+
+    Per instance, with batch sizes restricted to the artefact's {1, 2, 4, 8} (at most `max_batch`) and
+    floor2(n) the largest of them <= n:
+
+    - A query arriving at an idle instance: while now + T(floor2(q)) passes the head's deadline (q counting
+      the new query), the head is dropped (early drop). Then ONE timer is set for head deadline -
+      T(floor2(q)), and nothing runs now, even with a full queue.
+    - The timer, reached while idle: run floor2(q). Reached while busy: run floor2(q) as soon as the batch
+      ends, without the drop test.
+    - A batch ends with no timer passed: with more than `max_batch` queued, run `max_batch` now; with a timer
+      pending, wait for it; otherwise wait for the next arrival (which drops and sets a timer as above).
+    - Queries older than twice the SLO are dropped at every launch: the caller's `slo-2x` drop rule.
+
+    Departs from the paper (§5, Figure 3) as the artefact does: its wait is timed to the batch the queue
+    already fills, T(floor2(q)), rather than the next, T(q+1), so an arrival that raises floor2(q) late in
+    that wait costs the head its place; the paper promises no query "times out unnecessarily". Departs from
+    the artefact in one detail: a batch takes the latency of the queries it holds, not of the size asked
+    for (the artefact charges the asked size when its 2x-SLO drop shrank the batch).
+
+    The artefact's timers are never cancelled, and the head's timer is set again whenever the queue changes
+    (at every arrival, busy or not, and after every batch starts): a replaced timer still fires, and one that
+    fires while the instance is busy, even a replaced one, makes the next batch end with queries queued run
+    floor2(q) at once (a flag that waits for such a batch end). The policy is only asked while idle, so it
+    keeps that state: the timers set and not yet passed, the current one, the flag, and the batch in flight
+    (its end from `observe`, which the caller calls at every batch end before asking again; the timers set
+    while it ran are worked out then: the head is the same throughout, and the queue grew one query at a
+    time). So each instance needs its own; `batching_policy_make` makes one per call."""
+
+    __slots__ = ("_current", "_pending", "_expiring", "_launched_at", "_end_at", "_left_at_launch")
+    name = "proteus-artefact"
+    SIZES = (1, 2, 4, 8)
+
+    def __init__(self) -> None:
+        self._current = _INF  # the timer the artefact would act on while idle (infinite: none)
+        self._pending: list[float] = []  # every timer set and not yet passed, replaced ones included
+        self._expiring = False  # a timer fired while busy: the next batch end with queries runs floor2(q)
+        self._launched_at: float | None = None
+        self._end_at: float | None = None
+        self._left_at_launch = 0  # queries left queued when the batch in flight started
+
+    @classmethod
+    def floor2(cls, n: int, max_batch: int) -> int:
+        best = 0
+        for size in cls.SIZES:
+            if size <= n and size <= max_batch:
+                best = size
+        return best
+
+    def _launch(self, b: int, q: int, now_ms: float) -> Dispatch:
+        self._current = _INF
+        self._pending = [t for t in self._pending if t > now_ms + _AT_TOLERANCE_MS]
+        self._launched_at = now_ms
+        self._left_at_launch = max(0, q - b)
+        return Dispatch(b, now_ms)
+
+    def _busy_timers(self, queue: QueryQueue, latency_ms: Callable[[int], float], top: int) -> list[float]:
+        """The head timers set while the batch ran: one per queue length from what the launch left (or 1) to
+        now, i.e. one per distinct floor2 of those lengths."""
+        q, low = len(queue), max(1, self._left_at_launch)
+        if q < low:  # the drop rule took some since: the head and lengths are what is left
+            low = q
+        deadline = queue.head()[2]
+        sizes = {self.floor2(low, top)} | {size for size in self.SIZES if low < size <= q and size <= top}
+        return [deadline - latency_ms(size) for size in sizes if size >= 1]
+
+    def decide(
+        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
+    ) -> Dispatch:
+        q = len(queue)
+        top = self.floor2(max_batch, max_batch)
+        batch_end = False
+        if self._end_at is not None:  # a batch ended (observe): what fired while it ran
+            end = self._end_at + _AT_TOLERANCE_MS
+            self._end_at = None
+            batch_end = now_ms <= end  # else it ended earlier with nothing queued, and this is an arrival
+            if batch_end and q and top >= 1:
+                self._pending += self._busy_timers(queue, latency_ms, top)
+            if any(t <= end for t in self._pending):
+                self._expiring = True
+            self._pending = [t for t in self._pending if t > end]
+            # The current timer is the head's latest, for the queue as it is: already counted in the flag if it
+            # fell within the batch, else the one to wait for.
+            self._current = _INF
+            if batch_end and q and top >= 1:
+                latest = queue.head()[2] - latency_ms(self.floor2(q, top))
+                if latest > end:
+                    self._current = latest
+        if q == 0 or top < 1:
+            return _IDLE
+        if batch_end:
+            if self._expiring:
+                self._expiring = False
+                return self._launch(self.floor2(q, top), q, now_ms)
+            if q > top:
+                return self._launch(top, q, now_ms)
+            return Dispatch(self.floor2(q, top), self._current) if self._current < _INF else _IDLE
+        if self._current <= now_ms + _AT_TOLERANCE_MS:  # the current timer, reached while idle
+            return self._launch(self.floor2(q, top), q, now_ms)
+        # An arrival at an idle instance. Timers that passed while idle were ignored. Drop heads that the
+        # batch the queue fills would make late, then time the wait to that batch.
+        self._pending = [t for t in self._pending if t > now_ms + _AT_TOLERANCE_MS]
+        while q and now_ms + latency_ms(self.floor2(q, top)) > queue.head()[2] + DEADLINE_TOLERANCE_MS:
+            queue.discard_head()
+            q -= 1
+        if q == 0:
+            self._current = _INF
+            return _IDLE
+        b = self.floor2(q, top)
+        timer = queue.head()[2] - latency_ms(b)
+        if timer <= now_ms + _AT_TOLERANCE_MS:  # exactly at the limit: the artefact's "already past" branch runs it
+            return self._launch(b, q, now_ms)
+        self._current = timer
+        self._pending.append(timer)
+        return Dispatch(b, timer)
+
+    def observe(self, batch: int, latency_ms: float, late: int) -> None:
+        if self._launched_at is not None:
+            self._end_at = self._launched_at + latency_ms
+            self._launched_at = None
+
+
+# A returned `at` this close to now is now (the simulator's own tolerance for timers).
+_AT_TOLERANCE_MS = 1e-9
+
+
 _POLICIES: dict[str, type] = {
     "proteus": ProteusBatching,
     "quantile": QuantileBatching,
@@ -776,6 +911,7 @@ _POLICIES: dict[str, type] = {
     "nexus": NexusBatching,
     "max-delay": MaxDelayBatching,
     "fixed": FixedBatching,
+    "proteus-artefact": ProteusArtefactBatching,
 }
 
 
@@ -794,11 +930,12 @@ def batching_policy_make(name: str, **params) -> BatchingPolicy:
     """A new policy instance (policies with state, AIMD, need one per instance).
 
     "proteus" (no parameters) | "aimd" (initial, step, backoff, slo_ms) | "nexus" (window) |
-    "max-delay" (max_queue_delay_ms, preferred_batch_sizes) | "fixed" (size).
+    "max-delay" (max_queue_delay_ms, preferred_batch_sizes) | "fixed" (size) | "proteus-artefact" (none; the
+    authors' simulator's batching, for comparisons only).
     """
     cls = _POLICIES.get(name)
     if cls is None:
-        raise ValueError(f"unknown batching policy {name!r}; known: {BATCHING_POLICIES}")
+        raise ValueError(f"unknown batching policy {name!r}; known: {BATCHING_POLICIES + REFERENCE_BATCHING_POLICIES}")
     try:
         return cls(**params)
     except TypeError as exc:

@@ -116,8 +116,8 @@ _INF = math.inf
 # A policy's `at_ms` this close to now counts as now (it is recomputed from the same numbers).
 _AT_EPSILON_MS = 1e-9
 _NOISE_CHUNK = 1 << 16
-# Policies that may drop queries from the head inside `decide` (batching.py: only Nexus).
-EARLY_DROP_POLICIES = frozenset({"nexus"})
+# Policies that may drop queries from the head inside `decide` (batching.py: Nexus, and the Proteus artefact's).
+EARLY_DROP_POLICIES = frozenset({"nexus", "proteus-artefact"})
 
 
 class TraceLike(Protocol):

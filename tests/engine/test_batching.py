@@ -596,3 +596,104 @@ def test_quantile_with_exact_service_times_decides_as_proteus(workload, order, r
     ours = drive(QuantileBatching(refresh=1), arrivals, latency, max_batch, order, rule, slo, record=True)
     theirs = drive(ProteusBatching(), arrivals, latency, max_batch, order, rule, slo, record=True)
     assert ours.batches == theirs.batches and ours.dropped == theirs.dropped
+
+
+# --------------------------------------------------------------------------- the Proteus artefact's batching
+
+
+def test_the_proteus_artefacts_batching_as_its_code_reads():
+    """ProteusArtefactBatching (issue 41; docs/fidelity-proteus.md, section 3): the Proteus authors' simulator
+    times its wait to the batch the queue already fills, T(floor2(q)) with sizes 1, 2, 4, 8, drops the head
+    when an arrival makes that batch too slow for it, never starts a batch on an arrival, and after a batch
+    runs only what its timer or a full queue asks for. latency(b) = 5 + 2b: T(1)=7, T(2)=9, T(4)=13, T(8)=21."""
+    from engine.dataplane.batching import REFERENCE_BATCHING_POLICIES, ProteusArtefactBatching
+
+    assert "proteus-artefact" in REFERENCE_BATCHING_POLICIES and "proteus-artefact" not in BATCHING_POLICIES  # not offered to runtimes
+    policy = batching_policy_make("proteus-artefact")
+    assert isinstance(policy, ProteusArtefactBatching) and policy is not batching_policy_make("proteus-artefact")
+    assert [ProteusArtefactBatching.floor2(n, 8) for n in (1, 2, 3, 4, 7, 8, 20)] == [1, 2, 2, 4, 4, 8, 8]
+    assert ProteusArtefactBatching.floor2(20, 6) == 4  # the largest allowed size is capped by the plan's max batch
+
+    queue = QueryQueue()
+    queue.push(1, 0.0, 100.0)
+    assert policy.decide(0.0, queue, lin, 8) == Dispatch(1, 93.0)  # one timer: deadline - T(1)
+    # A second query at 92 ms: floor2(2) = 2 and 92 + T(2) = 101 > 100, so the head is dropped, and the wait
+    # is timed again for the new head alone (the paper's rule would have run both by 100).
+    queue.push(2, 92.0, 192.0)
+    assert policy.decide(92.0, queue, lin, 8) == Dispatch(1, 185.0)
+    assert queue.drop_expired(92.0, "never", 0.0, 0.0) == [1] and len(queue) == 1
+
+    # A full queue on arrival still waits for the timer; the timer runs floor2(q).
+    policy, queue = batching_policy_make("proteus-artefact"), QueryQueue()
+    for k in range(10):
+        queue.push(k, 0.0, 100.0)
+    assert policy.decide(0.0, queue, lin, 8) == Dispatch(8, 79.0)
+    assert policy.decide(79.0, queue, lin, 8) == Dispatch(8, 79.0)  # the timer: run 8 now
+    queue.pop(8)
+    policy.observe(8, lin(8), 0)  # the batch ends at 100
+    # The head timer set when the batch started (100 - T(2) = 91) fired while it ran: the 2 left run at once,
+    # late (the paper's rule would have shrunk the first batch instead).
+    assert policy.decide(100.0, queue, lin, 8) == Dispatch(2, 100.0)
+    queue.pop(2)
+    policy.observe(2, lin(2), 0)
+
+    # A batch that ends with more than the largest batch queued runs the largest batch at once.
+    policy, queue = batching_policy_make("proteus-artefact"), QueryQueue()
+    for k in range(4):
+        queue.push(k, 0.0, 1000.0)
+    assert policy.decide(0.0, queue, lin, 4) == Dispatch(4, 987.0)
+    assert policy.decide(987.0, queue, lin, 4) == Dispatch(4, 987.0)
+    queue.pop(4)
+    for k in range(4, 9):
+        queue.push(k, 990.0, 1990.0)  # while busy: their head timers (1977 and later) are still to come
+    policy.observe(4, lin(4), 0)
+    assert policy.decide(1000.0, queue, lin, 4) == Dispatch(4, 1000.0)
+    queue.pop(4)
+    policy.observe(4, lin(4), 0)
+    assert policy.decide(1013.0, queue, lin, 4) == Dispatch(1, 1983.0)  # 1 left: its head timer, 1990 - T(1)
+
+    # A replaced timer that fires while the instance is busy makes a later batch end run at once, even one
+    # batch later (the flag waits for a batch end with queries queued).
+    policy, queue = batching_policy_make("proteus-artefact"), QueryQueue()
+    queue.push(1, 0.0, 100.0)
+    assert policy.decide(0.0, queue, lin, 8) == Dispatch(1, 93.0)
+    assert policy.decide(93.0, queue, lin, 8) == Dispatch(1, 93.0)
+    queue.pop(1)
+    queue.push(2, 95.0, 110.0)  # arrives while busy: its head timer is 110 - T(1) = 103
+    policy.observe(1, lin(1), 0)  # ends at 100
+    assert policy.decide(100.0, queue, lin, 8) == Dispatch(1, 103.0)  # nothing fired while busy: wait for 103
+    queue.push(3, 101.0, 201.0)  # an arrival first: floor2(2) = 2 ends at 110 = the head's deadline, so no drop,
+    assert policy.decide(101.0, queue, lin, 8) == Dispatch(2, 101.0)  # and its timer 110 - 9 = 101 is now: run
+    queue.pop(2)
+    policy.observe(2, lin(2), 0)  # ends at 110 with nothing queued (no decision); the replaced 103 fired meanwhile
+    queue.push(4, 200.0, 300.0)
+    assert policy.decide(200.0, queue, lin, 8) == Dispatch(1, 293.0)  # an arrival: as ever
+    assert policy.decide(293.0, queue, lin, 8) == Dispatch(1, 293.0)
+    queue.pop(1)
+    queue.push(5, 295.0, 395.0)
+    policy.observe(1, lin(1), 0)
+    assert policy.decide(300.0, queue, lin, 8) == Dispatch(1, 300.0)  # the flag from 103: run at once, not at 388
+
+
+def test_the_proteus_artefacts_batching_in_the_simulator_ends_every_query_once():
+    """The simulator drives the artefact's batching per its contract (observe before each batch end's
+    decision, early drops collected) and every query ends exactly once, on Poisson load near capacity."""
+    from engine.simulation.simulator import SimulationConfig, simulate
+    from engine.simulation.workload import arrivals_poisson
+    from tests.engine.test_simulator import QUIET, check_conservation, fixed_planner, tiny_problem
+
+    runs = {}
+    for rate in (20.0, 140.0):  # light, and near what batches of 4 at 28 ms serve (143/s)
+        trace = arrivals_poisson(rate, 20.0, 1, application="app0")
+        for policy, rule in (("proteus-artefact", "slo-2x"), ("proteus", "deadline")):
+            result = simulate(tiny_problem(demand=rate), trace, planner=fixed_planner(("g0", "full", "v0", None, rate)),
+                              config=SimulationConfig(batching=policy, drop_rule=rule, seed=0, **QUIET))
+            check_conservation(result)
+            runs[rate, policy] = result.summary
+    # Its signature: at light load the paper's rule drops nothing and the artefact's drops heads at batch
+    # size steps; near capacity it keeps batches large and serves late (under 2x the SLO) where the paper's
+    # shrinks them and drops.
+    assert runs[20.0, "proteus"]["dropped"] == 0 and runs[20.0, "proteus-artefact"]["dropped"] > 0
+    near = runs[140.0, "proteus-artefact"]
+    assert near["late"] > near["dropped"] and near["on_time"] + near["late"] > 0.95 * near["queries"]
+    assert runs[140.0, "proteus"]["late"] == 0

@@ -342,9 +342,9 @@ def test_plan_validate_malformed_plan_exits_2(problem_file: Path, tmp_path: Path
 
 def test_simulate_offers_every_batching_policy() -> None:
     from controlplane.cli.simulate import SIMULATE_BATCHING
-    from engine.dataplane.batching import BATCHING_POLICIES
+    from engine.dataplane.batching import BATCHING_POLICIES, REFERENCE_BATCHING_POLICIES
 
-    assert SIMULATE_BATCHING == BATCHING_POLICIES
+    assert SIMULATE_BATCHING == BATCHING_POLICIES + REFERENCE_BATCHING_POLICIES
 
 
 def test_engine_commands_do_not_set_up_django() -> None:
