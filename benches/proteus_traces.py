@@ -82,6 +82,7 @@ GOAL_A_VIOLATIONS, GOAL_A_ACCURACY_POINTS, GOAL_B_VIOLATIONS = 1.3, 0.5, 0.5
 # The artefact counts an answer late only past the END_REQUEST event's default deadline, 1000 ms, not the SLO
 # (core/simulator.py; docs/fidelity-proteus.md, section 2).
 ARTEFACT_LATE_MS = 1000.0
+ARTEFACT_BATCHING_ROW = "(a), the artefact's batching"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +106,7 @@ def systems(seed: int) -> list[System]:
                cli=f"--planner proteus --batching proteus --noise 0 --reconfig-delay 0 --demand-estimate mean --headroom 1.05 "
                    f"--replan-every {REPLAN_S:g} --seed {seed} (and options.variant_change_penalty = {PREVIOUS_CHANGE_PENALTY:g}, "
                    f"options.spare_capacity = \"artefact\")"),
-        System("(a), the artefact's batching", "proteus", SimulationConfig(**{**artefact, "batching": "proteus-artefact", "drop_rule": "slo-2x"}),
+        System(ARTEFACT_BATCHING_ROW, "proteus", SimulationConfig(**{**artefact, "batching": "proteus-artefact", "drop_rule": "slo-2x"}),
                spare_capacity="artefact", options={"variant_change_penalty": PREVIOUS_CHANGE_PENALTY},
                cli="(as the first, with --batching proteus-artefact --drop-rule slo-2x)"),
         System("(a), Tessera's spread", "proteus", SimulationConfig(**artefact), spare_capacity="fill",
@@ -274,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         values_v, values_a = [], []
         for s in scenarios:
             r = next((r for r in table if r["scenario"] == s and r["system"] == label), None)
-            values_v.append(r["slo_violation_ratio"] if r else 0.0)
+            # The artefact's batching serves many queries between the SLO and 2x it, which the artefact counts
+            # on time: its bar is its violations counted as the artefact counts (late past 1000 ms).
+            field = "violation_ratio_late_1000ms" if label == ARTEFACT_BATCHING_ROW else "slo_violation_ratio"
+            values_v.append(r[field] if r else 0.0)
             values_a.append(r["effective_accuracy"] if r else 0.0)
         xs = [i + (k - (len(labels) - 1) / 2) * width for i in range(len(scenarios))]
-        axes[0].bar(xs, values_v, width, label=label)
+        axes[0].bar(xs, values_v, width, label=f"{label} (late past 1000 ms)" if label == ARTEFACT_BATCHING_ROW else label)
         axes[1].bar(xs, values_a, width, label=label)
     for ax, title in ((axes[0], "SLO violation ratio"), (axes[1], "effective accuracy (best = 100)")):
         ax.set_xticks(range(len(scenarios)), scenarios)

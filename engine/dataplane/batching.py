@@ -72,7 +72,7 @@ BATCHING_POLICIES: tuple[str, ...] = ("proteus", "quantile", "aimd", "nexus", "m
 # What plans translate to and the simulator runs unless told otherwise: Nexus's work-conserving batching
 # with early drop, which had the fewest SLO violations of every policy here in each bench that compares
 # them (benches/batching.py: 9x fewer than Proteus's on Poisson arrivals at 5 % noise; end_to_end.py:
-# 0.019 against 0.079; proteus_traces.py: 0.16-0.30x Proteus's recorded violations against 0.25-0.40x
+# 0.019 against 0.079; proteus_traces.py: 0.31-0.43x Proteus's recorded violations against 0.40-0.59x
 # with `quantile`). `proteus` stays the faithful paper policy.
 DEFAULT_BATCHING_POLICY = "nexus"
 # Policies that reproduce another system's simulator rather than a paper's rule, for comparisons only: the
