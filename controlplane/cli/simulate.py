@@ -38,7 +38,7 @@ def simulate(
     planner: str = typer.Option("proteus", "--planner", help="|".join(SIMULATE_PLANNERS)),
     batching: str = typer.Option("nexus", "--batching", help="|".join(SIMULATE_BATCHING)),
     batching_param: list[str] = typer.Option(None, "--batching-param", help="Policy parameter key=value (repeatable), e.g. size=4"),
-    routing: str = typer.Option("weights", "--routing", help="weights (plan weights, alias tables) | matching (Garrison)"),
+    routing: str = typer.Option("weights", "--routing", help="weights (plan weights, alias tables) | matching (Garrison) | even (the Proteus artefact's: uniform over routed instances)"),
     queue_order: str = typer.Option("fifo", "--queue-order", help="fifo | edf"),
     drop_rule: str = typer.Option("deadline", "--drop-rule", help="never | deadline | slo-1x | slo-2x"),
     noise: float = typer.Option(0.05, "--noise", help="Log-normal sigma of the service-time noise (mean-preserving)"),

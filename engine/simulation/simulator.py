@@ -27,6 +27,9 @@ its testbed mainly to that variance (§6.1.5, §6.2).
   two control events are routed at once, vectorised. `matching`: Garrison's instance routing (§5.3),
   `routing.queries_match_instances`, once every `matching_interval_ms` over the queries that arrived since
   (a query waits at most that long; §5.3 matches the queries waiting in a model's queue, not saying when).
+  `even`: the Proteus artefact's routing, for comparisons (docs/fidelity-proteus.md, section 4): each query
+  to one of its application's routed instances chosen uniformly, whatever their weights and capacities
+  (UMass-LIDS/Proteus `core/executor.py` replaces the capacity weights by ones; the paper's "w/o QA").
 - Serving (Proteus §5 for the `proteus` policy). Each instance has a `batching.QueryQueue` and a policy
   from `batching.batching_policy_make`, driven exactly per the batching contract: whenever the instance is
   idle, on an arrival, at the time the policy asked for and when a batch completes, first `drop_expired`
@@ -99,7 +102,7 @@ __all__ = [
 ]
 
 RoutingMode = Literal["weights", "matching"]
-ROUTING_MODES: tuple[str, ...] = ("weights", "matching")
+ROUTING_MODES: tuple[str, ...] = ("weights", "matching", "even")
 INITIAL_DEMANDS: tuple[str, ...] = ("trace", "problem")
 DEMAND_ESTIMATES: tuple[str, ...] = ("mean", "peak")
 PEAK_WINDOW_S = 60.0  # the live ReplanPolicy's demand_window_seconds default
@@ -696,6 +699,7 @@ class _Simulation:
         """Alias tables of every application over its available instances (alive and ready), with the
         renormalisation `WeightedRouter.choose_excluding` does for instances that are not available."""
         per_app: dict[int, list[tuple[int, float]]] = {}
+        even = self.config.routing == "even"  # the artefact's: every routed instance alike
         for app, table in self.tables.items():
             j = self.app_index.get(app)
             if j is None:
@@ -704,7 +708,7 @@ class _Simulation:
             for instance_id, weight in table.entries:
                 k = self.current.get(instance_id)
                 if k is not None and weight > 0 and self.i_alive[k] and self.i_ready[k] <= now_ms:
-                    available.append((k, weight))
+                    available.append((k, 1.0 if even else weight))
             per_app[j] = available
         self.router = FlatAliasRouter(len(self.apps), per_app)
 

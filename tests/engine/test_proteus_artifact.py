@@ -139,7 +139,7 @@ def test_bench_runs_on_a_checkout(checkout: Path, tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     ours = [r for r in rows if "(recorded)" not in r["system"]]
     assert {r["scenario"] for r in ours} == set(PROTEUS_SCENARIOS)
-    assert {r["system"] for r in ours} == {"proteus (a)", "(a), the artefact's batching", "(a), Tessera's spread", "(a), idle devices", "tessera (b)",
+    assert {r["system"] for r in ours} == {"proteus (a)", "(a), the artefact's batching", "(a), its batching and routing", "(a), Tessera's spread", "(a), idle devices", "tessera (b)",
                                           "(b), quantile batching", "(b), previous defaults"}
     for r in ours:
         assert int(r["demand"]) > 0 and 0 <= float(r["slo_violation_ratio"]) <= 1 and float(r["violations_vs_proteus"]) >= 0

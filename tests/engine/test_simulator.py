@@ -576,3 +576,21 @@ def test_mig_gpus_run_whole_stay_in_the_fleet_across_replans() -> None:
             if device.mig:
                 assert device.layout is None, (device.name, device.layout)
     assert result.summary["dropped_no_capacity"] == 0
+
+
+def test_even_routing_spreads_a_family_alike_whatever_the_weights() -> None:
+    """`routing="even"`, the Proteus artefact's (its executor replaces the capacity weights by ones;
+    docs/fidelity-proteus.md, section 4): every routed instance gets an equal share, where `weights` follows
+    the plan's 4:1 split."""
+    planner = fixed_planner(("g0", "full", "v0", None, 40.0), ("g1", "full", "v0", None, 10.0))
+    trace = arrivals_poisson(50.0, 60.0, 3, application="app0")
+    shares = {}
+    for routing in ("weights", "even"):
+        result = simulate(tiny_problem(n_gpus=2), trace, planner=planner, config=SimulationConfig(routing=routing, seed=0, **QUIET))
+        check_conservation(result)
+        served = result.queries["instance"][result.queries["outcome"] == ON_TIME]
+        counts = np.bincount(served[served >= 0])
+        shares[routing] = counts.max() / counts.sum()
+    assert shares["weights"] == pytest.approx(0.8, abs=0.03) and shares["even"] == pytest.approx(0.5, abs=0.03)
+    with pytest.raises(ValueError, match="routing must be one of"):
+        SimulationConfig(routing="round-robin")
