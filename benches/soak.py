@@ -943,21 +943,18 @@ def memory_growth(samples: list[dict], *, warmup_s: float) -> list[dict]:
 def database_growth(samples: list[dict], *, warmup_s: float) -> list[dict]:
     """Per table: rows (the database: bytes) at the warm-up, halfway to the end and at the end, and the rate per
     hour over the second half: a table held to its retention (shorter than that half) levels off there."""
-    by_table: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    sizes: dict[str, dict[float, int]] = defaultdict(dict)
+    by_table: dict[str, list[tuple[float, int, int | None]]] = defaultdict(list)
     for s in samples:
-        by_table[s["table"]].append((s["t"], s["rows"]))
-        if s.get("bytes") is not None:
-            sizes[s["table"]][s["t"]] = s["bytes"]
+        by_table[s["table"]].append((s["t"], s["rows"], s.get("bytes")))
     out = []
     for table, points in by_table.items():
-        start = next(((t, r) for t, r in points if t >= warmup_s), points[0])
+        start = next((p for p in points if p[0] >= warmup_s), points[0])
         end = points[-1]
-        mid = next(((t, r) for t, r in points if t >= (start[0] + end[0]) / 2), end)
+        mid = next((p for p in points if p[0] >= (start[0] + end[0]) / 2), end)
         hours = max(1e-9, (end[0] - mid[0]) / 3600.0)
-        mib = {k: sizes[table][t] / 2**20 if t in sizes[table] else None for k, t in (("mid", mid[0]), ("end", end[0]))}
         out.append({"table": table, "at_warmup": start[1], "at_mid": mid[1], "at_end": end[1], "per_hour": (end[1] - mid[1]) / hours,
-                    "mib_at_mid": mib["mid"], "mib_at_end": mib["end"]})
+                    "mib_at_mid": mid[2] / 2**20 if mid[2] is not None else None,
+                    "mib_at_end": end[2] / 2**20 if end[2] is not None else None})
     # The database first, then where its bytes are.
     return sorted(out, key=lambda r: (r["table"] != "(size)", -(r["mib_at_end"] or 0), -r["at_end"]))
 

@@ -143,6 +143,15 @@ class _StatementWatchdog:
         with self._lock:
             self._watched.pop(token, None)
 
+    @contextmanager
+    def watching(self, fd: int, bound_s: float) -> Iterator[None]:
+        """What runs inside waits on the socket `fd` at most `bound_s`."""
+        token = self.watch(fd, bound_s)
+        try:
+            yield
+        finally:
+            self.unwatch(token)
+
     def _run(self) -> None:
         while True:
             time.sleep(WATCHDOG_TICK_S)
@@ -216,11 +225,8 @@ def statement_watched(connection: Any) -> Iterator[None]:
     if fd is None:
         yield
         return
-    token = _watchdog.watch(fd, bound + WATCHDOG_GRACE_S)
-    try:
+    with _watchdog.watching(fd, bound + WATCHDOG_GRACE_S):
         yield
-    finally:
-        _watchdog.unwatch(token)
 
 
 POOL_CHECK_BOUND_S = 1.0  # an empty query on a loopback or LAN connection answers in well under a millisecond
@@ -233,11 +239,8 @@ def pool_connection_check(conn: Any) -> None:
     frozen server would hold the request at the pool. One round trip per checkout."""
     from psycopg_pool import ConnectionPool
 
-    token = _watchdog.watch(conn.pgconn.socket, POOL_CHECK_BOUND_S)
-    try:
+    with _watchdog.watching(conn.pgconn.socket, POOL_CHECK_BOUND_S):
         ConnectionPool.check_connection(conn)
-    finally:
-        _watchdog.unwatch(token)
 
 
 def statement_watchdog_wrapper(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:

@@ -90,6 +90,11 @@ def plan_prediction_check(*, plan_id: int, now: datetime | None = None) -> list[
     # Not due (the common case on every watch tick): answered without taking the plan's row lock.
     if plan_prediction_window(plan=Plan.objects.only("pk", "activated_at").get(pk=plan_id), now=now) is None:
         return None
+    return _plan_prediction_check_due(plan_id=plan_id, now=now)
+
+
+def _plan_prediction_check_due(*, plan_id: int, now: datetime) -> list[PredictionCheck] | None:
+    """`plan_prediction_check` for a plan found due: under its row lock, the window read again."""
     with transaction.atomic():
         plan = Plan.objects.select_for_update().get(pk=plan_id)
         if plan.prediction_checked_at is not None:  # a concurrent tick did it
@@ -136,9 +141,9 @@ def plans_prediction_check_due(*, now: datetime | None = None) -> int:
                                       activated_at__lte=now - timedelta(seconds=min(settings.TESSERA_PREDICTION_CHECK_MIN_S,
                                                                                     settings.TESSERA_PREDICTION_CHECK_WINDOW_S)),
                                       status__in=(PlanStatusChoices.ACTIVE, PlanStatusChoices.SUPERSEDED))
-                  .order_by("activated_at").values_list("pk", flat=True)[:DUE_PER_TICK])
+                  .order_by("activated_at").only("pk", "activated_at")[:DUE_PER_TICK])
     checked = 0
-    for pk in candidates:
-        if plan_prediction_check(plan_id=pk, now=now) is not None:
+    for plan in candidates:
+        if plan_prediction_window(plan=plan, now=now) is not None and _plan_prediction_check_due(plan_id=plan.pk, now=now) is not None:
             checked += 1
     return checked
