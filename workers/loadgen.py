@@ -9,19 +9,23 @@ network time: it sends at the arrival time with the smaller budget, as if the re
 way. `load_run` sends them (httpx, one connection pool, at most `concurrency` in flight; a request due
 while the pool is full waits, and its wait is taken from its budget) and counts per second: sent, answered
 in time, late (504 or answered after the budget), other errors, and latency percentiles.
+`load_run_targets` sends several streams (applications, pipelines) in one run on one clock and can keep
+every request as the client saw it (`LoadQuery`), for comparing a run with the simulator's prediction
+(benches/fidelity.py).
 
 Used by `tessera load` (a burst against the demo's router) and by benches/vertical.py's real run."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["LoadResult", "LoadSecond", "load_budgets", "load_run", "load_schedule"]
+__all__ = ["LoadQuery", "LoadResult", "LoadSecond", "LoadTarget", "load_budgets", "load_run", "load_run_targets", "load_schedule"]
 
 
 def load_schedule(*, rate_rps: float, duration_s: float, burst_at_s: float | None = None, burst_for_s: float = 0.0,
@@ -72,38 +76,84 @@ class LoadSecond:
 
 
 @dataclass
+class LoadQuery:
+    """One request as the client saw it: when it was due and sent (s from the start), its budget, the
+    status (0: no answer, a transport error; -1: not sent, no budget left when due), the whole exchange's
+    latency, and what the router said served it (`parameters.variant` and `routing_version`, where the
+    answer was a 200 that carried them)."""
+    target: str
+    arrival_s: float
+    sent_s: float
+    budget_ms: float
+    status: int
+    latency_ms: float
+    variant: str = ""
+    routing_version: int | None = None
+
+    @property
+    def in_time(self) -> bool:
+        return self.status == 200 and self.latency_ms <= self.budget_ms
+
+
+@dataclass
 class LoadResult:
     seconds: list[LoadSecond]
     wall_s: float
+    queries: list[LoadQuery] = field(default_factory=list)  # filled by load_run_targets(record=True)
 
     @property
     def totals(self) -> dict[str, int]:
         return {k: sum(getattr(s, k) for s in self.seconds) for k in ("sent", "ok", "late", "errors", "expired")}
 
 
-async def _send_all(url: str, body: bytes, arrivals: Sequence[float], budgets_ms: Sequence[float], *, concurrency: int,
-                    timeout_s: float) -> LoadResult:
+@dataclass(frozen=True)
+class LoadTarget:
+    """What one stream of requests sends: to `url`, `body`, at `arrivals` (s from the start) with `budgets_ms`."""
+    name: str
+    url: str
+    body: bytes
+    arrivals: Sequence[float]
+    budgets_ms: Sequence[float]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _answer_parameters(content: bytes) -> tuple[str, int | None]:
+    try:
+        params = json.loads(content).get("parameters") or {}
+    except (ValueError, AttributeError):
+        return "", None
+    version = params.get("routing_version")
+    return str(params.get("variant", "")), version if isinstance(version, int) else None
+
+
+async def _send_all(targets: Sequence[LoadTarget], *, concurrency: int, timeout_s: float, record: bool) -> dict[str, LoadResult]:
     import httpx
 
-    seconds: dict[int, LoadSecond] = {}
+    seconds: dict[str, dict[int, LoadSecond]] = {t.name: {} for t in targets}
+    queries: dict[str, list[LoadQuery]] = {t.name: [] for t in targets}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     gate = asyncio.Semaphore(concurrency)
     start = time.perf_counter()
 
-    async def one(client: httpx.AsyncClient, at: float, budget: float) -> None:
-        bucket = seconds.setdefault(int(at), LoadSecond(int(at)))
+    async def one(client: httpx.AsyncClient, target: LoadTarget, at: float, budget: float) -> None:
+        bucket = seconds[target.name].setdefault(int(at), LoadSecond(int(at)))
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
         async with gate:
-            left = budget - max(0.0, (time.perf_counter() - start) - at) * 1000.0
+            sent = time.perf_counter()
+            left = budget - max(0.0, (sent - start) - at) * 1000.0
             if left <= 0:
                 bucket.expired += 1
+                if record:
+                    queries[target.name].append(LoadQuery(target.name, at, sent - start, budget, -1, 0.0))
                 return
             bucket.sent += 1
-            sent = time.perf_counter()
+            headers = {"Content-Type": "application/json", "X-Tessera-Deadline-Ms": f"{left:.3f}", **target.headers}
             try:
-                response = await client.post(url, content=body, headers={"Content-Type": "application/json", "X-Tessera-Deadline-Ms": f"{left:.3f}"})
+                response = await client.post(target.url, content=target.body, headers=headers)
             except httpx.HTTPError:
                 bucket.errors += 1
+                if record:
+                    queries[target.name].append(LoadQuery(target.name, at, sent - start, left, 0, (time.perf_counter() - sent) * 1000.0))
                 return
             took = (time.perf_counter() - sent) * 1000.0
             if response.status_code == 200 and took <= left:
@@ -113,18 +163,33 @@ async def _send_all(url: str, body: bytes, arrivals: Sequence[float], budgets_ms
                 bucket.late += 1
             else:
                 bucket.errors += 1
+            if record:
+                variant, version = _answer_parameters(response.content) if response.status_code == 200 else ("", None)
+                queries[target.name].append(LoadQuery(target.name, at, sent - start, left, response.status_code, took, variant, version))
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
-        await asyncio.gather(*(one(client, float(a), float(b)) for a, b in zip(arrivals, budgets_ms)))
+        await asyncio.gather(*(one(client, t, float(a), float(b)) for t in targets for a, b in zip(t.arrivals, t.budgets_ms)))
     wall = time.perf_counter() - start
-    return LoadResult([seconds[k] for k in sorted(seconds)], wall)
+    return {t.name: LoadResult([seconds[t.name][k] for k in sorted(seconds[t.name])], wall,
+                               sorted(queries[t.name], key=lambda q: q.arrival_s)) for t in targets}
+
+
+def load_run_targets(targets: Sequence[LoadTarget], *, concurrency: int = 64, timeout_s: float = 10.0,
+                     record: bool = False) -> dict[str, LoadResult]:
+    """Send every target's requests in one run (one clock, one connection pool, at most `concurrency` in
+    flight in all); with `record`, each result keeps every request (`LoadResult.queries`)."""
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise ValueError("target names must be distinct")
+    for t in targets:
+        if len(t.arrivals) != len(t.budgets_ms):
+            raise ValueError(f"{t.name}: one budget per arrival")
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    return asyncio.run(_send_all(targets, concurrency=concurrency, timeout_s=timeout_s, record=record))
 
 
 def load_run(url: str, body: bytes, arrivals: Sequence[float], budgets_ms: Sequence[float], *, concurrency: int = 64,
              timeout_s: float = 10.0) -> LoadResult:
     """Send one request per arrival to `url` (see the module docstring)."""
-    if len(arrivals) != len(budgets_ms):
-        raise ValueError("one budget per arrival")
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
-    return asyncio.run(_send_all(url, body, arrivals, budgets_ms, concurrency=concurrency, timeout_s=timeout_s))
+    return load_run_targets([LoadTarget("load", url, body, arrivals, budgets_ms)], concurrency=concurrency, timeout_s=timeout_s)["load"]

@@ -77,6 +77,7 @@ __all__ = [
     "plan_run_execute",
     "plan_run_options_clean",
     "plan_run_start",
+    "prediction_simulation_config",
 ]
 
 log = logging.getLogger("tessera.planning")
@@ -433,6 +434,20 @@ def _variant_ids(job: Job, problem: Problem) -> dict[str, int]:
 # --------------------------------------------------------------------------- prediction
 
 
+def prediction_simulation_config(problem: Problem, *, seed: int = 0, **changes: Any) -> SimulationConfig:
+    """How a plan's prediction simulates the fleet the plan makes: the SLO policies' drop rules, the
+    batching the desired states give each runtime (the default policy; Nexus's rounds on MPS partitions,
+    `ROUND_BATCHING_POLICY`; an application's own where it names one), the plan held fixed (no re-plan, no
+    burst trigger), the problem's demand from the first second. `changes` replace fields (benches/fidelity.py
+    holds a plan for a trace of its own with them)."""
+    names = [a.name for a in problem.applications]
+    rules = dict(SloPolicy.objects.filter(application__name__in=names).values_list("application__name", "drop_rule"))
+    config = SimulationConfig(batching=DEFAULT_BATCHING_POLICY, drop_rule=rules or "deadline", seed=seed, replan_interval_s=None, burst_factor=None,
+                              initial_demand="problem", mps_batching=ROUND_BATCHING_POLICY,
+                              batching_by_application=application_batching_overrides(names=names))
+    return dataclasses.replace(config, **changes) if changes else config
+
+
 def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, float], *, seconds: float, seed: int) -> dict[str, Any]:
     """Replay a Poisson trace at the observed demand (not the headroom) against the plan, with the SLO
     policies' drop rules and the batching policies the desired states use (proteus; Nexus's on MPS
@@ -459,16 +474,12 @@ def _prediction(problem: Problem, engine_plan: EnginePlan, observed: dict[str, f
             continue
         part = arrivals_poisson(rate, duration, stream, application=application.name)
         trace = part if trace is None else trace.merge(part)
-    rules = dict(SloPolicy.objects.filter(application__name__in=[a.name for a in problem.applications]).values_list("application__name", "drop_rule"))
     replay = dataclasses.replace(problem, applications=tuple(dataclasses.replace(a, demand_rps=observed.get(a.name, 0.0)) for a in problem.applications))
 
     def planned(_problem: Problem) -> EnginePlan:
         return engine_plan
 
-    config = SimulationConfig(batching=DEFAULT_BATCHING_POLICY, drop_rule=rules or "deadline", seed=seed, replan_interval_s=None, burst_factor=None,
-                              initial_demand="problem", mps_batching=ROUND_BATCHING_POLICY,
-                              batching_by_application=application_batching_overrides(names=[a.name for a in problem.applications]))
-    summary = simulate(replay, trace, planner=planned, config=config).summary
+    summary = simulate(replay, trace, planner=planned, config=prediction_simulation_config(problem, seed=seed)).summary
     return {
         "trace": "poisson", "seed": seed, "duration_s": round(duration, 3), "demand_rps": observed,
         "queries": summary["queries"], "on_time": summary["on_time"], "late": summary["late"], "dropped": summary["dropped"],

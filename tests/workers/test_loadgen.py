@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from workers.loadgen import load_budgets, load_run, load_schedule
+from workers.loadgen import LoadTarget, load_budgets, load_run, load_run_targets, load_schedule
 
 
 def test_the_schedule_bursts_where_asked_and_budgets_are_what_the_network_leaves() -> None:
@@ -40,7 +40,8 @@ class _Handler(BaseHTTPRequestHandler):
         budget = float(self.headers["X-Tessera-Deadline-Ms"])
         _Handler.seen.append(budget)
         status = 200 if budget >= LATE_BELOW_MS else 504
-        body = json.dumps({"outputs": []} if status == 200 else {"error": {"status": 504, "code": "deadline_exceeded"}}).encode()
+        variant = self.path.rsplit("/", 1)[-1]
+        body = json.dumps({"outputs": [], "parameters": {"variant": variant, "routing_version": 7}} if status == 200 else {"error": {"status": 504, "code": "deadline_exceeded"}}).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -65,3 +66,22 @@ def test_a_run_counts_in_time_late_and_expired_against_a_real_server() -> None:
     assert totals == {"sent": 4, "ok": 3, "late": 1, "errors": 0, "expired": 1}
     assert [s.second for s in result.seconds] == [0, 1]
     assert max(_Handler.seen) <= 20_000.0 and min(_Handler.seen) <= 2_500.0  # each sent with what was left of its budget
+
+
+def test_several_targets_share_one_clock_and_every_request_is_kept_as_the_client_saw_it() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/infer"
+    try:
+        results = load_run_targets([LoadTarget("a", f"{url}/a", b"{}", [0.05, 0.3], [20_000.0, 2_500.0]),
+                                    LoadTarget("b", f"{url}/b", b"{}", [0.1, 0.2], [-1.0, 20_000.0])], concurrency=4, record=True)
+    finally:
+        server.shutdown()
+    a, b = results["a"].queries, results["b"].queries
+    assert [(q.status, q.in_time, q.variant, q.routing_version) for q in a] == [(200, True, "a", 7), (504, False, "", None)]
+    assert [q.status for q in b] == [-1, 200] and b[1].variant == "b" and not b[0].in_time  # no budget left when due: not sent
+    assert all(q.latency_ms > 0 for q in a + b[1:]) and a[0].sent_s >= a[0].arrival_s
+    assert results["a"].totals == {"sent": 2, "ok": 1, "late": 1, "errors": 0, "expired": 0}
+    with pytest.raises(ValueError):
+        load_run_targets([LoadTarget("a", url, b"", [0.1], [1.0]), LoadTarget("a", url, b"", [0.1], [1.0])])
