@@ -50,7 +50,8 @@ Outputs, in --out:
   dropped, late, total_accuracy), computed from the artefact's counters as run.py computes them
   (A: run.py:375-400): demand is the arrivals of the previous step, the rest are deltas during the step.
 - summary.json: totals (from the per-query records and from the artefact's own counters, which must agree),
-  the batch-size counts, the effective allocation, the wall time.
+  the queries served by predictors an allocation had removed (they drain their queues), the batch-size
+  counts, the effective allocation, the wall time.
 
 Only the artefact's wall-clock sleeps are skipped (time.sleep is made a no-op in this process: the
 simulator sleeps 1 s per finished trace file, A: core/simulator.py:700). The artefact's logs (per-predictor
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Per-query records, by wrapping (not changing) the artefact's three accounting calls.
     records: list[tuple] = []  # (family, arrival_ms, done_ms, outcome, accuracy, variant, type)
-    served_by: dict[str, tuple[str, str]] = {}
+    served_by: dict[str, tuple[str, str, bool]] = {}
+    ghosts: list[str] = []
     original_failed = sim.bump_failed_request_stats
     original_success = sim.bump_successful_request_stats
 
@@ -192,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         return original_failed(event)
 
     def succeeded(event, processing_time):
-        variant, kind = served_by.pop(event.id, ("", ""))
+        variant, kind, ghost = served_by.pop(event.id, ("", "", False))
+        if ghost:
+            ghosts.append(event.id)
         records.append((event.desc, float(event.event_counter), float(sim.clock), "served", float(event.accuracy_seen), variant, kind))
         return original_success(event, processing_time=processing_time)
 
@@ -202,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         def finish(event, clock, executor=executor, original=executor.finish_request):
             predictor = executor.assigned_requests.get(event.id)
             if predictor is not None:
-                served_by[event.id] = (predictor.variant_name, TYPES[predictor.acc_type - 1])
+                # A predictor an allocation removed keeps draining its queue (a "ghost", A: core/executor.py:104-113).
+                served_by[event.id] = (predictor.variant_name, TYPES[predictor.acc_type - 1], predictor.id not in executor.predictors)
             return original(event, clock)
         executor.finish_request = finish
 
@@ -309,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenario": folder, "seconds": args.seconds, "allocation": str(Path(args.allocation).resolve()), "config": str(config_path),
         "seed": args.seed if args.seed is not None else config.get("seed"), "wall_s": round(wall, 1), "steps": i,
         "demand": demand, "served": served, "dropped": sum(per["dropped"]), "unresolved": sum(per["unresolved"]),
+        "served_by_removed_predictors": len(ghosts),
         "late_300ms": sum(per["late"]), "late_1000ms": sum(per["late_1000"]),
         "accuracy_sum": sum(per["accuracy_sum"]),
         "effective_accuracy": sum(per["accuracy_sum"]) / served if served else None,

@@ -69,7 +69,15 @@ from engine.reference.proteus_artifact import (  # noqa: E402
     proteus_trace,
     proteus_variant_name,
 )
-from engine.simulation.simulator import LATE, ON_TIME, SimulationConfig, simulate  # noqa: E402
+from engine.simulation.simulator import (  # noqa: E402
+    DROPPED_EXPIRED,
+    DROPPED_NO_CAPACITY,
+    DROPPED_UNFINISHED,
+    LATE,
+    ON_TIME,
+    SimulationConfig,
+    simulate,
+)
 from engine.simulation.workload import Trace  # noqa: E402
 from engine.solvers.assemble import Assignment, plan_assemble  # noqa: E402
 
@@ -124,39 +132,60 @@ def plan_to_artefact(problem: Problem, plan: Plan, artefact_names: dict[str, str
     return dict(required), canary, ilp_x
 
 
-def allocation_write(path: Path, required: dict, canary: dict, ilp_x: dict) -> Path:
-    path.write_text(f"required_predictors:\n{required!r}\ncanary_dict:\n{canary!r}\nilp_x:\n{ilp_x!r}\n")
+def _write_if_changed(path: Path, text: str) -> Path:
+    """Write `text` unless the file already holds it (so that --reuse can tell an unchanged allocation by its age)."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
     return path
+
+
+def allocation_write(path: Path, required: dict, canary: dict, ilp_x: dict) -> Path:
+    return _write_if_changed(path, f"required_predictors:\n{required!r}\ncanary_dict:\n{canary!r}\nilp_x:\n{ilp_x!r}\n")
 
 
 def schedule_write(path: Path, entries: list[tuple[float, dict, dict, dict]]) -> Path:
-    path.write_text("schedule:\n" + repr([(float(t), r, c, x) for t, r, c, x in entries]) + "\n")
-    return path
+    return _write_if_changed(path, "schedule:\n" + repr([(float(t), r, c, x) for t, r, c, x in entries]) + "\n")
 
 
-def plan_from_effective(problem: Problem, predictors: list[dict]) -> tuple[Plan, list[dict]]:
-    """The Tessera plan running what the artefact holds (predictors per (family, variant, type), no device
-    identity: devices numbered in order within each type). Predictors the artefact keeps but that cannot serve
-    (no batch size under SLO/2 on that type: max_batch 0, A: core/predictor.py:80-83) are left out and
-    returned: their family's share of queries vanishes in the artefact, and has no instance in Tessera."""
-    used: Counter = Counter()
+def plan_from_effective(problem: Problem, predictors: list[dict], previous: dict[str, str] | None = None) -> tuple[Plan, list[dict], dict[str, str]]:
+    """The Tessera plan running what the artefact holds. The artefact counts predictors per (variant, type)
+    with no device identity (A: core/simulator.py:869-989): a new allocation keeps min(existing, required)
+    predictors of each (variant, type) as they are and adds or removes the rest. So devices are numbered in
+    order within each type, except that a predictor kept from `previous` (device -> variant) stays on its
+    device, as the artefact keeps it. Predictors the artefact holds but that cannot serve (no batch size under
+    SLO/2 on that type: max_batch 0, A: core/predictor.py:80-83) are left out and returned: their share of the
+    family's queries vanishes in the artefact and has no instance in Tessera. Returns (plan, unservable,
+    device -> variant)."""
+    previous = previous or {}
+    wanted: list[tuple[str, dict]] = []  # (kind, predictor) per predictor
+    for p in predictors:
+        wanted.extend((KIND_OF_TYPE[p["type"]], p) for _ in range(int(p["count"])))
+    placement: dict[str, str] = {}
+    unplaced = []
+    for kind, p in wanted:  # keep a predictor where it was
+        variant = proteus_variant_name(p["variant"])
+        kept = next((d for d, v in sorted(previous.items()) if v == variant and d.startswith(kind + "-") and d not in placement), None)
+        if kept is None:
+            unplaced.append((kind, p))
+        else:
+            placement[kept] = variant
+    for kind, p in unplaced:  # the others on the free devices of their type, in order
+        device = next(d.name for d in problem.devices if d.name.startswith(kind + "-") and d.name not in placement)
+        placement[device] = proteus_variant_name(p["variant"])
+    max_batch = {(proteus_variant_name(p["variant"]), KIND_OF_TYPE[p["type"]]): p.get("max_batch", 1) for p in predictors}
     assignments = []
     unservable = []
-    for p in predictors:
-        for _ in range(int(p["count"])):
-            kind = KIND_OF_TYPE[p["type"]]
-            device = problem.device(f"{kind}-{used[kind]:02d}")
-            used[kind] += 1
-            variant = proteus_variant_name(p["variant"])
-            slice_name = cpu_slice(problem, variant, device) if device.is_cpu else FULL_SLICE
-            capacity = capacity_for(problem, variant, device, slice_name) if slice_name else None
-            if capacity is None or p.get("max_batch", 1) == 0:
-                unservable.append({**p, "device": device.name})
-                continue
-            # Routing weights by capacity (Tessera's own routing uses them; `even` ignores them).
-            assignments.append(Assignment(device=device.name, slice=slice_name, start=None, variant=variant, assigned_rps=capacity.capacity_rps))
+    for name, variant in sorted(placement.items()):
+        device = problem.device(name)
+        slice_name = cpu_slice(problem, variant, device) if device.is_cpu else FULL_SLICE
+        capacity = capacity_for(problem, variant, device, slice_name) if slice_name else None
+        if capacity is None or max_batch[(variant, name.split("-")[0])] == 0:
+            unservable.append({"device": name, "variant": variant})
+            continue
+        # Routing weights by capacity (Tessera's own routing uses them; `even` ignores them).
+        assignments.append(Assignment(device=name, slice=slice_name, start=None, variant=variant, assigned_rps=capacity.capacity_rps))
     plan = plan_assemble(problem, assignments, status="feasible", solver="fixed-allocation", objective=None, bound=None, gap=None, solve_seconds=0.0)
-    return plan, unservable
+    return plan, unservable, placement
 
 
 def plan_for_mean_demand(problem: Problem, trace: Trace) -> Plan:
@@ -174,7 +203,12 @@ def plan_for_mean_demand(problem: Problem, trace: Trace) -> Plan:
 
 
 def driver_run(python: str, checkout: Path, scenario: str, allocation: Path, out: Path, seconds: float | None,
-               dump: bool = False, seed: int = 10) -> dict[str, Any]:
+               dump: bool = False, seed: int = 10, reuse: bool = False) -> dict[str, Any]:
+    summary_path = out / "summary.json"
+    if reuse and not dump and summary_path.is_file() and summary_path.stat().st_mtime > Path(allocation).stat().st_mtime:
+        summary = json.loads(summary_path.read_text())
+        if summary.get("seed") == seed and summary.get("seconds") == seconds and summary.get("allocation") == str(Path(allocation).resolve()):
+            return summary  # the same run, done before
     cmd = [python, str(DRIVER), "--checkout", str(checkout), "--scenario", scenario, "--allocation", str(allocation), "--out", str(out),
            "--seed", str(seed)]
     if seconds is not None:
@@ -197,6 +231,28 @@ def artefact_per_second(folder: Path) -> dict[str, np.ndarray]:
     # The artefact's never-resolved queries (held by a predictor that cannot serve) count as dropped here.
     out["dropped"] = out["dropped"] + np.array([float(r["unresolved"]) for r in rows])
     return out
+
+
+def drop_causes(ages_ms: np.ndarray, unserved_other: int) -> dict[str, int]:
+    """Drops by cause, told apart by the query's age when dropped (the same in both simulators): at most the
+    SLO, a head dropped because the batch the queue fills would make it late (the artefact's
+    pop_while_first_expires, A: core/predictor.py:463-508, and `proteus-artefact`'s early drop; Tessera's
+    deadline rule and Nexus's early drop also land here); over twice the SLO, the 2x-SLO drop at a batch
+    launch (A: core/predictor.py:660-675, the `slo-2x` rule); `no_instance`: queries no predictor can ever
+    serve (the artefact's unresolved ones, Tessera's no-capacity and unfinished ones)."""
+    return {"drop_early": int((ages_ms <= SLO_LATE_MS + 1e-6).sum()), "drop_2x": int((ages_ms > 2 * SLO_LATE_MS).sum()),
+            "drop_between": int(((ages_ms > SLO_LATE_MS + 1e-6) & (ages_ms <= 2 * SLO_LATE_MS)).sum()), "drop_no_instance": unserved_other}
+
+
+def artefact_drop_causes(folder: Path) -> dict[str, int]:
+    ages, unresolved = [], 0
+    with (folder / "queries.csv").open() as fh:
+        for r in csv.DictReader(fh):
+            if r["outcome"] == "dropped":
+                ages.append(float(r["done_ms"]) - float(r["arrival_ms"]))
+            elif r["outcome"] == "unresolved":
+                unresolved += 1
+    return drop_causes(np.array(ages), unresolved)
 
 
 def artefact_batches(summary: dict[str, Any]) -> dict[int, int]:
@@ -229,7 +285,9 @@ def tessera_run(problem: Problem, trace: Trace, planner: Any, config: Simulation
         "dropped_at": np.bincount(done_s[~served], minlength=n).astype(float),
     }
     sizes = Counter(len(b[2]) for b in result.batches)
-    return {"batches": dict(sorted(sizes.items())), "summary": result.summary}, per, result
+    expired = q["outcome"] == DROPPED_EXPIRED
+    causes = drop_causes(latency[expired], int(((q["outcome"] == DROPPED_NO_CAPACITY) | (q["outcome"] == DROPPED_UNFINISHED)).sum()))
+    return {"batches": dict(sorted(sizes.items())), "summary": result.summary, "causes": causes}, per, result
 
 
 # --------------------------------------------------------------------------- comparison
@@ -278,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allocations", default="starting,tessera", help="comma-separated: starting, tessera, schedule")
     parser.add_argument("--quick", action="store_true", help=f"only the first {QUICK_SECONDS:g} s of each trace")
     parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep an artefact run already in DIR for the same allocation, seed and length (the artefact is the slow side)")
     parser.add_argument("--seed", type=int, default=1, help="Tessera's first seed (the artefact's is its configs' 10)")
     parser.add_argument("--seeds", type=int, default=1,
                         help="run each simulator with this many seeds (the artefact 10, 11, ...; Tessera S, S+1, ...) and report "
@@ -329,16 +389,21 @@ def main(argv: list[str] | None = None) -> int:
                 allocation = schedule_write(folder / "schedule.txt", entries)
                 replay_plans = recorded.plans
             dumped = driver_run(args.artefact_python, checkout, PROTEUS_SCENARIOS[scenario], allocation, folder / "artefact", seconds, dump=True)
-            effective = [plan_from_effective(problem, a["predictors"]) for a in dumped["allocations"]]
+            effective = []
+            placement: dict[str, str] = {}
+            for a in dumped["allocations"]:
+                plan_e, unservable_e, placement = plan_from_effective(problem, a["predictors"], placement)
+                effective.append((plan_e, unservable_e))
             unservable = effective[0][1]
             runs: dict[str, list[tuple[dict[str, Any], dict[int, int], float]]] = defaultdict(list)
             for j in range(args.seeds):
                 t0 = time.perf_counter()
                 target = folder / ("artefact" if j == 0 else f"artefact-seed{ARTEFACT_SEED + j}")
                 summary = driver_run(args.artefact_python, checkout, PROTEUS_SCENARIOS[scenario], allocation, target, seconds,
-                                     seed=ARTEFACT_SEED + j)
+                                     seed=ARTEFACT_SEED + j, reuse=args.reuse)
                 art = artefact_per_second(target)
-                runs["artefact"].append((totals(art), artefact_batches(summary), time.perf_counter() - t0))
+                runs["artefact"].append(({**totals(art), **artefact_drop_causes(target), "served_by_removed": summary.get("served_by_removed_predictors")},
+                                         artefact_batches(summary), time.perf_counter() - t0))
                 series.setdefault((scenario, kind, "artefact" if j == 0 else "artefact, other seed"), art)
                 for setting, config in (("tessera faithful", faithful_config(args.seed + j)), ("tessera defaults", defaults_config(args.seed + j))):
                     if replay_plans is None:
@@ -350,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                         config = dataclasses.replace(config, replan_interval_s=REPLAN_S)
                     t0 = time.perf_counter()
                     info, tes, _result = tessera_run(problem, trace, planner, config)
-                    runs[setting].append((totals(tes), info["batches"], time.perf_counter() - t0))
+                    runs[setting].append(({**totals(tes), **info["causes"]}, info["batches"], time.perf_counter() - t0))
                     series.setdefault((scenario, kind, setting), tes)
             base = mean_totals([r[0] for r in runs["artefact"]])
             systems = list(runs) + (["artefact, other seed"] if args.seeds > 1 else [])
@@ -402,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
         if r["system"] != "artefact":
             print(f"  {r['scenario']}/{r['allocation']}/{r['system']}: most different seconds (artefact vs Tessera) served {r['served_worst'] or '-'}; "
                   f"dropped {r['dropped_worst'] or '-'}")
-        print(f"  {r['scenario']}/{r['allocation']}/{r['system']}: batch sizes {r['batches']}")
+        print(f"  {r['scenario']}/{r['allocation']}/{r['system']}: batch sizes {r['batches']}; drops: early {r['drop_early']}, "
+              f"between SLO and 2x {r['drop_between']}, past 2x SLO {r['drop_2x']}, no instance {r['drop_no_instance']}")
     fields = ("scenario", "allocation", "system", "seeds", "demand", "served", "dropped", "late", "late_1000", "accuracy", "violations_artefact",
-              "violations_slo", "violations_artefact_min", "violations_artefact_max", "violations_vs_artefact", "violations_slo_vs_artefact", "accuracy_vs_artefact_points", "served_corr",
+              "violations_slo", "drop_early", "drop_between", "drop_2x", "drop_no_instance", "served_by_removed", "violations_artefact_min", "violations_artefact_max", "violations_vs_artefact", "violations_slo_vs_artefact", "accuracy_vs_artefact_points", "served_corr",
               "served_mad", "dropped_corr", "dropped_mad", "late_corr", "late_mad", "served_worst", "dropped_worst", "batches",
               "unservable_predictors", "wall_s")
     print(f"wrote {csv_rows_write(out / 'proteus_side_by_side.csv', rows, fields)}")
