@@ -53,6 +53,10 @@ its testbed mainly to that variance (§6.1.5, §6.2).
   simulation ends). The deadline is arrival + the application's SLO, or arrival + the trace's per-request
   `deadline_ms` where it gives one (Sponge).
 
+Code: `_Simulation.run` takes the control events in turn; each event kind has its handler (`_on_*`), per
+instance state is a `SimInstance` record (`SimPartition` for an MPS partition), and a batch's service time
+comes from `_service_time_draw` alone.
+
 Speed: events are plain tuples in a heap, per-query state lives in flat lists indexed by query id, and
 arrivals are merged with the heap instead of being pushed into it. Planner calls are timed apart.
 
@@ -64,12 +68,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import heapq
 import itertools
 import json
 import math
 import time
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -432,6 +436,74 @@ class _PlanState:
     assumed_rps: np.ndarray  # per application index (problem order)
 
 
+@dataclass(slots=True, eq=False)
+class SimPartition:
+    """An MPS partition (one device's `mpsNN@k` slot): its models time-share it, one batch at a time."""
+
+    index: int  # its position in `_Simulation.partitions` (the key of its heap events)
+    device: str
+    oracle: InterferenceOracle | None  # co-run slowdowns on its GPU; None: its partitions do not interfere
+    members: list[SimInstance] = field(default_factory=list)  # the models it serves now (stopped ones leave)
+    running: SimInstance | None = None  # the model whose batch holds it
+    duty_cycle_ms: float | None = None  # None: work-conserving turns instead of duty-cycle rounds
+    round: DutyCycleRound | None = None
+
+    def duty_cycle_set(self, duty_cycle_ms: float | None) -> None:
+        """A plan gives the partition its round (None: work-conserving turns, no rounds)."""
+        self.duty_cycle_ms = duty_cycle_ms
+        if duty_cycle_ms is None:
+            return
+        if self.round is None:
+            self.round = DutyCycleRound(duty_cycle_ms)
+        else:
+            self.round.duty_cycle_set(duty_cycle_ms)
+
+
+@dataclass(slots=True, eq=False)
+class SimInstance:
+    """One instance that some plan ran: what the plan made it, then what it is doing and has done. Held in
+    `_Simulation.instances` at `index`, the number heap events, routing and `SimulationResult.queries`
+    name it by."""
+
+    index: int
+    id: str
+    variant: str
+    device_type: str
+    slice: str
+    app: int  # application index (problem order)
+    accuracy: float
+    queue: QueryQueue
+    policy: Any  # batching.BatchingPolicy
+    early_drop: bool  # the policy drops from the head inside `decide` (EARLY_DROP_POLICIES)
+    latency: Callable[[int], float]  # batch size -> profiled latency, as the policy sees it
+    latency1_ms: float  # batch-1 latency (the drop rule's and the matching's per-query time)
+    max_batch: int
+    drop_rule: str
+    slo_ms: float
+    ready_ms: float  # routing leaves it out before then (the reconfiguration delay)
+    # MPS: its partition (None: none), slice percent, the plan's predicted co-run factor and batch
+    # latency (its slot in the round), the largest batch a round lets it run.
+    partition: SimPartition | None
+    percent: int
+    plan_factor: float
+    plan_latency_ms: float
+    round_cap: int
+    alive: bool = True  # False once a plan stopped it (a batch in flight still finishes)
+    stopped_ms: float | None = None
+    busy: bool = False
+    busy_end: float = 0.0  # when the running batch ends (interference re-timing moves it)
+    timer_at: float = _INF  # when its policy asked to decide again
+    inflight: list | None = None  # the running batch's (query id, arrival, deadline)
+    service_ms: float = 0.0  # the running batch's service time
+    work_ms: float = 0.0  # MPS: solo work left in the running batch, as of t_last
+    factor: float = 1.0  # MPS: the running batch's current co-run slowdown
+    t_last: float = 0.0
+    batches: int = 0
+    served: int = 0
+    busy_ms: float = 0.0
+    solo_ms: float = 0.0  # MPS: busy time had nothing co-run
+
+
 # --------------------------------------------------------------------------- the simulator
 
 
@@ -616,7 +688,9 @@ class _Simulation:
     # ----------------------------------------------------------------------- instances and routing
 
     def _instance_make(self, inst: PlanInstance, ready_ms: float) -> int:
+        """A new record for a plan's instance (on its MPS partition, made on first use); returns its index."""
         problem = self.problem
+        cfg = self.config
         variant = problem.variant(inst.variant)
         app = self.app_index[variant.application]
         dtype = problem.device(inst.device).type
@@ -627,73 +701,35 @@ class _Simulation:
             if not points:
                 raise ValueError(f"no profile for {inst.variant} on {dtype}/{inst.slice} (instance {inst.id})")
             cached = self._latency_cache[key] = policy_latency_function(points, max(1, inst.batch))
-        k = len(self.i_id)
-        self.i_id.append(inst.id)
-        self.i_variant.append(inst.variant)
-        self.i_app.append(app)
-        self.i_accuracy.append(variant.accuracy)
-        self.i_queue.append(QueryQueue(self.config.queue_order))
         percent = mps_slice_percent(inst.slice)
-        policy = self.config.mps_batching if percent is not None and self.config.mps_batching else self.config.batching
-        params = dict(self.config.batching_params) if policy == self.config.batching else {}
-        own = self.config.batching_by_application.get(variant.application) if percent is None else None
+        policy = cfg.mps_batching if percent is not None and cfg.mps_batching else cfg.batching
+        params = dict(cfg.batching_params) if policy == cfg.batching else {}
+        own = cfg.batching_by_application.get(variant.application) if percent is None else None
         if own is not None:
             policy, params = own[0], dict(own[1])
-        self.i_policy.append(batching_policy_make(policy, **params))
-        self.i_early.append(policy in EARLY_DROP_POLICIES)  # Nexus drops from the head inside decide
-        self.i_lat.append(cached[0])
-        self.i_lat1.append(cached[1])
-        self.i_maxb.append(max(1, int(inst.batch)))
-        self.i_rule.append(self.config.drop_rule_for(variant.application))
-        self.i_slo.append(self.slo_ms[app])
-        self.i_busy.append(False)
-        self.i_busy_end.append(0.0)
-        self.i_timer.append(_INF)
-        self.i_inflight.append(None)
-        self.i_service.append(0.0)
-        self.i_alive.append(True)
-        self.i_ready.append(ready_ms)
-        self.i_stopped.append(None)
-        self.i_busy_ms.append(0.0)
-        self.i_batches.append(0)
-        self.i_served.append(0)
-        # MPS: the partition this instance time-shares (-1: none), its percent, the plan's predicted factor.
-        part = -1
-        if percent is not None:
+        partition = None
+        if percent is not None:  # the partition this instance time-shares
             slot = (inst.device, f"{inst.slice}@{inst.start}")
-            part = self.part_of.get(slot, -1)
-            if part < 0:
-                part = self.part_of[slot] = len(self.p_members)
-                self.p_members.append([])
-                self.p_running.append(-1)
-                self.p_device.append(inst.device)
-                self.p_oracle.append(self.oracles.get(dtype))
-                self.p_duty.append(None)
-                self.p_round.append(None)
-                self.gpu_parts.setdefault(inst.device, []).append(part)
-            self.p_members[part].append(k)
-            self._partition_duty_set(part, inst.duty_cycle_ms)
-            self.p_round_pending.append(part)
-        self.i_part.append(part)
-        self.i_pct.append(percent or 100)
-        self.i_plan_factor.append(float(inst.interference_factor))
-        self.i_plan_latency.append(float(inst.latency_ms))
-        self.i_work.append(0.0)
-        self.i_factor.append(1.0)
-        self.i_tlast.append(0.0)
-        self.i_solo_ms.append(0.0)
-        self.i_round_cap.append(round_batch_cap(inst.batch, (p.batch for p in problem.profiles_for(inst.variant, dtype, inst.slice))))
-        return k
-
-    def _partition_duty_set(self, part: int, duty_cycle_ms: float | None) -> None:
-        """A plan gives the partition its round (None: work-conserving turns, no rounds)."""
-        self.p_duty[part] = duty_cycle_ms
-        if duty_cycle_ms is None:
-            return
-        if self.p_round[part] is None:
-            self.p_round[part] = DutyCycleRound(duty_cycle_ms)
-        else:
-            self.p_round[part].duty_cycle_set(duty_cycle_ms)
+            partition = self.part_of.get(slot)
+            if partition is None:
+                partition = self.part_of[slot] = SimPartition(len(self.partitions), inst.device, self.oracles.get(dtype))
+                self.partitions.append(partition)
+                self.gpu_parts.setdefault(inst.device, []).append(partition)
+        record = SimInstance(
+            index=len(self.instances), id=inst.id, variant=inst.variant, device_type=dtype, slice=inst.slice, app=app,
+            accuracy=variant.accuracy, queue=QueryQueue(cfg.queue_order), policy=batching_policy_make(policy, **params),
+            early_drop=policy in EARLY_DROP_POLICIES, latency=cached[0], latency1_ms=cached[1], max_batch=max(1, int(inst.batch)),
+            drop_rule=cfg.drop_rule_for(variant.application), slo_ms=self.slo_ms[app], ready_ms=ready_ms,
+            partition=partition, percent=percent or 100, plan_factor=float(inst.interference_factor),
+            plan_latency_ms=float(inst.latency_ms),
+            round_cap=round_batch_cap(inst.batch, (p.batch for p in problem.profiles_for(inst.variant, dtype, inst.slice))),
+        )
+        self.instances.append(record)
+        if partition is not None:
+            partition.members.append(record)
+            partition.duty_cycle_set(inst.duty_cycle_ms)
+            self.rounds_pending.append(partition)
+        return record.index
 
     def _routing_build(self, now_ms: float) -> None:
         """Alias tables of every application over its available instances (alive and ready), with the
@@ -707,7 +743,7 @@ class _Simulation:
             available = []
             for instance_id, weight in table.entries:
                 k = self.current.get(instance_id)
-                if k is not None and weight > 0 and self.i_alive[k] and self.i_ready[k] <= now_ms:
+                if k is not None and weight > 0 and self.instances[k].alive and self.instances[k].ready_ms <= now_ms:
                     available.append((k, 1.0 if even else weight))
             per_app[j] = available
         self.router = FlatAliasRouter(len(self.apps), per_app)
@@ -728,9 +764,10 @@ class _Simulation:
         start = np.empty(len(members))
         lat1 = np.empty(len(members))
         for m, k in enumerate(members):
-            per_query[m] = self.i_lat[k](self.i_maxb[k]) / self.i_maxb[k]
-            start[m] = max(now_ms, self.i_busy_end[k] if self.i_busy[k] else now_ms) + len(self.i_queue[k]) * per_query[m]
-            lat1[m] = self.i_lat1[k]
+            inst = self.instances[k]
+            per_query[m] = inst.latency(inst.max_batch) / inst.max_batch
+            start[m] = max(now_ms, inst.busy_end if inst.busy else now_ms) + len(inst.queue) * per_query[m]
+            lat1[m] = inst.latency1_ms
         free = (start[:, None] + per_query[:, None] * np.arange(slots)[None, :]).ravel()
         owner = np.repeat(np.asarray(members, dtype=np.int64), slots)
         out = [-1] * len(qids)
@@ -773,14 +810,15 @@ class _Simulation:
         kept = created = 0
         for inst in plan.instances:
             k = self.current.get(inst.id)
-            if k is not None and self.i_variant[k] == inst.variant and survives(inst):
+            if k is not None and self.instances[k].variant == inst.variant and survives(inst):
                 new_current[inst.id] = k
-                self.i_maxb[k] = max(1, int(inst.batch))
-                if self.i_part[k] >= 0:  # the partition's round may have changed with the plan
-                    self._partition_duty_set(self.i_part[k], inst.duty_cycle_ms)
-                    self.i_plan_latency[k] = float(inst.latency_ms)
-                    self.i_round_cap[k] = max(self.i_round_cap[k], self.i_maxb[k])  # (round_batch_cap's rule)
-                    self.p_round_pending.append(self.i_part[k])
+                old = self.instances[k]
+                old.max_batch = max(1, int(inst.batch))
+                if old.partition is not None:  # the partition's round may have changed with the plan
+                    old.partition.duty_cycle_set(inst.duty_cycle_ms)
+                    old.plan_latency_ms = float(inst.latency_ms)
+                    old.round_cap = max(old.round_cap, old.max_batch)  # (round_batch_cap's rule)
+                    self.rounds_pending.append(old.partition)
                 kept += 1
             else:
                 new_current[inst.id] = self._instance_make(inst, ready)
@@ -793,14 +831,14 @@ class _Simulation:
             if new_current.get(inst_id) == k:
                 continue
             destroyed += 1
-            self.i_alive[k] = False
-            self.i_stopped[k] = now_ms
-            self.i_timer[k] = _INF
-            if self.i_part[k] >= 0:  # a batch in flight still finishes (and holds the partition until then)
-                self.p_members[self.i_part[k]].remove(k)
-            queue = self.i_queue[k]
-            if len(queue):
-                orphans.extend(queue.pop(len(queue)))
+            gone = self.instances[k]
+            gone.alive = False
+            gone.stopped_ms = now_ms
+            gone.timer_at = _INF
+            if gone.partition is not None:  # a batch in flight still finishes (and holds the partition until then)
+                gone.partition.members.remove(gone)
+            if len(gone.queue):
+                orphans.extend(gone.queue.pop(len(gone.queue)))
         self.current = new_current
         running: dict[str, list[tuple[str, str]]] = {}
         for inst in plan.instances:
@@ -817,425 +855,485 @@ class _Simulation:
     # ----------------------------------------------------------------------- the run
 
     def run(self) -> SimulationResult:
+        """Apply the first plan at time 0, then take the control events in turn (a re-plan interval, each
+        whole second for the burst check, created instances becoming ready): first serve every arrival and
+        every heap event before it, then handle it. Whatever is left when the arrivals end is served too."""
         wall_start = time.perf_counter()
+        self._state_reset()
+        self._plan_initial()
+        end_ms = self.duration_s * 1000.0
+        while self.next_query < self.n:
+            t = min(self.next_replan, self.next_second, min(self.ready_times, default=_INF))
+            if t > end_ms:
+                break
+            self._advance(t)
+            self._control(t)
+        self._advance(_INF)
+        if self.next_query < self.n:  # cannot happen (_advance(inf) delivers everything); kept as a guard
+            raise RuntimeError("arrivals left undelivered")
+        end_time = self._unfinished_drop()
+        wall = time.perf_counter() - wall_start
+        result = self._result(self.outcome, self.done, self.where, self.plans, self.replans, end_time, wall)
+        result.batches = self.batch_log
+        return result
+
+    def _state_reset(self) -> None:
+        """Empty fleet, empty heap, no query answered."""
         cfg = self.config
         self.planner_seconds = 0.0
         self._latency_cache: dict[tuple, tuple[Callable[[int], float], float]] = {}
-        for name in ("i_id", "i_variant", "i_app", "i_accuracy", "i_queue", "i_policy", "i_lat", "i_lat1", "i_maxb", "i_rule",
-                     "i_slo", "i_busy", "i_busy_end", "i_timer", "i_inflight", "i_service", "i_alive", "i_ready", "i_stopped",
-                     "i_busy_ms", "i_batches", "i_served", "i_part", "i_pct", "i_plan_factor", "i_work", "i_factor", "i_tlast",
-                     "i_solo_ms", "i_round_cap", "i_plan_latency", "i_early", "p_members", "p_running", "p_device", "p_oracle", "p_duty", "p_round"):
-            setattr(self, name, [])
-        self.part_of: dict[tuple[str, str], int] = {}
-        self.p_round_pending: list[int] = []
-        self.gpu_parts: dict[str, list[int]] = {}
+        self.instances: list[SimInstance] = []
+        self.partitions: list[SimPartition] = []
+        self.part_of: dict[tuple[str, str], SimPartition] = {}  # (device, "mpsNN@k") -> its partition
+        self.gpu_parts: dict[str, list[SimPartition]] = {}  # device -> its partitions
+        self.rounds_pending: list[SimPartition] = []  # partitions a plan (re)filled: their rounds may start
         self._factor_cache: dict[tuple, float] = {}
-        self.current: dict[str, int] = {}
+        self.current: dict[str, int] = {}  # instance id -> index, under the current plan
         self.running: dict[str, tuple[tuple[str, str], ...]] = {d.name: d.running for d in self.problem.devices if d.running}
-        self.layouts: dict[str, tuple] = {
-            d.name: d.layout for d in self.problem.devices if d.mig and d.layout is not None
-        }
+        self.layouts: dict[str, tuple] = {d.name: d.layout for d in self.problem.devices if d.mig and d.layout is not None}
         self.version = 0
         self.tables = {}
         self.ready_times: set[float] = set()
-        plans: list[tuple[float, Plan]] = []
-        replans: list[dict[str, Any]] = []
+        self.plans: list[tuple[float, Plan]] = []
+        self.replans: list[dict[str, Any]] = []
+        # Per query id (flat lists: the hot loops index them).
+        self.arr = self.arr_np.tolist()
+        self.dl = self.dl_np.tolist()
+        self.outcome = bytearray(self.n)
+        self.done = [math.nan] * self.n
+        self.where = [-1] * self.n
+        self.next_query = 0  # the first arrival not yet routed
+        self.heap: list[tuple[float, int, int]] = []  # (time, event kind, instance or partition index)
+        self.record_batches = cfg.record_batches
+        self.batch_log: list[tuple[str, float, list[int], float]] = []
+        self.log_at: dict[int, int] = {}  # instance -> its running batch's entry in batch_log (re-timed batches end later)
+        self.matching = cfg.routing == "matching"
+        self.next_round = cfg.matching_interval_ms
+        self.interval_ms = (cfg.replan_interval_s or 0.0) * 1000.0
+        self.next_replan = self.interval_ms if self.interval_ms > 0 else _INF
+        self.next_second = 1000.0 if cfg.burst_factor is not None else _INF  # the burst check's
 
+    def _plan_initial(self) -> None:
+        """The planner's plan for the initial demand, every instance ready at time 0."""
         demand = self._initial_demand()
         plan, record = self._plan(demand, 0.0, "initial")
         if plan is None:
             raise RuntimeError(f"the planner failed on the initial demand: {record.get('error')}")
         self._plan_apply(plan, 0.0, record, initial=True)
-        plans.append((0.0, plan))
-        replans.append(record)
-        state = _PlanState(0.0, plan, demand)
-        last_replan_s = 0.0
-
-        n = self.n
-        arr = self.arr_np.tolist()
-        dl = self.dl_np.tolist()
-        app_np = self.app_np
-        outcome = bytearray(n)
-        done = [math.nan] * n
-        where = [-1] * n
-
-        heap: list[tuple[float, int, int]] = []
-        heappush, heappop = heapq.heappush, heapq.heappop
-        queues, policies, lats, lat1s, maxbs = self.i_queue, self.i_policy, self.i_lat, self.i_lat1, self.i_maxb
-        rules, slos = self.i_rule, self.i_slo
-        busy, busy_end, timer_at, inflight, service = self.i_busy, self.i_busy_end, self.i_timer, self.i_inflight, self.i_service
-        alive, busy_ms, batches, served = self.i_alive, self.i_busy_ms, self.i_batches, self.i_served
-        noise = self.noise
-        nxt = next
-        eps = _AT_EPSILON_MS
-        inf = _INF
-        tolerance = DEADLINE_TOLERANCE_MS  # the batching module's slack in every "finishes by its deadline" test
-        i_early = self.i_early
-        record_batches = cfg.record_batches
-        batch_log: list[tuple[str, float, list[int], float]] = []
-        i_id = self.i_id
-        # MPS partitions (see the module docstring).
-        i_part, i_pct, i_variant, i_plan_factor = self.i_part, self.i_pct, self.i_variant, self.i_plan_factor
-        i_work, i_factor, i_tlast, i_solo = self.i_work, self.i_factor, self.i_tlast, self.i_solo_ms
-        p_running, p_members, p_device, p_oracle, gpu_parts = self.p_running, self.p_members, self.p_device, self.p_oracle, self.gpu_parts
-        factor_cache = self._factor_cache
-        p_duty, p_round = self.p_duty, self.p_round
-        round_caps, i_plan_latency = self.i_round_cap, self.i_plan_latency
-        log_at: dict[int, int] = {}  # instance -> its running batch's entry in batch_log (re-timed batches end later)
-
-        def pair_factor(k: int, k2: int) -> float:
-            oracle = p_oracle[i_part[k]]
-            if oracle is None:
-                return 1.0
-            key = (i_variant[k], len(inflight[k]), i_pct[k], i_variant[k2], len(inflight[k2]), i_pct[k2])
-            f = factor_cache.get(key)
-            if f is None:
-                try:
-                    f = max(1.0, float(oracle.factor(*key)))
-                except ValueError:  # a co-location the oracle knows nothing of: the plan's own prediction
-                    f = max(1.0, i_plan_factor[k])
-                factor_cache[key] = f
-            return f
-
-        def corun_factor(k: int) -> float:
-            """The slowdown of k's running batch from the batches running on its GPU's other partitions."""
-            part = i_part[k]
-            f = 1.0
-            for p2 in gpu_parts[p_device[part]]:
-                k2 = p_running[p2]
-                if p2 != part and k2 >= 0:
-                    f = max(f, pair_factor(k, k2))
-            return f
-
-        def retime(k: int, now: float) -> None:
-            """The co-runners of k's batch changed at `now`: the work left (in solo ms) runs at the new factor."""
-            f_old = i_factor[k]
-            i_work[k] = max(0.0, i_work[k] - (now - i_tlast[k]) / f_old)
-            i_tlast[k] = now
-            f = corun_factor(k)
-            if f == f_old:
-                return
-            i_factor[k] = f
-            end = now + i_work[k] * f
-            delta = end - busy_end[k]
-            busy_end[k] = end
-            service[k] += delta
-            busy_ms[k] += delta
-            heappush(heap, (end, _COMPLETE, k))  # the earlier completion event goes stale (busy_end moved)
-            if record_batches and k in log_at:
-                entry = batch_log[log_at[k]]
-                batch_log[log_at[k]] = (entry[0], entry[1], entry[2], end)
-
-        def corunners_retime(part: int, now: float) -> None:
-            for p2 in gpu_parts[p_device[part]]:
-                k2 = p_running[p2]
-                if p2 != part and k2 >= 0:
-                    retime(k2, now)
-
-        def expire(k: int, now: float) -> None:
-            q = queues[k]
-            for qid in q.drop_expired(now, rules[k], slos[k], lat1s[k]):
-                outcome[qid] = DROPPED_EXPIRED
-                done[qid] = now
-                where[qid] = k
-
-        def kick(k: int, now: float) -> None:
-            """The instance is idle: drop what expired, ask the policy, start a batch or set its timer."""
-            part = i_part[k]
-            if part >= 0 and p_duty[part] is not None:  # the partition's rounds decide when it runs (turn())
-                if not p_round[part].on and len(queues[k]):  # rounds stopped while nothing was queued: restart
-                    p_round[part].on = True  # (the round begins at the event)
-                    heappush(heap, (now, _ROUND, part))
-                return
-            expire(k, now)
-            q = queues[k]
-            if not q:
-                timer_at[k] = inf
-                return
-            if part >= 0 and p_running[part] >= 0:  # another model's batch holds the partition: wait for the turn
-                return
-            b, at = policies[k].decide(now, q, lats[k], maxbs[k])
-            if i_early[k]:  # Nexus drops from the head inside decide; the queue reports them on the next call
-                for qid in q.drop_expired(now, "never", 0.0, 0.0):
-                    outcome[qid] = DROPPED_EXPIRED
-                    done[qid] = now
-                    where[qid] = k
-            if b <= 0:
-                timer_at[k] = inf
-                return
-            if at > now + eps:
-                if timer_at[k] != at:
-                    timer_at[k] = at
-                    heappush(heap, (at, _TIMER, k))
-                return
-            batch_start(k, min(b, len(q), maxbs[k]), now)
-
-        def batch_start(k: int, b: int, now: float) -> None:
-            part = i_part[k]
-            inflight[k] = queues[k].pop(b)
-            svc = lats[k](b) * nxt(noise)
-            if part >= 0:
-                p_running[part] = k
-                i_solo[k] += svc
-                i_work[k] = svc
-                i_tlast[k] = now
-                i_factor[k] = corun_factor(k)
-                svc *= i_factor[k]
-            end = now + svc
-            busy[k] = True
-            busy_end[k] = end
-            service[k] = svc
-            timer_at[k] = inf
-            busy_ms[k] += svc
-            heappush(heap, (end, _COMPLETE, k))
-            if record_batches:
-                log_at[k] = len(batch_log)
-                batch_log.append((i_id[k], now, [qid for qid, _a, _d in inflight[k]], end))
-            if part >= 0:
-                corunners_retime(part, now)
-
-        def turn(part: int, now: float) -> None:
-            """The partition's round (engine/dataplane/rounds.py, the live runtime's too) offers the next
-            model its slot: it runs what it has queued (its policy sizes the batch, up to its round cap, after
-            the drop rule), or passes. When every model had its turn the next round begins a duty cycle after
-            this one began (at once if this one overran), or, with nothing queued, when a query arrives."""
-            members = p_members[part]
-            rnd = p_round[part]
-            while True:
-                kind, at, j = rnd.next(now, [i_plan_latency[x] for x in members])
-                if kind == ROUND_WAIT:
-                    heappush(heap, (at, _TURN, part))
-                    return
-                if kind == ROUND_END:
-                    if any(len(queues[m]) for m in members if alive[m]):
-                        heappush(heap, (at, _ROUND, part))
-                    else:
-                        rnd.stop()
-                    return
-                m = members[j]
-                if busy[m] or not alive[m]:
-                    continue
-                expire(m, now)
-                q = queues[m]
-                if not q:
-                    continue
-                # The round is the timer: the policy's batch runs now (its `at` is not waited for).
-                b, _at = policies[m].decide(now, q, lats[m], round_caps[m])
-                if i_early[m]:
-                    for qid in q.drop_expired(now, "never", 0.0, 0.0):
-                        outcome[qid] = DROPPED_EXPIRED
-                        done[qid] = now
-                        where[qid] = m
-                if b > 0 and len(q):
-                    batch_start(m, min(b, len(q)), now)
-                    return
-
-        def rounds_start(now: float) -> None:
-            """Partitions with a duty cycle that a plan just filled start their rounds."""
-            for part in self.p_round_pending:
-                if p_round[part] is not None and not p_round[part].on and p_members[part]:
-                    p_round[part].on = True
-                    heappush(heap, (now, _ROUND, part))
-            self.p_round_pending.clear()
-
-        def event(t: float, kind: int, k: int) -> None:
-            if kind == _ROUND:
-                if p_duty[k] is None:  # a plan took the partition's round away since
-                    return
-                p_round[k].begin(t)
-                if p_running[k] < 0:  # else a batch of the last round (or of a stopped model) ends first
-                    turn(k, t)
-                return
-            if kind == _TURN:
-                if p_running[k] < 0:
-                    turn(k, t)
-                return
-            if kind == _COMPLETE:
-                batch = inflight[k]
-                if batch is None or t != busy_end[k]:  # re-timed by interference: a later event ends it
-                    return
-                inflight[k] = None
-                busy[k] = False
-                late = 0
-                for qid, _a, d in batch:
-                    done[qid] = t
-                    where[qid] = k
-                    if t <= d + tolerance:
-                        outcome[qid] = ON_TIME
-                    else:
-                        outcome[qid] = LATE
-                        late += 1
-                size = len(batch)
-                batches[k] += 1
-                served[k] += size
-                policies[k].observe(size, service[k], late)
-                part = i_part[k]
-                if part < 0:
-                    if alive[k]:
-                        kick(k, t)
-                    return
-                p_running[part] = -1
-                corunners_retime(part, t)
-                if p_duty[part] is not None:
-                    turn(part, t)
-                    return
-                # No duty cycle (a model alone, or a partition written without one): work-conserving turns,
-                # from the model after k, the first that starts a batch.
-                members = p_members[part]
-                if members:
-                    first = members.index(k) + 1 if k in members else 0
-                    for j in range(len(members)):
-                        m = members[(first + j) % len(members)]
-                        if not busy[m] and len(queues[m]):
-                            kick(m, t)
-                            if p_running[part] >= 0:
-                                break
-            elif timer_at[k] == t and not busy[k] and alive[k]:
-                timer_at[k] = inf
-                kick(k, t)
-
-        def deliver(qids: Sequence[int], dest: Sequence[int], now: float) -> None:
-            """Queries routed at `now` (matched, or routed again): push them, then ask each idle instance once."""
-            touched = []
-            for qid, k in zip(qids, dest):
-                if k < 0:
-                    outcome[qid] = DROPPED_NO_CAPACITY
-                    done[qid] = now
-                    continue
-                queues[k].push(qid, arr[qid], dl[qid])
-                touched.append(k)
-            for k in dict.fromkeys(touched):
-                if not busy[k]:
-                    kick(k, now)
-
-        def reroute(qids: list[int], now: float) -> None:
-            """Route queries at `now` under the current routing (arrivals of a matching round, or queries
-            queued on an instance that a new plan stopped)."""
-            if not qids:
-                return
-            apps = app_np[qids]
-            if matching:
-                dest = [-1] * len(qids)
-                for j in np.unique(apps).tolist():
-                    positions = np.flatnonzero(apps == j).tolist()
-                    for pos, k in zip(positions, self._route_matching(j, [qids[p] for p in positions], now)):
-                        dest[pos] = k
-            else:
-                dest = self._route_weights(apps, self.rng_route.random(len(qids))).tolist()
-            deliver(qids, dest, now)
-
-        matching = cfg.routing == "matching"
-        round_ms = cfg.matching_interval_ms
-        next_round = round_ms
-        i = 0  # next query to deliver
-
-        def run_until(t_end: float) -> None:
-            """Deliver the arrivals before t_end and process every event before it."""
-            nonlocal i, next_round
-            if matching:
-                while i < n:
-                    if arr[i] >= next_round:  # skip the empty rounds up to the next arrival
-                        next_round = (math.floor(arr[i] / round_ms) + 1) * round_ms
-                    t_round = next_round
-                    if t_round >= t_end:
-                        break
-                    while heap and heap[0][0] <= t_round:
-                        event(*heappop(heap))
-                    j = bisect.bisect_left(arr, t_round, i)
-                    if j > i:
-                        reroute(list(range(i, j)), t_round)
-                        i = j
-                    next_round = t_round + round_ms
-                while heap and heap[0][0] < t_end:
-                    event(*heappop(heap))
-                return
-            j = bisect.bisect_left(arr, t_end, i)
-            if j > i:
-                dest = self._route_weights(app_np[i:j], self.rng_route.random(j - i)).tolist()
-                base = i
-                for qid in range(i, j):
-                    t = arr[qid]
-                    while heap and heap[0][0] <= t:
-                        event(*heappop(heap))
-                    k = dest[qid - base]
-                    if k < 0:
-                        outcome[qid] = DROPPED_NO_CAPACITY
-                        done[qid] = t
-                        continue
-                    queues[k].push(qid, t, dl[qid])
-                    if not busy[k]:
-                        kick(k, t)
-                i = j
-            while heap and heap[0][0] < t_end:
-                event(*heappop(heap))
-
-        # Control loop: epochs between control events (whole seconds for the burst check, re-plans, instances
-        # becoming ready); routing is rebuilt whenever the plan or the set of ready instances changes.
+        self.plans.append((0.0, plan))
+        self.replans.append(record)
+        self.state = _PlanState(0.0, plan, demand)
+        self.last_replan_s = 0.0
         self._routing_build(0.0)
-        rounds_start(0.0)
-        interval_ms = (cfg.replan_interval_s or 0.0) * 1000.0
-        next_replan = interval_ms if interval_ms > 0 else _INF
-        next_second = 1000.0
-        end_ms = self.duration_s * 1000.0
-        burst_on = cfg.burst_factor is not None
-        while i < n:
-            pending_ready = min((r for r in self.ready_times), default=_INF)
-            t1 = min(next_replan, next_second if burst_on else _INF, pending_ready)
-            if t1 > end_ms:
+        self._rounds_start(0.0)
+
+    # ----------------------------------------------------------------------- control events
+
+    def _control(self, t: float) -> None:
+        """The control events at `t`, in this order: created instances becoming ready, then at most one
+        re-plan (the interval's, else a burst's)."""
+        if any(r <= t for r in self.ready_times):
+            self._on_instances_ready(t)
+        reason = None
+        if t == self.next_replan:
+            reason = "interval"
+            self.next_replan += self.interval_ms
+        if t == self.next_second:
+            if reason is None and self._burst_seen(t):
+                reason = "burst"
+            self.next_second += 1000.0
+        if reason is not None:
+            self._on_replan(t, reason)
+
+    def _on_instances_ready(self, t: float) -> None:
+        """Instances past their reconfiguration delay: routing takes them in from now."""
+        self.ready_times = {r for r in self.ready_times if r > t}
+        self._routing_build(t)
+
+    def _burst_seen(self, t: float) -> bool:
+        """The second that just ended brought some application more than `burst_factor` times what the
+        current plan assumed (Proteus §3: the load balancer reports a burst), debounced since the last re-plan."""
+        cfg = self.config
+        second = int(round(t / 1000.0)) - 1
+        if 0 <= second < self.n_seconds_trace and t / 1000.0 - self.last_replan_s >= cfg.burst_debounce_s - 1e-9:
+            observed = self.counts[second]
+            threshold = np.maximum(self.state.assumed_rps * cfg.burst_factor, cfg.burst_min_rps)
+            return bool(np.any(observed > threshold))
+        return False
+
+    def _on_replan(self, t: float, reason: str) -> None:
+        """Plan again on the observed demand and apply the plan at once: queries queued on stopped
+        instances are routed again, and an instance whose batch size changed may dispatch now. A failed
+        or infeasible plan leaves the current one in place."""
+        now_s = t / 1000.0
+        demand = self._observed_demand(now_s, burst=reason == "burst")
+        plan, record = self._plan(demand, now_s, reason)
+        self.replans.append(record)
+        self.last_replan_s = now_s
+        if plan is None:
+            return
+        if plan.status == "infeasible" and self.state.plan.instances:
+            record.update(applied=False, error="infeasible; the current plan stays")
+            return
+        orphans = self._plan_apply(plan, t, record, initial=False)
+        self._rounds_start(t)
+        self.plans.append((now_s, plan))
+        self.state = _PlanState(now_s, plan, demand)
+        self._routing_build(t)
+        self._reroute([qid for qid, _a, _d in orphans], t)
+        for k in self.current.values():
+            inst = self.instances[k]
+            if inst.alive and not inst.busy and len(inst.queue):
+                self._kick(inst, t)
+
+    def _rounds_start(self, now: float) -> None:
+        """Partitions with a duty cycle that a plan just filled start their rounds."""
+        for part in self.rounds_pending:
+            if part.round is not None and not part.round.on and part.members:
+                part.round.on = True
+                heappush(self.heap, (now, _ROUND, part.index))
+        self.rounds_pending.clear()
+
+    # ----------------------------------------------------------------------- arrivals
+
+    def _advance(self, t_end: float) -> None:
+        """Serve everything before `t_end`: the arrivals, merged in time order with the heap's events
+        (arrivals are not pushed into the heap: that is the simulator's speed)."""
+        if self.matching:
+            self._on_arrivals_matched(t_end)
+        else:
+            self._on_arrivals_weighted(t_end)
+        heap, handlers = self.heap, self._HANDLERS
+        while heap and heap[0][0] < t_end:
+            t, kind, key = heappop(heap)
+            handlers[kind](self, t, key)
+
+    def _on_arrivals_weighted(self, t_end: float) -> None:
+        """The arrivals before `t_end`, under weighted (or even) routing. The weights do not depend on the
+        state, so they are all routed at once (vectorised); then each arrives in time order, after the
+        heap's events before it: its instance queues it and, if idle, decides at once; a query whose
+        application has no capacity is dropped."""
+        i = self.next_query
+        j = bisect.bisect_left(self.arr, t_end, i)
+        if j <= i:
+            return
+        dest = self._route_weights(self.app_np[i:j], self.rng_route.random(j - i)).tolist()
+        # The simulator's hottest loop: names bound here, the arrival written inline (a call per query
+        # costs ~5 %).
+        arr, dl, heap, handlers, instances, kick = self.arr, self.dl, self.heap, self._HANDLERS, self.instances, self._kick
+        for qid, k in zip(range(i, j), dest):
+            t = arr[qid]
+            while heap and heap[0][0] <= t:
+                te, kind, key = heappop(heap)
+                handlers[kind](self, te, key)
+            if k < 0:
+                self.outcome[qid] = DROPPED_NO_CAPACITY
+                self.done[qid] = t
+                continue
+            inst = instances[k]
+            inst.queue.push(qid, t, dl[qid])
+            if not inst.busy:
+                kick(inst, t)
+        self.next_query = j
+
+    def _on_arrivals_matched(self, t_end: float) -> None:
+        """Garrison's routing: every `matching_interval_ms`, the queries that arrived since are matched to
+        instances on the state at that instant (rounds without arrivals are skipped)."""
+        arr, n, round_ms = self.arr, self.n, self.config.matching_interval_ms
+        heap, handlers = self.heap, self._HANDLERS
+        while self.next_query < n:
+            i = self.next_query
+            if arr[i] >= self.next_round:  # skip the empty rounds up to the next arrival
+                self.next_round = (math.floor(arr[i] / round_ms) + 1) * round_ms
+            t_round = self.next_round
+            if t_round >= t_end:
                 break
-            run_until(t1)
-            if pending_ready <= t1:
-                self.ready_times = {r for r in self.ready_times if r > t1}
-                self._routing_build(t1)
-            reason = None
-            if t1 == next_replan:
-                reason = "interval"
-                next_replan += interval_ms
-            if burst_on and t1 == next_second:
-                second = int(round(t1 / 1000.0)) - 1
-                if reason is None and 0 <= second < self.n_seconds_trace and t1 / 1000.0 - last_replan_s >= cfg.burst_debounce_s - 1e-9:
-                    observed = self.counts[second]
-                    threshold = np.maximum(state.assumed_rps * cfg.burst_factor, cfg.burst_min_rps)
-                    if np.any(observed > threshold):
-                        reason = "burst"
-                next_second += 1000.0
-            if reason is not None:
-                now_s = t1 / 1000.0
-                demand = self._observed_demand(now_s, burst=reason == "burst")
-                plan, record = self._plan(demand, now_s, reason)
-                replans.append(record)
-                last_replan_s = now_s
-                if plan is not None and plan.status == "infeasible" and state.plan.instances:
-                    record.update(applied=False, error="infeasible; the current plan stays")
-                elif plan is not None:
-                    orphans = self._plan_apply(plan, t1, record, initial=False)
-                    rounds_start(t1)
-                    plans.append((now_s, plan))
-                    state = _PlanState(now_s, plan, demand)
-                    self._routing_build(t1)
-                    reroute([qid for qid, _a, _d in orphans], t1)
-                    for k in self.current.values():  # an instance whose batch size changed may now dispatch
-                        if alive[k] and not busy[k] and len(queues[k]):
-                            kick(k, t1)
-        run_until(_INF)
-        if i < n:  # cannot happen (run_until(inf) delivers everything); kept as a guard
-            raise RuntimeError("arrivals left undelivered")
-        end_time = max([end_ms] + [t for t in done if t == t]) if n else end_ms
-        # Whatever is still queued (a policy waiting for arrivals that never come) ends unfinished.
-        for k, q in enumerate(queues):
-            for qid in q.drop_expired(end_time, "never", 0.0, 0.0):  # early drops not yet collected
-                outcome[qid] = DROPPED_EXPIRED
-                done[qid] = end_time
-                where[qid] = k
+            while heap and heap[0][0] <= t_round:
+                t, kind, key = heappop(heap)
+                handlers[kind](self, t, key)
+            j = bisect.bisect_left(arr, t_round, i)
+            if j > i:
+                self._reroute(list(range(i, j)), t_round)
+                self.next_query = j
+            self.next_round = t_round + round_ms
+
+    def _reroute(self, qids: list[int], now: float) -> None:
+        """Route queries at `now` under the current routing (arrivals of a matching round, or queries
+        queued on an instance that a new plan stopped)."""
+        if not qids:
+            return
+        apps = self.app_np[qids]
+        if self.matching:
+            dest = [-1] * len(qids)
+            for j in np.unique(apps).tolist():
+                positions = np.flatnonzero(apps == j).tolist()
+                for pos, k in zip(positions, self._route_matching(j, [qids[p] for p in positions], now)):
+                    dest[pos] = k
+        else:
+            dest = self._route_weights(apps, self.rng_route.random(len(qids))).tolist()
+        self._deliver(qids, dest, now)
+
+    def _deliver(self, qids: Sequence[int], dest: Sequence[int], now: float) -> None:
+        """Queries routed at `now` (matched, or routed again): push them, then ask each idle instance once."""
+        instances, arr, dl = self.instances, self.arr, self.dl
+        touched = []
+        for qid, k in zip(qids, dest):
+            if k < 0:
+                self.outcome[qid] = DROPPED_NO_CAPACITY
+                self.done[qid] = now
+                continue
+            instances[k].queue.push(qid, arr[qid], dl[qid])
+            touched.append(k)
+        for k in dict.fromkeys(touched):
+            if not instances[k].busy:
+                self._kick(instances[k], now)
+
+    # ----------------------------------------------------------------------- serving
+
+    def _kick(self, inst: SimInstance, now: float) -> None:
+        """The instance is idle: drop what expired, ask the policy, start a batch or set its timer (the
+        batching contract, batching.py). On a partition with rounds, the round decides instead."""
+        part = inst.partition
+        if part is not None and part.duty_cycle_ms is not None:
+            if not part.round.on and len(inst.queue):  # rounds stopped while nothing was queued: restart
+                part.round.on = True  # (the round begins at the event)
+                heappush(self.heap, (now, _ROUND, part.index))
+            return
+        self._expire(inst, now)
+        q = inst.queue
+        if not q:
+            inst.timer_at = _INF
+            return
+        if part is not None and part.running is not None:  # another model's batch holds the partition: wait for the turn
+            return
+        b, at = inst.policy.decide(now, q, inst.latency, inst.max_batch)
+        if inst.early_drop:
+            self._expire(inst, now, early_only=True)
+        if b <= 0:
+            inst.timer_at = _INF
+            return
+        if at > now + _AT_EPSILON_MS:
+            if inst.timer_at != at:
+                inst.timer_at = at
+                heappush(self.heap, (at, _TIMER, inst.index))
+            return
+        self._batch_start(inst, min(b, len(q), inst.max_batch), now)
+
+    def _expire(self, inst: SimInstance, now: float, early_only: bool = False) -> None:
+        """Drop the queries the instance's drop rule gives up at `now`; `early_only`: only those its policy
+        already dropped from the head inside `decide` (Nexus), which the queue reports on the next call."""
+        if early_only:
+            dropped = inst.queue.drop_expired(now, "never", 0.0, 0.0)
+        else:
+            dropped = inst.queue.drop_expired(now, inst.drop_rule, inst.slo_ms, inst.latency1_ms)
+        k = inst.index
+        for qid in dropped:
+            self.outcome[qid] = DROPPED_EXPIRED
+            self.done[qid] = now
+            self.where[qid] = k
+
+    def _service_time_draw(self, inst: SimInstance, batch_size: int) -> float:
+        """How long a batch of `batch_size` takes on `inst` run alone (ms): its profiled latency times a
+        mean-preserving log-normal factor (see the module docstring). The one place service times come from."""
+        return inst.latency(batch_size) * next(self.noise)
+
+    def _batch_start(self, inst: SimInstance, b: int, now: float) -> None:
+        """Take the first b queued queries and serve them; on a partition, at the co-run slowdown."""
+        part = inst.partition
+        inst.inflight = inst.queue.pop(b)
+        svc = self._service_time_draw(inst, b)
+        if part is not None:
+            part.running = inst
+            inst.solo_ms += svc
+            inst.work_ms = svc
+            inst.t_last = now
+            inst.factor = self._corun_factor(inst)
+            svc *= inst.factor
+        end = now + svc
+        inst.busy = True
+        inst.busy_end = end
+        inst.service_ms = svc
+        inst.timer_at = _INF
+        inst.busy_ms += svc
+        heappush(self.heap, (end, _COMPLETE, inst.index))
+        if self.record_batches:
+            self.log_at[inst.index] = len(self.batch_log)
+            self.batch_log.append((inst.id, now, [qid for qid, _a, _d in inst.inflight], end))
+        if part is not None:
+            self._corunners_retime(part, now)
+
+    def _on_batch_end(self, t: float, k: int) -> None:
+        """A batch completes (unless interference re-timed it, and a later event ends it): its queries are
+        on time or late, the policy observes it, then the instance, or on a partition the next model,
+        starts what it can."""
+        inst = self.instances[k]
+        batch = inst.inflight
+        if batch is None or t != inst.busy_end:
+            return
+        inst.inflight = None
+        inst.busy = False
+        done, outcome, where = self.done, self.outcome, self.where
+        tolerance = DEADLINE_TOLERANCE_MS  # the batching module's slack in every "finishes by its deadline" test
+        late = 0
+        for qid, _a, d in batch:
+            done[qid] = t
+            where[qid] = k
+            if t <= d + tolerance:
+                outcome[qid] = ON_TIME
+            else:
+                outcome[qid] = LATE
+                late += 1
+        size = len(batch)
+        inst.batches += 1
+        inst.served += size
+        inst.policy.observe(size, inst.service_ms, late)
+        part = inst.partition
+        if part is None:
+            if inst.alive:
+                self._kick(inst, t)
+            return
+        part.running = None
+        self._corunners_retime(part, t)
+        if part.duty_cycle_ms is not None:
+            self._partition_turn(part, t)
+            return
+        # No duty cycle (a model alone, or a partition written without one): work-conserving turns,
+        # from the model after this one, the first that starts a batch.
+        members = part.members
+        if members:
+            first = members.index(inst) + 1 if inst in members else 0
+            for j in range(len(members)):
+                m = members[(first + j) % len(members)]
+                if not m.busy and len(m.queue):
+                    self._kick(m, t)
+                    if part.running is not None:
+                        break
+
+    def _on_timer(self, t: float, k: int) -> None:
+        """The time an idle instance's policy asked to decide again (unless superseded since)."""
+        inst = self.instances[k]
+        if inst.timer_at == t and not inst.busy and inst.alive:
+            inst.timer_at = _INF
+            self._kick(inst, t)
+
+    # ----------------------------------------------------------------------- MPS partitions
+
+    def _on_round_start(self, t: float, p: int) -> None:
+        """A partition's duty cycle begins; its first model's turn comes once no batch holds it."""
+        part = self.partitions[p]
+        if part.duty_cycle_ms is None:  # a plan took the partition's round away since
+            return
+        part.round.begin(t)
+        if part.running is None:  # else a batch of the last round (or of a stopped model) ends first
+            self._partition_turn(part, t)
+
+    def _on_turn(self, t: float, p: int) -> None:
+        """The next model's slot in the partition's round comes (if no batch holds the partition)."""
+        part = self.partitions[p]
+        if part.running is None:
+            self._partition_turn(part, t)
+
+    # Heap event kind (_COMPLETE, _TIMER, _ROUND, _TURN) -> its handler (functions, not bound methods on self:
+    # those would make a reference cycle that keeps the per-query lists alive until a full collection).
+    _HANDLERS = (_on_batch_end, _on_timer, _on_round_start, _on_turn)
+
+    def _partition_turn(self, part: SimPartition, now: float) -> None:
+        """The partition's round (engine/dataplane/rounds.py, the live runtime's too) offers the next
+        model its slot: it runs what it has queued (its policy sizes the batch, up to its round cap, after
+        the drop rule), or passes. When every model had its turn the next round begins a duty cycle after
+        this one began (at once if this one overran), or, with nothing queued, when a query arrives."""
+        members = part.members
+        rnd = part.round
+        while True:
+            kind, at, j = rnd.next(now, [m.plan_latency_ms for m in members])
+            if kind == ROUND_WAIT:
+                heappush(self.heap, (at, _TURN, part.index))
+                return
+            if kind == ROUND_END:
+                if any(len(m.queue) for m in members if m.alive):
+                    heappush(self.heap, (at, _ROUND, part.index))
+                else:
+                    rnd.stop()
+                return
+            m = members[j]
+            if m.busy or not m.alive:
+                continue
+            self._expire(m, now)
+            q = m.queue
+            if not q:
+                continue
+            # The round is the timer: the policy's batch runs now (its `at` is not waited for).
+            b, _at = m.policy.decide(now, q, m.latency, m.round_cap)
+            if m.early_drop:
+                self._expire(m, now, early_only=True)
+            if b > 0 and len(q):
+                self._batch_start(m, min(b, len(q)), now)
+                return
+
+    def _pair_factor(self, inst: SimInstance, other: SimInstance) -> float:
+        """The slowdown of inst's running batch while other's runs on another partition of the GPU."""
+        oracle = inst.partition.oracle
+        if oracle is None:
+            return 1.0
+        key = (inst.variant, len(inst.inflight), inst.percent, other.variant, len(other.inflight), other.percent)
+        f = self._factor_cache.get(key)
+        if f is None:
+            try:
+                f = max(1.0, float(oracle.factor(*key)))
+            except ValueError:  # a co-location the oracle knows nothing of: the plan's own prediction
+                f = max(1.0, inst.plan_factor)
+            self._factor_cache[key] = f
+        return f
+
+    def _corun_factor(self, inst: SimInstance) -> float:
+        """The slowdown of inst's running batch from the batches running on its GPU's other partitions."""
+        part = inst.partition
+        f = 1.0
+        for p2 in self.gpu_parts[part.device]:
+            other = p2.running
+            if p2 is not part and other is not None:
+                f = max(f, self._pair_factor(inst, other))
+        return f
+
+    def _retime(self, inst: SimInstance, now: float) -> None:
+        """The co-runners of inst's batch changed at `now`: the work left (in solo ms) runs at the new factor."""
+        f_old = inst.factor
+        inst.work_ms = max(0.0, inst.work_ms - (now - inst.t_last) / f_old)
+        inst.t_last = now
+        f = self._corun_factor(inst)
+        if f == f_old:
+            return
+        inst.factor = f
+        end = now + inst.work_ms * f
+        delta = end - inst.busy_end
+        inst.busy_end = end
+        inst.service_ms += delta
+        inst.busy_ms += delta
+        heappush(self.heap, (end, _COMPLETE, inst.index))  # the earlier completion event goes stale (busy_end moved)
+        if self.record_batches and inst.index in self.log_at:
+            at = self.log_at[inst.index]
+            entry = self.batch_log[at]
+            self.batch_log[at] = (entry[0], entry[1], entry[2], end)
+
+    def _corunners_retime(self, part: SimPartition, now: float) -> None:
+        for p2 in self.gpu_parts[part.device]:
+            if p2 is not part and p2.running is not None:
+                self._retime(p2.running, now)
+
+    def _unfinished_drop(self) -> float:
+        """The end of the run: whatever is still queued (a policy waiting for arrivals that never come)
+        ends unfinished. Returns the end time."""
+        end_time = max([self.duration_s * 1000.0] + [t for t in self.done if t == t]) if self.n else self.duration_s * 1000.0
+        for inst in self.instances:
+            self._expire(inst, end_time, early_only=True)  # early drops not yet collected
+            q = inst.queue
             if len(q):
                 for qid, _a, _d in q.pop(len(q)):
-                    outcome[qid] = DROPPED_UNFINISHED
-                    done[qid] = end_time
-                    where[qid] = k
-        wall = time.perf_counter() - wall_start
-        result = self._result(outcome, done, where, plans, replans, end_time, wall)
-        result.batches = batch_log
-        return result
+                    self.outcome[qid] = DROPPED_UNFINISHED
+                    self.done[qid] = end_time
+                    self.where[qid] = inst.index
+        return end_time
+
 
     # ----------------------------------------------------------------------- metrics
 
@@ -1252,7 +1350,7 @@ class _Simulation:
         sec = np.minimum((arr // 1000.0).astype(np.int64), n_seconds - 1)
         served_mask = (outcome == ON_TIME) | (outcome == LATE)
         dropped_mask = ~served_mask
-        i_acc = np.array(self.i_accuracy + [math.nan])
+        i_acc = np.array([x.accuracy for x in self.instances] + [math.nan])
         accuracy = np.where(served_mask, i_acc[np.where(served_mask, where, -1)], np.nan)
         latency = np.where(served_mask, done - arr, np.nan)
 
@@ -1291,20 +1389,20 @@ class _Simulation:
         }
 
         instances = []
-        for k, inst_id in enumerate(self.i_id):
-            up_from = self.i_ready[k]
-            up_to = self.i_stopped[k] if self.i_stopped[k] is not None else end_time
+        for x in self.instances:
+            up_from = x.ready_ms
+            up_to = x.stopped_ms if x.stopped_ms is not None else end_time
             up = max(0.0, up_to - up_from)
             instances.append({
-                "index": k, "id": inst_id, "variant": self.i_variant[k], "application": self.apps[self.i_app[k]],
-                "ready_s": round(up_from / 1000.0, 6), "stopped_s": None if self.i_stopped[k] is None else round(self.i_stopped[k] / 1000.0, 6),
-                "max_batch": self.i_maxb[k], "batches": self.i_batches[k], "served": self.i_served[k],
-                "mean_batch": self.i_served[k] / self.i_batches[k] if self.i_batches[k] else None,
-                "busy_s": round(self.i_busy_ms[k] / 1000.0, 6),
-                "utilisation": min(1.0, self.i_busy_ms[k] / up) if up > 0 else None,
+                "index": x.index, "id": x.id, "variant": x.variant, "application": self.apps[x.app],
+                "ready_s": round(up_from / 1000.0, 6), "stopped_s": None if x.stopped_ms is None else round(x.stopped_ms / 1000.0, 6),
+                "max_batch": x.max_batch, "batches": x.batches, "served": x.served,
+                "mean_batch": x.served / x.batches if x.batches else None,
+                "busy_s": round(x.busy_ms / 1000.0, 6),
+                "utilisation": min(1.0, x.busy_ms / up) if up > 0 else None,
                 # MPS: the partition it time-shared, and its batches' mean slowdown from co-running partitions.
-                "partition": inst_id.rsplit("/", 1)[0] if self.i_part[k] >= 0 else None,
-                "mean_interference": self.i_busy_ms[k] / self.i_solo_ms[k] if self.i_part[k] >= 0 and self.i_solo_ms[k] > 0 else None,
+                "partition": x.id.rsplit("/", 1)[0] if x.partition is not None else None,
+                "mean_interference": x.busy_ms / x.solo_ms if x.partition is not None and x.solo_ms > 0 else None,
             })
 
         total = int(n)
@@ -1346,7 +1444,7 @@ class _Simulation:
             "replans_burst": sum(1 for r in replans if r["reason"] == "burst"),
             "instances_created": len(instances),
             "mean_utilisation": float(np.mean(utilisations)) if utilisations else None,
-            "mean_batch": n_served / max(1, sum(self.i_batches)) if n_served else None,
+            "mean_batch": n_served / max(1, sum(x.batches for x in self.instances)) if n_served else None,
             "applications": per_app,
             "wall_s": round(wall, 6), "planner_wall_s": round(self.planner_seconds, 6),
             "simulated_queries_per_wall_s": total / sim_wall,
