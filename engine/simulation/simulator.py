@@ -34,7 +34,10 @@ its testbed mainly to that variance (§6.1.5, §6.2).
   from `batching.batching_policy_make`, driven exactly per the batching contract: whenever the instance is
   idle, on an arrival, at the time the policy asked for and when a batch completes, first `drop_expired`
   then `decide`. A batch of b takes the profiled latency at b (interpolated, `capacity.profile_interpolate`)
-  times a mean-preserving log-normal noise exp(sigma z - sigma^2 / 2).
+  times a mean-preserving log-normal noise exp(sigma z - sigma^2 / 2). A variant named in
+  `service_by_variant` takes the service model measured on its runtimes instead (benches/fidelity.py):
+  profile(b) x scale + per-batch ms, times the same kind of factor with its own sigma; its batching policy
+  and drop rule still see the profile, as the runtime's do.
 - MPS partitions (gpulets, ATC'22 §4.2-§4.4). Instances on one MPS partition (same device and `mpsNN@k`
   slot) time-share it, one batch at a time, in the plan's duty-cycle rounds (engine/dataplane/rounds.py,
   `DutyCycleRound`, the round the live partition runtime runs too): each model has a fixed slot in the
@@ -183,6 +186,10 @@ class SimulationConfig:
     # Applications whose own configuration picks their batching (engine.dataplane.batching.application_batching):
     # {application: (policy, params)}, as plans translate it for their runtimes (not on MPS partitions).
     batching_by_application: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
+    # Per variant (the problem's name): (scale, per_batch_ms, sigma), a service model measured on its
+    # runtimes. A batch of b then takes profile(b) x scale + per_batch_ms, times a mean-preserving log-normal
+    # factor of spread sigma (instead of `noise_sigma`); variants not named keep the profile and noise_sigma.
+    service_by_variant: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.queue_order not in QUEUE_ORDERS:
@@ -213,6 +220,11 @@ class SimulationConfig:
             raise ValueError(f"demand_estimate must be one of {DEMAND_ESTIMATES}, got {self.demand_estimate!r}")
         if not (isinstance(self.forecast_horizon_s, (int, float)) and math.isfinite(self.forecast_horizon_s) and self.forecast_horizon_s >= 0):
             raise ValueError(f"forecast_horizon_s must be a finite number >= 0, got {self.forecast_horizon_s!r}")
+        for variant, model in self.service_by_variant.items():
+            if not (isinstance(model, (tuple, list)) and len(model) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                                              and math.isfinite(x) for x in model)
+                    and model[0] > 0 and model[1] >= 0 and model[2] >= 0):
+                raise ValueError(f"service_by_variant[{variant!r}] must be (scale > 0, per_batch_ms >= 0, sigma >= 0), got {model!r}")
 
     def drop_rule_for(self, application: str) -> str:
         if isinstance(self.drop_rule, Mapping):
@@ -223,6 +235,7 @@ class SimulationConfig:
         out = dataclasses.asdict(self)
         out["batching_params"] = dict(self.batching_params)
         out["batching_by_application"] = {name: [policy, dict(params)] for name, (policy, params) in self.batching_by_application.items()}
+        out["service_by_variant"] = {name: list(model) for name, model in self.service_by_variant.items()}
         if isinstance(self.drop_rule, Mapping):
             out["drop_rule"] = dict(self.drop_rule)
         return out
@@ -617,6 +630,10 @@ class _Simulation:
         rng = np.random.default_rng(config.seed)
         self.rng_route = np.random.default_rng(rng.integers(2**63))
         self.noise = _noise_stream(np.random.default_rng(rng.integers(2**63)), config.noise_sigma)
+        # Measured service models draw from a stream of their own, seeded apart from `rng`, so that a
+        # simulation without one is the same to the bit.
+        self.service_model = {name: tuple(float(x) for x in model) for name, model in config.service_by_variant.items()}
+        self.service_rng = np.random.default_rng([config.seed, 0x5E41]) if self.service_model else None
 
     # ----------------------------------------------------------------------- planning
 
@@ -1134,8 +1151,13 @@ class _Simulation:
 
     def _service_time_draw(self, inst: SimInstance, batch_size: int) -> float:
         """How long a batch of `batch_size` takes on `inst` run alone (ms): its profiled latency times a
-        mean-preserving log-normal factor (see the module docstring). The one place service times come from."""
-        return inst.latency(batch_size) * next(self.noise)
+        mean-preserving log-normal factor, or its variant's measured service model (see the module
+        docstring). The one place service times come from."""
+        model = self.service_model.get(inst.variant)
+        if model is None:
+            return inst.latency(batch_size) * next(self.noise)
+        scale, per_batch_ms, sigma = model
+        return (inst.latency(batch_size) * scale + per_batch_ms) * math.exp(sigma * float(self.service_rng.standard_normal()) - sigma * sigma / 2.0)
 
     def _batch_start(self, inst: SimInstance, b: int, now: float) -> None:
         """Take the first b queued queries and serve them; on a partition, at the co-run slowdown."""

@@ -444,6 +444,28 @@ def test_service_time_noise_is_mean_preserving() -> None:
     assert float(np.std(np.log(latency))) == pytest.approx(0.3, rel=0.05)
 
 
+def test_a_measured_service_model_replaces_the_profile_for_its_variant_only() -> None:
+    # v0 measured at 1.5x its profile plus 2 ms a batch, spread 0.2; w0 keeps its profile (5 ms) and no noise.
+    times = [i * 0.05 for i in range(20000)]  # 10 q/s each, alternating, never queued: latency = service time
+    trace = trace_of(times, apps=[i % 2 for i in range(len(times))], names=("app0", "app1"))
+    planner = fixed_planner(("g0", "full", "v0", None, 10), ("g1", "full", "w1", None, 10))
+    config = SimulationConfig(batching="fixed", drop_rule="never", service_by_variant={"v0": (1.5, 2.0, 0.2)}, **QUIET)
+    result = simulate(tiny_problem(n_gpus=2, apps=2, slo_ms=1000.0), trace, planner=planner, config=config)
+    q = result.queries
+    latency = q["done_ms"] - q["arrival_ms"]
+    measured, profiled = latency[q["application"] == 0], latency[q["application"] == 1]
+    assert float(np.mean(measured)) == pytest.approx(10.0 * 1.5 + 2.0, rel=0.01)  # mean-preserving
+    assert float(np.std(np.log(measured))) == pytest.approx(0.2, rel=0.05)
+    assert np.allclose(profiled, 5.0)  # QUIET: no noise for the variant without a model
+    plain = simulate(tiny_problem(n_gpus=2, apps=2, slo_ms=1000.0), trace, planner=planner,
+                     config=SimulationConfig(batching="fixed", drop_rule="never", **QUIET))
+    assert np.array_equal(plain.queries["done_ms"][q["application"] == 1], q["done_ms"][q["application"] == 1])
+    assert config.to_dict()["service_by_variant"] == {"v0": [1.5, 2.0, 0.2]}
+    for bad in ((0.0, 0.0, 0.1), (1.0, -1.0, 0.1), (1.0, 0.0, math.nan), (1.0, 2.0)):
+        with pytest.raises(ValueError, match="service_by_variant"):
+            SimulationConfig(service_by_variant={"v0": bad})
+
+
 def test_bad_configuration_and_traces_are_refused() -> None:
     with pytest.raises(ValueError, match="routing"):
         SimulationConfig(routing="random")

@@ -1,6 +1,6 @@
 """One serving instance's batcher: a `QueryQueue` and a batching policy from the planning engine, driven
-exactly as the discrete-event simulator drives them (engine/simulation/simulator.py, `kick`/`event`),
-so the live fleet makes the decisions the simulator predicted.
+exactly as the discrete-event simulator drives them (engine/simulation/simulator.py, `_kick`, `_on_batch_end`,
+`_on_timer`), so the live fleet makes the decisions the simulator predicted.
 
 The contract (engine/dataplane/batching.py): whenever the instance is idle and (a) a query arrives,
 (b) the time the policy last asked for is reached, or (c) a batch completes, first `drop_expired` under
