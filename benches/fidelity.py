@@ -161,6 +161,8 @@ def stack_up(args):
             slo = SloPolicy.objects.filter(application__name=name).first()
             if slo is None:
                 stack.stop()
+                stack.pg.stop()
+                stack.redis.stop()
                 raise SystemExit(f"--slo: the demo has no SLO policy for {name!r}")
             slo.latency_p99_ms = ms
             slo.save()
@@ -218,7 +220,7 @@ def routing_settled(targets, timeout_s: float = 60.0) -> dict[str, int]:
     their next poll); {target: version}."""
     import httpx
 
-    from workers.loadgen import _answer_parameters
+    from workers.loadgen import answer_parameters
 
     seen: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s
@@ -227,7 +229,7 @@ def routing_settled(targets, timeout_s: float = 60.0) -> dict[str, int]:
             last = None
             while time.monotonic() < deadline:
                 r = http.post(t.url, content=t.body, headers={"Content-Type": "application/json", "X-Tessera-Deadline-Ms": "5000"})
-                version = _answer_parameters(r.content)[1] if r.status_code == 200 else None
+                version = answer_parameters(r.content)[1] if r.status_code == 200 else None
                 if version is not None and version == last:
                     seen[t.name] = version
                     break
@@ -260,13 +262,15 @@ def service_sigmas(problem) -> dict[str, float]:
 
 
 def trace_build(applications: list[str], arrivals: dict[str, np.ndarray], budgets: dict[str, np.ndarray]):
+    """The applications' arrivals as one trace with per-query deadlines, and the order that merged them
+    (the concatenation's index of each trace query)."""
     from engine.simulation.workload import Trace
 
     times = np.concatenate([arrivals[a] for a in applications])
     app = np.concatenate([np.full(len(arrivals[a]), i, dtype=np.int32) for i, a in enumerate(applications)])
     deadline = np.concatenate([budgets[a] for a in applications])
     order = np.argsort(times, kind="stable")
-    return Trace(time_s=times[order], application=app[order], applications=tuple(applications), deadline_ms=deadline[order])
+    return Trace(time_s=times[order], application=app[order], applications=tuple(applications), deadline_ms=deadline[order]), order
 
 
 def simulate_on(problem, plans: list[tuple[float, Any]], applications: list[str], arrivals: dict[str, np.ndarray], slo: dict[str, float],
@@ -282,8 +286,9 @@ def simulate_on(problem, plans: list[tuple[float, Any]], applications: list[str]
 
     draw = np.random.default_rng(seed + 7)
     extra = {a: (draw.choice(overhead_ms[a], len(arrivals[a])) if len(overhead_ms.get(a, ())) else np.zeros(len(arrivals[a]))) for a in applications}
-    trace = trace_build(applications, arrivals, {a: np.maximum(slo[a] - extra[a], 1e-3) for a in applications})  # an overhead past the SLO: late whatever the fleet does
-    shift = np.concatenate([extra[a] for a in applications])[np.argsort(np.concatenate([arrivals[a] for a in applications]), kind="stable")]
+    # An overhead past the SLO leaves the query late whatever the fleet does.
+    trace, order = trace_build(applications, arrivals, {a: np.maximum(slo[a] - extra[a], 1e-3) for a in applications})
+    shift = np.concatenate([extra[a] for a in applications])[order]
     replay = dataclasses.replace(problem, applications=tuple(dataclasses.replace(a, demand_rps=demand.get(a.name, 0.0)) for a in problem.applications))
     calls = iter(plans)
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["LoadQuery", "LoadResult", "LoadSecond", "LoadTarget", "load_budgets", "load_run", "load_run_targets", "load_schedule"]
+__all__ = ["LoadQuery", "LoadResult", "LoadSecond", "LoadTarget", "answer_parameters", "load_budgets", "load_run", "load_run_targets", "load_schedule"]
 
 
 def load_schedule(*, rate_rps: float, duration_s: float, burst_at_s: float | None = None, burst_for_s: float = 0.0,
@@ -117,7 +117,9 @@ class LoadTarget:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-def _answer_parameters(content: bytes) -> tuple[str, int | None]:
+def answer_parameters(content: bytes) -> tuple[str, int | None]:
+    """What a router's 200 says served it: (`parameters.variant`, `parameters.routing_version`), ("", None)
+    where the body does not carry them."""
     try:
         params = json.loads(content).get("parameters") or {}
     except (ValueError, AttributeError):
@@ -164,7 +166,7 @@ async def _send_all(targets: Sequence[LoadTarget], *, concurrency: int, timeout_
             else:
                 bucket.errors += 1
             if record:
-                variant, version = _answer_parameters(response.content) if response.status_code == 200 else ("", None)
+                variant, version = answer_parameters(response.content) if response.status_code == 200 else ("", None)
                 queries[target.name].append(LoadQuery(target.name, at, sent - start, left, response.status_code, took, variant, version))
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
