@@ -5,7 +5,9 @@ both `min_iterations` and `min_time_s` are reached (at most `max_iterations`), g
 throughput (rows served per second of measured time) and the resident memory the session added. Each
 thread count is swept in a fresh process (`python -m workers.profiler`), so that memory is measured from a
 clean baseline and onnxruntime's thread pools do not carry over; GPU sweeps run with the MIG device (or
-GPU) pinned through CUDA_VISIBLE_DEVICES, as the runtimes are.
+GPU) pinned through CUDA_VISIBLE_DEVICES, as the runtimes are, and fail where CUDA does not run the model
+(an onnxruntime without the CUDA provider, or a provider that did not load) rather than report the CPU's
+figures as the GPU's.
 
 `profiling_request_run` carries out one of the control plane's profiling requests on this host: it
 reports progress as it goes and posts the measured points as `Profile` rows. Simulated GPUs cannot be
@@ -111,6 +113,14 @@ def profile_sweep(
     available = set(ort.get_available_providers())
     chosen = [p for p in wanted if p in available] or ["CPUExecutionProvider"]
     session = ort.InferenceSession(bytes(data), sess_options=options, providers=chosen)
+    if "CUDAExecutionProvider" in wanted:
+        # A GPU's profile measured on the CPU would plan the GPU at the CPU's speed: refuse instead.
+        from workers.runtime.session import CudaUnavailableError, cuda_active_check
+
+        try:
+            cuda_active_check(session.get_providers(), available=sorted(available), where="profiling on a GPU")
+        except CudaUnavailableError as exc:
+            raise ProfilingError(str(exc)) from None
     rng = np.random.default_rng(seed)
     outputs = [o.name for o in session.get_outputs()]
     points: list[dict[str, Any]] = []

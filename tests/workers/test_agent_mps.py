@@ -28,9 +28,17 @@ from workers.agent.desired import DesiredStateError, desired_state_parse, runtim
 from workers.agent.main import CRASH_ENV
 from workers.agent.reconcile import Reconciler, partition_record_key, partition_record_parse
 from workers.agent.supervisor import RuntimeProcess, RuntimeSupervisor, _alive, frame_call
+from workers.runtime.session import CPU_STANDS_IN_ENV
 
 BATCHING = {"policy": "proteus", "params": {}, "drop_rule": "deadline", "queue_order": "fifo", "slo_ms": 100.0}
 PROFILE = [{"batch": 1, "latency_ms": 2.0}, {"batch": 4, "latency_ms": 5.0}]
+
+
+@pytest.fixture(autouse=True)
+def _cpu_stands_in_for_the_fake_gpus(monkeypatch) -> None:
+    """The runtimes here are real (onnxruntime) on GPUs a fake NVML declares: the CPU stands in, declared so
+    (workers/runtime/session.py), and the runtimes the agent starts inherit it."""
+    monkeypatch.setenv(CPU_STANDS_IN_ENV, "1")
 
 
 def model(key: str, variant: str, *, duty: float | None = 40.0, variant_id: int = 1, **extra: Any) -> dict:

@@ -21,6 +21,7 @@ import pytest
 
 from engine.geometry.catalogue import mig_catalogue_load
 from engine.geometry.layout import Placement, mig_layout_diff, placement_parse
+from tests.gpu import gpu_absent_reason
 from tests.workers.fake_pynvml import FakeGpu, FakeNvml
 from workers.agent.backends import (
     BackendError,
@@ -660,14 +661,12 @@ def test_backend_make(tmp_path):
 def test_real_nvml_reads_the_gpus_and_their_telemetry():
     """Against the machine's own NVML: inventory and telemetry only (changing MIG needs root and would
     disturb whatever runs there)."""
-    try:
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        count = 0
-    if count == 0:
-        pytest.skip("no NVIDIA GPU / NVML on this machine")
+    reason = gpu_absent_reason()
+    if reason is not None:
+        pytest.skip(f"no GPU: {reason}")
+    pynvml.nvmlInit()
+    count = pynvml.nvmlDeviceGetCount()
+    pynvml.nvmlShutdown()
     with NvmlBackend() as backend:
         gpus = backend.gpus()
         assert len(gpus) == count

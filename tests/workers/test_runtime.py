@@ -16,6 +16,7 @@ from engine.plans.problem import Plan, Problem, ProfilePoint, problem_from_dict
 from engine.simulation.simulator import DROPPED_EXPIRED, LATE, ON_TIME, SimulationConfig, simulate
 from engine.simulation.workload import Trace
 from engine.solvers.assemble import Assignment, plan_assemble
+from tests.gpu import gpu_absent_reason
 from tests.onnx_builders import onnx_mlp_bytes
 from workers.runtime.batcher import DeadlineExceeded, InstanceBatcher, VirtualClock
 from workers.runtime.session import ArtifactChecksumError, OnnxSession
@@ -306,22 +307,44 @@ def test_the_equivalence_covers_drops_and_waiting() -> None:
 
 
 def test_onnx_session_on_cuda_matches_cpu(mlp: bytes) -> None:
-    """Where onnxruntime-gpu and a CUDA device are present (the `gpu` extra on a GPU host), the runtime's
-    session runs on the CUDA execution provider and gives the CPU's answers."""
-    import onnxruntime as ort
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("onnxruntime-gpu with CUDA is not installed here (install the `gpu` extra on a GPU host)")
-    try:
-        gpu = OnnxSession(mlp, device_uuid="0")
-    except Exception as exc:  # the provider is built in but no device (or driver) answers
-        pytest.skip(f"no usable CUDA device: {exc}")
-    if gpu.providers[0] != "CUDAExecutionProvider":
-        pytest.skip(f"CUDA provider did not load (providers: {gpu.providers})")
+    """On a GPU host the runtime's session runs on the CUDA execution provider and gives the CPU's answers.
+    Skipped only where there is no GPU; on a GPU host a missing or broken CUDA path fails (the `gpu` extra,
+    onnxruntime-gpu, is what GPU hosts install), as the runtime itself refuses to serve a GPU slice on the CPU."""
+    reason = gpu_absent_reason()
+    if reason is not None:
+        pytest.skip(f"no GPU: {reason}")
+    gpu = OnnxSession(mlp, device_uuid="0")
+    assert gpu.providers[0] == "CUDAExecutionProvider", gpu.providers
     cpu = OnnxSession(mlp)
     batch = queries(16, seed=5)
     for got, want in zip(gpu.run_batch(batch), cpu.run_batch(batch)):
         np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_runtime_on_a_gpu_refuses_to_run_on_the_cpu_instead(mlp: bytes, monkeypatch) -> None:
+    """What a GPU host without onnxruntime-gpu met (issue 45): asked for a GPU, onnxruntime's CPU build has no CUDA
+    provider and used to run the session on the CPU under the GPU's name, and the profiler to post the CPU's
+    latencies as the GPU's profile. Both refuse now, saying why; a CPU runtime is unaffected."""
+    import onnxruntime as ort
+
+    from workers.profiler import ProfilingError, profile_sweep
+    from workers.runtime.session import CPU_STANDS_IN_ENV, CudaUnavailableError
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider: the refusal is for builds without it")
+    monkeypatch.delenv(CPU_STANDS_IN_ENV, raising=False)
+    with pytest.raises(CudaUnavailableError, match="no CUDA execution provider.*onnxruntime-gpu"):
+        OnnxSession(mlp, device_uuid="GPU-0b1e2c3d")
+    assert OnnxSession(mlp).providers == ["CPUExecutionProvider"]
+    # Tests against a fake NVML declare that the CPU stands in; only then does a GPU runtime run on it.
+    monkeypatch.setenv(CPU_STANDS_IN_ENV, "1")
+    assert OnnxSession(mlp, device_uuid="GPU-0b1e2c3d").providers == ["CPUExecutionProvider"]
+    monkeypatch.delenv(CPU_STANDS_IN_ENV)
+    # Naming CPU providers explicitly is a choice, not a fallback: allowed with a device named.
+    assert OnnxSession(mlp, device_uuid="0", providers=["CPUExecutionProvider"]).providers == ["CPUExecutionProvider"]
+    with pytest.raises(ProfilingError, match="profiling on a GPU: .*no CUDA execution provider"):
+        profile_sweep(mlp, batch_sizes=[1], providers=["CUDAExecutionProvider", "CPUExecutionProvider"], min_iterations=1, min_time_s=0)
+    assert profile_sweep(mlp, batch_sizes=[1], min_iterations=1, min_time_s=0)[0]["providers"] == ["CPUExecutionProvider"]
 
 
 # --------------------------------------------------------------------------- the live margin

@@ -6,8 +6,14 @@
   first and a mismatch raises `ArtifactChecksumError` (nothing is loaded).
 - Execution providers: CUDA only when it is asked for (named in `providers`, or `device_uuid` given with
   `providers=None`) and this onnxruntime build has it; it is pinned to the GPU `device_uuid` names (an
-  index, or a "GPU-..." UUID resolved through CUDA_VISIBLE_DEVICES or nvidia-smi). CPU is always the
-  fallback, with `intra_op_threads` intra-op threads.
+  index, or a "GPU-..." UUID resolved through CUDA_VISIBLE_DEVICES or nvidia-smi). CPU is the fallback
+  for what CUDA does not run, with `intra_op_threads` intra-op threads. A runtime on a GPU (`device_uuid`
+  given, `providers=None`) never falls back whole: where this onnxruntime has no CUDA provider (the CPU
+  build of onnxruntime, not onnxruntime-gpu), or the provider does not load (onnxruntime then runs the
+  session on the CPU and only logs it), `CudaUnavailableError` is raised, so that a GPU slice is never
+  served, or profiled, at the CPU's speed under the GPU's name. The one exception is declared, for tests
+  of the agent against a fake NVML on machines without a GPU: with ``TESSERA_CPU_STANDS_IN_FOR_GPU=1`` in
+  the environment the CPU serves, with a warning (the session's providers say CPU).
 - `run_batch(inputs)`: one dict name -> array per query; each input is stacked along axis 0 (a query's
   array may carry its own leading batch axis, or not), the model runs once, and each output is split back
   per query (without the batch axis for queries that came without one).
@@ -15,6 +21,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -23,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["ArtifactChecksumError", "OnnxSession"]
+__all__ = ["CPU_STANDS_IN_ENV", "ArtifactChecksumError", "CudaUnavailableError", "OnnxSession", "cuda_active_check"]
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -42,6 +49,37 @@ class ArtifactChecksumError(ValueError):
         self.expected = expected
         self.actual = actual
         super().__init__(f"model artifact checksum mismatch: expected sha256 {expected}, got {actual}")
+
+
+# Tests of the agent against a fake NVML (no GPU on the machine) run real runtimes on the CPU: they say so.
+CPU_STANDS_IN_ENV = "TESSERA_CPU_STANDS_IN_FOR_GPU"
+
+
+class CudaUnavailableError(RuntimeError):
+    """CUDA was required (a runtime or a profile on a GPU) and the session does not run on it."""
+
+
+def cuda_active_check(providers: Sequence[str], *, available: Sequence[str], where: str) -> None:
+    """Raise `CudaUnavailableError` unless CUDA is the session's first provider (or the CPU is declared to stand
+    in: `CPU_STANDS_IN_ENV`). `providers`: what the session runs on (``InferenceSession.get_providers()``);
+    `available`: what this onnxruntime build offers."""
+    if providers and providers[0] == CUDA:
+        return
+    if os.environ.get(CPU_STANDS_IN_ENV) == "1":
+        logging.getLogger("tessera.runtime").warning("%s: %s=1, so the CPU stands in for the GPU (a test on a machine without one)",
+                                                     where, CPU_STANDS_IN_ENV)
+        return
+    if CUDA not in available:
+        import onnxruntime as ort
+
+        raise CudaUnavailableError(
+            f"{where}: this onnxruntime ({ort.__version__}) has no CUDA execution provider (it offers "
+            f"{', '.join(available) or 'none'}): install onnxruntime-gpu, the `gpu` extra, on GPU hosts; "
+            "nothing runs on the CPU under a GPU's name")
+    raise CudaUnavailableError(
+        f"{where}: the CUDA execution provider did not load (the session runs on {', '.join(providers) or 'nothing'}); "
+        "onnxruntime logs why above, most often a CUDA or cuDNN library its build needs that is missing or of "
+        "another major version")
 
 
 def _cuda_device_id(device_uuid: str) -> int:
@@ -103,6 +141,8 @@ class OnnxSession:
         self.device_uuid = device_uuid
         self._session = ort.InferenceSession(bytes(data), sess_options=options, providers=chosen)
         self.providers: list[str] = list(self._session.get_providers())
+        if device_uuid is not None and providers is None:
+            cuda_active_check(self.providers, available=sorted(available), where=f"GPU {device_uuid}")
         self._inputs = self._session.get_inputs()
         self.input_names: list[str] = [i.name for i in self._inputs]
         self.output_names: list[str] = [o.name for o in self._session.get_outputs()]
