@@ -30,6 +30,9 @@ def agent(
     advertise: str = typer.Option(None, help="Address routers reach the runtimes at (default: the bind address)"),
     metrics_port: int = typer.Option(0, help="Serve Prometheus /metrics on this port (0: off)"),
     once: bool = typer.Option(False, help="One pass (register, reconcile, report), then exit; runtimes keep running"),
+    keep_mig_modes: bool = typer.Option(False, "--keep-mig-modes", envvar="TESSERA_AGENT_KEEP_MIG_MODES",
+                                        help="Never switch a GPU's MIG mode (another tool owns it): a desired state that would is "
+                                             "refused for that GPU and reported; instances are still made within the mode"),
     stop_runtimes_on_exit: bool = typer.Option(False, help="Drain and stop the runtimes when the agent exits"),
     loglevel: str = typer.Option("INFO"),
 ) -> None:
@@ -45,7 +48,7 @@ def agent(
         the_agent = agent_build(
             control_plane=control_plane, token=token, backend=backend, simulate=simulate, simulate_cpu_cores=simulate_cpu_cores, state_dir=state_dir,
             desired_file=desired_file, bind=bind, advertise=advertise, metrics_port=metrics_port,
-            on_operation=crash_failpoint_from_env(),
+            on_operation=crash_failpoint_from_env(), keep_mig_modes=keep_mig_modes,
         )
     except ValueError as exc:
         raise fail(str(exc))

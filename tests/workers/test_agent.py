@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.onnx_builders import onnx_mlp_bytes
+from tests.workers.fake_pynvml import FakeGpu, FakeNvml
 from workers.agent.agent import Agent
+from workers.agent.backends.nvml import NvmlBackend
 from workers.agent.backends.simulated import SimulatedBackend
 from workers.agent.desired import DesiredStateError, desired_state_parse
 from workers.agent.main import CRASH_ENV
@@ -262,3 +264,22 @@ def test_a_runtime_that_cannot_start_leaves_the_host_settled_not_stuck(tmp_path,
     from workers.agent.reconcile import ReconcileResult
 
     assert not ReconcileResult(version=1, converged=False, errors=["gpu0: layout not reached"], failed_starts={"cpu0/0": "x"}).settled
+
+
+def test_an_agent_that_keeps_mig_modes_refuses_to_switch_one_and_changes_nothing(tmp_path, model_file) -> None:
+    """`tessera agent --keep-mig-modes` (issue 45: the lent H200's MIG mode must stay as it is; on fleets whose MIG
+    modes NVIDIA's mig-manager owns): a desired state that turns MIG on is refused for that GPU, said so, and NVML
+    is never asked to switch; the rest of the desired state (the CPU runtime) is still applied."""
+    nvml = FakeNvml([FakeGpu("A100-SXM4-40GB")])
+    backend = NvmlBackend(nvml=nvml, mps_dir=tmp_path / "mps")
+    desired = write(tmp_path / "desired.json", {**version_1(model_file), "runtimes": [cpu_runtime(model_file)]})
+    agent = Agent(backend=backend, state_dir=tmp_path / "state", desired_file=desired, drain_timeout_s=2.0, keep_mig_modes=True)
+    try:
+        result = agent.step()
+        assert result is not None and not result.converged
+        assert any("turns MIG on, and this agent keeps MIG modes as they are (--keep-mig-modes)" in e for e in result.errors), result.errors
+        assert backend.gpus()[0].mig_enabled is False and "nvmlDeviceSetMigMode" not in nvml.calls
+        assert not any(op.action == "mig.mode" for op in agent._operations)
+        assert sorted(agent.supervisor.observe()) == ["cpu0/0"]
+    finally:
+        RuntimeSupervisor(tmp_path / "state").stop_all()

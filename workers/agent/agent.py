@@ -81,6 +81,7 @@ class Agent:
         pin_cpus: bool = True,
         withdraw_s: float = 0.0,
         vertical_shrink_after: int = SHRINK_AFTER_INTERVALS,
+        keep_mig_modes: bool = False,
     ) -> None:
         if client is None and desired_file is None:
             raise ValueError("give a control plane (client) or a desired-state file")
@@ -108,7 +109,7 @@ class Agent:
         self.reconciler = Reconciler(
             backend=backend, supervisor=self.supervisor, artifact_fetch=self._artifact_fetch,
             on_operation=self._operation_seen, drain_timeout_s=drain_timeout_s,
-            stop_requested=lambda: self._stop.is_set(), resizer=self.vertical.desired_resize,
+            stop_requested=lambda: self._stop.is_set(), resizer=self.vertical.desired_resize, keep_mig_modes=keep_mig_modes,
         )
         # How long a drain exit waits between reporting its runtimes draining and draining them (`tessera agent`:
         # WITHDRAW_S, two of the routers' one-second refreshes; 0 drains at once, and the runtimes' own `draining`

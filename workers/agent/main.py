@@ -64,6 +64,7 @@ def agent_build(
     metrics_port: int = 0,
     on_operation: Callable[[Operation], None] | None = None,
     vertical_s: float | None = None,
+    keep_mig_modes: bool = False,
 ) -> Agent:
     """The agent the options describe (ValueError with a clear message on bad options)."""
     state_dir = Path(state_dir)
@@ -111,5 +112,5 @@ def agent_build(
     return Agent(
         backend=device_backend, state_dir=state_dir, client=client, desired_file=desired_file, bind=bind,
         advertise=advertise, exporter=exporter, on_operation=on_operation, vertical_s=vertical_s, withdraw_s=WITHDRAW_S,
-        vertical_shrink_after=shrink_after,
+        vertical_shrink_after=shrink_after, keep_mig_modes=keep_mig_modes,
     )

@@ -243,8 +243,12 @@ class Reconciler:
         ready_timeout_s: float = 60.0,
         stop_requested: Callable[[], bool] = lambda: False,
         resizer: Callable[[RuntimeProcess, DesiredRuntime], dict] | None = None,
+        keep_mig_modes: bool = False,
     ) -> None:
         self.backend = backend
+        # `tessera agent --keep-mig-modes`: the GPUs' MIG modes belong to someone else (NVIDIA's mig-manager, an
+        # operator, a shared machine): a desired state that would switch one is refused for that GPU.
+        self.keep_mig_modes = keep_mig_modes
         self.supervisor = supervisor
         self.artifact_fetch = artifact_fetch
         self.on_operation = on_operation
@@ -285,6 +289,12 @@ class Reconciler:
                 result.errors.append(
                     f"gpu{want.index}: {gpu.model_name} is not a MIG GPU the catalogue knows, nor one whose NVML "
                     "profile table is known (MIG off)"
+                )
+                continue
+            if self.keep_mig_modes and want.mig_enabled != gpu.mig_enabled:
+                result.errors.append(
+                    f"gpu{want.index}: the desired state turns MIG {'on' if want.mig_enabled else 'off'}, and this agent keeps "
+                    "MIG modes as they are (--keep-mig-modes); nothing changed on this GPU"
                 )
                 continue
             if spec is not None and want.layout:
