@@ -69,6 +69,11 @@ GPM_METRICS = {
     "dram_active_pct": _pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
 }
 DRIVER_VERSION = "550.54.15"
+CUDA_DRIVER_VERSION = 12040  # what driver 550.54.15 reports: CUDA 12.4, as major * 1000 + minor * 10
+# Compute capability by catalogue model prefix (NVIDIA's CUDA GPUs table); the first prefix that matches.
+_COMPUTE_CAPABILITY = (("GB300", (10, 3)), ("B300", (10, 3)), ("GB200", (10, 0)), ("B200", (10, 0)), ("RTX-PRO", (12, 0)),
+                       ("GH200", (9, 0)), ("H", (9, 0)), ("A", (8, 0)), ("NVIDIA L4", (8, 9)), ("Tesla T4", (7, 5)),
+                       ("RTX-2080", (7, 5)))
 
 
 def _gi_profile_enum(profile: MigProfileSpec, model: GpuModelSpec) -> int:
@@ -486,6 +491,15 @@ class FakeNvml:
     @_api
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver_version  # pynvml decodes this one to str
+
+    @_api
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return CUDA_DRIVER_VERSION
+
+    @_api
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        model = self._parent(handle).config.model
+        return next(cc for prefix, cc in _COMPUTE_CAPABILITY if model.startswith(prefix))
 
     # ------------------------------------------------------------------ MIG mode
 
