@@ -920,7 +920,8 @@ def e2e_run(out: Path, model: CheckModel, probe: Probe, *, seconds: float = 60.0
         spawn("agent", agent, {"TESSERA_AGENT_TOKEN": setup["agent_token"], "TESSERA_CONTROL_PLANE": url})
         spawn("router", [python, "-m", "controlplane.cli", "router", "--listen", f"127.0.0.1:{router_port}", "--grpc-listen", "off",
                          "--name", host], {"TESSERA_ROUTER_TOKEN": setup["router_token"], "TESSERA_CONTROL_PLANE": url})
-        _agent_online_wait(python, env, host, 90)
+        api = _Api(url, setup["api_token"])
+        api.host_online_wait(host, 90)
         profile_rows = _profile_rows_for(out, model.name)
         slo = slo_ms or _slo_from_profile(profile_rows)
         doc["slo_ms"] = slo
@@ -935,7 +936,7 @@ def e2e_run(out: Path, model: CheckModel, probe: Probe, *, seconds: float = 60.0
         router = f"http://127.0.0.1:{router_port}"
         _router_ready_wait(router, model, 120)
         doc["load"] = _load(out, router, model, seconds=seconds, rps=rps, slo_ms=slo)
-        doc["prediction"] = json.loads(call("prediction", [python, str(Path(__file__).resolve()), "child-e2e-prediction", "--application", model.name]).strip().splitlines()[-1])
+        doc["prediction"] = api.prediction(model.name)
     except StepSkipped:
         raise
     except Exception as exc:
@@ -973,15 +974,44 @@ def _http_wait(url: str, timeout_s: float, what: str) -> None:
     raise RuntimeError(f"{what} did not answer at {url} within {timeout_s:.0f} s")
 
 
-def _agent_online_wait(python: str, env: dict[str, str], host: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        done = subprocess.run([python, str(Path(__file__).resolve()), "child-e2e-host", "--host", host], env=env, cwd=REPO,  # nosec B603
-                              capture_output=True, text=True, timeout=60)
-        if done.returncode == 0 and json.loads(done.stdout.strip().splitlines()[-1]).get("status") == "online":
-            return
-        time.sleep(1.0)
-    raise RuntimeError(f"the agent did not report host {host} online within {timeout_s:.0f} s")
+class _Api:
+    """The control plane's REST API, as the e2e step reads it (an operator's token)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.headers = url.rstrip("/") + "/api/v1", {"Authorization": f"Bearer {token}"}
+
+    def get(self, path: str, **params: Any) -> Any:
+        import httpx
+
+        response = httpx.get(f"{self.url}{path}", params=params, headers=self.headers, timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+
+    def host_online_wait(self, host: str, timeout_s: float) -> None:
+        """Until the agent has registered the host (its first report marks it online)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                found = self.get("/hosts/", name=host)
+                rows = found.get("results", found) if isinstance(found, dict) else found
+                if rows and rows[0].get("status") == "online":
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"the agent did not report host {host} online within {timeout_s:.0f} s")
+
+    def prediction(self, application: str) -> dict[str, Any]:
+        """The active plan's prediction for `application` (the simulator's replay of the plan, made at plan time)."""
+        found = self.get("/plans/", status="active")
+        rows = found.get("results", found) if isinstance(found, dict) else found
+        if not rows:
+            return {"plan": None}
+        plan = self.get(f"/plans/{rows[0]['id']}/")
+        app = ((plan.get("prediction") or {}).get("applications") or {}).get(application) or {}
+        return {"plan": plan["id"], "latency_p99_ms": app.get("latency_p99_ms"), "latency_p50_ms": app.get("latency_p50_ms"),
+                "slo_violation_ratio": app.get("slo_violation_ratio"),
+                "served_rps": ((plan.get("result") or {}).get("served_rps") or {}).get(application)}
 
 
 def _profile_rows_for(out: Path, name: str) -> list[dict[str, str]]:
@@ -1045,7 +1075,7 @@ def _load(out: Path, router: str, model: CheckModel, *, seconds: float, rps: flo
     not_sent = sum(1 for q in queries if q.status == -1)  # no budget left when it was due
     sent = len(arrivals)
     _csv_write(out / "e2e_load.csv", [s.row() for s in result.seconds], ["second", "sent", "ok", "late", "errors", "p50_ms", "p99_ms"])
-    return {"sent": sent, "answered": len(answered), "in_time": in_time, "late": len(answered) - in_time + not_sent,
+    return {"sent": sent, "answered": len(answered), "not_sent": not_sent, "in_time": in_time, "late": len(answered) - in_time + not_sent,
             "errors": sum(1 for q in queries if q.status not in (200, -1)), "served_rps": round(in_time / seconds, 2),
             "p50_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
             "p99_ms": round(float(np.percentile(latencies, 99)), 2) if latencies.size else None,
@@ -1053,32 +1083,17 @@ def _load(out: Path, router: str, model: CheckModel, *, seconds: float, rps: flo
 
 
 def child_e2e(command: str, argv: Sequence[str]) -> int:
-    """The e2e step's calls into the control plane's database (Django set up in this child process only, so
-    the steps before it need no Django): set-up, a host's status, the active plan's prediction."""
+    """The e2e step's set-up, in the control plane's database (Django set up in this child process only, so the
+    steps before it need no Django): an operator and an API token, the host with its agent token, and the
+    router's credential; the rest goes through the REST API."""
     parser = argparse.ArgumentParser(prog=f"gpu_check.py {command}")
-    parser.add_argument("--host")
-    parser.add_argument("--application")
+    parser.add_argument("--host", required=True)
     args = parser.parse_args(argv)
     import django
 
     django.setup()
-    from apps.inventory.models import Host
-
-    if command == "child-e2e-host":
-        found = Host.objects.filter(name=args.host).first()
-        print(json.dumps({"status": found.status if found else None}))
-        return 0
-    if command == "child-e2e-prediction":
-        from apps.planning.models import Plan
-
-        plan = Plan.objects.filter(status="active").order_by("-pk").first()
-        prediction = (plan.prediction or {}) if plan is not None else {}
-        app = (prediction.get("applications") or {}).get(args.application) or {}
-        print(json.dumps({"plan": plan.pk if plan else None, "latency_p99_ms": app.get("latency_p99_ms"),
-                          "latency_p50_ms": app.get("latency_p50_ms"), "slo_violation_ratio": app.get("slo_violation_ratio"),
-                          "served_rps": (plan.result or {}).get("served_rps", {}).get(args.application) if plan else None}))
-        return 0
     from apps.core.context import change_context
+    from apps.inventory.models import Host
     from apps.inventory.services import host_agent_token_rotate, router_credential_issue
     from apps.users.choices import RoleChoices
     from apps.users.services import token_create, user_create
@@ -1228,7 +1243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "child-measure":
         return child_measure(argv[1:])
-    if argv and argv[0].startswith("child-e2e-"):
+    if argv and argv[0] == "child-e2e-setup":
         return child_e2e(argv[0], argv[1:])
     args = parser_build().parse_args(argv)
     if args.rehearse_torch and not args.cpu_rehearsal:
