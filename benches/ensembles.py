@@ -474,7 +474,8 @@ def train(names: list[str], policies: Path, timesteps: int, load: float) -> list
         command = (f"tessera scheduler train --scenario {name} --timesteps {timesteps} --seed 0 --load {load:g} --routing garrison "
                    f"--w1 1 --w2 {w2:g}")
         result = scheduler_train(built, policies / name, timesteps=timesteps, w2=w2, command=command)
-        lines.append(f"trained {result.path} ({result.timesteps:,} steps in {result.seconds:.0f} s)")
+        lines.append(f"trained {result.path} ({result.timesteps:,} steps in {result.seconds:.0f} s; reward per query on unseen "
+                     f"episodes {result.reward_untrained:.4g} untrained, {result.reward_trained:.4g} trained)")
         print(lines[-1], flush=True)
     return lines
 

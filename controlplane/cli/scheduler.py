@@ -71,6 +71,8 @@ def scheduler_train_cmd(
         raise fail(str(exc), EXIT_INVALID) from None
     typer.echo(f"wrote {result.path} and {result.path.with_suffix('.json')} ({result.timesteps:,} steps in {result.seconds:.0f} s; "
                f"mean reward over the last rollout {result.mean_reward_last:.4g})")
+    typer.echo(f"reward per query on evaluation episodes it never trained on: {result.reward_untrained:.4g} untrained, "
+               f"{result.reward_trained:.4g} trained; the actor's weights moved {100 * result.weight_change:.1f} %")
 
 
 @scheduler_app.command("evaluate")
