@@ -98,6 +98,7 @@ def test_the_probe_reports_what_an_agent_on_an_h200_would_send(tmp_path) -> None
         gpu_check.mps_run(tmp_path / "mig", [], probe, control="/bin/true")
 
 
+@pytest.mark.solo  # it times real work (co-runs, a load against an SLO), and its dozen processes would take the cores others time
 def test_a_cpu_rehearsal_measures_profiles_mps_coruns_and_the_product_end_to_end(tmp_path) -> None:
     models = []
     for n, hidden in enumerate((16, 256)):
