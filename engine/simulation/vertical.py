@@ -17,6 +17,10 @@ which the simulator carries out as the agent does: running instances change core
 cores while they start), stopped instances leave when their batch is done (starting ones are stopped
 first). Cores are counted as allocated: every instance's cores, starting ones included, each second.
 
+A policy with a `react(now, view)` method is also asked on every arrival at a stage, between intervals, and
+may answer a grow of that stage at once (Sponge with `events`: `sponge_pressure_step`, as the agent's check
+between ticks); not while a resize of the stage is under way.
+
 The policies are thin: each calls the engine's own decision (`sponge_step`, `BiscaleController`,
 `biscale_horizontal_solve`, `biscale_vertical_solve`), the same code the agent's fast loop runs."""
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 from engine.forecasting.holt import peak_forecast_estimate
 from engine.vertical.biscale import (BiscaleController, BiscaleProblem, BiscaleStage, StageTarget, biscale_horizontal_solve,
                                      biscale_vertical_solve)
-from engine.vertical.controller import ShrinkDwell, VerticalAction, VerticalObservation, sponge_step
+from engine.vertical.controller import ShrinkDwell, VerticalAction, VerticalObservation, sponge_pressure_step, sponge_step
 
 __all__ = ["BiscalePolicy", "HorizontalPolicy", "SpongePolicy", "StageView", "StaticPolicy", "VerticalPolicy", "VerticalRun",
            "VerticalRequest", "vertical_simulate"]
@@ -130,6 +134,7 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
         t += interval_s
     latencies: list[float] = []
     violations = dropped = resizes = starts = 0
+    reacting = policy if callable(getattr(policy, "react", None)) else None
     second_viol: dict[int, int] = {}
     second_arr: dict[int, int] = {}
     second_lat: dict[int, list[float]] = {}
@@ -166,20 +171,41 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
             took = st.spec.latency.l(len(taken), cores_of(inst, now)) / 1000.0
             heapq.heappush(events, (now + took, next(seq), "done", (k, inst, taken)))
 
+    def view_of(name: str, now: float, rate_rps: float) -> StageView:
+        st = state[name]
+        ready = [i for i in st.instances if i.ready_at <= now and not i.stopping]
+        queued = [(d - now) * 1000.0 for d, _, _ in st.queue]
+        queued_ids = {id(r) for _, _, r in st.queue}
+        arrived = [b for b, r in st.seen if id(r) not in queued_ids]  # still queued: counted above with what it has left now
+        return StageView(name, len(ready), sum(1 for i in st.instances if i.ready_at > now and not i.stopping),
+                         max((cores_of(i, now) for i in ready), default=1), st.batch, rate_rps,
+                         tuple(sorted(queued) + arrived), tuple(rate_history), queued=len(queued))
+
+    def resize(st: _Stage, target: StageTarget, now: float) -> None:
+        nonlocal resizes
+        st.batch = max(1, min(target.batch, st.spec.max_batch))
+        for inst in st.instances:
+            if inst.stopping:
+                continue
+            if inst.ready_at <= now and cores_of(inst, now) != target.cores and (inst.pending is None or inst.pending[1] != target.cores):
+                inst.pending = (now + resize_s, min(target.cores, st.spec.max_cores))
+                resizes += 1
+
+    def react(k: int, now: float) -> None:
+        """Between ticks, a policy that reacts to its queue (`react`) may grow a stage at once; not while a resize
+        of it is under way, whose cores the view would not show yet."""
+        st = state[order[k]]
+        if any(i.pending is not None and i.pending[0] > now for i in st.instances):
+            return
+        target = reacting.react(now, view_of(order[k], now, rate_history[-1] if rate_history else 0.0))
+        if target is not None:
+            resize(st, target, now)
+
     def tick(now: float) -> None:
-        nonlocal core_seconds, resizes, starts
+        nonlocal core_seconds, starts
         arrivals_first = state[order[0]].arrivals
         rate_history.append(arrivals_first / interval_s)
-        views = []
-        for name in order:
-            st = state[name]
-            ready = [i for i in st.instances if i.ready_at <= now and not i.stopping]
-            queued = [(d - now) * 1000.0 for d, _, _ in st.queue]
-            queued_ids = {id(r) for _, _, r in st.queue}
-            arrived = [b for b, r in st.seen if id(r) not in queued_ids]  # still queued: counted above with what it has left now
-            views.append(StageView(name, len(ready), sum(1 for i in st.instances if i.ready_at > now and not i.stopping),
-                                   max((cores_of(i, now) for i in ready), default=1), st.batch, st.arrivals / interval_s,
-                                   tuple(sorted(queued) + arrived), tuple(rate_history), queued=len(queued)))
+        views = [view_of(name, now, state[name].arrivals / interval_s) for name in order]
         second = int(round(now / interval_s)) - 1
         cores_now = {name: sum(i.cores if i.pending is None else max(i.cores, i.pending[1]) for i in state[name].instances) for name in order}
         core_seconds += sum(cores_now.values()) * interval_s
@@ -197,13 +223,7 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
             if target is None:
                 continue
             st = state[name]
-            st.batch = max(1, min(target.batch, st.spec.max_batch))
-            for inst in st.instances:
-                if inst.stopping:
-                    continue
-                if inst.ready_at <= now and cores_of(inst, now) != target.cores and (inst.pending is None or inst.pending[1] != target.cores):
-                    inst.pending = (now + resize_s, min(target.cores, st.spec.max_cores))
-                    resizes += 1
+            resize(st, target, now)
             for _ in range(target.start):
                 st.instances.append(_Instance(next(ids), min(target.start_cores, st.spec.max_cores), now + startup_s))
                 starts += 1
@@ -230,6 +250,8 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
                 second_arr[int(r.arrival_s)] = second_arr.get(int(r.arrival_s), 0) + 1
             heapq.heappush(st.queue, (r.deadline_s, next(seq), r))
             dispatch(k, now)
+            if reacting is not None:
+                react(k, now)
         elif kind == "done":
             k, inst, taken = payload
             inst.busy = False
@@ -280,10 +302,24 @@ class SpongePolicy:
 
     name = "sponge"
 
-    def __init__(self, stage: BiscaleStage, *, headroom: float = 1.0, shrink_after: int = 1) -> None:
+    def __init__(self, stage: BiscaleStage, *, headroom: float = 1.0, shrink_after: int = 1, events: bool = False) -> None:
         self.stage = stage
         self.headroom = headroom
         self.dwell = ShrinkDwell(shrink_after)
+        self.events = events
+        if events:
+            self.name = "sponge-events"
+
+    def react(self, now_s: float, view: StageView) -> StageTarget | None:
+        """With `events`, between intervals: `sponge_pressure_step` on the queue as it is now (a grow, or nothing)."""
+        if not self.events:
+            return None
+        observation = VerticalObservation(view.cores, view.batch, view.rate_rps * self.headroom, view.budgets_ms, queued=view.queued)
+        action = sponge_pressure_step(self.stage.latency, observation, max_cores=self.stage.max_cores, max_batch=self.stage.max_batch)
+        if action is None:
+            return None
+        self.dwell.reset()
+        return StageTarget(action.cores, action.batch)
 
     def decide(self, now_s: float, views: Sequence[StageView]) -> Mapping[str, StageTarget]:
         v = views[0]

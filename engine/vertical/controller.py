@@ -29,9 +29,9 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.vertical.sponge import VerticalLatency, sponge_brute_force
+from engine.vertical.sponge import VerticalLatency, arrivals_late, edf_late, sponge_brute_force
 
-__all__ = ["SHRINK_AFTER_INTERVALS", "ShrinkDwell", "VerticalAction", "VerticalObservation", "sponge_step"]
+__all__ = ["SHRINK_AFTER_INTERVALS", "ShrinkDwell", "VerticalAction", "VerticalObservation", "sponge_pressure_step", "sponge_step"]
 
 # How many intervals in a row a smaller size must have been enough before an instance shrinks to it (the live
 # agent's default, TESSERA_AGENT_VERTICAL_SHRINK_AFTER: five seconds at its one-second interval). 1 is Sponge as
@@ -87,6 +87,26 @@ def sponge_step(model: VerticalLatency, observation: VerticalObservation, *, min
               f"batch {decision.batch} are late for the fewest ({decision.late})")
     return VerticalAction(cores, decision.batch, (cores, decision.batch) != current, "infeasible", reason, late=decision.late,
                           expired=decision.expired)
+
+
+def sponge_pressure_step(model: VerticalLatency, observation: VerticalObservation, *, max_cores: int = 16, max_batch: int = 16,
+                         delta: float = 1e-3) -> VerticalAction | None:
+    """Between two intervals, when the queue changes: a grow, or None. Sponge's check (Algorithm 2's EDF check, and
+    what the interval's arrivals so far had left, as `sponge_step` reads them) at the instance's size now; where
+    that size would make a request late and more cores (or another batch at least as many cores) keep every
+    budget or make fewer late, that size at once, without waiting for the next interval. It never shrinks:
+    shrinking stays the interval's decision, held by `ShrinkDwell`, so events cannot make the size flap."""
+    if not observation.budgets_ms:
+        return None
+    queued, arrivals = _split(observation)
+    cores, batch = observation.cores, observation.batch
+    late_now = edf_late(model, sorted(queued), batch, cores) + arrivals_late(model, sorted(arrivals), batch, cores)
+    if late_now == 0:
+        return None
+    action = sponge_step(model, observation, min_cores=cores, max_cores=max(cores, max_cores), max_batch=max_batch, delta=delta)
+    if not action.changed or action.cores < cores or (action.status != "optimal" and action.late >= late_now):
+        return None  # nothing better than the size it has
+    return action
 
 
 def _split(observation: VerticalObservation) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -146,6 +166,10 @@ class ShrinkDwell:
                                                                                           f"intervals wanted ({target}); {action.reason}")
         return self._because(at_cores(cores), f"shrink to {action.cores} cores held ({self.below} of {self.intervals} intervals "
                                               f"that fewer would do); {action.reason}")
+
+    def reset(self) -> None:
+        """A grow happened between intervals (`sponge_pressure_step`): the count of smaller sizes starts again."""
+        self.below = self.peak = 0
 
     @staticmethod
     def _because(action: VerticalAction, reason: str) -> VerticalAction:

@@ -117,7 +117,8 @@ def fast_loop(**options: Any) -> tuple[VerticalScaler, OneRuntime]:
     desired = vertical_desired()
     runtime = OneRuntime(desired.runtime("cpu0/0").fingerprint)
     supervisor = type("S", (), {"running": runtime.running})()
-    scaler = VerticalScaler(supervisor=supervisor, desired=lambda: desired, host_cores=4, host_cpus=[0, 1, 2, 3], call=runtime.call, **options)
+    options = {"host_cores": 4, "host_cpus": [0, 1, 2, 3], **options}
+    scaler = VerticalScaler(supervisor=supervisor, desired=lambda: desired, call=runtime.call, **options)
     return scaler, runtime
 
 
@@ -170,3 +171,46 @@ def test_the_dwell_is_an_agent_setting(tmp_path, monkeypatch) -> None:
         monkeypatch.setenv(VERTICAL_SHRINK_AFTER_ENV, bad)
         with pytest.raises(ValueError, match=f"{VERTICAL_SHRINK_AFTER_ENV} must be a whole number of intervals >= 1"):
             build()
+
+
+# --------------------------------------------------------------------------- between ticks (issue 42, item 4)
+
+
+def test_between_ticks_a_queue_that_would_be_late_grows_the_runtime_at_once_and_never_shrinks_it() -> None:
+    """What the fast loop's tick would have done a second later is done at the check between ticks: a request that
+    arrived with TIGHT_MS left is late on one core (2 l(1, 1) = 122 ms) and in time on two, so the runtime grows
+    there and then; loose budgets change nothing, and the check never shrinks (the tick does, after its dwell)."""
+    scaler, runtime = fast_loop()
+    runtime.budget_ms = LOOSE_MS
+    scaler.tick()  # (its batch cap set to what one core needs)
+    before = list(runtime.resizes)
+    assert runtime.size["cores"] == 1 and scaler.pressure() == [] and runtime.resizes == before
+    runtime.budget_ms = TIGHT_MS
+    (grown,) = scaler.pressure()
+    assert grown["cores"] == 2 and runtime.resizes == before + [2] and "between ticks" in scaler.last_actions["cpu0/0"].reason
+    assert scaler.pressure() == []  # in time at two cores: nothing more
+    runtime.budget_ms = LOOSE_MS
+    assert scaler.pressure() == [] and runtime.size["cores"] == 2  # never a shrink between ticks
+    # The tick's dwell started again with the grow: one loose tick does not shrink it.
+    assert ticks(scaler, runtime, [LOOSE_MS]) == [2]
+
+
+def test_between_ticks_a_grow_takes_only_the_cores_the_host_has_spare() -> None:
+    scaler, runtime = fast_loop(host_cores=1)  # the host has no core to spare
+    runtime.budget_ms = TIGHT_MS
+    assert scaler.pressure() == [] and runtime.resizes == []
+
+
+def test_the_simulator_grows_between_ticks_too_and_is_late_less() -> None:
+    """The same check on every arrival in the simulator (`SpongePolicy(events=True)`): a burst that one core cannot
+    keep in time (12 requests 33 ms apart, 250 ms each, against 61 ms a request on one core and 31 on two) is
+    grown into at its first requests instead of at the next tick, so fewer are late; and the dwell still holds
+    the shrinks afterwards."""
+    stage = BiscaleStage("m", LATENCY, max_batch=1, max_cores=2)
+    steady = [VerticalRequest(t, t + 1.0) for t in (0.1 + 0.2 * k for k in range(50))]
+    burst = [VerticalRequest(t, t + 0.25) for t in (5.21 + 0.033 * k for k in range(12))]
+    requests = sorted(steady + burst, key=lambda r: r.arrival_s)
+    runs = {events: vertical_simulate((stage,), requests, SpongePolicy(stage, shrink_after=SHRINK_AFTER_INTERVALS, events=events),
+                                      initial={"m": (1, 1, 1)}, duration_s=10) for events in (False, True)}
+    assert runs[True].violations < runs[False].violations, (runs[True].violations, runs[False].violations)
+    assert runs[True].resizes <= runs[False].resizes + 1

@@ -35,6 +35,14 @@ One tick:
    `resize` frame (workers/runtime/server.py) and one Operation `runtime.resize`, and an entry for the
    metrics report (`resizes_take`).
 
+Between ticks (issue 42: react within the second a dip or a burst starts), every `pressure_s` (0.1 s) each
+vertical runtime's queue is read again (`{"op": "stats", "reader": "pressure"}`, a window of its own) and
+`engine.vertical.controller.sponge_pressure_step` asks whether the size it has now would make a queued or
+just-arrived request late where more cores would not: then it grows at once, within the cores the host has
+spare (never taken from another runtime), and its dwell starts again. It never shrinks, so the events
+cannot make a runtime flap: shrinking stays the tick's, held by the dwell. The simulator runs the same
+check on every arrival (`SpongePolicy(events=True)`).
+
 Only local state is used: the desired state the agent last read (kept on disk), the supervisor's records
 and the runtimes themselves; a control plane that is away changes nothing here.
 
@@ -51,7 +59,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from engine.vertical.controller import SHRINK_AFTER_INTERVALS, ShrinkDwell, VerticalAction, VerticalObservation, sponge_step
+from engine.vertical.controller import (SHRINK_AFTER_INTERVALS, ShrinkDwell, VerticalAction, VerticalObservation, sponge_pressure_step,
+                                       sponge_step)
 
 from .desired import DesiredRuntime, DesiredState
 from .reconcile import Operation, resize_detail, resize_frame
@@ -68,6 +77,8 @@ RATE_HEADROOM = 1.25
 RESIZE_TIMEOUT_S = 60.0
 # Resizes kept per runtime for the next metrics report (a report that cannot go out keeps them).
 RESIZES_KEPT = 256
+# How often the queues are checked between ticks for a grow that cannot wait (0: not at all).
+PRESSURE_S = 0.1
 
 
 def cores_share(wants: dict[str, tuple[int, int]], budget: int) -> dict[str, int]:
@@ -133,6 +144,7 @@ class VerticalScaler:
         call: Callable[[RuntimeProcess, dict, float], dict] | None = None,
         controller: Callable[..., VerticalAction] = sponge_step,
         shrink_after: int = SHRINK_AFTER_INTERVALS,
+        pressure_s: float = PRESSURE_S,
     ) -> None:
         self.supervisor = supervisor
         self.desired = desired
@@ -150,6 +162,8 @@ class VerticalScaler:
         self.controller = controller
         ShrinkDwell(shrink_after)  # refuses a bad value here, not at the first tick
         self.shrink_after = shrink_after
+        self.pressure_s = float(pressure_s)
+        self._rates: dict[str, float] = {}  # each vertical runtime's rate at the last tick: what a check between ticks sizes for
         self._dwells: dict[str, ShrinkDwell] = {}  # each vertical runtime's hysteresis
         self._lock = threading.Lock()  # one sizing decision at a time: the fast loop's ticks and the reconciler's resizes
         self.sizes: dict[str, dict[str, Any]] = {}  # key -> {"cores", "max_batch", "cpus"} as the runtime last said
@@ -159,6 +173,7 @@ class VerticalScaler:
         self.last_actions: dict[str, VerticalAction] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pressure_thread: threading.Thread | None = None
         self._errors: dict[str, str] = {}  # a runtime's last failure, logged once until it changes
 
     @property
@@ -169,22 +184,27 @@ class VerticalScaler:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tessera-agent-vertical", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(self.tick, self.interval_s), name="tessera-agent-vertical", daemon=True)
             self._thread.start()
+        if self._pressure_thread is None and self.pressure_s > 0:
+            self._pressure_thread = threading.Thread(target=self._run, args=(self.pressure, self.pressure_s), name="tessera-agent-pressure",
+                                                     daemon=True)
+            self._pressure_thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        for thread in (self._thread, self._pressure_thread):
+            if thread is not None:
+                thread.join(timeout_s)
 
-    def _run(self) -> None:
+    def _run(self, step: Callable[[], Any], period_s: float) -> None:
         next_at = time.monotonic()
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            next_at = max(next_at + self.interval_s, time.monotonic())
+            next_at = max(next_at + period_s, time.monotonic())
             try:
-                self.tick()
+                step()
             except Exception:  # the fast loop must never take the agent down
-                log.exception("vertical loop tick failed")
+                log.exception("vertical loop %s failed", getattr(step, "__name__", "step"))
 
     # ------------------------------------------------------------------ one tick
 
@@ -228,6 +248,7 @@ class VerticalScaler:
                 if stats is not None:
                     observed[runtime.key] = stats
             vertical = [(r, rec) for r, rec in runtimes if r.vertical is not None and r.key in observed]
+            self._rates = {r.key: float(observed[r.key].get("rate_rps") or 0.0) for r, _rec in vertical}
             fixed = sum(self._cores_of(r) for r, _rec in runtimes if r.vertical is None)
             budget = self.host_cores - fixed
             actions: dict[str, VerticalAction] = {}
@@ -275,18 +296,67 @@ class VerticalScaler:
                     done.append(reply)
             return done
 
-    def _decide(self, runtime: DesiredRuntime, stats: dict, min_cores: int, max_cores: int) -> VerticalAction:
+    def pressure(self) -> list[dict]:
+        """The check between ticks (see the module docstring): grows that cannot wait for the next tick, within
+        the cores the host has spare; returns the resizes it made."""
+        runtimes = self._cpu_runtimes()
+        with self._lock:
+            vertical = [(r, rec) for r, rec in runtimes if r.vertical is not None]
+            spare = self.host_cores - sum(self._cores_of(r) for r, _rec in runtimes)
+            done = []
+            for runtime, record in vertical:
+                if spare <= 0:
+                    break
+                try:
+                    reply = self.call(record, {"op": "stats", "reader": "pressure"}, 1.0)
+                except (OSError, ValueError):
+                    continue  # the tick reports a runtime that does not answer
+                stats = reply.get("stats") if reply.get("status") == 200 else None
+                if not isinstance(stats, dict) or not isinstance(stats.get("cores"), int):
+                    continue
+                cores = int(stats["cores"])
+                hi = min(runtime.vertical.max_cores, cores + spare)  # type: ignore[union-attr]
+                stats = {**stats, "rate_rps": self._rates.get(runtime.key, stats.get("rate_rps") or 0.0)}
+                action = sponge_pressure_step(runtime.vertical.model, self._observation(runtime, stats),  # type: ignore[union-attr]
+                                              max_cores=hi, max_batch=self._batch_limit(runtime, stats))
+                if action is None or action.cores <= cores:
+                    continue
+                action = VerticalAction(action.cores, action.batch, True, action.status, f"between ticks: {action.reason}", action.late,
+                                        action.expired)
+                pins = self._pins({**{r.key: self._cores_of(r) for r, _rec in vertical}, runtime.key: action.cores})
+                cpus = pins.get(runtime.key) if pins is not None else None
+                frame = resize_frame(runtime, action.cores, cpus=list(cpus) if cpus is not None else None, max_batch=action.batch)
+                reply = self._resize(record, runtime.key, frame, by="vertical", reason=f"{action.status}: {action.reason}")
+                if reply.get("status") == 200:
+                    spare -= action.cores - cores
+                    self._dwells.setdefault(runtime.key, ShrinkDwell(self.shrink_after)).reset()
+                    self.last_actions[runtime.key] = action
+                    done.append(reply)
+            return done
+
+    def _observation(self, runtime: DesiredRuntime, stats: dict) -> VerticalObservation:
+        """What the controller sees of a runtime from its `stats`: budgets less the block's reserve (the later
+        stages' planned time), the rate with `RATE_HEADROOM`."""
         assert runtime.vertical is not None
-        max_cores = max(max_cores, min_cores)
         reserve = runtime.vertical.reserve_ms
         budgets = tuple(float(b) - reserve for b in stats.get("budgets_ms") or ())
         queued = stats.get("queued_budgets")
-        observation = VerticalObservation(cores=int(stats["cores"]), batch=int(stats.get("max_batch") or 1),
-                                          rate_rps=float(stats.get("rate_rps") or 0.0) * RATE_HEADROOM, budgets_ms=budgets,
-                                          queued=queued if isinstance(queued, int) and 0 <= queued <= len(budgets) else None)
+        return VerticalObservation(cores=int(stats["cores"]), batch=int(stats.get("max_batch") or 1),
+                                   rate_rps=float(stats.get("rate_rps") or 0.0) * RATE_HEADROOM, budgets_ms=budgets,
+                                   queued=queued if isinstance(queued, int) and 0 <= queued <= len(budgets) else None)
+
+    @staticmethod
+    def _batch_limit(runtime: DesiredRuntime, stats: dict) -> int:
         limit = runtime.batch_limit
         if isinstance(stats.get("max_batch_limit"), int):  # a runtime started with an older block may allow less
             limit = max(1, min(limit, stats["max_batch_limit"]))
+        return limit
+
+    def _decide(self, runtime: DesiredRuntime, stats: dict, min_cores: int, max_cores: int) -> VerticalAction:
+        assert runtime.vertical is not None
+        max_cores = max(max_cores, min_cores)
+        observation = self._observation(runtime, stats)
+        limit = self._batch_limit(runtime, stats)
         action = self.controller(runtime.vertical.model, observation, min_cores=min_cores, max_cores=max_cores, max_batch=limit)
         # Keep the decision within what this tick allows (an idle runtime keeps its size, which may be above it).
         cores = min(max(action.cores, min_cores), max_cores)
