@@ -371,6 +371,7 @@ def targets_build(router_url: str, *, seed: int) -> list[Target]:
 
     from apps.policies.models import EnsemblePolicy, SloPolicy
     from apps.registry.models import Application, ModelVariant, Pipeline
+    from workers.wire import request_encode
 
     rng = np.random.default_rng(seed)
     variants = defaultdict(set)
@@ -378,7 +379,7 @@ def targets_build(router_url: str, *, seed: int) -> list[Target]:
         variants[app].add(name)
     ensembles = set(EnsemblePolicy.objects.values_list("application__name", flat=True))
     slo = {a: float(ms) for a, ms in SloPolicy.objects.values_list("application__name", "latency_p99_ms")}
-    inputs: dict[str, tuple[bytes, dict]] = {}
+    inputs: dict[str, tuple[bytes, dict, dict[str, str]]] = {}
     out: list[Target] = []
     with httpx.Client(base_url=router_url, timeout=5.0) as http:
         for app in Application.objects.order_by("name").values_list("name", flat=True):
@@ -386,17 +387,18 @@ def targets_build(router_url: str, *, seed: int) -> list[Target]:
             if meta.status_code != 200:
                 print(f"  {app}: not served by the routers ({meta.status_code}), no traffic")
                 continue
-            body, x = _request_body(meta.json(), rng)
-            inputs[app] = (body, x)
+            body, x, headers = _request_body(meta.json(), rng)
+            inputs[app] = (body, x, headers)
             kind = "ensemble" if app in ensembles else "flat"
             out.append(Target(app, kind, f"/v2/models/{app}/infer", body, slo.get(app, 100.0), {app: frozenset(variants[app])}, app,
-                              _expected_flat(app, x)))
+                              _expected_flat(app, x), headers))
     for pipeline in Pipeline.objects.order_by("name"):
         for path in pipeline.paths:  # each execution path, named in X-Tessera-Path
             stages = list(path["stages"])
             if stages[0] not in inputs:
                 continue
-            body, x = inputs[stages[0]]
+            _body, x, _headers = inputs[stages[0]]
+            body, _ = request_encode(x, binary=False)  # pipelines take JSON requests only
             name = pipeline.name if len(pipeline.paths) == 1 else f"{pipeline.name}:{path['name']}"
             out.append(Target(name, "pipeline", f"/v1/pipelines/{pipeline.name}/infer", body, float(path["slo_ms"]),
                               {s: frozenset(variants[s]) for s in stages}, stages[-1], _expected_pipeline(stages, x),
@@ -404,18 +406,30 @@ def targets_build(router_url: str, *, seed: int) -> list[Target]:
     return out
 
 
-def _request_body(meta: dict, rng) -> tuple[bytes, dict]:
+# Inputs at least this large go as the binary-data extension, as Triton's clients send tensors by default:
+# an image's 150,528 floats as JSON text cost the router about 20 ms to parse on a 2-core machine, half
+# classify-vgg's 40 ms SLO, and refused most of its queries at their deadline in CI (0 of 632 once).
+BINARY_INPUT_ELEMENTS = 4096
+
+
+def _request_body(meta: dict, rng) -> tuple[bytes, dict, dict[str, str]]:
+    """One query's body for the application `meta` describes, its inputs, and the headers it needs: JSON
+    for small inputs, the binary-data extension at `BINARY_INPUT_ELEMENTS` and above."""
     import numpy as np
 
-    x, tensors = {}, []
+    from workers.wire import request_encode
+
+    x = {}
     for spec in meta["inputs"]:
         shape = [1 if d < 0 else d for d in spec["shape"]]  # one query: the batch axis (-1) is 1
         if spec["datatype"] != "FP32":
             raise RuntimeError(f"{meta['name']}: input {spec['name']} is {spec['datatype']}; the soak sends FP32 only")
-        values = rng.normal(size=shape).astype(np.float32).round(3)
-        x[spec["name"]] = values
-        tensors.append({"name": spec["name"], "shape": shape, "datatype": "FP32", "data": values.ravel().tolist()})
-    return json.dumps({"inputs": tensors}).encode(), x
+        x[spec["name"]] = rng.normal(size=shape).astype(np.float32).round(3)
+    binary = sum(v.size for v in x.values()) >= BINARY_INPUT_ELEMENTS
+    body, header_length = request_encode(x, binary=binary)
+    if header_length is None:
+        return body, x, {}
+    return body, x, {"content-type": "application/octet-stream", "inference-header-content-length": str(header_length)}
 
 
 _SESSIONS: dict[tuple[str, str], Any] = {}
