@@ -16,6 +16,7 @@ from engine.ensembles.export import policy_mlp_write
 from engine.ensembles.scheduler import SchedulerSpec
 from engine.ensembles.vote import ensemble_vote
 from tests.onnx_builders import onnx_mlp_bytes
+from tests.waiting import wait_for
 from tests.workers.dataplane_helpers import runtime_spec, runtime_start
 from workers.router import Router, router_start_in_thread
 from workers.runtime.session import OnnxSession
@@ -131,10 +132,13 @@ def test_the_frequency_table_follows_the_probabilities_and_reports_reach_the_con
     for m, p in PROBABILITIES.items():
         assert abs(frequencies[m] - p) < 0.08, frequencies
     assert ensemble.frequencies.queries == 300  # kept across the table refreshes
-    import time
 
-    time.sleep(0.5)
-    entries = [a for r in reports for a in r["applications"] if a["application"] == "defend"]
+    def defend_entries() -> list[dict]:
+        return [a for r in list(reports) for a in r["applications"] if a["application"] == "defend"]
+
+    # The router reports on its own clock: wait for the report that holds the last query (not a fixed sleep).
+    wait_for(lambda: sum(e.get("query_sizes", {}).get("2", 0) for e in defend_entries()) >= 300, timeout_s=10, what="the reports of 300 queries")
+    entries = defend_entries()
     assert sum(e.get("query_sizes", {}).get("2", 0) for e in entries) == 300
     counted = [block for e in entries for block in e.get("ensembles", ())]
     assert sum(c["queries"] for c in counted) == 300 and counted[0]["scheduler"].startswith("random ensemble")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -53,6 +54,19 @@ def fleet(live_server, tmp_path):
         thread.join(timeout=10)
 
 
+def _post(url: str, body: dict) -> httpx.Response:
+    """One query, asked again (up to 5 times) while the router refuses it at its deadline: this router runs in
+    the test's process, sharing the interpreter with the live server and three agents, and on CI's two busy
+    cores a 20 ms SLO can pass before it picks an instance. A refusal at the deadline is what the router
+    promises under load; any other error, or a wrong answer, fails the test."""
+    for _attempt in range(5):
+        response = httpx.post(url, json=body, timeout=10)
+        if response.status_code != 504 or '"deadline_exceeded"' not in response.text:
+            return response
+        time.sleep(0.05)
+    return response
+
+
 def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
     for name in ("sim-a100-01", "sim-2080ti-01", "sim-cpu-01"):
         wait_for(lambda: Host.objects.get(name=name).converged_version == 1, what=f"{name} to converge")
@@ -81,7 +95,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
         body = {"id": "q1", "inputs": [{"name": "input", "shape": [3, 8], "datatype": "FP32", "data": rows.ravel().tolist()}]}
         served_by = set()
         for _ in range(20):
-            response = httpx.post(f"{handle.url}/v1/infer/tabular-cpu", json=body, timeout=10)
+            response = _post(f"{handle.url}/v1/infer/tabular-cpu", body)
             assert response.status_code == 200, response.text
             answer = response.json()
             variant = answer["parameters"]["variant"]
@@ -100,7 +114,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
         assert served_by <= {"linear", "random-features-256", "conv-features-80"} and served_by
 
         # The demo's pipeline, end to end on the real CPU: the classifier, then the calibrator on its answer.
-        response = httpx.post(f"{handle.url}/v1/pipelines/tabular-chain/infer", json=body, timeout=10)
+        response = _post(f"{handle.url}/v1/pipelines/tabular-chain/infer", body)
         assert response.status_code == 200, response.text
         stages = dict(part.split("=") for part in response.headers["X-Tessera-Variant"].split(", "))
         assert list(stages) == ["tabular-cpu", "tabular-calibrate"] and stages["tabular-calibrate"] == "temperature"
@@ -118,7 +132,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
         assert (got.argmax(1) == probabilities.argmax(1)).all()  # calibration never changes the winning class
 
         # A GPU application: served by a simulated runtime, labelled so, with no outputs computed.
-        response = httpx.post(f"{handle.url}/v1/infer/classify-resnet", json={"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]}, timeout=10)
+        response = _post(f"{handle.url}/v1/infer/classify-resnet", {"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]})
         assert response.status_code == 200, response.text
         assert response.json()["parameters"]["simulated"] is True
 
@@ -134,7 +148,7 @@ def test_agents_converge_report_and_serve_through_the_router(fleet) -> None:
         mps_instances = {f"sim-2080ti-01/{key}" for key in mps_runtimes.values_list("key", flat=True)}
         answered_by = set()
         for _ in range(300):
-            response = httpx.post(f"{handle.url}/v1/infer/classify-vgg", json={"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]}, timeout=10)
+            response = _post(f"{handle.url}/v1/infer/classify-vgg", {"inputs": [{"name": "images", "shape": [1, 1], "datatype": "FP32", "data": [0.0]}]})
             assert response.status_code == 200, response.text
             answered_by.add(response.json()["parameters"]["instance"])
             if answered_by & mps_instances:
