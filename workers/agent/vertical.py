@@ -299,6 +299,9 @@ class VerticalScaler:
     def pressure(self) -> list[dict]:
         """The check between ticks (see the module docstring): grows that cannot wait for the next tick, within
         the cores the host has spare; returns the resizes it made."""
+        desired = self.desired()
+        if desired is None or not any(r.vertical is not None and r.device_kind == "cpu" for r in desired.process_runtimes):
+            return []  # ten times a second: a host without vertical runtimes reads nothing else
         runtimes = self._cpu_runtimes()
         with self._lock:
             vertical = [(r, rec) for r, rec in runtimes if r.vertical is not None]
