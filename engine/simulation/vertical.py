@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
@@ -388,22 +388,46 @@ class SpongeExtendedPolicy:
 
 class BiscalePolicy:
     """Biscale's controller with the load prediction it needs (`_predicted_rps`); the measured and the
-    predicted rate are both taken times `headroom`."""
+    predicted rate are both taken times `headroom`.
+
+    `shrink_after`: the intervals a stage's smaller core count must have been enough before its instances
+    shrink (`ShrinkDwell`, per stage, on the controller's cores; the batch is the controller's, which the
+    cores kept only make faster). 1, the default, is Biscale as published (§p4.5: back to one-core
+    instances as soon as enough of them are ready). Departure with more: a burst's swings come back within
+    a few seconds, and a stage that has just shrunk to one core per instance meets the next swing a whole
+    interval late; the bench's `biscale-dwell` row holds the cores as the live agent holds Sponge's."""
 
     name = "biscale"
 
     def __init__(self, stages: Sequence[BiscaleStage], slo_ms: float, *, cores_cap: int | None = None, headroom: float = 1.0,
-                 horizon_s: float = 10.0, window: int = 10) -> None:
+                 horizon_s: float = 10.0, window: int = 10, shrink_after: int = 1) -> None:
         self.controller = BiscaleController(stages, slo_ms, cores_cap=cores_cap)
         self.headroom, self.horizon_s, self.window = headroom, horizon_s, window
+        ShrinkDwell(shrink_after)  # refuses a bad value here
+        self.shrink_after = shrink_after
+        self.dwells: dict[str, ShrinkDwell] = {}
         self.modes: list[str] = []
+        if shrink_after > 1:
+            self.name = "biscale-dwell"
 
     def decide(self, now_s: float, views: Sequence[StageView]) -> Mapping[str, StageTarget]:
         predicted = _predicted_rps(views, self.horizon_s, self.window)
         decision = self.controller.decide(rate_rps=_first_rate(views) * self.headroom, predicted_rps=predicted * self.headroom,
                                           ready={v.name: v.ready for v in views}, starting={v.name: v.starting for v in views})
         self.modes.append(decision.mode)
-        return decision.targets
+        if self.shrink_after == 1:
+            return decision.targets
+        targets = dict(decision.targets)
+        for v in views:
+            target = targets.get(v.name)
+            if target is None or v.ready == 0:
+                continue
+            dwell = self.dwells.setdefault(v.name, ShrinkDwell(self.shrink_after))
+            kept = dwell.settle(VerticalAction(target.cores, target.batch, True, "optimal", decision.mode), max(1, v.cores),
+                                lambda cores, batch=target.batch: VerticalAction(cores, batch, True, "optimal", "held"))
+            if kept.cores != target.cores:
+                targets[v.name] = replace(target, cores=kept.cores)
+        return targets
 
 
 def requests_from_rates(rates_rps: Sequence[float], *, slo_ms: float, seed: int = 0) -> list[VerticalRequest]:

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from engine.simulation.vertical import (BiscalePolicy, HorizontalPolicy, SpongeExtendedPolicy, SpongePolicy, StaticPolicy, VerticalRequest,
-                                        bursty_rates, requests_from_rates, vertical_simulate)
+from engine.simulation.vertical import (BiscalePolicy, HorizontalPolicy, SpongeExtendedPolicy, SpongePolicy, StageView, StaticPolicy,
+                                        VerticalRequest, bursty_rates, requests_from_rates, vertical_simulate)
 from engine.vertical.biscale import (BiscaleController, BiscalePlan, BiscaleProblem, BiscaleStage, BiscaleStageDecision,
                                      biscale_horizontal_solve, biscale_ip_solve, biscale_plan_validate, biscale_vertical_solve)
 from engine.vertical.controller import VerticalObservation, sponge_step
@@ -172,3 +172,46 @@ def test_the_simulator_replays_vertical_and_horizontal_scaling() -> None:
     assert (static.violations, static.dropped, len(static.latencies_ms), static.resizes) == (1, 1, 1, 0)
     sponge = vertical_simulate((DETECT,), late, SpongePolicy(DETECT), initial={"detect": (1, 1, 1)}, duration_s=3)
     assert sponge.violations == 1
+
+
+def test_biscale_with_a_shrink_dwell_holds_a_stage_s_cores_through_the_swings_of_a_burst() -> None:
+    """Issue 42: the controller as published goes back to one-core instances the interval enough of them are
+    ready, and meets the burst's next swing a whole interval late; with `shrink_after` a stage keeps the cores
+    it grew to until that many intervals in a row said fewer would do. Growing is never held."""
+    stages = (DETECT, CLASSIFY)
+    policy = BiscalePolicy(stages, SLO, headroom=1.25, shrink_after=3)
+    assert policy.name == "biscale-dwell" and BiscalePolicy(stages, SLO).name == "biscale"
+    with pytest.raises(ValueError, match="whole number of intervals"):
+        BiscalePolicy(stages, SLO, shrink_after=0)
+
+    def view(name: str, *, ready: int, cores: int, rate: float, history: tuple[float, ...]) -> StageView:
+        return StageView(name, ready, 0, cores, 1, rate, (), history)
+
+    # A burst at 45 rps on one one-core instance per stage: vertical scaling grows both stages at once.
+    burst = [view(s.name, ready=1, cores=1, rate=45.0, history=(10.0, 45.0)) for s in stages]
+    grown = policy.decide(1.0, burst)
+    published = BiscalePolicy(stages, SLO, headroom=1.25).decide(1.0, burst)
+    assert {n: t.cores for n, t in grown.items()} == {n: t.cores for n, t in published.items()}
+    held = {n: t.cores for n, t in grown.items()}
+    assert max(held.values()) > 1
+    # The load drops back: the published controller shrinks at once, the dwell holds the cores for 2 intervals.
+    calm = [view(s.name, ready=1, cores=held[s.name], rate=10.0, history=(45.0, 10.0)) for s in stages]
+    fresh = BiscalePolicy(stages, SLO, headroom=1.25).decide(2.0, calm)
+    smaller = [n for n in held if fresh[n].cores < held[n]]
+    assert smaller
+    for second in (2.0, 3.0):
+        kept = policy.decide(second, calm)
+        assert all(kept[n].cores == held[n] for n in smaller), kept
+    shrunk = policy.decide(4.0, calm)
+    assert all(shrunk[n].cores < held[n] for n in smaller), shrunk
+
+
+def test_the_shrink_dwell_cuts_biscale_s_violations_on_a_bursty_trace() -> None:
+    rates = bursty_rates(200, base_rps=10, peak_rps=45, seed=0)
+    requests = requests_from_rates(rates, slo_ms=SLO, seed=0)
+    stages = (DETECT, CLASSIFY)
+    initial = {"detect": (1, 1, 1), "classify": (1, 1, 1)}
+    published = vertical_simulate(stages, requests, BiscalePolicy(stages, SLO, headroom=1.25), initial=initial)
+    dwell = vertical_simulate(stages, requests, BiscalePolicy(stages, SLO, headroom=1.25, shrink_after=5), initial=initial)
+    assert published.violations > 0 and dwell.violations < published.violations
+    assert dwell.resizes < published.resizes  # fewer flips between sizes, too

@@ -20,13 +20,13 @@ def test_vertical_bench_quick(tmp_path: Path) -> None:
                             cwd=REPO, capture_output=True, text=True, timeout=230)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Sponge vs static 16 cores" in result.stdout and "Sponge with events (Tessera's fast loop) vs static 16 cores" in result.stdout
-    assert "Biscale on video" in result.stdout
+    assert "Biscale on video" in result.stdout and "Biscale with the shrink dwell on nlp" in result.stdout
     assert "Algorithm 3 equal to the IP (n = 1) on 8 of 8, Algorithm 4 equal to the IP (c = 1) on 8 of 8" in result.stdout
     with (tmp_path / "vertical.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert {(r["scenario"], r["policy"]) for r in rows} == {
         ("sponge", p) for p in ("sponge", "sponge-events", "static-16", "static-8", "horizontal")} | {
-        (s, p) for s in ("video", "audio", "nlp") for p in ("biscale", "horizontal", "vertical")} | {
+        (s, p) for s in ("video", "audio", "nlp") for p in ("biscale", "biscale-dwell", "horizontal", "horizontal-1.5", "vertical")} | {
         ("real", p) for p in ("sponge", "static-1", "static-max")}
     assert all(r["errors"] in ("", "0") for r in rows)  # the real runs lost nothing
     assert "Real run on this machine" in result.stdout
