@@ -429,33 +429,32 @@ def model_from_option(text: str) -> CheckModel:
 def measure_loop(run: Callable[[int], None], *, batches: Sequence[int], warmup: int = 3, min_iterations: int = 20,
                  min_time_s: float = 0.5, max_iterations: int = 2000, schedule: tuple[float, float, float] | None = None,
                  sync: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
-    """Time `run(batch)` as workers/profiler.py does (warm-up runs, then timed runs until both `min_iterations`
-    and `min_time_s`, at most `max_iterations`); or, with `schedule` = (start_at, window_s, gap_s), the co-run
-    rule: batch k runs back to back over the wall-clock window that starts at start_at + k * (window_s + gap_s)
-    and lasts window_s, its warm-up in the gap before it, so that processes measuring together, and the
-    parent reading the GPU's activity, share each window. `sync` waits for the device (CUDA is asynchronous)."""
+    """Time `run(batch)` by the profiler's rule (`workers.profiler.timed_runs`: warm-up runs, then timed runs
+    until both `min_iterations` and `min_time_s`, at most `max_iterations`); or, with `schedule` = (start_at,
+    window_s, gap_s), the co-run rule: batch k runs back to back over the wall-clock window that starts at
+    start_at + k * (window_s + gap_s) and lasts window_s, its warm-up in the gap before it, so that processes
+    measuring together, and the parent reading the GPU's activity, share each window. `sync` waits for the
+    device (CUDA is asynchronous)."""
+    from workers.profiler import timed_runs
+
     points = []
     for k, batch in enumerate(batches):
-        for _ in range(warmup):
-            run(batch)
-        sync()
-        window_s = None
-        if schedule is not None:
+        if schedule is None:
+            samples = timed_runs(lambda batch=batch: run(batch), warmup=warmup, min_iterations=min_iterations, min_time_s=min_time_s,
+                                 max_iterations=max_iterations, sync=sync)
+        else:
+            for _ in range(warmup):
+                run(batch)
+            sync()
             start_at, window_s, gap_s = schedule
             time.sleep(max(0.0, start_at + k * (window_s + gap_s) - time.time()))
-        samples: list[float] = []
-        started = time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            run(batch)
-            sync()
-            samples.append((time.perf_counter() - t0) * 1000.0)
-            elapsed = time.perf_counter() - started
-            if window_s is not None:
-                if elapsed >= window_s:
-                    break
-            elif len(samples) >= max_iterations or (len(samples) >= min_iterations and elapsed >= min_time_s):
-                break
+            samples = []
+            started = time.perf_counter()
+            while not samples or time.perf_counter() - started < window_s:
+                t0 = time.perf_counter()
+                run(batch)
+                sync()
+                samples.append((time.perf_counter() - t0) * 1000.0)
         total = sum(samples) / 1000.0
         points.append({"batch": batch, "latency_p50_ms": float(np.percentile(samples, 50)), "latency_p99_ms": float(np.percentile(samples, 99)),
                        "throughput_rps": batch * len(samples) / total if total > 0 else None, "iterations": len(samples)})

@@ -81,6 +81,24 @@ def _feed(session, batch: int, rng: np.random.Generator, string_length: int = DE
     return feed
 
 
+def timed_runs(run: Callable[[], Any], *, warmup: int = 3, min_iterations: int = 20, min_time_s: float = 0.5, max_iterations: int = 2000,
+               sync: Callable[[], Any] = lambda: None) -> list[float]:
+    """The profiler's timing rule, one batch size: `warmup` untimed runs, then timed runs (ms each) until both
+    `min_iterations` runs and `min_time_s` seconds are done, at most `max_iterations`. `sync` waits for the
+    device after each run (CUDA is asynchronous); scripts/gpu_check.py times PyTorch models by the same rule."""
+    for _ in range(warmup):
+        run()
+    sync()
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < max_iterations and (len(samples) < min_iterations or time.perf_counter() - started < min_time_s):
+        t0 = time.perf_counter()
+        run()
+        sync()
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return samples
+
+
 def profile_sweep(
     model: Path | bytes,
     *,
@@ -126,14 +144,8 @@ def profile_sweep(
     points: list[dict[str, Any]] = []
     for n, batch in enumerate(sorted(set(int(b) for b in batch_sizes))):
         feed = _feed(session, batch, rng, string_length)
-        for _ in range(warmup):
-            session.run(outputs, feed)
-        samples: list[float] = []
-        started = time.perf_counter()
-        while len(samples) < max_iterations and (len(samples) < min_iterations or time.perf_counter() - started < min_time_s):
-            t0 = time.perf_counter()
-            session.run(outputs, feed)
-            samples.append((time.perf_counter() - t0) * 1000.0)
+        samples = timed_runs(lambda feed=feed: session.run(outputs, feed), warmup=warmup, min_iterations=min_iterations, min_time_s=min_time_s,
+                             max_iterations=max_iterations)
         elapsed = sum(samples) / 1000.0
         point = {
             "batch_size": batch,
