@@ -29,8 +29,9 @@ What runs (all on this machine, sharing its cores; printed with the results):
   second. Offered loads are rounded to whole agents. The achieved rate is counted twice: from the 201
   answers, and from the RuntimeSample rows whose `at` falls in the measured window.
 - Browser: Chromium (Playwright, /usr/bin/chromium, headless, same machine) logged in as the demo's
-  viewer on /overview/; a hook on `TesseraLive.on("metrics")` records, for every host in a push's
-  `reports`, Date.now()/1000 - the report's `at` (stamped by the sender just before it sends; same
+  viewer on /overview/, with `--dashboards` - 1 more overview pages open beside it (default 5 in all,
+  issue 43's setting; each page its own WebSocket); a hook on the first page's `TesseraLive.on("metrics")`
+  records, for every host in a push's `reports`, Date.now()/1000 - the report's `at` (stamped by the sender just before it sends; same
   clock). So the delay is sender -> Daphne -> PostgreSQL commit -> Redis channel layer -> the
   WebSocket consumer's roll-up (pushed within 0.2 s) -> the browser's JavaScript. "seen" counts the
   (host, at) pairs the browser received against the reports answered 201 (a host reporting twice
@@ -434,9 +435,12 @@ HOOK = """() => {
 DRAIN = """() => { var b = window.__bench; var out = {delays: b.delays, pushes: b.pushes}; b.delays = []; b.pushes = 0; return out; }"""
 
 
-async def browser_open(playwright, base_url: str, password: str):
+async def browser_open(playwright, base_url: str, password: str, dashboards: int = 1):
+    """Chromium logged in as the viewer on /overview/, the page measured; `dashboards` - 1 more overview pages
+    of the same session stay open beside it, each with its own WebSocket (the load of several operators)."""
     browser = await playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
-    page = await browser.new_page(viewport={"width": 1280, "height": 900})
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})  # one session for every page
+    page = await context.new_page()
     page.set_default_timeout(30_000)
     sizes: list[int] = []
     page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: sizes.append(len(payload))))
@@ -447,6 +451,10 @@ async def browser_open(playwright, base_url: str, password: str):
     await page.wait_for_url(f"{base_url}/overview/")
     await page.wait_for_function("() => window.TesseraLive && TesseraLive.state.connected")
     await page.evaluate(HOOK)
+    for _ in range(dashboards - 1):
+        other = await context.new_page()
+        await other.goto(f"{base_url}/overview/")
+        await other.wait_for_function("() => window.TesseraLive && TesseraLive.state.connected")
     return browser, page, sizes
 
 
@@ -597,7 +605,8 @@ async def trials(args, seeded: dict, ports: list[int], server_pids: set[int]) ->
             from playwright.async_api import async_playwright
 
             playwright = await async_playwright().start()
-            browser, page, frame_sizes = await browser_open(playwright, f"http://127.0.0.1:{ports[0]}", seeded["viewer_password"])
+            browser, page, frame_sizes = await browser_open(playwright, f"http://127.0.0.1:{ports[0]}", seeded["viewer_password"],
+                                                             args.dashboards)
             browser_root = os.getpid()  # Playwright's driver and Chromium are this process's descendants
         idle = await api_probe(ports[0], seeded["operator_token"], time.monotonic() + min(args.duration, 10.0))
         seeded["api_idle_p95_s"] = percentile(idle, 0.95)
@@ -628,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ingest-processes", type=int, default=0,
                         help="agents post to `tessera ingest --processes K` (uvicorn) instead; browser and API probe stay on `serve`")
     parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no delay to the browser)")
+    parser.add_argument("--dashboards", type=int, default=5, help="overview pages open in Chromium (the first is measured; issue 43: 5)")
     parser.add_argument("--browser-server-alone", action="store_true",
                         help="with --servers K > 1: the browser's server (the first) takes no agent reports")
     parser.add_argument("--quick", action="store_true", help="smoke run: loads 700,7000, 6 s each")
@@ -635,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
     parser.add_argument("--png", type=Path, default=REPO / "docs" / "img" / "telemetry.png")
     args = parser.parse_args(argv)
+    if args.dashboards < 1:
+        parser.error("--dashboards must be >= 1")
     if args.quick:
         args.loads, args.duration, args.warmup = "700,7000", 6.0, 3.0
     args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
@@ -665,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
               + f"; {os.cpu_count()} cores shared by everything.\n"
               f"  Agents are STAND-INS: one asyncio process, one keep-alive connection and one report per second each;"
               f" a report = {math.ceil(args.instances / MIG_PER_GPU)} A100 GPU(s), {args.instances} MIG instances, {args.instances} runtimes (no runtime runs).\n"
-              f"  Browser: {'none' if args.no_browser else 'Chromium (headless, same machine) as viewer on /overview/'};"
+              f"  Browser: {'none' if args.no_browser else f'Chromium (headless, same machine) as viewer, {args.dashboards} overview page(s) open, the first measured'};"
               f" {args.warmup:g} s warm-up + {args.duration:g} s measured per load.\n"
               f"  Machine busy before the bench started: {background:.0f}% of its cores", flush=True)
         base = port_free_find(args.servers + (1 if args.ingest_processes else 0))

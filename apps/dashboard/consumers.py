@@ -6,7 +6,8 @@ Server -> client:
 - {"type": "subscribed", "topic": t} or {"type": "error", "topic": t, "error": "..."};
 - {"type": "metrics", ...}: roll-ups of the fleet's telemetry (apps/telemetry/rollup.py), sent within
   `FLUSH_S` of a report arriving and at least once per `TICK_S` without one; with "instances" also
-  subscribed, every instance's load and utilisation in it (the fleet page);
+  subscribed, every instance's load and utilisation in it (the fleet page). The process's one `LiveHub`
+  (apps/dashboard/live.py) receives the reports and rolls them up once per view, not once per socket;
 - {"type": "job", ...} as a job's status, progress or log changes; {"type": "change", ...} per audited change;
 - {"type": "tick", "at": ...} once per `TICK_S` to pages without metrics, so they can tell a live stream
   from a dead one."""
@@ -24,14 +25,13 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from apps.core.consumers import UNAUTHENTICATED
 from apps.core.metrics import live_sockets
 from apps.core.streams import CHANGE_GROUP, stream_server_loop_register
+from apps.dashboard.live import TICK_S, catalogue_key, live_hub
 from apps.jobs.streams import JOB_GROUP
-from apps.telemetry.rollup import LiveWindow
 from apps.telemetry.selectors import application_catalogue_for
 from apps.telemetry.streams import METRICS_GROUP
 
-FLUSH_S = 0.2  # a report reaches the browser within this (plus transit): coalesces a fleet's reports
-TICK_S = 1.0
 CATALOGUE_REFRESH_S = 30.0  # variants and SLOs change rarely; a page reload is immediate anyway
+METRICS_TOPICS = frozenset({"metrics", "instances"})  # served by the process's LiveHub, not by joining the group
 
 
 @dataclass(frozen=True)
@@ -61,10 +61,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.user = user
         self.permissions = await database_sync_to_async(user.get_all_permissions)()
         self.subscribed: set[str] = set()
-        self.window = LiveWindow()
         self.catalogue: dict = {}
+        self.catalogue_key: tuple = ()
         self.catalogue_at = 0.0
-        self.dirty = False
+        self.hub = None
         stream_server_loop_register(asyncio.get_running_loop())
         await self.accept()
         live_sockets.inc()
@@ -86,8 +86,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-        for group in {TOPICS[topic].group for topic in getattr(self, "subscribed", ())}:
+        if getattr(self, "hub", None) is not None:
+            await self.hub.leave(self)
+            self.hub = None
+        for group in {TOPICS[topic].group for topic in getattr(self, "subscribed", ()) if topic not in METRICS_TOPICS}:
             await self.channel_layer.group_discard(group, self.channel_name)
+
+    @property
+    def wants_instances(self) -> bool:
+        return "instances" in self.subscribed
 
     def _may(self, perm: str) -> bool:
         return self.user.is_superuser or perm in self.permissions
@@ -121,53 +128,45 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if missing:
             await self.send_json({"type": "error", "topic": topic, "error": f"Forbidden: needs {', '.join(missing)}."})
             return
-        if topic in ("metrics", "instances") and not self.catalogue_at:
-            await self._catalogue_refresh()
-        await self.channel_layer.group_add(spec.group, self.channel_name)
-        self.subscribed.add(topic)
+        if topic in METRICS_TOPICS:
+            if not self.catalogue_at:
+                await self._catalogue_refresh()
+            self.subscribed.add(topic)
+            if self.hub is None:
+                self.hub = live_hub()
+                await self.hub.join(self)
+        else:
+            await self.channel_layer.group_add(spec.group, self.channel_name)
+            self.subscribed.add(topic)
         await self.send_json({"type": "subscribed", "topic": topic})
 
     async def _unsubscribe(self, topic) -> None:
         if topic in self.subscribed:
             self.subscribed.discard(topic)
-            group = TOPICS[topic].group
-            if not any(TOPICS[other].group == group for other in self.subscribed):  # "metrics" and "instances" share one
-                await self.channel_layer.group_discard(group, self.channel_name)
+            if topic in METRICS_TOPICS:
+                if not METRICS_TOPICS & self.subscribed and self.hub is not None:  # "metrics" and "instances" share one
+                    await self.hub.leave(self)
+                    self.hub = None
+            else:
+                await self.channel_layer.group_discard(TOPICS[topic].group, self.channel_name)
 
     async def _catalogue_refresh(self) -> None:
         self.catalogue = await database_sync_to_async(application_catalogue_for)(self.user)
+        self.catalogue_key = catalogue_key(self.catalogue)
         self.catalogue_at = time.monotonic()
 
     async def _pump(self) -> None:
-        """Push a metrics roll-up within FLUSH_S of new reports, and something at least every TICK_S."""
-        last_sent = time.monotonic()
+        """A page with metrics gets them from the hub; this keeps its catalogue fresh. A page without gets a
+        tick every TICK_S, so that it can tell a live stream from a dead one."""
         while True:
-            await asyncio.sleep(FLUSH_S)
-            now = time.monotonic()
-            due = now - last_sent >= TICK_S
-            if {"metrics", "instances"} & self.subscribed:
-                if not (self.dirty or due):
-                    continue
-                if now - self.catalogue_at >= CATALOGUE_REFRESH_S:
+            await asyncio.sleep(TICK_S)
+            if METRICS_TOPICS & self.subscribed:
+                if time.monotonic() - self.catalogue_at >= CATALOGUE_REFRESH_S:
                     await self._catalogue_refresh()
-                self.dirty = False
-                snapshot = self.window.snapshot(now=time.time(), catalogue=self.catalogue, instances="instances" in self.subscribed)
-                await self.send_json({"type": "metrics", **snapshot})
-                last_sent = now
-            elif due:
+            else:
                 await self.send_json({"type": "tick", "at": time.time()})
-                last_sent = now
 
     # ---------------------------------------------------------------- channel-layer events
-
-    async def metrics_hosts(self, event: dict) -> None:
-        for report in event["reports"]:
-            self.window.host_report(report)
-        self.dirty = True
-
-    async def metrics_router(self, event: dict) -> None:
-        self.window.router_report(event)
-        self.dirty = True
 
     async def job_update(self, event: dict) -> None:
         await self.send_json({**{k: v for k, v in event.items() if k != "type"}, "type": "job"})

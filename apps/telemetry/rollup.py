@@ -13,7 +13,7 @@ Definitions (one place):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,13 @@ class LiveWindow:
         since the previous snapshot (with their reports' times) and, with `instances`, every instance's load
         and utilisation (the fleet page's; for a large fleet it is most of the message, so pages that do not
         draw instances go without)."""
+        return self.snapshots(now=now, views=[(catalogue, instances)])[0]
+
+    def snapshots(self, *, now: float, views: Sequence[tuple[Mapping[str, ApplicationCatalogue], bool]]) -> list[dict[str, Any]]:
+        """`snapshot` for several views of the same moment at once, one per (catalogue, instances): what the
+        window holds is read once and rolled up once per catalogue, not once per browser (issue 43; the
+        dashboard's hub sends each result to every socket that shares it). The hosts that reported since
+        the previous call are in every view's "reports"."""
         self._expire(now)
         routers = [
             RouterCounts(
@@ -197,26 +204,30 @@ class LiveWindow:
         for latest in self.runtimes.values():
             key = (latest.data.get("application", ""), latest.data.get("variant", ""))
             served[key] = served.get(key, 0) + int(latest.data.get("served", 0))
-        applications = application_rollup(
-            routers=routers,
-            variants=[VariantServed(application=a, variant=v, served=n) for (a, v), n in served.items()],
-            catalogue=catalogue,
-        )
+        variants = [VariantServed(application=a, variant=v, served=n) for (a, v), n in served.items()]
         utilisations = [u for u in (latest.data.get("utilization_pct") for latest in self.instances.values()) if u is not None]
-        per_instance = self._per_instance() if instances else {}
+        per_instance = self._per_instance() if any(instances for _catalogue, instances in views) else {}
         fresh, self.fresh_hosts = self.fresh_hosts, {}
-        return {
-            "at": now,
-            "report_age_s": None if self.last_report_at is None else max(0.0, now - self.last_report_at),
-            "applications": {name: roll.as_dict() for name, roll in sorted(applications.items())},
-            "instances": per_instance,
-            "fleet": {
-                "hosts_reporting": sum(1 for at in self.hosts.values() if at >= now - self.horizon_s),
-                "runtimes": len(self.runtimes),
-                "gpu_slices": len(self.instances),  # MIG instances, and whole GPUs without MIG
-                "gpu_utilization_mean_pct": round(sum(utilisations) / len(utilisations), 1) if utilisations else None,
-                "demand_rps": round(sum(a.demand_rps for a in applications.values()), 2),
-                "served_rps": round(sum(a.served_rps for a in applications.values()), 2),
-            },
-            "reports": fresh,
+        fleet = {
+            "hosts_reporting": sum(1 for at in self.hosts.values() if at >= now - self.horizon_s),
+            "runtimes": len(self.runtimes),
+            "gpu_slices": len(self.instances),  # MIG instances, and whole GPUs without MIG
+            "gpu_utilization_mean_pct": round(sum(utilisations) / len(utilisations), 1) if utilisations else None,
         }
+        report_age = None if self.last_report_at is None else max(0.0, now - self.last_report_at)
+        out = []
+        for catalogue, instances in views:
+            applications = application_rollup(routers=routers, variants=variants, catalogue=catalogue)
+            out.append({
+                "at": now,
+                "report_age_s": report_age,
+                "applications": {name: roll.as_dict() for name, roll in sorted(applications.items())},
+                "instances": per_instance if instances else {},
+                "fleet": {
+                    **fleet,
+                    "demand_rps": round(sum(a.demand_rps for a in applications.values()), 2),
+                    "served_rps": round(sum(a.served_rps for a in applications.values()), 2),
+                },
+                "reports": fresh,
+            })
+        return out

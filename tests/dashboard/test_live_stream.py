@@ -174,6 +174,58 @@ def test_job_and_change_events_arrive_as_they_happen(users):
     assert {m["type"] for m in seen_by_limited} <= {"tick"}  # no view permission on hosts: no change sent
 
 
+@pytest.mark.django_db(transaction=True)
+def test_one_process_rolls_up_once_per_view_however_many_dashboards_are_open(users):
+    """Issue 43: the reports reach the process once and are rolled up once per view (the applications a user
+    may see, with or without instances), not once per socket; every socket still gets its own view."""
+    from apps.dashboard.live import live_hub
+    from apps.telemetry.rollup import LiveWindow
+
+    application = ApplicationFactory(name="hub-app")
+    SloPolicy.objects.create(application=application, latency_p99_ms=40)
+    router, _ = router_credential_issue(name="hub-router")
+    snapshots_made = []
+    original = LiveWindow.snapshots
+
+    def counting(self, *, now, views):
+        snapshots_made.append(len(views))
+        return original(self, now=now, views=views)
+
+    def report():
+        router_report_ingest(credential=router, report={"router": "hub-router", "at": datetime.now(timezone.utc), "interval_s": 1.0,
+                                                         "applications": [{"application": "hub-app", "arrivals": 30, "served": 30}]})
+
+    async def scenario():
+        sockets = []
+        for i in range(6):  # five overview pages and one fleet page, two roles
+            communicator, _, _ = await _open(users["viewer"] if i % 2 else users["operator"])
+            topics = ["metrics", "instances"] if i == 0 else ["metrics"]
+            await communicator.send_json_to({"subscribe": topics})
+            for _ in topics:
+                await _until(communicator, "subscribed", timeout=2)
+            sockets.append(communicator)
+        hub = live_hub()
+        assert len(hub.sockets) == 6
+        await database_sync_to_async(report)()
+        got = [await _until(c, "metrics", lambda m: m["applications"].get("hub-app", {}).get("demand_rps") == 30) for c in sockets]
+        sends = hub.sends
+        for communicator in sockets:
+            await communicator.disconnect()
+        return got, sends, hub
+
+    LiveWindow.snapshots = counting
+    try:
+        got, sends, hub = asyncio.run(scenario())
+    finally:
+        LiveWindow.snapshots = original
+    # The viewer's and the operator's catalogues hold the same applications here: two views (with and
+    # without instances) at most per roll-up, whatever the six sockets.
+    assert snapshots_made and max(snapshots_made) <= 2
+    assert sends <= 2 * len(snapshots_made)
+    assert all(m["applications"]["hub-app"]["slo_ms"] == 40 for m in got)
+    assert not hub.sockets and not hub._tasks  # the last page to leave stopped the hub
+
+
 def test_messages_are_json_a_browser_reads_even_with_a_nan():
     """The socket's messages are written by orjson: a NaN (a p99 of nothing) arrives as null, which the
     page's JSON.parse reads, where the standard library's NaN would make it drop the whole message."""
