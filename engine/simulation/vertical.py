@@ -17,8 +17,8 @@ which the simulator carries out as the agent does: running instances change core
 cores while they start), stopped instances leave when their batch is done (starting ones are stopped
 first). Cores are counted as allocated: every instance's cores, starting ones included, each second.
 
-A policy with a `react(now, view)` method is also asked on every arrival at a stage, between intervals, and
-may answer a grow of that stage at once (Sponge with `events`: `sponge_pressure_step`, as the agent's check
+A policy whose `reacts` is true is also asked `react(now, view)` on every arrival at a stage, between
+intervals, and may answer a grow of that stage at once (Sponge with `events`: `sponge_pressure_step`, as the agent's check
 between ticks); not while a resize of the stage is under way.
 
 The policies are thin: each calls the engine's own decision (`sponge_step`, `BiscaleController`,
@@ -134,7 +134,7 @@ def vertical_simulate(stages: Sequence[BiscaleStage], requests: Sequence[Vertica
         t += interval_s
     latencies: list[float] = []
     violations = dropped = resizes = starts = 0
-    reacting = policy if callable(getattr(policy, "react", None)) else None
+    reacting = policy if getattr(policy, "reacts", False) else None  # a view per arrival only for a policy that reads it
     second_viol: dict[int, int] = {}
     second_arr: dict[int, int] = {}
     second_lat: dict[int, list[float]] = {}
@@ -306,14 +306,12 @@ class SpongePolicy:
         self.stage = stage
         self.headroom = headroom
         self.dwell = ShrinkDwell(shrink_after)
-        self.events = events
+        self.reacts = events
         if events:
             self.name = "sponge-events"
 
     def react(self, now_s: float, view: StageView) -> StageTarget | None:
         """With `events`, between intervals: `sponge_pressure_step` on the queue as it is now (a grow, or nothing)."""
-        if not self.events:
-            return None
         observation = VerticalObservation(view.cores, view.batch, view.rate_rps * self.headroom, view.budgets_ms, queued=view.queued)
         action = sponge_pressure_step(self.stage.latency, observation, max_cores=self.stage.max_cores, max_batch=self.stage.max_batch)
         if action is None:
