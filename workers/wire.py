@@ -28,7 +28,7 @@
    `FrameParser().feed(data) -> [(header, body), ...]`. Frames larger than the limits (`MAX_HEADER_BYTES`,
    `MAX_BODY_BYTES`, or the `max_body` given) raise `FrameError`; the connection should then be closed.
    An infer frame names the application and variant its route expects; a runtime that serves another model
-   answers 409 `WRONG_MODEL` and runs nothing (workers/runtime/server.py).
+   answers 409 `WRONG_MODEL` and runs nothing (workers/runtime/served.py).
 """
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class DesiredRuntime:
     @property
     def batch_limit(self) -> int:
         """The largest batch cap the fast loop may set: the vertical block's max_batch when it gives one, else
-        max_batch or the largest profiled batch when above it (the runtime's own limit, workers/runtime/server.py)."""
+        max_batch or the largest profiled batch when above it (the runtime's own limit, workers/runtime/served.py)."""
         if self.vertical is not None and self.vertical.max_batch:
             return self.vertical.max_batch
         return max([self.max_batch] + [b for b, _ms in self.profile])

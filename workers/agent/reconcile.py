@@ -122,7 +122,7 @@ class ReconcileResult:
 
 def runtime_spec_build(runtime: DesiredRuntime, *, artifact_path: Path | None, device_uuid: str | None, simulated: bool,
                        cpu_oversubscribe: bool = False) -> dict:
-    """The runtime process's spec file (workers.runtime.server.RuntimeSpec). `cpu_oversubscribe`: a resize may
+    """The runtime process's spec file (workers.runtime.spec.RuntimeSpec). `cpu_oversubscribe`: a resize may
     give the runtime more cores than the machine has CPUs (a simulated host, whose declared cores the control
     plane plans with)."""
     artifact = runtime.variant.get("artifact") or {}

@@ -32,7 +32,7 @@ One tick:
    free ones), so that vertical runtimes do not share cores; runtimes without a `vertical` block are not
    pinned (they run on the CPUs they were started with).
 5. Resize. Shrinks first, then grows (the host's total never goes over its cores in between), each one
-   `resize` frame (workers/runtime/server.py) and one Operation `runtime.resize`, and an entry for the
+   `resize` frame (workers/runtime/served.py) and one Operation `runtime.resize`, and an entry for the
    metrics report (`resizes_take`).
 
 Between ticks (issue 42: react within the second a dip or a burst starts), every `pressure_s` (0.1 s) each

@@ -45,7 +45,7 @@ nothing by itself; a submission only queues the query and calls `arrival_hook`, 
 the round calls `turn_take(now, cap)` (the drop rule, then the policy's batch, run now: the round is the
 timer; None when there is nothing to run), `turn_run` and `turn_complete`.
 
-A running batcher can be resized in place (issue 19, vertical scaling: workers/runtime/server.py's `resize`):
+A running batcher can be resized in place (issue 19, vertical scaling: workers/runtime/served.py's `resize`):
 `reconfigure(max_batch=..., latency_ms=..., apply=...)` takes the lock, runs `apply()` (the caller's own
 swap, e.g. the session the next batch runs on), then sets the new batch cap and latency function and
 re-plans at once (a timer set under the old latency function may be too late, or too early, now). A batch
