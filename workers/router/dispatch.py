@@ -1,6 +1,7 @@
-"""Sending one query to an instance of its application: the weighted choice over the instances that can take
-it, retries on a refused, lost, draining or wrong-model instance, the deadline, and the outcome's metrics
-(`Dispatcher`). A query is only ever answered by the application and variant its route names."""
+"""Sending one query to an instance of its application (`Dispatcher`): the transport (connections, frame,
+deadline), retries on a refused, lost, draining or wrong-model instance, and the outcome's metrics; the
+instance is the choice policy's (workers/router/choice.py). A query is only ever answered by the application
+and variant its route names."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,8 @@ from typing import Callable
 
 from engine.dataplane.routing import NoRouteAvailable
 from workers.metrics import ApplicationStats
-from workers.router.table import Application, Route
+from workers.router.choice import InstanceChoice
+from workers.router.table import Application
 from workers.router.upstream import Upstream, UpstreamError
 from workers.wire import UNKNOWN_INSTANCE, WRONG_MODEL
 
@@ -29,13 +31,13 @@ class DispatchError(Exception):
 
 
 class Dispatcher:
-    """The connections to runtimes (one `Upstream` per endpoint, opened on first use) and the endpoints left
-    out for `unavailable_s` after they refused a connection, lost it, or answered `draining`.
+    """The transport of a query to an instance of its application: the connections to runtimes (one `Upstream`
+    per endpoint, opened on first use), the frame, the deadline and the retries; which instance is the
+    choice policy's (`InstanceChoice`, workers/router/choice.py).
 
-    `dispatch` draws the instance with `WeightedRouter.choose_excluding` over the routes that are not `ready`
-    (or have no endpoint) and those left out; a connection failure or a draining answer is retried on another
-    instance (`_MAX_ATTEMPTS` in all) while the deadline allows. The runtime gets the remaining milliseconds;
-    no answer by the deadline + `upstream_grace_s` is a drop (504 `deadline_exceeded`).
+    A connection failure or a draining answer leaves the endpoint out for `unavailable_s` and is retried on
+    another instance (`_MAX_ATTEMPTS` in all) while the deadline allows. The runtime gets the remaining
+    milliseconds; no answer by the deadline + `upstream_grace_s` is a drop (504 `deadline_exceeded`).
 
     Each frame names the application and the variant of its route. An instance that serves another model
     (a route the control plane is withdrawing) refuses with 409 `wrong_model` (a partition runtime that no
@@ -47,17 +49,22 @@ class Dispatcher:
     def __init__(self, *, upstream_grace_s: float = 2.0, connect_timeout_s: float = 1.0, unavailable_s: float = 1.0) -> None:
         self.upstream_grace_s = upstream_grace_s
         self.connect_timeout_s = connect_timeout_s
-        self.unavailable_s = unavailable_s
+        self.choice = InstanceChoice(unavailable_s=unavailable_s)
         self.upstreams: dict[str, Upstream] = {}
-        self.unavailable: dict[str, float] = {}  # endpoint -> until (time.monotonic): refused, lost or draining
-        self.stale: dict[tuple[str, str], int] = {}  # (application, instance) -> table version: serves another model
+
+    @property
+    def stale(self) -> dict[tuple[str, str], int]:
+        """(application, instance) -> table version: the instances found serving another model."""
+        return self.choice.stale
+
+    def excluded(self, app: Application, now: float) -> frozenset[str] | set[str]:
+        """The instances of `app` the choice leaves out now (`InstanceChoice.excluded`)."""
+        return self.choice.excluded(app, now)
 
     def upstreams_prune(self, apps: dict[str, Application]) -> None:
         """Close the connections to endpoints that no table in `apps` routes to; forget the stale instances of
         tables replaced since."""
-        for key, version in list(self.stale.items()):
-            if key[0] not in apps or apps[key[0]].version != version:
-                del self.stale[key]
+        self.choice.prune(apps)
         for endpoint in list(self.upstreams):
             if not any(r.endpoint == endpoint for app in apps.values() for r in app.routes.values()):
                 self.upstreams.pop(endpoint).close()
@@ -67,29 +74,27 @@ class Dispatcher:
             up.close()
         self.upstreams.clear()
 
-    def excluded(self, app: Application, now: float) -> frozenset[str] | set[str]:
-        """The instances of `app` not to draw now: the table's own exclusions, the endpoints left out and the
-        instances found serving another model under this version of the table."""
-        unavailable = self.unavailable
-        if not unavailable and not self.stale:
-            return app.excluded
-        bad = set(app.excluded)
-        if self.stale:
-            for (application, instance), version in list(self.stale.items()):
-                if application != app.name:
-                    continue
-                if version != app.version:  # a newer table: the control plane had its say, try it again
-                    del self.stale[(application, instance)]
-                else:
-                    bad.add(instance)
-        for endpoint, until in list(unavailable.items()):
-            if until <= now:
-                del unavailable[endpoint]
-                continue
-            for r in app.routes.values():
-                if r.endpoint == endpoint:
-                    bad.add(r.instance)
-        return bad
+    async def _send(self, endpoint: str, frame: dict, body: bytes, deadline: float) -> tuple[dict, bytes]:
+        """One attempt: the frame (its `deadline_ms` set to what is left) over the endpoint's connection,
+        opened if need be; the runtime's (header, body). UpstreamError when the connection fails;
+        asyncio.TimeoutError when no answer comes by the deadline + `upstream_grace_s`."""
+        loop = asyncio.get_running_loop()
+        upstream = self.upstreams.get(endpoint)
+        if upstream is None:
+            upstream = self.upstreams[endpoint] = Upstream(endpoint, loop)
+        if upstream.transport is None:
+            await upstream.connect(min(self.connect_timeout_s, deadline - time.monotonic() + self.upstream_grace_s))
+        remaining = deadline - time.monotonic()
+        frame["deadline_ms"] = remaining * 1000.0
+        fut = upstream.request(frame, body)
+        timer = loop.call_later(remaining + self.upstream_grace_s, _expire, fut)
+        try:
+            return await fut
+        except asyncio.TimeoutError:
+            upstream.forget(fut)
+            raise
+        finally:
+            timer.cancel()
 
     async def dispatch(self, app: Application, stats: "ApplicationStats | MemberStats", body: bytes, content_type: str | None,
                        header_length: int | None, t0: float, budget_ms: float, *, variant: str | None = None,
@@ -102,74 +107,44 @@ class Dispatcher:
         called as each attempt is sent. `choose(excluded)` picks the instance instead of the table's weights
         (an ensemble member's, by Garrison's instance routing); it raises NoRouteAvailable when none is left.
         Raises `DispatchError` when the router answers itself (no route, deadline, upstream error)."""
-        others = None
-        if variant is not None:
-            others = frozenset(i for i, r in app.routes.items() if r.variant != variant)
-        loop = asyncio.get_running_loop()
         clock = time.monotonic  # not loop.time(): uvloop's clock ticks in milliseconds
+        choice = self.choice
         application = app.name
         deadline = t0 + budget_ms / 1000.0
         frame = {"op": "infer", "id": 0, "deadline_ms": 0.0, "content_type": content_type, "header_length": header_length,
                  "instance": "", "routing_version": app.version, "application": application, "variant": ""}
         attempts = 0
-        route: Route | None = None
         while True:
             attempts += 1
             now = clock()
             try:
-                if app.picker is None:
-                    raise NoRouteAvailable(f"{application}: the routing table is empty")
-                excluded = self.excluded(app, now)
-                if others:
-                    excluded = others.union(excluded)
-                if choose is not None:
-                    instance = choose(excluded)
-                else:
-                    instance = app.picker.choose_excluding(excluded) if excluded else app.picker.choose()
+                route = choice.choose(app, now, variant=variant, choose=choose)
             except NoRouteAvailable as exc:
                 stats.no_route()
-                message = str(exc) if variant is None else f"{application}: no instance of variant {variant!r} can take the query now"
-                stale = sorted(i for (a, i), v in self.stale.items() if a == application and v == app.version)
-                if stale:
-                    message += f" ({', '.join(stale)} now serve another model; the routing table is being updated)"
-                raise DispatchError(503, "no_route", message) from None
-            route = app.routes[instance]
-            remaining = deadline - now
-            if remaining <= 0:
+                raise DispatchError(503, "no_route", str(exc)) from None
+            if deadline <= now:
                 stats.dropped((now - t0) * 1000.0)
                 raise DispatchError(504, "deadline_exceeded", f"the deadline ({budget_ms:g} ms) passed before an instance took the query")
-            endpoint = route.endpoint
-            upstream = self.upstreams.get(endpoint)  # type: ignore[arg-type]
-            if upstream is None:
-                upstream = self.upstreams[endpoint] = Upstream(endpoint, loop)  # type: ignore[index]
+            instance, endpoint = route.instance, route.endpoint
+            assert endpoint is not None  # routes without one are excluded from the draw
+            frame["instance"] = instance
+            frame["variant"] = route.variant
+            if on_instance is not None:
+                on_instance(instance)
             try:
-                if upstream.transport is None:
-                    await upstream.connect(min(self.connect_timeout_s, remaining + self.upstream_grace_s))
-                remaining = deadline - clock()
-                frame["deadline_ms"] = remaining * 1000.0
-                frame["instance"] = instance
-                frame["variant"] = route.variant
-                if on_instance is not None:
-                    on_instance(instance)
-                fut = upstream.request(frame, body)
-                timer = loop.call_later(remaining + self.upstream_grace_s, _expire, fut)
-                try:
-                    reply, reply_body = await fut
-                finally:
-                    timer.cancel()
+                reply, reply_body = await self._send(endpoint, frame, body, deadline)
             except asyncio.TimeoutError:
-                upstream.forget(fut)
                 stats.dropped((clock() - t0) * 1000.0, variant=route.variant, instance=instance)
                 raise DispatchError(504, "deadline_exceeded", f"no answer from instance {instance} by the deadline") from None
             except UpstreamError as exc:
-                self.unavailable[endpoint] = clock() + self.unavailable_s  # type: ignore[index]
+                choice.endpoint_unavailable(endpoint, clock())
                 if attempts < _MAX_ATTEMPTS:
                     continue
                 stats.failed((clock() - t0) * 1000.0, variant=route.variant, instance=instance)
                 raise DispatchError(502, "upstream_error", str(exc)) from None
             status = reply.get("status", 500)
             if status == 503 and reply.get("code") == "draining":
-                self.unavailable[endpoint] = clock() + self.unavailable_s  # type: ignore[index]
+                choice.endpoint_unavailable(endpoint, clock())
                 if attempts < _MAX_ATTEMPTS:
                     continue
                 stats.no_route()
@@ -178,7 +153,7 @@ class Dispatcher:
                     or not _serves(reply, application, route.variant)):
                 # A stale route: never relay another model's answer (nor a partition's "no such model", a route
                 # to a model its partition no longer holds); leave the instance out until a new table.
-                self.stale[(application, instance)] = app.version
+                choice.instance_stale(app, instance)
                 attempts -= 1
                 continue
             break

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -41,6 +41,14 @@ class Application:
     picker: WeightedRouter | None
     excluded: frozenset[str]
     ensemble: "RouterEnsemble | None" = None  # a random ensemble per query (workers/router/ensembles.py)
+    _others: dict[str, frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def others(self, variant: str) -> frozenset[str]:
+        """The instances that serve another variant than `variant` (not drawn for a query that names it)."""
+        found = self._others.get(variant)
+        if found is None:
+            found = self._others[variant] = frozenset(i for i, r in self.routes.items() if r.variant != variant)
+        return found
 
 
 def application_build(table: dict, previous: Application | None = None) -> Application:
