@@ -374,6 +374,42 @@ class BatchingPolicy(Protocol):
     def observe(self, batch: int, latency_ms: float, late: int) -> None: ...
 
 
+class _Policy:
+    """What the policies share: `decide` answers "nothing to do" (`_IDLE`) on an empty queue or a zero cap
+    and otherwise asks the policy's `_decide` with the queue's length `n` (>= 1); `observe` does nothing
+    unless the policy learns from its batches (AIMD, quantile)."""
+
+    __slots__ = ()
+    name = ""
+
+    def decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int) -> Dispatch:
+        n = len(queue)
+        if n == 0 or max_batch < 1:
+            return _IDLE
+        return self._decide(now_ms, queue, latency_ms, max_batch, n)
+
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
+        raise NotImplementedError
+
+    def observe(self, batch: int, latency_ms: float, late: int) -> None:
+        return None
+
+
+def _clamp(b: int, max_batch: int, n: int) -> int:
+    """`b` capped by the batch cap and the queries queued."""
+    if b > max_batch:
+        b = max_batch
+    return b if b < n else n
+
+
+def _positive_int(policy: str, name: str, value: Any, *, optional: bool = False) -> None:
+    """ValueError unless `value` is an integer >= 1 (or None, when `optional`)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{policy}: {name} must be a positive integer{' or None' if optional else ''}, not {value!r}")
+
+
 def _largest_feasible(latency_ms: Callable[[int], float], lo: int, hi: int, budget: float) -> int:
     """Largest b in [lo, hi] with latency_ms(b) <= budget, given latency_ms(lo) <= budget < latency_ms(hi)
     and latency non-decreasing (binary search)."""
@@ -386,14 +422,11 @@ def _largest_feasible(latency_ms: Callable[[int], float], lo: int, hi: int, budg
     return lo
 
 
-def _proactive_dispatch(now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, scale: float) -> Dispatch:
+def _proactive_dispatch(now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, q: int, scale: float) -> Dispatch:
     """Proteus's rule (see ProteusBatching), waiting until T_exp - T_process(q+1) x `scale`
     (QuantileBatching's tail scale; 1 for Proteus). Only the wait is scaled: the batch size when running
     now is Proteus's, by the profile (scaling it too shrank batches at high load, losing throughput:
-    3x Proteus's violations on benches/batching.py's Poisson case at 0.8 load)."""
-    q = len(queue)
-    if q == 0 or max_batch < 1:
-        return _IDLE
+    3x Proteus's violations on benches/batching.py's Poisson case at 0.8 load). `q` >= 1 queued."""
     deadline = queue.head()[2]
     if q < max_batch:
         wait_until = deadline - latency_ms(q + 1) * scale
@@ -410,7 +443,7 @@ def _proactive_dispatch(now_ms: float, queue: QueryQueue, latency_ms: Callable[[
     return Dispatch(b, now_ms)
 
 
-class ProteusBatching:
+class ProteusBatching(_Policy):
     """Proteus's adaptive batching (Ahmad et al., "Proteus: A High-Throughput Inference-Serving System with
     Accuracy Scaling", ASPLOS'24, §5 "Adaptive Batching", Figure 3; evaluated in §6.4, Figure 6).
     Proactive and NOT work-conserving.
@@ -446,16 +479,11 @@ class ProteusBatching:
     __slots__ = ()
     name = "proteus"
 
-    def decide(
-        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
-    ) -> Dispatch:
-        return _proactive_dispatch(now_ms, queue, latency_ms, max_batch, 1.0)
-
-    def observe(self, batch: int, latency_ms: float, late: int) -> None:
-        return None
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
+        return _proactive_dispatch(now_ms, queue, latency_ms, max_batch, n, 1.0)
 
 
-class QuantileBatching:
+class QuantileBatching(_Policy):
     """Proteus's proactive, non-work-conserving rule (`ProteusBatching`, §5 of the Proteus paper) timed
     against a tail quantile of the instance's measured service time instead of the profiled latency.
 
@@ -483,8 +511,8 @@ class QuantileBatching:
     def __init__(self, quantile: float = 0.99, window: int = 256, refresh: int = 16, initial_scale: float = 1.0) -> None:
         if not 0 < quantile <= 1:
             raise ValueError(f"quantile: quantile must be in (0, 1], not {quantile!r}")
-        if not (isinstance(window, int) and window >= 1 and isinstance(refresh, int) and refresh >= 1):
-            raise ValueError(f"quantile: window and refresh must be integers >= 1, not {window!r}, {refresh!r}")
+        _positive_int("quantile", "window", window)
+        _positive_int("quantile", "refresh", refresh)
         if not self.SCALE_MIN <= initial_scale <= self.SCALE_MAX:
             raise ValueError(f"quantile: initial_scale must be in [{self.SCALE_MIN}, {self.SCALE_MAX}], not {initial_scale!r}")
         self.quantile = float(quantile)
@@ -495,11 +523,9 @@ class QuantileBatching:
         self._seen = 0
         self._latency: Callable[[int], float] | None = None
 
-    def decide(
-        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
-    ) -> Dispatch:
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
         self._latency = latency_ms
-        return _proactive_dispatch(now_ms, queue, latency_ms, max_batch, self.scale)
+        return _proactive_dispatch(now_ms, queue, latency_ms, max_batch, n, self.scale)
 
     def observe(self, batch: int, latency_ms: float, late: int) -> None:
         profiled = self._latency(batch) if self._latency is not None and batch > 0 else 0.0
@@ -513,7 +539,7 @@ class QuantileBatching:
             self.scale = min(self.SCALE_MAX, max(self.SCALE_MIN, value))
 
 
-class AimdBatching:
+class AimdBatching(_Policy):
     """Clipper's AIMD batching as the Proteus paper uses it as a baseline (Ahmad et al., ASPLOS'24: §2.2
     "Challenge 2", §6.1.1 "Clipper", §6.4, Figure 6), after Clipper itself (Crankshaw et al., "Clipper: A
     Low-Latency Online Prediction Serving System", NSDI'17, §4.3, "Dynamic Batch Size").
@@ -563,19 +589,9 @@ class AimdBatching:
         """The batch size the cap allows now (its integer part, at least 1)."""
         return int(self.cap)
 
-    def decide(
-        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
-    ) -> Dispatch:
-        n = len(queue)
-        if n == 0 or max_batch < 1:
-            return _IDLE
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
         self._limit = max_batch
-        b = int(self.cap)
-        if b > max_batch:
-            b = max_batch
-        if b > n:
-            b = n
-        return Dispatch(b, now_ms)
+        return Dispatch(_clamp(int(self.cap), max_batch, n), now_ms)
 
     def observe(self, batch: int, latency_ms: float, late: int) -> None:
         slo = self.slo_ms
@@ -588,7 +604,7 @@ class AimdBatching:
             self.cap = cap if cap < limit else float(max(limit, 1))
 
 
-class NexusBatching:
+class NexusBatching(_Policy):
     """Nexus's early-drop batching as the Proteus paper uses it as a baseline (Ahmad et al., ASPLOS'24:
     §2.2 "Challenge 2": proactive early dropping, work-conserving; §6.4, Figure 6: Nexus sends a device its
     next batch as soon as the previous one finishes), after Nexus itself (Shen et al., "Nexus: A GPU
@@ -626,16 +642,10 @@ class NexusBatching:
     name = "nexus"
 
     def __init__(self, window: int | None = None) -> None:
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"nexus: window must be a positive integer or None, not {window!r}")
+        _positive_int("nexus", "window", window, optional=True)
         self.window = window
 
-    def decide(
-        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
-    ) -> Dispatch:
-        n = len(queue)
-        if n == 0 or max_batch < 1:
-            return _IDLE
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
         w = self.window
         if w is None or w > max_batch:
             w = max_batch
@@ -666,11 +676,8 @@ class NexusBatching:
                     b += 1
         return Dispatch(b, now_ms)
 
-    def observe(self, batch: int, latency_ms: float, late: int) -> None:
-        return None
 
-
-class MaxDelayBatching:
+class MaxDelayBatching(_Policy):
     """Triton-style dynamic batching (NVIDIA Triton Inference Server user guide, "Batchers: Dynamic Batcher",
     `preferred_batch_size` and `max_queue_delay_microseconds`, here in milliseconds). Not work-conserving
     when a delay is set. None of the papers defines it (Proteus §6.1.1 names Triton only as a static
@@ -722,12 +729,7 @@ class MaxDelayBatching:
             self._pref_for = max_batch
         return self._pref
 
-    def decide(
-        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
-    ) -> Dispatch:
-        n = len(queue)
-        if n == 0 or max_batch < 1:
-            return _IDLE
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
         top = max_batch if max_batch < n else n
         pref = self._pref if max_batch == self._pref_for else self._preferred(max_batch)
         i = bisect_right(pref, top)
@@ -740,11 +742,8 @@ class MaxDelayBatching:
             return Dispatch(top, now_ms)
         return Dispatch(top, due)
 
-    def observe(self, batch: int, latency_ms: float, late: int) -> None:
-        return None
 
-
-class FixedBatching:
+class FixedBatching(_Policy):
     """A fixed batch size (default 1, i.e. no batching), work-conserving: when idle take
     min(queued, size, max_batch) now. The baseline every other policy is compared with; with size 1 it is
     Proteus's "w/o AB" ablation (ASPLOS'24 §6.5, Figure 7: batch size set statically to 1)."""
@@ -753,25 +752,11 @@ class FixedBatching:
     name = "fixed"
 
     def __init__(self, size: int = 1) -> None:
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"fixed: size must be a positive integer, not {size!r}")
+        _positive_int("fixed", "size", size)
         self.size = size
 
-    def decide(
-        self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int
-    ) -> Dispatch:
-        n = len(queue)
-        if n == 0 or max_batch < 1:
-            return _IDLE
-        b = self.size
-        if b > max_batch:
-            b = max_batch
-        if b > n:
-            b = n
-        return Dispatch(b, now_ms)
-
-    def observe(self, batch: int, latency_ms: float, late: int) -> None:
-        return None
+    def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
+        return Dispatch(_clamp(self.size, max_batch, n), now_ms)
 
 
 class ProteusArtefactBatching:
