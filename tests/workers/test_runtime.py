@@ -183,6 +183,59 @@ def test_threaded_batcher_calls_done_once_per_query_from_any_thread() -> None:
     assert outcomes[10_005][0][0] is None and isinstance(outcomes[10_005][0][1], BatcherClosed)
 
 
+def test_an_idle_instance_runs_a_lone_query_inline_and_batches_the_rest_on_its_worker() -> None:
+    """`submit(inline=True)`: a query alone at an idle instance, which the policy runs now, runs on the
+    submitting thread (no hand-off); one that finds a batch running, or that the policy holds to grow a
+    batch, goes to the worker thread, and the queries queued behind a running batch are batched together."""
+    ran_on: list[tuple[str, list]] = []
+    gate = threading.Event()
+
+    def execute(payloads: list) -> list:
+        ran_on.append((threading.current_thread().name, list(payloads)))
+        if payloads[0] == "slow":
+            gate.wait(5)
+        return [f"{p}!" for p in payloads]
+
+    answers: dict = {}
+
+    def done_for(x):
+        return lambda result, exc: answers.__setitem__(x, (result, exc))
+
+    batcher = InstanceBatcher(batching_policy_make("nexus"), latency_ms=lambda b: 0.1, max_batch=8, execute=execute,
+                              slo_ms=10_000.0, record_batches=True).start()
+    try:
+        batcher.submit("a", done=done_for("a"), inline=True)
+        assert ran_on == [("MainThread", ["a"])] and answers["a"] == ("a!", None)  # answered before submit returned
+        # A batch running on the worker: queries submitted meanwhile wait for it and then go as one batch.
+        worker_side = threading.Thread(target=lambda: batcher.submit("slow", done=done_for("slow")), name="client")
+        worker_side.start()
+        worker_side.join()
+        deadline = time.monotonic() + 5
+        while len(ran_on) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for x in ("b", "c", "d"):
+            batcher.submit(x, done=done_for(x), inline=True)
+        assert "b" not in answers  # not run inline: the instance was busy
+        gate.set()
+        while len(answers) < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [(name, batch) for name, batch in ran_on[1:]] == [("tessera-batcher", ["slow"]), ("tessera-batcher", ["b", "c", "d"])]
+        assert all(answers[x] == (f"{x}!", None) for x in ("a", "b", "c", "d", "slow"))
+    finally:
+        gate.set()
+        batcher.close()
+    # A policy that holds a lone query to grow its batch (max-delay) decides the same: the worker runs it later.
+    ran_on.clear()
+    held = InstanceBatcher(batching_policy_make("max-delay", max_queue_delay_ms=20.0), latency_ms=lambda b: 0.1, max_batch=8,
+                           execute=execute, slo_ms=10_000.0).start()
+    try:
+        future = held.submit("e", inline=True)
+        assert ran_on == []
+        assert future.result(timeout=5) == "e!" and ran_on == [("tessera-batcher", ["e"])]
+    finally:
+        held.close()
+
+
 def test_stepped_batcher_on_a_virtual_clock() -> None:
     clock = VirtualClock()
     lat = {1: 10.0, 2: 16.0}.__getitem__

@@ -205,15 +205,23 @@ class InstanceBatcher:
     # ------------------------------------------------------------------ public API
 
     def submit(self, payload: Any, arrival_ms: float | None = None, deadline_ms: float | None = None, *,
-               done: Callable[[Any, BaseException | None], None] | None = None) -> Future:
+               done: Callable[[Any, BaseException | None], None] | None = None, inline: bool = False) -> Future:
         """Queue one query; the future resolves with its result or fails with `DeadlineExceeded`.
         `arrival_ms` defaults to now; `deadline_ms` to arrival + slo_ms. Stepped mode: virtual time first
         advances to `arrival_ms`. With `done`, no future is made: `done(result, None)` or `done(None, error)`
         is called once, on the thread that resolves the query, and what is returned only carries `query_id`
-        (the runtime's hot path: a `Future` costs a Condition and a lock per query)."""
+        (the runtime's hot path: a `Future` costs a Condition and a lock per query).
+
+        `inline` (threaded mode): when the instance is idle with nothing else queued and the policy runs
+        this query now, alone, run it on the calling thread instead of handing it to the worker (no thread
+        hop: the hop, a wake-up and two context switches, costs more than a small model's run). The policy
+        decides exactly as on the worker, so batching is untouched: a query that finds another queued or a
+        batch running, or that the policy would hold to grow a batch, goes to the worker as always."""
         if self.round_driven:
             return self._submit_queued(payload, arrival_ms, deadline_ms, done)
         stepped = self._thread is None
+        if inline and not stepped and self.turn is None:
+            return self._submit_inline(payload, arrival_ms, deadline_ms, done)
         if stepped and hasattr(self.clock, "advance_to"):
             # Completions and timers due by the arrival go first (also those due exactly now).
             now = self._now_ms()
@@ -231,6 +239,37 @@ class InstanceBatcher:
             batch = self._kick(now)
             if batch is not None:
                 self._dispatch_stepped(batch, now)
+        return future
+
+    def _submit_inline(self, payload: Any, arrival_ms: float | None, deadline_ms: float | None,
+                       done: Callable[[Any, BaseException | None], None] | None) -> Future:
+        """`submit(inline=True)` in threaded mode (see `submit`)."""
+        cond = self._cond
+        with cond:
+            now = self._now_ms()
+            future = self._enqueue(payload, now, arrival_ms, deadline_ms, done)
+            batch = None
+            if not self._busy and len(self.queue) == 1:
+                # Idle, and this query alone: the worker has nothing of its own to decide (a timer is only
+                # ever set for queued queries), so deciding here is deciding as it would.
+                self._timer_at = _INF
+                batch = self._kick(now)
+            if batch is None:  # queued behind others, or held by the policy: the worker's, as always
+                self._kick_needed = True
+                if self._worker_waiting:
+                    cond.notify()
+                return future
+            payloads = self._payloads(batch)
+        results, error, _measured = self._run(payloads)
+        end = self._now_ms()
+        with cond:
+            self._inflight_start = now
+            self._outcome = (results, error, end - now)
+            self._complete(end)
+            if len(self.queue) or self._kick_needed:  # a reconfigure (or anything queued) while it ran
+                self._kick_needed = True
+                if self._worker_waiting:
+                    cond.notify()
         return future
 
     def _submit_queued(self, payload: Any, arrival_ms: float | None, deadline_ms: float | None,
@@ -509,7 +548,9 @@ class InstanceBatcher:
                         self._fail_queued()
                         return
                     now = self._now_ms()
-                    if self._kick_needed or self._timer_at <= now:
+                    if self._busy:  # a batch runs inline on a submitter's thread: its end wakes this one
+                        pass
+                    elif self._kick_needed or self._timer_at <= now:
                         self._kick_needed = False
                         self._timer_at = _INF
                         batch = self._kick(now)

@@ -37,7 +37,7 @@ class FrameConnection:
     connection keeps frames whole, and a write waits until it is complete, at most `_SEND_TIMEOUT_S` (a peer
     that stops reading for that long is disconnected). `on_close(conn)` is called once it is closed."""
 
-    __slots__ = ("sock", "fd", "parser", "closed", "lock", "peer", "loop", "handle", "on_close")
+    __slots__ = ("sock", "fd", "parser", "closed", "lock", "peer", "loop", "handle", "on_close", "more")
 
     def __init__(self, sock: socket.socket, *, loop: asyncio.AbstractEventLoop, handle: FrameHandler,
                  on_close: Callable[["FrameConnection"], Any]) -> None:
@@ -49,6 +49,7 @@ class FrameConnection:
         self.loop = loop
         self.handle = handle
         self.on_close = on_close
+        self.more = False  # while a frame is handled: more frames of the same read wait behind it
         try:
             self.peer = sock.getpeername()
         except OSError:
@@ -76,8 +77,14 @@ class FrameConnection:
             self.close()
             return
         handle = self.handle
-        for header, body in frames:
-            handle(self, header, body)
+        last = len(frames) - 1
+        if last > 0:
+            self.more = True
+            for header, body in frames[:last]:
+                handle(self, header, body)
+            self.more = False
+        if last >= 0:
+            handle(self, *frames[last])
 
     def send(self, header: dict, body: bytes = b"") -> None:
         """Send one frame (any thread)."""

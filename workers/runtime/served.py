@@ -72,6 +72,9 @@ SESSION_CACHE_MAX = 4
 OVERSUBSCRIBED_CORES_MAX = 256
 _UNSET = object()
 NOT_CPU_RUNTIME = "not_cpu_runtime"
+# A query may run on the event loop's thread (no hand-off to the batcher's worker) when a batch of one is
+# planned to take at most this long: the loop reads nothing else meanwhile.
+INLINE_MAX_MS = 1.0
 
 
 
@@ -363,7 +366,12 @@ class ServedModel:
         context = (conn, rid, header)
         try:
             # The answer is encoded and sent from the thread that resolves the query (the batcher's worker).
-            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
+            # A cheap model's query that arrives alone at an idle instance runs right here (`inline`: the
+            # batcher decides as always, and hands everything else to its worker); more frames of this read
+            # waiting behind it would wait for the run, so then it goes to the worker.
+            inline = not conn.more and self.batcher.latency_ms(1) <= INLINE_MAX_MS
+            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, inline=inline,
+                                done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
         except BatcherClosed:
             with self._count_lock:
                 self.in_flight -= 1

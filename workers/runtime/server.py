@@ -17,8 +17,11 @@ model it names (a partition serves several: workers/runtime/partition.py) or ans
 workers/runtime/connection.py's.
 
 The hot path does not log, does not copy binary tensors (the arrays alias the frame's body; a query that
-carries its own batch axis and runs alone goes to the model as it is), and hops threads once per query: to
-the batcher's worker thread, which runs the batch and writes the answers itself.
+carries its own batch axis and runs alone goes to the model as it is), and hops threads at most once per
+query: to the batcher's worker thread, which runs the batch and writes the answers itself. A query that
+arrives alone (no other frame in the same read) at an idle instance of a cheap model (a batch of one
+planned at most 1 ms, `INLINE_MAX_MS`), which the policy runs at once, runs on the event loop's thread
+without the hop; everything else, and so every batch a policy forms under load, goes to the worker.
 """
 from __future__ import annotations
 
