@@ -89,7 +89,7 @@ CSV_FIELDS = (
     "model", "batch", "requests", "bare_p50_ms", "bare_p99_ms", "router_p50_ms", "router_p99_ms", "added_p50_ms", "added_p99_ms",
     "target_added_p99_ms", "clients", "duration_s", "bare_rows_per_s", "router_rows_per_s", "throughput_ratio", "target_ratio",
     "errors", "verdict", "bare_ms_per_request", "runtime_cpu_us_per_request", "router_cpu_us_per_request", "client_cpu_us_per_request",
-    "contention_factor", "batching_max", "batching_rows_per_s", "batching_ratio",
+    "contention_factor", "batching_max", "batching_rows_per_s", "batching_ratio", "batching_requests_per_run",
 )
 
 
@@ -145,6 +145,14 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout_s: float = 60.0) -> st
 
 
 NO_BATCHING = {"policy": "fixed", "params": {"size": 1}, "drop_rule": "never", "queue_order": "fifo", "slo_ms": 10_000.0}
+
+
+def runtime_counters(endpoint: str) -> dict[str, int]:
+    """The runtime's counters since it started (its `health` frame): served, batches, ..."""
+    from workers.agent.supervisor import frame_call
+
+    header, _body = frame_call(endpoint, {"op": "health", "id": 1})
+    return header["counters"]
 
 
 def start_dataplane(workdir: Path, model_path: Path, threads: int, profile: list[dict], max_batch: int = 1,
@@ -542,12 +550,18 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
                         "slo_ms": 10_000.0}
             procs, url = start_dataplane(workdir, model_path, args.threads, profile, max_batch=args.batching_max, batching=batching)
             host, _, port_text = url.removeprefix("http://").rpartition(":")
+            endpoint = (workdir / "runtime.ready").read_text().strip()
             try:
                 for row in rows:
                     b = row["batch"]
                     request = http_request(host, int(port_text), inputs[b])
                     throughput_router(host, int(port_text), request, args.clients, min(0.3, args.duration))  # warm-up
+                    before = runtime_counters(endpoint)
                     done, seconds, t_errors = throughput_router(host, int(port_text), request, args.clients, args.duration)
+                    after = runtime_counters(endpoint)
+                    # Requests per model run under load: the batches the policy still forms (a lone query at an
+                    # idle instance runs without the thread hop; this shows batching is not starved by it).
+                    row["batching_requests_per_run"] = (after["served"] - before["served"]) / max(1, after["batches"] - before["batches"])
                     row["batching_rows_per_s"] = done * b / seconds
                     row["batching_ratio"] = row["batching_rows_per_s"] / row["bare_rows_per_s"]
                     row["errors"] += t_errors
@@ -571,7 +585,8 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any]) -> list[str]:
         lines += ["", f"With the runtime's batching on (max-delay, no delay, up to {rows[0]['batching_max']} requests per model run;"
                   " bare still runs one request at a time):"]
         for r in rows:
-            lines.append(f"{r['model']:<6}{r['batch']:>5} {r['batching_rows_per_s']:>12,.0f} rows/s  ratio {r['batching_ratio']:.2f}")
+            lines.append(f"{r['model']:<6}{r['batch']:>5} {r['batching_rows_per_s']:>12,.0f} rows/s  ratio {r['batching_ratio']:.2f}"
+                         f"  {r['batching_requests_per_run']:.2f} requests per model run")
     lines += ["", "CPU per request in the throughput runs (us; user + system, all threads): where the router path's time goes",
               f"{'model':<6}{'batch':>5} {'bare ORT':>9} {'runtime':>9} {'router':>9} {'client':>9} {'overhead':>9}  (overhead = runtime - bare ORT + router + client)"]
     for r in rows:

@@ -73,8 +73,9 @@ OVERSUBSCRIBED_CORES_MAX = 256
 _UNSET = object()
 NOT_CPU_RUNTIME = "not_cpu_runtime"
 # A query may run on the event loop's thread (no hand-off to the batcher's worker) when a batch of one is
-# planned to take at most this long: the loop reads nothing else meanwhile.
-INLINE_MAX_MS = 1.0
+# planned to take at most this long: the loop reads nothing else meanwhile. TESSERA_RUNTIME_INLINE_MAX_MS
+# sets it (0: never; benches/dataplane.py measures with and without).
+INLINE_MAX_MS = float(os.environ.get("TESSERA_RUNTIME_INLINE_MAX_MS", "1.0"))
 
 
 
