@@ -83,6 +83,7 @@ from _common import PNG_SKIPPED, csv_rows_write, fmt, pyplot_load, service_argum
 TARGET_REPORTS = 1000.0  # agents' reports/s (HTTP): issue 22, a fleet of 1,000 GPU hosts reporting every second
 TARGET_P95_S = 0.5
 KEEP_UP = 0.99
+INGEST_SCALING_TARGET = 1.8  # issue 43: two ingest processes against one, reports/s ingested
 API_SLOWDOWN_MAX = 2.0  # operators' API p95 under load against idle: "unaffected" up to this ratio
 API_PROBE_EVERY_S = 0.1
 CHROMIUM = Path("/usr/bin/chromium")
@@ -634,8 +635,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=5.0, help="unmeasured seconds before each load's window")
     parser.add_argument("--servers", type=int, default=1, help="`tessera serve` instances on separate ports (agents spread over them)")
     parser.add_argument("--processes", type=int, default=1, help="Daphne processes per `tessera serve` (--processes: one socket)")
-    parser.add_argument("--ingest-processes", type=int, default=0,
-                        help="agents post to `tessera ingest --processes K` (uvicorn) instead; browser and API probe stay on `serve`")
+    parser.add_argument("--ingest-processes", default="0",
+                        help="agents post to `tessera ingest --processes K` (uvicorn) instead; browser and API probe stay on `serve`."
+                             " A list (1,2) runs every load once per count, one after the other, and prints how ingest scales")
     parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no delay to the browser)")
     parser.add_argument("--dashboards", type=int, default=5, help="overview pages open in Chromium (the first is measured; issue 43: 5)")
     parser.add_argument("--browser-server-alone", action="store_true",
@@ -650,6 +652,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.loads, args.duration, args.warmup = "700,7000", 6.0, 3.0
     args.loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    try:
+        counts = [int(x) for x in str(args.ingest_processes).split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--ingest-processes must be a count or a comma-separated list of counts, got {args.ingest_processes!r}")
+    if not counts or any(k < 0 for k in counts):
+        parser.error("--ingest-processes: counts must be >= 0")
+    args.ingest_processes = counts[0]
     if not args.no_browser and not CHROMIUM.exists():
         print(f"no Chromium at {CHROMIUM}: running without the browser")
         args.no_browser = True
@@ -673,24 +682,34 @@ def main(argv: list[str] | None = None) -> int:
         seeded = fleet_seed(hosts_needed, args.instances)
         print(f"Telemetry ingest (benches/telemetry.py): PostgreSQL {args.database} (fresh), Redis {args.redis} channel layer,"
               f" {args.servers} x `tessera serve --processes {args.processes}` (Daphne, DEBUG off)"
-              + (f", agents on `tessera ingest --processes {args.ingest_processes}` (uvicorn)" if args.ingest_processes else "")
+              + (f", agents on `tessera ingest --processes {'/'.join(map(str, counts))}` (uvicorn)" if any(counts) else "")
               + f"; {os.cpu_count()} cores shared by everything.\n"
               f"  Agents are STAND-INS: one asyncio process, one keep-alive connection and one report per second each;"
               f" a report = {math.ceil(args.instances / MIG_PER_GPU)} A100 GPU(s), {args.instances} MIG instances, {args.instances} runtimes (no runtime runs).\n"
               f"  Browser: {'none' if args.no_browser else f'Chromium (headless, same machine) as viewer, {args.dashboards} overview page(s) open, the first measured'};"
               f" {args.warmup:g} s warm-up + {args.duration:g} s measured per load.\n"
               f"  Machine busy before the bench started: {background:.0f}% of its cores", flush=True)
-        base = port_free_find(args.servers + (1 if args.ingest_processes else 0))
+        base = port_free_find(args.servers + len(counts))
         ports = [base + k for k in range(args.servers)]
-        args.ingest_port = base + args.servers if args.ingest_processes else None
+        rows = []
         try:
             for k, port in enumerate(ports):
                 servers.append(server_start(env, port, var_dir / f"server-{k}.log", args.processes))
-            if args.ingest_port:
-                servers.append(server_start(env, args.ingest_port, var_dir / f"server-{len(ports)}.log", args.ingest_processes, "ingest"))
-            for k, port in enumerate(ports + ([args.ingest_port] if args.ingest_port else [])):
+            for k, port in enumerate(ports):
                 server_wait(port, servers[k], var_dir / f"server-{k}.log")
-            rows = asyncio.run(trials(args, seeded, ports, {p.pid for p in servers}))
+            for j, count in enumerate(counts):  # the serve processes stay; the ingest service is started per count
+                args.ingest_processes = count
+                args.ingest_port = base + args.servers + j if count else None
+                ingest = None
+                if count:
+                    log = var_dir / f"server-{len(servers)}.log"
+                    ingest = server_start(env, args.ingest_port, log, count, "ingest")
+                    servers.append(ingest)
+                    server_wait(args.ingest_port, ingest, log)
+                rows += asyncio.run(trials(args, seeded, ports, {p.pid for p in servers if p.poll() is None}))
+                if ingest is not None and j < len(counts) - 1:
+                    os.killpg(ingest.pid, signal.SIGTERM)
+                    ingest.wait(timeout=30)
         finally:
             for proc in servers:
                 if proc.poll() is None:
@@ -720,20 +739,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table_print(rows: list[dict[str, Any]], args) -> None:
-    head = (f"{'reports/s':>9} {'ingested':>8} {'inst/s':>7} {'lost':>5} {'err':>4} {'http p50':>8} {'p95':>6} {'p99':>6}"
+    head = (f"{'ingest':>6} {'reports/s':>9} {'ingested':>8} {'inst/s':>7} {'lost':>5} {'err':>4} {'http p50':>8} {'p95':>6} {'p99':>6}"
             f" {'browser p50':>11} {'p95':>6} {'max':>6} {'seen':>6} {'api p95':>7} {'x idle':>6} {'cpu srv':>7} {'pg':>4} {'redis':>5}"
             f" {'brws':>4} {'gen':>4} {'other':>5} {'machine':>7}  verdict")
     print("\nagents' reports/s (offered = agents, ingested = 201 answers; inst/s = runtime records stored per second);"
           " lost = samples expected for the reports sent minus samples stored; latencies in ms; api = an operator's"
           f" GET /api/v1/hosts/ meanwhile; CPU in % of one core (machine: % of all {os.cpu_count()})\n" + head + "\n" + "-" * len(head))
     for r in rows:
-        print(f"{r['offered_http_rps']:>9.0f} {r['achieved_http_rps']:>8.1f} {r['db_instance_rps']:>7.0f} {r['samples_lost']:>5}"
+        print(f"{r['ingest_processes'] or 'serve':>6} {r['offered_http_rps']:>9.0f} {r['achieved_http_rps']:>8.1f} {r['db_instance_rps']:>7.0f} {r['samples_lost']:>5}"
               f" {r['errors'] + r['timeouts']:>4} {fmt(r['http_p50_ms'], '.1f'):>8} {fmt(r['http_p95_ms'], '.0f'):>6}"
               f" {fmt(r['http_p99_ms'], '.0f'):>6} {fmt(r['browser_p50_ms'], '.0f'):>11} {fmt(r['browser_p95_ms'], '.0f'):>6}"
               f" {fmt(r['browser_max_ms'], '.0f'):>6} {fmt(r['browser_seen'], 'd'):>6} {fmt(r['api_p95_ms'], '.0f'):>7}"
               f" {fmt(r['api_ratio'], '.2f'):>6} {r['cpu_server_pct']:>7.0f} {r['cpu_postgres_pct']:>4.0f} {r['cpu_redis_pct']:>5.0f}"
               f" {fmt(r['cpu_browser_pct'], '.0f'):>4} {r['cpu_generator_pct']:>4.0f} {r['cpu_other_pct']:>5.0f}"
               f" {fmt(r['cpu_machine_pct'], '.0f'):>7}  {r['verdict']}")
+    ingest_scaling_print(rows)
     at_target = [r for r in rows if r["offered_http_rps"] >= TARGET_REPORTS]
     best = max((r for r in rows if r["verdict"] == "meets"), key=lambda r: r["achieved_http_rps"], default=None)
     print(f"\ntarget (issue 22): {TARGET_REPORTS:.0f} agents' reports/s with nothing lost, browser p95 < {TARGET_P95_S * 1000:.0f} ms"
@@ -751,11 +771,35 @@ def table_print(rows: list[dict[str, Any]], args) -> None:
           " 'other' is CPU of processes outside the bench, which the numbers above had to share)")
 
 
+def ingest_scaling_print(rows: list[dict[str, Any]]) -> None:
+    """With more than one ingest process count: per offered load, reports ingested against one process's."""
+    counts = sorted({r["ingest_processes"] for r in rows if r["ingest_processes"]})
+    if len(counts) < 2:
+        return
+    print(f"\ningest scaling (issue 43: two processes >= {INGEST_SCALING_TARGET:g}x one), reports/s ingested:")
+    for offered in sorted({r["offered_http_rps"] for r in rows}):
+        by = {r["ingest_processes"]: r for r in rows if r["offered_http_rps"] == offered}
+        one = by.get(counts[0])
+        if one is None:
+            continue
+        parts = []
+        for k in counts[1:]:
+            if k in by and one["achieved_http_rps"] > 0:
+                ratio = by[k]["achieved_http_rps"] / one["achieved_http_rps"]
+                verdict = "" if k != 2 * counts[0] else (" meets" if ratio >= INGEST_SCALING_TARGET else " MISSES")
+                parts.append(f"{k} processes {by[k]['achieved_http_rps']:.0f}/s = {ratio:.2f}x{verdict}"
+                             f" (servers' CPU {by[k]['cpu_server_pct']:.0f}% of a core, PostgreSQL {by[k]['cpu_postgres_pct']:.0f}%,"
+                             f" generator {by[k]['cpu_generator_pct']:.0f}%, machine {fmt(by[k]['cpu_machine_pct'], '.0f')}%)")
+        print(f"  offered {offered:.0f}/s: {counts[0]} process(es) {one['achieved_http_rps']:.0f}/s"
+              f" (machine {fmt(one['cpu_machine_pct'], '.0f')}%); " + "; ".join(parts))
+
+
 def plot(rows: list[dict[str, Any]], path: Path, args) -> str:
     plt = pyplot_load()
     if plt is None:
         return PNG_SKIPPED.format(name=path.name)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in rows if r["ingest_processes"] == rows[0]["ingest_processes"]]  # one curve: the first count's
     offered = [r["offered_http_rps"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     left.plot(offered, offered, color="0.6", ls=":", lw=1, label="offered")

@@ -78,6 +78,22 @@ def test_a_well_formed_report_is_stored_on_the_fast_path(app, agents) -> None:
     assert Host.objects.get(pk=host.pk).last_seen is not None
 
 
+@pytest.mark.parametrize("form", ["Z", "+02:00", "naive", "space"])
+def test_a_reports_time_is_the_same_instant_whatever_iso_form_it_takes(app, agents, form) -> None:
+    """`at` parsed on the fast path (aware ISO 8601 by the standard library) or by DRF (any other form: naive
+    times are the default time zone, UTC) is stored as the same instant."""
+    from datetime import datetime, timedelta, timezone
+
+    application, spy = app
+    host, token = agents[0]
+    at = datetime.fromisoformat(iso(1).replace("Z", "+00:00"))
+    text = {"Z": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "+02:00": at.astimezone(timezone(timedelta(hours=2))).isoformat(),
+            "naive": at.replace(tzinfo=None).isoformat(), "space": at.strftime("%Y-%m-%d %H:%M:%S")}[form]
+    status, _headers, _body = asyncio.run(post(application, f"/api/v1/hosts/{host.pk}/metrics/", metrics(at=text), token))
+    assert status == 201 and spy.calls == 0
+    assert set(RuntimeSample.objects.filter(host=host).values_list("at", flat=True)) == {at}
+
+
 def test_reports_arriving_together_are_stored_in_one_batch(app, agents, monkeypatch) -> None:
     application, spy = app
     batches: list[int] = []
