@@ -508,6 +508,11 @@ async def api_probe(port: int, token: str, until: float) -> list[float]:
     return latencies
 
 
+def api_port(args, ports: list[int]) -> int:
+    """Where the operators' reads go: the browser's server, unless it is set apart (the last server then)."""
+    return ports[-1] if args.browser_server_alone and len(ports) > 1 else ports[0]
+
+
 async def load_run(args, load: float, seeded: dict, ports: list[int], page, frame_sizes: list[int], server_pids: set[int],
                    browser_root: int | None) -> dict[str, Any]:
     agents_n = max(1, round(load / args.instances))
@@ -521,7 +526,7 @@ async def load_run(args, load: float, seeded: dict, ports: list[int], page, fram
     wall_offset = time.time() - time.monotonic()
     tasks = [asyncio.ensure_future(a.run(start, t1_mono)) for a in agents]
     await asyncio.sleep(max(0.0, t0_mono - time.monotonic()))
-    probe = asyncio.ensure_future(api_probe(ports[0], seeded["operator_token"], t1_mono))
+    probe = asyncio.ensure_future(api_probe(api_port(args, ports), seeded["operator_token"], t1_mono))
     if page is not None:
         await page.evaluate(DRAIN)
     frame_sizes.clear()
@@ -609,7 +614,7 @@ async def trials(args, seeded: dict, ports: list[int], server_pids: set[int]) ->
             browser, page, frame_sizes = await browser_open(playwright, f"http://127.0.0.1:{ports[0]}", seeded["viewer_password"],
                                                              args.dashboards)
             browser_root = os.getpid()  # Playwright's driver and Chromium are this process's descendants
-        idle = await api_probe(ports[0], seeded["operator_token"], time.monotonic() + min(args.duration, 10.0))
+        idle = await api_probe(api_port(args, ports), seeded["operator_token"], time.monotonic() + min(args.duration, 10.0))
         seeded["api_idle_p95_s"] = percentile(idle, 0.95)
         print(f"  operators' API with no reports coming in: p50 {_ms(percentile(idle, 0.5)):.1f} ms,"
               f" p95 {_ms(seeded['api_idle_p95_s']):.1f} ms ({len(idle)} reads of GET /api/v1/hosts/?limit=50)", flush=True)
@@ -641,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true", help="skip Chromium (no delay to the browser)")
     parser.add_argument("--dashboards", type=int, default=5, help="overview pages open in Chromium (the first is measured; issue 43: 5)")
     parser.add_argument("--browser-server-alone", action="store_true",
-                        help="with --servers K > 1: the browser's server (the first) takes no agent reports")
+                        help="with --servers K > 1: the browser's server (the first) takes neither agent reports nor the"
+                             " operators' API reads (those go to the last): docs/deploy.md, 'The browser's server apart'")
     parser.add_argument("--quick", action="store_true", help="smoke run: loads 700,7000, 6 s each")
     service_arguments_add(parser, database="tessera_bench", redis_db=7)
     parser.add_argument("--out", type=Path, default=REPO / "bench-results")
