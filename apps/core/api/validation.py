@@ -197,7 +197,7 @@ def _serializer(serializer: serializers.Serializer) -> Check:
     if _overrides(serializer, serializers.Serializer, "run_validation", "to_internal_value", "validate_empty_values", "validate") \
             or serializer.validators:
         return _generic(serializer)
-    plan: list[tuple[str, Check, Any, bool | None]] = []  # (name, check, field, has_default); None: required
+    plan: list[tuple[str, Check, Any, bool | None]] = []  # (name, check, default getter, has_default); None: required
     for name, field in serializer.fields.items():
         if field.read_only:
             if field.default is not empty:
@@ -206,7 +206,7 @@ def _serializer(serializer: serializers.Serializer) -> Check:
         if field.source_attrs != [name] or hasattr(serializer, f"validate_{name}"):
             return _generic(serializer)
         if field.default is not empty:
-            plan.append((name, _compile(field), field, True))
+            plan.append((name, _compile(field), _default_getter(field), True))
         elif not field.required:
             plan.append((name, _compile(field), None, False))
         else:
@@ -216,15 +216,27 @@ def _serializer(serializer: serializers.Serializer) -> Check:
         if type(value) is not dict:
             raise _Defer
         out = {}
-        for name, field_check, field, has_default in plan:
+        for name, field_check, default, has_default in plan:
             if name in value:
                 out[name] = field_check(value[name])
             elif has_default:
-                out[name] = field.get_default()  # a fresh list for default=list, as DRF gives
+                out[name] = default()  # a fresh list for default=list, as DRF gives
             elif has_default is None:
                 raise _Defer  # required and missing
         return out
     return _nullable(serializer, check)
+
+
+def _default_getter(field: drf_fields.Field) -> Callable[[], Any]:
+    """What `field.get_default()` returns, without its walk to the root serializer on every call: the
+    constant itself, or the callable's value (a fresh list for `default=list`); DRF's own method for a
+    default that needs its context or a partial root (which skips defaults)."""
+    default = field.default
+    if getattr(field.root, "partial", False) or getattr(default, "requires_context", False):
+        return field.get_default
+    if callable(default):
+        return default
+    return lambda: default
 
 
 def _compile(field: drf_fields.Field) -> Check:
