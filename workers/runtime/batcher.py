@@ -249,13 +249,16 @@ class InstanceBatcher:
             now = self._now_ms()
             future = self._enqueue(payload, now, arrival_ms, deadline_ms, done)
             batch = None
-            if not self._busy and len(self.queue) == 1:
+            decided = not self._busy and len(self.queue) == 1
+            if decided:
                 # Idle, and this query alone: the worker has nothing of its own to decide (a timer is only
                 # ever set for queued queries), so deciding here is deciding as it would.
-                self._timer_at = _INF
                 batch = self._kick(now)
-            if batch is None:  # queued behind others, or held by the policy: the worker's, as always
-                self._kick_needed = True
+            if batch is None:
+                # Queued behind others: the worker decides, as always. Held by the policy (or dropped): the
+                # decision stands, and the worker only needs to see the timer it set (no second decision).
+                if not decided:
+                    self._kick_needed = True
                 if self._worker_waiting:
                     cond.notify()
                 return future
