@@ -80,9 +80,11 @@ class FrameConnection:
         last = len(frames) - 1
         if last > 0:
             self.more = True
-            for header, body in frames[:last]:
-                handle(self, header, body)
-            self.more = False
+            try:
+                for header, body in frames[:last]:
+                    handle(self, header, body)
+            finally:
+                self.more = False
         if last >= 0:
             handle(self, *frames[last])
 
