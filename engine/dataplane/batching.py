@@ -32,6 +32,7 @@ otherwise keep lower bounds that make a full scan rare), and nothing here logs.
 """
 from __future__ import annotations
 
+import abc
 import math
 from bisect import bisect_right
 from collections import deque
@@ -374,7 +375,7 @@ class BatchingPolicy(Protocol):
     def observe(self, batch: int, latency_ms: float, late: int) -> None: ...
 
 
-class _Policy:
+class _Policy(abc.ABC):
     """What the policies share: `decide` answers "nothing to do" (`_IDLE`) on an empty queue or a zero cap
     and otherwise asks the policy's `_decide` with the queue's length `n` (>= 1); `observe` does nothing
     unless the policy learns from its batches (AIMD, quantile)."""
@@ -388,8 +389,9 @@ class _Policy:
             return _IDLE
         return self._decide(now_ms, queue, latency_ms, max_batch, n)
 
+    @abc.abstractmethod
     def _decide(self, now_ms: float, queue: QueryQueue, latency_ms: Callable[[int], float], max_batch: int, n: int) -> Dispatch:
-        raise NotImplementedError
+        """The policy's answer for `n` >= 1 queued queries and a cap >= 1."""
 
     def observe(self, batch: int, latency_ms: float, late: int) -> None:
         return None

@@ -202,7 +202,7 @@ def test_an_idle_instance_runs_a_lone_query_inline_and_batches_the_rest_on_its_w
         return lambda result, exc: answers.__setitem__(x, (result, exc))
 
     batcher = InstanceBatcher(batching_policy_make("nexus"), latency_ms=lambda b: 0.1, max_batch=8, execute=execute,
-                              slo_ms=10_000.0, record_batches=True).start()
+                              slo_ms=10_000.0, record_batches=True, inline_max_ms=1.0).start()
     try:
         batcher.submit("a", done=done_for("a"), inline=True)
         assert ran_on == [("MainThread", ["a"])] and answers["a"] == ("a!", None)  # answered before submit returned
@@ -227,7 +227,7 @@ def test_an_idle_instance_runs_a_lone_query_inline_and_batches_the_rest_on_its_w
     # A policy that holds a lone query to grow its batch (max-delay) decides the same: the worker runs it later.
     ran_on.clear()
     held = InstanceBatcher(batching_policy_make("max-delay", max_queue_delay_ms=20.0), latency_ms=lambda b: 0.1, max_batch=8,
-                           execute=execute, slo_ms=10_000.0).start()
+                           execute=execute, slo_ms=10_000.0, inline_max_ms=1.0).start()
     try:
         future = held.submit("e", inline=True)
         assert ran_on == []

@@ -57,10 +57,6 @@ class Dispatcher:
         """(application, instance) -> table version: the instances found serving another model."""
         return self.choice.stale
 
-    def excluded(self, app: Application, now: float) -> frozenset[str] | set[str]:
-        """The instances of `app` the choice leaves out now (`InstanceChoice.excluded`)."""
-        return self.choice.excluded(app, now)
-
     def upstreams_prune(self, apps: dict[str, Application]) -> None:
         """Close the connections to endpoints that no table in `apps` routes to; forget the stale instances of
         tables replaced since."""

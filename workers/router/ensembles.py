@@ -256,7 +256,7 @@ async def ensemble_infer(dispatcher: "Dispatcher", app: "Application", stats: "A
         raise DispatchError(400, "malformed", str(exc)) from None
     stats.query_size(rows)
     now = time.monotonic()
-    excluded = dispatcher.excluded(app, now)
+    excluded = dispatcher.choice.excluded(app, now)
     ready: dict[str, list[str]] = {}
     for instance, route in app.routes.items():
         if instance not in excluded and route.weight > 0:

@@ -159,6 +159,7 @@ class InstanceBatcher:
         margin_ms: float = 0.0,
         turn: Callable[[], ContextManager[Any]] | None = None,
         round_driven: bool = False,
+        inline_max_ms: float = 0.0,
     ) -> None:
         if drop_rule not in DROP_RULES:
             raise ValueError(f"drop_rule must be one of {DROP_RULES}, not {drop_rule!r}")
@@ -173,6 +174,7 @@ class InstanceBatcher:
         if not (isinstance(margin_ms, (int, float)) and math.isfinite(margin_ms) and 0 <= margin_ms < slo_ms):
             raise ValueError(f"margin_ms must be >= 0 and below the SLO, not {margin_ms!r}")
         self.margin_ms = float(margin_ms)
+        self.inline_max_ms = float(inline_max_ms)  # `submit(inline=True)` only while latency(1) is at most this
         self.queue = QueryQueue(queue_order)  # validates the order
         self.service_ms = service_ms
         self.turn = turn  # shared-device turns around `execute` (see the module docstring)
@@ -212,15 +214,15 @@ class InstanceBatcher:
         is called once, on the thread that resolves the query, and what is returned only carries `query_id`
         (the runtime's hot path: a `Future` costs a Condition and a lock per query).
 
-        `inline` (threaded mode): when the instance is idle with nothing else queued and the policy runs
-        this query now, alone, run it on the calling thread instead of handing it to the worker (no thread
+        `inline` (threaded mode, a batch of one planned at most `inline_max_ms`): when the instance is idle
+        with nothing else queued and the policy runs this query now, alone, run it on the calling thread instead of handing it to the worker (no thread
         hop: the hop, a wake-up and two context switches, costs more than a small model's run). The policy
         decides exactly as on the worker, so batching is untouched: a query that finds another queued or a
         batch running, or that the policy would hold to grow a batch, goes to the worker as always."""
         if self.round_driven:
             return self._submit_queued(payload, arrival_ms, deadline_ms, done)
         stepped = self._thread is None
-        if inline and not stepped and self.turn is None:
+        if inline and not stepped and self.turn is None and self._lat1 <= self.inline_max_ms:
             return self._submit_inline(payload, arrival_ms, deadline_ms, done)
         if stepped and hasattr(self.clock, "advance_to"):
             # Completions and timers due by the arrival go first (also those due exactly now).
@@ -266,9 +268,7 @@ class InstanceBatcher:
         results, error, _measured = self._run(payloads)
         end = self._now_ms()
         with cond:
-            self._inflight_start = now
-            self._outcome = (results, error, end - now)
-            self._complete(end)
+            self._finish(now, results, error, end)
             if len(self.queue) or self._kick_needed:  # a reconfigure (or anything queued) while it ran
                 self._kick_needed = True
                 if self._worker_waiting:
@@ -506,6 +506,12 @@ class InstanceBatcher:
         self._outcome = (results, error, service)
         self._busy_end = now + service
 
+    def _finish(self, start: float, results: Sequence[Any] | None, error: BaseException | None, end: float) -> None:
+        """A batch run on this process's clock (started at `start`) ended at `end` (lock held)."""
+        self._inflight_start = start
+        self._outcome = (results, error, end - start)
+        self._complete(end)
+
     def _complete(self, end: float) -> None:
         """The batch in flight ended at `end`: resolve its futures and tell the policy."""
         batch = self._inflight
@@ -577,7 +583,5 @@ class InstanceBatcher:
                     results, error, _measured = self._run(payloads)
                     end = self._now_ms()
             with cond:
-                self._inflight_start = now
-                self._outcome = (results, error, end - now)
-                self._complete(end)
+                self._finish(now, results, error, end)
                 self._kick_needed = True

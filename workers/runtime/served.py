@@ -128,7 +128,7 @@ class ServedModel:
             self.batcher = InstanceBatcher(
                 policy, latency_ms=latency_ms, max_batch=spec.max_batch, execute=self._execute, drop_rule=b.drop_rule,
                 slo_ms=b.slo_ms, queue_order=b.queue_order,
-                margin_ms=b.margin_ms if b.margin_ms is not None else batching_margin_ms(b.slo_ms),
+                margin_ms=b.margin_ms if b.margin_ms is not None else batching_margin_ms(b.slo_ms), inline_max_ms=INLINE_MAX_MS,
                 turn=None if turns is None else functools.partial(turns.turn, spec.key), round_driven=round_driven,
             )
         except (ValueError, TypeError) as exc:
@@ -370,8 +370,7 @@ class ServedModel:
             # A cheap model's query that arrives alone at an idle instance runs right here (`inline`: the
             # batcher decides as always, and hands everything else to its worker); more frames of this read
             # waiting behind it would wait for the run, so then it goes to the worker.
-            inline = not conn.more and self.batcher.latency_ms(1) <= INLINE_MAX_MS
-            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, inline=inline,
+            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, inline=not conn.more,
                                 done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
         except BatcherClosed:
             with self._count_lock:

@@ -3,6 +3,7 @@ spec"): `RuntimeSpec` for one model, `PartitionSpec` for the models that time-sh
 and checked field by field (`RuntimeSpecError` names the field), and the ready file the agent polls for."""
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import math
@@ -40,12 +41,13 @@ def batching_margin_ms(slo_ms: float) -> float:
     return min(max(1.0, 0.05 * slo_ms), 0.25 * slo_ms)
 
 
-class _SpecFile:
+class _SpecFile(abc.ABC):
     """Reading and writing a spec as its JSON file (the dataclass's fields)."""
 
     @classmethod
+    @abc.abstractmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Any:
-        raise NotImplementedError
+        """The spec from its JSON object (RuntimeSpecError naming the field that is wrong)."""
 
     @classmethod
     def load(cls, path: str | Path) -> Any:
