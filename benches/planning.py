@@ -21,6 +21,13 @@ Measurements (HiGHS through plan_solve, `threads` HiGHS threads and the process 
 3. gain of MIG-aware planning on the same problems: joint vs proteus on whole GPUs (every device mig:
    false) vs proteus on a fixed homogeneous geometry (FIXED_GEOMETRY on every GPU, fixed_layout), all at
    the same 1 % gap, as ratios joint / baseline.
+4. fleet (issue 40) against the compositions of the seeds' planners on mixed fleets (MIG A100s + MPS RTX 2080
+   Tis + whole H100s + CPU hosts; flat applications, or with an ensemble and a pipeline beside them) at
+   loads 0.5, 0.9 and 1.3, mip_gap 1e-3, spare capacity idle: `proteus` and `joint` as chosen planners
+   compose fa2 (pipelines), gpulets (MPS GPUs) and themselves (engine/solvers/compose.py, mixed.py).
+   Problems: generate.mixed_fleet_problem. Reported per case: the smallest served fraction (fair share),
+   served fraction, accuracy, objective, GPUs, gap, time, and how often the fleet model is no worse in
+   the objective's order. `--experiments proteus,mig,mixed` picks sections.
 Wall time is measured around plan_solve. `highs_s` is the time inside HiGHS's run() (all MILP stages of the
 plan, `highs_calls` of them); `other_s` = wall - highs_s is everything else (capacities, model build, PuLP's
 hand-over to HiGHS, plan assembly); `solve_s` is what the plan itself reports.
@@ -47,7 +54,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
 
 from engine.geometry.layout import layout_parse  # noqa: E402
 from engine.plans.problem import Plan, Problem, SolveOptions  # noqa: E402
-from engine.reference.generate import mig_fleet_problem, proteus_sized_problem  # noqa: E402
+from engine.reference.generate import mig_fleet_problem, mixed_fleet_problem, proteus_sized_problem  # noqa: E402
 from engine.reference.profiles import GPULET_DERIVED_SPEEDUP, reference_data_dir  # noqa: E402
 
 PROTEUS_SIZE = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}
@@ -68,10 +75,19 @@ TARGET_FIGURE10_MAX_S = 10.0
 TARGET_JOINT_64_S = 10.0
 ANCHOR = "Proteus (ASPLOS'24, Gurobi): 4.2 s average at its own size, < 60 s at the Figure 10 maxima"
 
+# 4. The fleet model against the compositions of the seeds' planners (issue 40), on mixed fleets:
+# (name, MIG A100s, MPS 2080 Tis, whole H100s, CPU hosts); workloads flat, or with an ensemble and a pipeline.
+MIXED_FLEETS = (("small", 4, 4, 2, 2), ("medium", 12, 12, 6, 6))
+MIXED_LOADS = (0.5, 0.9, 1.3)
+MIXED_WORKLOADS = {"flat": {}, "all": {"ensembles": 1, "pipelines": 1}}
+MIXED_SOLVERS = ("proteus", "joint", "fleet")  # the first two are compositions (fa2 + gpulets + it) on a mixed fleet
+MIXED_GAP = 1e-3
+TARGET_MIXED_S = 10.0
+
 CSV_FIELDS = (
     "experiment", "solver", "variant_of", "objective", "n_devices", "n_device_types", "n_variants", "n_applications",
     "seed", "status", "objective_value", "bound", "gap", "wall_s", "solve_s", "highs_s", "other_s", "highs_calls",
-    "effective_accuracy", "served_fraction", "gpus_used", "instances", "error",
+    "effective_accuracy", "served_fraction", "fair_share", "gpus_used", "instances", "plan_solver", "error",
 )
 
 
@@ -150,7 +166,9 @@ def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any
         traceback.print_exc(limit=3, file=sys.stderr)
         return row
     wall = time.perf_counter() - t0
+    fractions = [plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0]
     row.update(
+        fair_share=min(fractions) if fractions else None, plan_solver=plan.solver,
         status=plan.status, objective_value=plan.objective, bound=plan.bound, gap=plan.gap, wall_s=wall,
         solve_s=plan.solve_seconds, highs_s=CLOCK.seconds if CLOCK.installed else None,
         other_s=wall - CLOCK.seconds if CLOCK.installed else None, highs_calls=CLOCK.calls if CLOCK.installed else None,
@@ -200,6 +218,38 @@ def run_mig(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) ->
                 emit(solve_once(_devices_whole(problem), "proteus", objective, dict(common, experiment="gain", variant_of="whole-gpu")))
                 emit(solve_once(_devices_fixed(problem, FIXED_GEOMETRY), "proteus", objective,
                                 dict(common, experiment="gain", variant_of="fixed:" + "+".join(FIXED_GEOMETRY))))
+
+
+def run_mixed(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    """The fleet model against the compositions (fa2 for pipelines, then gpulets on the MPS GPUs and proteus
+    or joint on the rest, in the better order: engine/solvers/mixed.py) on the same mixed fleets. Spare
+    capacity is left idle, so GPUs used are the planners' own choice."""
+    options = SolveOptions(time_limit_s=args.time_limit, mip_gap=MIXED_GAP, threads=args.threads, solver="highs", spare_capacity="idle")
+    fleets = MIXED_FLEETS[:1] if args.quick else MIXED_FLEETS
+    loads = MIXED_LOADS[1:2] if args.quick else MIXED_LOADS
+    for name, n_mig, n_mps, n_whole, n_cpu in fleets:
+        for workload, extra in MIXED_WORKLOADS.items():
+            for load in loads:
+                for seed in range(args.seeds):
+                    problem = mixed_fleet_problem(n_mig, n_mps, n_whole, n_cpu, seed=seed, load=load, options=options, **extra)
+                    for solver in MIXED_SOLVERS:
+                        emit(solve_once(problem, solver, "max-accuracy",
+                                        {"experiment": "mixed", "variant_of": f"{name}/{workload}/{load:g}", "seed": seed}))
+
+
+def _lex_not_worse(fleet: dict[str, Any], other: dict[str, Any]) -> bool:
+    """The fleet model's plan is no worse than `other` in the objective's own order: the smallest served
+    fraction (fair share), then served traffic, then the objective (accuracy over demand), each within the
+    MILP's gap (a tie below it is solver tolerance)."""
+    for key in ("fair_share", "served_fraction", "objective_value"):
+        f, o = _num(fleet.get(key)), _num(other.get(key))
+        if f is None or o is None:
+            return f is not None
+        if f > o + MIXED_GAP * max(abs(o), 1e-9):
+            return True
+        if f < o - MIXED_GAP * max(abs(o), 1e-9):
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- reporting
@@ -306,6 +356,44 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
         base_rows = [r for r in rows if r["experiment"] == "gain" and r["variant_of"] == base and r["n_devices"] == n_gpus]
         out(f"   {n_gpus:>5} {base:<26} {_fmt(acc_j, '.4f'):>9} {_fmt(acc_b, '.4f'):>9} {_fmt(acc_r, '.4f'):>9} {_fmt(srv_j, '.3f'):>8} "
             f"{_fmt(srv_b, '.3f'):>8} {_fmt(gpu_j, '.1f'):>7} {_fmt(gpu_b, '.1f'):>7} {_fmt(gpu_r, '.3f'):>9}  {_statuses(base_rows)}")
+    mixed = [r for r in rows if r["experiment"] == "mixed"]
+    if mixed:
+        out("")
+        out(f"4. the fleet model against the compositions of the seeds' planners on mixed fleets (MIG + MPS + whole + CPU), "
+            f"mip_gap {MIXED_GAP:g}, spare capacity idle; mean over seeds")
+        out("   fair = smallest served fraction of any application; served = fraction of all demand; acc = accuracy over served; "
+            "obj = accuracy x served over demand")
+        out(f"   {'fleet/workload/load':<20} {'planner':<22} {'fair':>6} {'served':>6} {'acc':>6} {'obj':>7} {'GPUs':>5} {'gap max':>8} "
+            f"{'wall mean':>9} {'wall max':>8}  {'fleet >= it (seeds)':<20}")
+        cases = sorted({r["variant_of"] for r in mixed}, key=lambda v: (v.split("/")[0] != "small", v))
+        not_worse = total = 0
+        fleet_walls: list[float] = []
+        for case in cases:
+            by_solver: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for r in mixed:
+                if r["variant_of"] == case:
+                    by_solver[r["solver"]].append(r)
+            fleet_rows = {r["seed"]: r for r in by_solver.get("fleet", [])}
+            fleet_walls += [w for w in (_num(r.get("wall_s")) for r in fleet_rows.values()) if w is not None]
+            for solver in MIXED_SOLVERS:
+                g = by_solver.get(solver, [])
+                if not g:
+                    continue
+                verdict = ""
+                if solver != "fleet":
+                    wins = [_lex_not_worse(fleet_rows[r["seed"]], r) for r in g if r["seed"] in fleet_rows]
+                    not_worse += sum(wins)
+                    total += len(wins)
+                    verdict = f"{sum(wins)}/{len(wins)}"
+                label = g[0].get("plan_solver") or solver
+                out(f"   {case:<20} {label:<22} {_fmt(_agg(g, 'fair_share')[0], '.3f'):>6} {_fmt(_agg(g, 'served_fraction')[0], '.3f'):>6} "
+                    f"{_fmt(_agg(g, 'effective_accuracy')[0], '.4f'):>6} {_fmt(_agg(g, 'objective_value')[0], '.4f'):>7} "
+                    f"{_fmt(_agg(g, 'gpus_used')[0], '.1f'):>5} {_fmt(_agg(g, 'gap')[1], '.4f'):>8} {_fmt(_agg(g, 'wall_s')[0]):>9} "
+                    f"{_fmt(_agg(g, 'wall_s')[1]):>8}  {verdict:<20}")
+        worst = max(fleet_walls) if fleet_walls else None
+        out(f"   fleet model no worse than the composition (fair share, then served, then objective): {not_worse} of {total} "
+            f"solves; its slowest {_fmt(worst)} s (target < {TARGET_MIXED_S:g} s: "
+            f"{'met' if worst is not None and worst < TARGET_MIXED_S else 'missed'})")
     out("")
     out(f"Targets (issue): proteus optimal < {TARGET_PROTEUS_SIZE_S:g} s at Proteus's size on 2 cores; < {TARGET_FIGURE10_MAX_S:g} s at "
         f"the Figure 10 maxima; joint at {max(MIG_FLEETS)} A100 < {TARGET_JOINT_64_S:g} s at 1 % gap.")
@@ -452,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=None, help="per solve, seconds (default 60; 20 with --quick)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="only profile one proteus and one joint solve")
+    parser.add_argument("--experiments", default="proteus,mig,mixed",
+                        help="comma-separated: proteus (Figure 10 sizes), mig (joint and its gain), mixed (the fleet model "
+                             "against the compositions)")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.time_limit = args.time_limit or (20.0 if args.quick else 60.0)
@@ -479,8 +570,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"dev={row['n_devices']:<4} var={row['n_variants']:<4} apps={row['n_applications']:<3} seed={row['seed']} "
                   f"{row['status']:<10} wall={_fmt(_num(row.get('wall_s')))} gap={_fmt(_num(row.get('gap')), '.4f')}", flush=True)
 
-        run_proteus(args, emit)
-        run_mig(args, emit)
+        chosen = {e.strip() for e in args.experiments.split(",") if e.strip()}
+        unknown = chosen - {"proteus", "mig", "mixed"}
+        if unknown:
+            parser.error(f"--experiments: unknown {', '.join(sorted(unknown))} (choose from proteus, mig, mixed)")
+        if "proteus" in chosen:
+            run_proteus(args, emit)
+        if "mig" in chosen:
+            run_mig(args, emit)
+        if "mixed" in chosen:
+            run_mixed(args, emit)
     for line in report(rows, args):
         print(line)
     print(f"\nwrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s; load average at end {_loadavg()}")

@@ -36,6 +36,7 @@ gain beyond the fixed overhead.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,6 +49,7 @@ from engine.plans.problem import (
     CPU_DEVICE_TYPE,
     FULL_SLICE,
     ApplicationSpec,
+    InterferenceSpec,
     DeviceSpec,
     Problem,
     ProfilePoint,
@@ -62,13 +64,17 @@ from engine.reference.profiles import (
     GPULET_VARIANT_MEMORY_MB,
     GpuletPoint,
     gpulet_inference_read,
+    gpulet_mem_util_read,
     gpulet_profiles_derived,
 )
+from engine.reference.gpulet_problem import gpulet_interference_model
+from engine.sharing.partitions import mps_slice_name
 
 __all__ = [
     "DEVICE_TYPE_ORDER",
     "GPULET_BASE_MODELS",
     "mig_fleet_problem",
+    "mixed_fleet_problem",
     "proteus_sized_problem",
 ]
 
@@ -184,7 +190,7 @@ def _device_max_capacity(problem: Problem, variant: str, device: DeviceSpec) -> 
         cap = capacity_for(problem, variant, device, slice_name) if slice_name else None
         return cap.capacity_rps if cap else 0.0
     best = 0.0
-    full = capacity_for(problem, variant, device, FULL_SLICE)
+    full = capacity_for(problem, variant, device, mps_slice_name(100) if device.mps else FULL_SLICE)
     if full is not None:
         best = full.capacity_rps
     if device.mig:
@@ -335,3 +341,119 @@ def mig_fleet_problem(
     profiles = _profiles(variants, {spec.name: _base_profiles(pts, spec.name, None)})
     slos = _slos(rng, variants, pts, n_applications)
     return _finish(rng, variants, devices, profiles, slos, load, options or SolveOptions())
+
+
+def mixed_fleet_problem(
+    n_mig: int = 4,
+    n_mps: int = 4,
+    n_whole: int = 2,
+    n_cpu: int = 2,
+    n_applications: int = 6,
+    seed: int = 0,
+    load: float = 0.7,
+    *,
+    variants_per_application: int = 4,
+    mig_gpu: str = "A100-SXM4-40GB",
+    whole_gpu: str = "H100-SXM5-80GB",
+    interference: bool = True,
+    ensembles: int = 0,
+    pipelines: int = 0,
+    options: SolveOptions | None = None,
+    points: Sequence[GpuletPoint] | None = None,
+) -> Problem:
+    """A fleet of every kind (issue 40): `n_mig` MIG GPUs of `mig_gpu` (no current layout), `n_mps` RTX 2080 Ti
+    in MPS mode, `n_whole` whole GPUs of `whole_gpu` and `n_cpu` CPU hosts of 16 cores.
+
+    Profiles: on the 2080 Ti every MPS partition the gpulets data measured, each point's latency x the
+    variant's speed factor, with the base model's measured L2 and DRAM utilisation (a perturbed variant is
+    taken to load the memory system as its base does: stated, not measured), and the interference model
+    fitted on the measured co-runs (unless `interference` is false); on the other GPUs the derivation of
+    the module docstring (every MIG profile and `full`); on CPUs the synthetic cost model. Variants, SLOs
+    and demand as in the module docstring (an MPS GPU counts at its best partition alone for the demand's
+    scale). Draw order: variants, SLOs, demand weights.
+
+    Workloads beside the flat applications: the last `ensembles` applications become random ensembles of
+    their variants (uniform probabilities, one or two members a query); `pipelines` two-stage pipelines
+    (`pipe<k>.detect` -> `pipe<k>.classify`, two variants a stage, on the CPU hosts: FA2's Table P1.3
+    shape with the synthetic CPU cost model at 1, 2, 4, 8 and 16 cores) each take `load` x 20 % of one CPU
+    host's throughput, with an SLO of 4 x the two stages' batch-1 latency at one core."""
+    if min(n_mig, n_mps, n_whole, n_cpu) < 0 or n_mig + n_mps + n_whole + n_cpu < 1:
+        raise ValueError("device counts must be >= 0, and the fleet must have a device")
+    rng = np.random.default_rng(seed)
+    pts = _points(points)
+    mig_spec = mig_catalogue_load().gpu_model_get(mig_gpu)
+    devices: list[DeviceSpec] = []
+    devices += [DeviceSpec(f"{mig_spec.name.lower()}-{i:03d}", mig_spec.name, mig=True, memory_mb=float(mig_spec.memory_mib))
+                for i in range(n_mig)]
+    devices += [DeviceSpec(f"rtx2080ti-mps-{i:03d}", GPULET_GPU_MODEL, mig=False, mps=True, memory_mb=GPULET_GPU_MEMORY_MB)
+                for i in range(n_mps)]
+    devices += [DeviceSpec(f"{whole_gpu.lower()}-{i:03d}", whole_gpu, mig=False, memory_mb=_gpu_memory(whole_gpu)) for i in range(n_whole)]
+    devices += [DeviceSpec(f"cpu-{i:03d}", CPU_DEVICE_TYPE, cores=CPU_CORES) for i in range(n_cpu)]
+    variants = _variants_draw(rng, n_applications, n_applications * variants_per_application)
+    base: dict[str, dict[str, list[ProfilePoint]]] = {}
+    if n_mig:
+        base[mig_spec.name] = _base_profiles(pts, mig_spec.name, None)
+    if n_whole:
+        base[whole_gpu] = _base_profiles(pts, whole_gpu, {FULL_SLICE})
+    if n_cpu:
+        base[CPU_DEVICE_TYPE] = _base_profiles(pts, CPU_DEVICE_TYPE, None)
+    profiles = _profiles(variants, base)
+    if n_mps:
+        utilisation = {(u.model, u.batch, u.partition_pct): u for u in gpulet_mem_util_read()}
+        for v in variants:
+            for p in pts:
+                if p.model != v.base:
+                    continue
+                u = utilisation.get((p.model, p.batch, p.partition_pct))
+                profiles.append(ProfilePoint(v.name, GPULET_GPU_MODEL, mps_slice_name(p.partition_pct), p.batch,
+                                             round(p.latency_ms * v.speed, 6), l2_util_pct=u.l2_util_pct if u else None,
+                                             dram_util_pct=u.dram_util_pct if u else None))
+    slos = _slos(rng, variants, pts, n_applications)
+    problem = _finish(rng, variants, devices, profiles, slos, load, options or SolveOptions())
+    if n_mps and interference:
+        model = gpulet_interference_model()
+        problem = dataclasses.replace(problem, interference=InterferenceSpec(model.form, tuple(model.coefficients)))
+    if ensembles or pipelines:
+        problem = _workloads_add(problem, ensembles=min(ensembles, n_applications), pipelines=pipelines if n_cpu else 0, load=load)
+    return problem
+
+
+PIPELINE_STAGE_MODELS = (("detect", ("resnet50", "mobilenet")), ("classify", ("densenet121", "resnet101")))
+PIPELINE_CORES = (1, 2, 4, 8, 16)
+
+
+def _workloads_add(problem: Problem, *, ensembles: int, pipelines: int, load: float) -> Problem:
+    """Ensembles and pipelines on a generated problem (see `mixed_fleet_problem`), through the problem's own
+    dict form, so that derived fields (a stage's demand and SLO from its paths) are what users get."""
+    from engine.plans.problem import problem_from_dict, problem_to_dict
+
+    raw = problem_to_dict(problem)
+    for app in raw["applications"][len(raw["applications"]) - ensembles:]:
+        members = [v["name"] for v in raw["variants"] if v["application"] == app["name"]]
+        app["ensemble"] = {"mode": "random", "members": {m: 1.0 / len(members) for m in members}, "min_size": 1,
+                           "max_size": min(2, len(members))}
+    raw.setdefault("pipelines", [])
+    for k in range(pipelines):
+        stages, batch1 = [], 0.0
+        for stage, bases in PIPELINE_STAGE_MODELS:
+            name = f"pipe{k}.{stage}"
+            raw["applications"].append({"name": name})
+            stages.append(name)
+            fastest = None
+            for base in bases:
+                variant = f"{name}.{base}"
+                raw["variants"].append({"name": variant, "application": name, "accuracy": GPULET_TOP1_ACCURACY[base],
+                                        "memory_mb": float(GPULET_VARIANT_MEMORY_MB[base])})
+                for cores in PIPELINE_CORES:
+                    for b in CPU_BATCHES:
+                        # The cost model's 16-core latency, slower in proportion on fewer cores.
+                        latency = (CPU_OVERHEAD_MS + b * GPULET_GFLOPS[base] * CPU_MS_PER_GFLOP) * CPU_CORES / cores
+                        raw["profiles"].append({"variant": variant, "device_type": CPU_DEVICE_TYPE, "slice": str(cores), "batch": b,
+                                                "latency_ms": round(latency, 6)})
+                one_core = (CPU_OVERHEAD_MS + GPULET_GFLOPS[base] * CPU_MS_PER_GFLOP) * CPU_CORES
+                fastest = one_core if fastest is None else min(fastest, one_core)
+            batch1 += fastest or 0.0
+        host_rps = 1000.0 / (CPU_OVERHEAD_MS + GPULET_GFLOPS[PIPELINE_STAGE_MODELS[0][1][0]] * CPU_MS_PER_GFLOP)
+        raw["pipelines"].append({"name": f"pipe{k}", "stages": stages, "slo_ms": round(4 * batch1, 3),
+                                 "demand_rps": round(load * 0.2 * host_rps, 3)})
+    return problem_from_dict(raw)

@@ -9,8 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from engine.plans.capacity import capacity_for
+from engine.plans.capacity import InstanceCapacity, capacity_for
 from engine.plans.problem import Plan, PlanInstance, PlanStatus, Problem, RouteEntry
+from engine.sharing.partitions import mps_slice_percent
 
 # Traffic below this (queries per second) is solver noise, not an assignment.
 RPS_EPSILON = 1e-6
@@ -27,6 +28,22 @@ class Assignment:
     start: int | None
     variant: str
     assigned_rps: float
+    # Given by planners that derive an instance's capacity themselves (MPS partitions: interference and
+    # time-sharing, engine/solvers/fleet.py); otherwise the capacity model's on the slice alone.
+    capacity: InstanceCapacity | None = None
+    duty_cycle_ms: float | None = None
+    interference_factor: float = 1.0
+
+
+def assignment_of(problem: Problem, instance: PlanInstance) -> Assignment:
+    """A planned instance as an assignment to assemble again (with other traffic): an MPS partition keeps the
+    capacity, interference factor and duty cycle its planner derived."""
+    if mps_slice_percent(instance.slice) is None:
+        return Assignment(instance.device, instance.slice, instance.start, instance.variant, instance.assigned_rps)
+    capacity = InstanceCapacity(batch=instance.batch, latency_ms=instance.latency_ms, capacity_rps=instance.capacity_rps,
+                                memory_mb=problem.variant(instance.variant).memory_mb)
+    return Assignment(instance.device, instance.slice, instance.start, instance.variant, instance.assigned_rps, capacity=capacity,
+                      duty_cycle_ms=instance.duty_cycle_ms, interference_factor=instance.interference_factor)
 
 
 def plan_assemble(
@@ -45,14 +62,15 @@ def plan_assemble(
     instances: list[PlanInstance] = []
     for a in sorted(assignments, key=lambda a: (a.device, a.start if a.start is not None else -1, a.slice)):
         device = problem.device(a.device)
-        capacity = capacity_for(problem, a.variant, device, a.slice)
+        capacity = a.capacity or capacity_for(problem, a.variant, device, a.slice)
         if capacity is None:
             raise ValueError(f"{a.variant} cannot run on {a.device}/{a.slice} within its SLO and memory")
         assigned = max(0.0, min(a.assigned_rps, capacity.capacity_rps))
         assigned = 0.0 if assigned < RPS_EPSILON else assigned
         instances.append(PlanInstance(
             device=a.device, slice=a.slice, start=a.start, variant=a.variant, batch=capacity.batch,
-            latency_ms=round(capacity.latency_ms, 6), capacity_rps=capacity.capacity_rps, assigned_rps=assigned,
+            latency_ms=capacity.latency_ms if a.capacity else round(capacity.latency_ms, 6), capacity_rps=capacity.capacity_rps,
+            assigned_rps=assigned, duty_cycle_ms=a.duty_cycle_ms, interference_factor=a.interference_factor,
         ))
     return plan_from_instances(problem, instances, status=status, solver=solver, objective=objective, bound=bound, gap=gap,
                                solve_seconds=solve_seconds, layouts=layouts, notes=notes)

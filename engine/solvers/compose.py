@@ -57,7 +57,7 @@ def _devices_left(problem: Problem, hosts: CpuHostUse) -> tuple[DeviceSpec, ...]
 def _fleet_plan(problem: Problem, chosen: PlannerInfo, deadline: float) -> Plan:
     """Step 4: the fleet planner on the problem left, in two stages on a mixed fleet."""
     base = chosen.name if chosen.kind in WHOLE_KINDS else DEFAULT_FLEET_PLANNER
-    if fleet_is_mixed(problem):
+    if fleet_is_mixed(problem) and not planner_get(base).plans_mps:
         mps_name = base if planner_get(base).kind == "mps" else DEFAULT_MPS_PLANNER
         other_name = DEFAULT_FLEET_PLANNER if planner_get(base).kind == "mps" else base
         return mixed_plan_solve(problem, mps_solver=mps_name, other_solver=other_name, mps_planner=planner_get(mps_name).strategy(),

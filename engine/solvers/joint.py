@@ -143,24 +143,29 @@ def _mig_configs(slots: dict[SlotKey, SlotClass], problem: Problem, device: Devi
     return tuple(configs)
 
 
+def joint_device_key(device: DeviceSpec) -> tuple:
+    """What makes devices identical to the joint model (and the fleet model): they are counted together."""
+    return (device.type, device.memory_mb, device.cores, device.mig, device.mps, device.fixed_layout,
+            tuple(sorted(device.layout)) if device.layout is not None else None, device.mps_partitions, device.mps_layout)
+
+
+def joint_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...]) -> DeviceClass:
+    """The configurations of identical devices: a CPU host's one, a whole GPU or unused, a MIG GPU's fixed
+    layout or every candidate geometry."""
+    device = devices[0]
+    if device.is_cpu:
+        return DeviceClass(devices, (cpu_config(slots, problem, device),), is_gpu=False)
+    if not device.mig:
+        return DeviceClass(devices, (whole_config(slots, problem, device), unused_config()), is_gpu=True)
+    if device.fixed_layout and device.layout is not None:
+        layout = tuple(sorted(device.layout))
+        return DeviceClass(devices, (layout_config(slots, problem, device, layout, name="fixed"), unused_config(layout)), is_gpu=True)
+    return DeviceClass(devices, _mig_configs(slots, problem, device), is_gpu=True)
+
+
 def joint_fleet(problem: Problem) -> Fleet:
     slots: dict[SlotKey, SlotClass] = {}
-    classes: list[DeviceClass] = []
-    groups = devices_group(
-        problem.devices,
-        lambda d: (d.type, d.memory_mb, d.cores, d.mig, d.fixed_layout, tuple(sorted(d.layout)) if d.layout is not None else None),
-    )
-    for devices in groups:
-        device = devices[0]
-        if device.is_cpu:
-            classes.append(DeviceClass(devices, (cpu_config(slots, problem, device),), is_gpu=False))
-        elif not device.mig:
-            classes.append(DeviceClass(devices, (whole_config(slots, problem, device), unused_config()), is_gpu=True))
-        elif device.fixed_layout and device.layout is not None:
-            layout = tuple(sorted(device.layout))
-            classes.append(DeviceClass(devices, (layout_config(slots, problem, device, layout, name="fixed"), unused_config(layout)), is_gpu=True))
-        else:
-            classes.append(DeviceClass(devices, _mig_configs(slots, problem, device), is_gpu=True))
+    classes = [joint_device_class(slots, problem, devices) for devices in devices_group(problem.devices, joint_device_key)]
     return Fleet(problem=problem, device_classes=classes, slot_classes=slots)
 
 

@@ -78,6 +78,10 @@ class SlotClass:
     device: DeviceSpec  # a representative: capacities depend only on the key
     slice: str | None  # None on CPUs, where the core count depends on the variant
     capacities: Mapping[str, InstanceCapacity]  # variant -> capacity, only variants that fit
+    # MPS partitions (engine/solvers/fleet.py): per variant, the interference factor its capacity already
+    # includes and, on a time-shared partition, the round (duty cycle) its capacity is a batch per.
+    interference_factors: Mapping[str, float] = field(default_factory=dict)
+    duty_cycles_ms: Mapping[str, float] = field(default_factory=dict)
 
     def slice_for(self, problem: Problem, variant: str) -> str:
         if self.slice is not None:
@@ -104,6 +108,7 @@ class DeviceConfig:
     layout: Layout | None = None  # the MIG layout a device in this configuration has
     mig_off: bool = False  # a MIG GPU run whole
     instances_changed: int = 0  # MIG instances destroyed plus created to reach this from the current layout
+    mps_layout: tuple[str, ...] | None = None  # an MPS GPU's partitions in this configuration ("mps60@0", ...)
 
 
 @dataclass(frozen=True)
@@ -637,7 +642,7 @@ def _served_tolerance(served: float) -> float:
     return SERVED_ABS_TOL + SERVED_REL_TOL * abs(served)
 
 
-def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
+def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = False) -> Plan:
     """Solve the fleet's MILP for the problem's objective and assemble the plan.
 
     max-accuracy: maximise accuracy over total demand (minus reconfiguration penalty) serving all demand.
@@ -646,7 +651,12 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
     Either way, when all demand cannot be served: raise the smallest served fraction of each priority tier
     (`_fair_shares_solve`; skipped for a lone application), then maximise served traffic, then accuracy at
     that traffic, each stage keeping what the earlier ones reached (where Proteus §4, "Solving the MILP",
-    lowers the demand s_q a little and solves again)."""
+    lowers the demand s_q a little and solves again).
+
+    `fewest_gpus_last`: for max-accuracy, one stage more at the end, the fewest GPUs that keep the accuracy
+    stage's objective (to solver tolerance); the objective, bound and gap reported stay the accuracy
+    stage's. Without it, GPUs the accuracy does not depend on are used or not as the solver happens to
+    leave them."""
     started = time.perf_counter()
     problem = fleet.problem
     options = problem.options
@@ -692,6 +702,8 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         first, first_solution = stages.run(model, share=0.8, start=running_start(fleet, model))
         if first_solution is not None:
             solution, objective, bound, gap, states = first_solution, _unscale(first.objective, scale), _unscale(first.bound, scale), first.gap, [first.state]
+            if fewest_gpus_last:
+                solution = _fewest_gpus_stage(stages, model, first, first_solution, notes)
 
     if solution is None:
         # Demand cannot be served in full (or no full plan was found in time): lexicographic fallback.
@@ -723,6 +735,8 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed - keep * model.variants_changed))
         accuracy_outcome, accuracy_solution = stages.run(model, start=served_solution)
         solution = accuracy_solution or served_solution
+        if fewest_gpus_last and accuracy_solution is not None and objective_kind == "max-accuracy":
+            solution = _fewest_gpus_stage(stages, model, accuracy_outcome, accuracy_solution, notes)
         states = ([] if proven else ["feasible"]) + fair_states + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
         why = "cannot be served in full" if proven else "could not be served in full by any plan found within the time limit"
         first = "the smallest served fraction of each priority tier (fair shares), then " if fair_states else ""
@@ -753,6 +767,24 @@ def fleet_solve(fleet: Fleet, *, solver_name: str) -> Plan:
         plan = plan_spare_fill(problem, plan, even=options.spare_capacity == "artefact")
         plan.solve_seconds = time.perf_counter() - started
     return plan
+
+
+def _fewest_gpus_stage(stages: _Stages, model: FleetModel, outcome: SolveOutcome, solution: FleetSolution, notes: list[str]) -> FleetSolution:
+    """The fewest GPUs at the accuracy stage's objective (to solver tolerance), from its solution; that
+    solution when this stage finds nothing better in time."""
+    reached = outcome.objective if outcome.objective is not None else 0.0
+    used = solution.gpus_used(stages.fleet)
+    model.lp += model.lp.objective >= reached - _served_tolerance(reached), "stage_accuracy"
+    model.lp.sense = pulp.LpMinimize
+    model.lp.setObjective(model.gpus_used)
+    last, fewer = stages.run(model, start=solution)
+    if fewer is None or fewer.gpus_used(stages.fleet) >= used:
+        if last.state != "optimal":
+            notes.append(f"fewest GPUs at that accuracy: not proved in time; the plan keeps {used} GPUs")
+        return solution
+    notes.append(f"fewest GPUs at that accuracy: {fewer.gpus_used(stages.fleet)} instead of {used}"
+                 + ("" if last.state == "optimal" else " (not proved the fewest in time)"))
+    return fewer
 
 
 def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[str]]) -> tuple[dict[str, float], list[SolveState], FleetSolution | None, list[str]]:
@@ -850,9 +882,22 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
             pick = chosen.get((device.name, si)) or (pending[slot.key].pop() if pending.get(slot.key) else None)
             if pick is not None:
                 variant, rate = pick
-                slice_name = fleet.slot_classes[slot.key].slice_for(problem, variant)
-                assignments.append(Assignment(device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate))
+                slot_class = fleet.slot_classes[slot.key]
+                slice_name = slot_class.slice_for(problem, variant)
+                if variant in slot_class.interference_factors or variant in slot_class.duty_cycles_ms:
+                    # An MPS partition: its capacity is the configuration's (interference, time-sharing), not the
+                    # capacity model's alone on the slice.
+                    assignments.append(Assignment(
+                        device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate,
+                        capacity=slot_class.capacities[variant], duty_cycle_ms=slot_class.duty_cycles_ms.get(variant),
+                        interference_factor=slot_class.interference_factors.get(variant, 1.0)))
+                else:
+                    assignments.append(Assignment(device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate))
                 placed += 1
+        if config.mps_layout is not None:
+            if placed:
+                layouts[device.name] = list(config.mps_layout)
+            continue
         if not device.mig:
             continue
         if placed and config.mig_off:

@@ -4,7 +4,7 @@ plans page list, and what `engine.solvers.compose` runs.
 
 Each planner is a strategy of one of five kinds:
 
-- `fleet` (proteus, joint, garrison, garrison-demand) and `baseline` (Proteus's evaluation baselines):
+- `fleet` (proteus, joint, garrison, garrison-demand, fleet) and `baseline` (Proteus's evaluation baselines):
   plan a whole problem on MIG instances, whole GPUs and CPU hosts; `strategy(problem) -> Plan`.
 - `mps` (gpulets and the baselines of its evaluation): plan the MPS GPUs; `strategy(problem) -> Plan`.
 - `pipeline` (fa2, ipa): plan the problem's pipelines on CPU hosts (`pipelines.pipeline_part_solve`), the
@@ -52,6 +52,8 @@ class PlannerInfo:
     pipelines_by: str = DEFAULT_PIPELINE_PLANNER
     # Reads ensemble applications itself; the others get one application per ensemble member (ensembles.py).
     reads_ensembles: bool = False
+    # Plans MPS GPUs beside the other devices in one model; the others get the two-stage mixed composition.
+    plans_mps: bool = False
     # Its plans are replayed by the fleet simulator (`tessera simulate`, engine/simulation/simulator.py).
     simulated: bool = True
 
@@ -65,7 +67,8 @@ class PlannerInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "summary": self.summary, "paper": self.paper,
-                "pipelines_by": self.pipelines_by, "reads_ensembles": self.reads_ensembles, "simulated": self.simulated}
+                "pipelines_by": self.pipelines_by, "reads_ensembles": self.reads_ensembles, "plans_mps": self.plans_mps,
+                "simulated": self.simulated}
 
 
 def _sharing(name: str, summary: str) -> PlannerInfo:
@@ -81,6 +84,10 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
                 "Garrison (Wang et al., DAC'24) §4.2", "engine.solvers.garrison:garrison_solve", reads_ensembles=True),
     PlannerInfo("garrison-demand", "fleet", "Garrison's sweet intervals with instances sized to demand",
                 "Garrison §4.1, sized by Tessera", "engine.solvers.garrison_demand:garrison_demand_solve"),
+    PlannerInfo("fleet", "fleet", "One MILP for the whole fleet: MIG geometry, whole GPUs, CPU hosts and MPS splits and time-shared "
+                "patterns, fairness first then accuracy, with a bound for all of it",
+                "Proteus §4 with Garrison's geometry and gpulets' partitions (issue 40)", "engine.solvers.fleet:fleet_model_solve",
+                plans_mps=True),
     PlannerInfo("clipper-ha", "baseline", "Clipper, high accuracy: a static allocation of the most accurate variants",
                 "Proteus §6.1.1", "engine.solvers.baselines:clipper_ha_solve"),
     PlannerInfo("clipper-ht", "baseline", "Clipper, high throughput: a static allocation of the fastest variants",

@@ -35,6 +35,7 @@ even spread, as Proteus's artefact); "idle" keeps the paper's letter (Eq. (1) as
 devices)."""
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
@@ -43,7 +44,7 @@ import numpy as np
 
 from engine.plans.capacity import capacity_for, cpu_slice
 from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
-from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
+from engine.solvers.assemble import RPS_EPSILON, Assignment, assignment_of, plan_assemble
 
 # The spread may give up this much accuracy-weighted traffic (relative) to the LP's rounding.
 ACCURACY_REL_TOL = 1e-9
@@ -197,14 +198,14 @@ def plan_spare_fill(problem: Problem, plan: Plan, *, even: bool = False) -> Plan
     if plan.status == "infeasible" or not plan.instances:
         return plan
     choices = spare_devices_assign(problem, plan)
-    assignments = [Assignment(i.device, i.slice, i.start, i.variant, i.assigned_rps) for i in plan.instances]
+    assignments = [assignment_of(problem, i) for i in plan.instances]
     assignments += [Assignment(c.device, c.slice, None, c.variant, 0.0) for c in choices]
     by_app: dict[str, list[int]] = defaultdict(list)
     capacities: list[float] = []
     for k, a in enumerate(assignments):
         by_app[problem.variant(a.variant).application].append(k)
         device = problem.device(a.device)
-        cap = capacity_for(problem, a.variant, device, a.slice)
+        cap = a.capacity or capacity_for(problem, a.variant, device, a.slice)
         capacities.append(cap.capacity_rps if cap is not None else 0.0)
     rates = [a.assigned_rps for a in assignments]
     for app, members in by_app.items():
@@ -217,7 +218,7 @@ def plan_spare_fill(problem: Problem, plan: Plan, *, even: bool = False) -> Plan
         spread_rates = traffic_spread_even(served, caps) if even else traffic_spread(served, caps, accuracies, accuracy_traffic)
         for k, r in zip(members, spread_rates):
             rates[k] = r
-    spread = [Assignment(a.device, a.slice, a.start, a.variant, r) for a, r in zip(assignments, rates)]
+    spread = [dataclasses.replace(a, assigned_rps=r) for a, r in zip(assignments, rates)]
     notes = list(plan.notes)
     if choices:
         how = ("traffic spread evenly over each application's instances, as Proteus's artefact (the objective is the solver's, "

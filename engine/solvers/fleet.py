@@ -1,0 +1,378 @@
+"""The fleet model (issue 40): one configuration MILP for every kind of device a fleet has, instead of a
+composition of planners each given its own devices first.
+
+What is chosen, in one optimisation (model.py's counted formulation, its lexicographic fairness-first
+objective, status, objective, bound and gap for the whole fleet):
+- MIG GPUs: their geometry among every candidate layout (joint.py: Garrison's question answered inside
+  Proteus's MILP), or their fixed layout;
+- whole GPUs and CPU hosts: as Proteus's MILP has them (proteus.py, model.py);
+- MPS GPUs: a configuration per GPU among
+  * `mps100`: one model on the whole GPU, batches back to back (gpulets §4.3, a 100 % gpulet);
+  * every split into two partitions of the allowed sizes (gpulets §4.3: "split into two gpulets, each
+    with a size of p_ideal and 100-p_ideal"; the ideal baseline's (2:8), (4:6), (5:5)), one model per
+    partition, each admitted at the interference factor of the worst model that could run on the other
+    partition at any batch it could use there (`mps_worst_factor`), and with the GPU's memory split in
+    proportion to the partitions;
+  * time-shared patterns: each GPU's schedule from gpulets' Algorithm 1 with Algorithm 2 (ATC'22 §4.3,
+    §4.5; engine/sharing/scheduling.py) and from squishy bin packing (Nexus, gpulets §2.2), on the fleet's
+    MPS GPUs at the whole demand: several models per partition in rounds of a duty cycle. A pattern
+    offers each of its entries' capacity (a batch per round), and any number of GPUs of the type may take it;
+  * unused.
+So every plan the MPS planners make on their own is one the model can choose, and so is every plan
+the MIG planners make on the other devices: the trade-off between the two kinds is the solver's.
+
+Once solved, each split partition's factor is derived again against the model that the plan actually
+puts beside it, at its batch (`_factors_rederive`): never above the one it was admitted at, since the
+worst case covers it, so the batch still meets its SLO and the capacity written is what it is.
+
+Departures, stated:
+- gpulets' Algorithm 1 decides partitions greedily per model; here the split of every GPU is a decision
+  variable of the MILP, with the interference factor taken at its worst over the possible co-runners (the
+  MILP cannot see which model the other partition gets without a pair per column). The patterns carry
+  the exact factors of their own co-runners.
+- The patterns are generated once, at the whole demand; a column-generation loop (pricing patterns
+  against the MILP's duals) would add the time-shared patterns this misses. The bound and gap are those of
+  the model over these configurations, which the plan's notes say.
+- Pipelines are not yet in the model: as for every planner, compose.py plans them first (fa2 by
+  default) on the CPU hosts, and the fleet model plans the rest on the devices left.
+- Interference is pairwise, as measured: a split has two partitions; a fixed MPS layout of three or more
+  is admitted against the worst model on any other partition."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+from engine.plans.capacity import InstanceCapacity, profile_interpolate
+from engine.plans.problem import DeviceSpec, Plan, PlanInstance, Problem
+from engine.sharing.interference import InterferencePredictor
+from engine.sharing.partitions import mps_slice_name, mps_slice_percent
+from engine.sharing.scheduling import (
+    InterferenceOracle,
+    SharingSchedule,
+    elastic_partitioning_schedule,
+    gpu_scaling_schedule,
+    sbp_schedule,
+    whole_gpu_fallback,
+)
+from engine.solvers.gpulets import interference_predictor_for, sharing_problem_from
+from engine.solvers.joint import joint_device_class, joint_device_key
+from engine.solvers.model import (
+    DeviceClass,
+    DeviceConfig,
+    DeviceSlot,
+    Fleet,
+    SlotClass,
+    SlotKey,
+    devices_group,
+    fleet_solve,
+    unused_config,
+)
+
+__all__ = ["fleet_model_fleet", "fleet_model_solve", "mps_worst_factor"]
+
+# Relative slack on the latency budget, as the MPS schedulers and the validator allow (1e-9).
+_REL = 1e-9
+
+
+def _is_mps(device: DeviceSpec) -> bool:
+    return device.mps and not device.mig and not device.is_cpu
+
+
+def _splits(allowed: Iterable[int]) -> list[tuple[int, int]]:
+    """Two partitions of allowed sizes filling the GPU, the larger first (gpulets' split of a 100 % gpulet
+    into p and 100 - p)."""
+    sizes = sorted(p for p in set(allowed) if 0 < p < 100)
+    return [(100 - p, p) for p in sizes if p <= 100 - p and (100 - p) in sizes]
+
+
+class _MpsType:
+    """What the model needs about the MPS GPUs of one (type, memory): the variants with MPS profiles there,
+    their profiled batches per partition, and the interference oracle (None: none is known)."""
+
+    def __init__(self, problem: Problem, device: DeviceSpec, oracle: InterferenceOracle | None) -> None:
+        self.problem = problem
+        self.device = device
+        self.oracle = oracle
+        self._points: dict[tuple[str, int], tuple] = {}
+        self._factor_cache: dict[tuple, float | None] = {}
+        self._corunners: dict[tuple, list[tuple[str, int]]] = {}
+        self.worst_cache: dict[tuple, float | None] = {}
+        self.variants = sorted({p.variant for p in problem.profiles
+                                if p.device_type == device.type and mps_slice_percent(p.slice) is not None
+                                and problem.application(problem.variant(p.variant).application).demand_rps > 0})
+
+    def points(self, variant: str, percent: int) -> tuple:
+        key = (variant, percent)
+        if key not in self._points:
+            self._points[key] = tuple(sorted(self.problem.profiles_for(variant, self.device.type, mps_slice_name(percent)),
+                                             key=lambda p: p.batch))
+        return self._points[key]
+
+    def budget_ms(self, variant: str) -> float:
+        app = self.problem.application(self.problem.variant(variant).application)
+        return app.slo_ms * self.problem.options.latency_budget_fraction
+
+    def usable_batches(self, variant: str, percent: int, memory_mb: float | None) -> list[tuple[int, float, float]]:
+        """(batch, latency, memory) for every profiled batch that meets the latency budget alone and fits."""
+        out = []
+        variant_memory = self.problem.variant(variant).memory_mb
+        for p in self.points(variant, percent):
+            memory = max(p.memory_mb or 0.0, variant_memory)
+            if p.latency_ms <= self.budget_ms(variant) * (1 + _REL) and (memory_mb is None or memory <= memory_mb * (1 + _REL)):
+                out.append((p.batch, p.latency_ms, memory))
+        return out
+
+    def point_key(self, variant: str, batch: int, percent: int) -> tuple:
+        """What the oracle's factor depends on for this side of a pair. For the fitted predictor with no
+        measured co-run to floor it: the utilisations it reads and the batch and partition (the regression's
+        features), so that variants with the same utilisation (a quantised copy of a model, profiled with
+        its base's utilisation) are one point; otherwise the variant itself."""
+        oracle = self.oracle
+        if isinstance(oracle, InterferencePredictor) and oracle.measured_count == 0:
+            try:
+                u = oracle.utilisation(variant, batch, percent)
+            except ValueError:
+                return (variant, batch, percent)
+            return ("util", u.l2_util_pct, u.dram_util_pct, batch, percent)
+        return (variant, batch, percent)
+
+    def corunners(self, percent: int, memory_mb: float | None) -> list[tuple[str, int]]:
+        """Every (model, batch) that could run on a partition of `percent` % within `memory_mb`, one per
+        distinct operating point."""
+        key = (percent, memory_mb)
+        if key not in self._corunners:
+            seen: dict[tuple, tuple[str, int]] = {}
+            for corunner in self.variants:
+                for corunner_batch, _, _ in self.usable_batches(corunner, percent, memory_mb):
+                    seen.setdefault(self.point_key(corunner, corunner_batch, percent), (corunner, corunner_batch))
+            self._corunners[key] = list(seen.values())
+        return self._corunners[key]
+
+    def factor(self, variant: str, batch: int, percent: int, corunner: str, corunner_batch: int, corunner_percent: int) -> float | None:
+        """The oracle's factor (>= 1), or None where it cannot say (no utilisation measured that far)."""
+        if self.oracle is None:
+            return 1.0
+        key = (variant, batch, percent, corunner, corunner_batch, corunner_percent)
+        if key not in self._factor_cache:
+            try:
+                value: float | None = max(1.0, self.oracle.factor(variant, batch, percent, corunner, corunner_batch, corunner_percent))
+            except ValueError:
+                value = None
+            self._factor_cache[key] = None if value is None or not math.isfinite(value) else value
+        return self._factor_cache[key]
+
+
+def mps_worst_factor(kind: _MpsType, variant: str, batch: int, percent: int, others: Sequence[int], memory_share: dict[int, float | None]) -> float | None:
+    """The largest factor of `variant` at `batch` on `percent` % next to any model that could run on the other
+    partitions (`others`, in percent) at any batch it could use there; None when some co-runner's factor is
+    unknown (the partition is then not offered to this variant at this batch). Computed once per distinct
+    operating point (`_MpsType.point_key`): variants that load the memory system alike share it."""
+    if kind.oracle is None:
+        return 1.0
+    key = (kind.point_key(variant, batch, percent), tuple(others), tuple(memory_share.get(o) for o in others))
+    cache = kind.worst_cache
+    if key not in cache:
+        worst: float | None = 1.0
+        for other in others:
+            for corunner, corunner_batch in kind.corunners(other, memory_share.get(other)):
+                value = kind.factor(variant, batch, percent, corunner, corunner_batch, other)
+                if value is None:
+                    worst = None
+                    break
+                worst = max(worst, value)
+            if worst is None:
+                break
+        cache[key] = worst
+    return cache[key]
+
+
+def _partition_capacities(kind: _MpsType, percent: int, others: Sequence[int], memory_mb: float | None,
+                          memory_share: dict[int, float | None]) -> tuple[dict[str, InstanceCapacity], dict[str, float]]:
+    """Per variant: the batch with the most throughput on this partition at its worst-case factor, and that factor."""
+    capacities: dict[str, InstanceCapacity] = {}
+    factors: dict[str, float] = {}
+    for variant in kind.variants:
+        best: tuple[InstanceCapacity, float] | None = None
+        for batch, latency, memory in kind.usable_batches(variant, percent, memory_mb):
+            factor = mps_worst_factor(kind, variant, batch, percent, others, memory_share) if others else 1.0
+            if factor is None:
+                continue
+            slowed = latency * factor
+            if slowed > kind.budget_ms(variant) * (1 + _REL):
+                continue
+            capacity = batch * 1000.0 / slowed
+            if best is None or capacity > best[0].capacity_rps:
+                best = (InstanceCapacity(batch=batch, latency_ms=slowed, capacity_rps=capacity, memory_mb=memory), factor)
+        if best is not None:
+            capacities[variant], factors[variant] = best
+    return capacities, factors
+
+
+def _split_config(slots: dict[SlotKey, SlotClass], kind: _MpsType, percents: Sequence[int], *, name: str) -> DeviceConfig:
+    """One model per partition of `percents` (largest first), each at its worst-case factor, the memory
+    split in proportion to the partitions (two models never need more than the GPU has)."""
+    device = kind.device
+    layout_key = "+".join(map(str, percents))
+    alone = len(percents) == 1
+    share = {p: (device.memory_mb if alone or device.memory_mb is None else device.memory_mb * p / 100.0) for p in percents}
+    config_slots = []
+    for index, percent in enumerate(percents):
+        key: SlotKey = (device.type, device.memory_mb, f"{mps_slice_name(percent)}/{layout_key}")
+        if key not in slots:
+            others = [p for i, p in enumerate(percents) if i != index]
+            capacities, factors = _partition_capacities(kind, percent, others, share[percent], share)
+            slots[key] = SlotClass(key=key, device=device, slice=mps_slice_name(percent), capacities=capacities,
+                                   interference_factors=factors)
+        config_slots.append(DeviceSlot(key, mps_slice_name(percent), index))
+    return DeviceConfig(name=name, slots=tuple(config_slots), uses_device=True,
+                        mps_layout=tuple(f"{mps_slice_name(p)}@{i}" for i, p in enumerate(percents)))
+
+
+def _pattern_configs(slots: dict[SlotKey, SlotClass], device: DeviceSpec, patterns: Sequence[tuple[str, Sequence[PlanInstance]]]) -> list[DeviceConfig]:
+    """A configuration per time-shared pattern: each entry its own slot class (its capacity a batch per
+    round, its factor against the pattern's own co-runners)."""
+    configs = []
+    for name, instances in patterns:
+        config_slots = []
+        for i, inst in enumerate(instances):
+            key: SlotKey = (device.type, device.memory_mb, f"{name}#{i}")
+            capacity = InstanceCapacity(batch=inst.batch, latency_ms=inst.latency_ms, capacity_rps=inst.capacity_rps, memory_mb=0.0)
+            slots[key] = SlotClass(key=key, device=device, slice=inst.slice, capacities={inst.variant: capacity},
+                                   interference_factors={inst.variant: inst.interference_factor},
+                                   duty_cycles_ms={inst.variant: inst.duty_cycle_ms} if inst.duty_cycle_ms is not None else {})
+            config_slots.append(DeviceSlot(key, inst.slice, inst.start))
+        busy = sorted({(mps_slice_percent(i.slice), i.start) for i in instances}, key=lambda s: s[1])
+        configs.append(DeviceConfig(name=name, slots=tuple(config_slots), uses_device=True,
+                                    mps_layout=tuple(f"mps{p}@{index}" for p, index in busy)))
+    return configs
+
+
+def _schedule_patterns(problem: Problem, devices: Sequence[DeviceSpec], notes: list[str]) -> list[tuple[str, list[PlanInstance]]]:
+    """Each GPU's schedule (as plan instances) from gpulets (Algorithms 1 and 2, with the whole-GPU fallback)
+    and from SBP, on these MPS GPUs at the whole demand; identical GPU schedules once."""
+    sub = dataclasses.replace(problem, devices=tuple(devices))
+    sharing, mapping = sharing_problem_from(sub)
+    if sharing is None:
+        return []
+    gpus = len(mapping.devices)
+    schedules: list[tuple[str, SharingSchedule]] = [
+        ("gpulets", gpu_scaling_schedule(sharing, gpu_limit=gpus, gpus_before=1, scheduler=whole_gpu_fallback(elastic_partitioning_schedule))),
+        ("sbp", sbp_schedule(sharing, gpus)),
+    ]
+    patterns: list[tuple[str, list[PlanInstance]]] = []
+    seen: set[tuple] = set()
+    for scheduler, schedule in schedules:
+        for gpu in schedule.gpus:
+            busy = [p for p in gpu.partitions if p.entries]
+            if not busy:
+                continue
+            instances = [
+                PlanInstance(device="", slice=mps_slice_name(part.percent), start=index, variant=entry.model, batch=entry.batch,
+                             latency_ms=entry.latency_ms, capacity_rps=entry.batch * 1000.0 / part.duty_cycle_ms, assigned_rps=0.0,
+                             duty_cycle_ms=part.duty_cycle_ms, interference_factor=entry.interference_factor)
+                for index, part in enumerate(busy) for entry in part.entries
+            ]
+            signature = tuple((i.slice, i.start, i.variant, i.batch, round(i.duty_cycle_ms or 0.0, 9)) for i in instances)
+            if signature in seen:
+                continue
+            seen.add(signature)
+            patterns.append((f"{scheduler}-{len(patterns)}", instances))
+    if patterns:
+        notes.append(f"MPS {devices[0].type}: {len(patterns)} time-shared pattern(s) from gpulets and SBP at the whole demand")
+    return patterns
+
+
+def _mps_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...],
+                      patterns: Sequence[tuple[str, Sequence[PlanInstance]]], oracle: InterferenceOracle | None) -> DeviceClass:
+    device = devices[0]
+    kind = _MpsType(problem, device, oracle)
+    if device.fixed_layout and device.mps_layout is not None:
+        percents = sorted(device.mps_layout, reverse=True)
+        configs = [_split_config(slots, kind, percents, name="fixed")] if percents else []
+        return DeviceClass(devices, tuple(configs) + (unused_config(),), is_gpu=True)
+    configs = []
+    if 100 in device.mps_partitions:
+        configs.append(_split_config(slots, kind, [100], name="mps100"))
+    configs += [_split_config(slots, kind, list(split), name=f"mps{split[0]}+{split[1]}") for split in _splits(device.mps_partitions)]
+    configs += _pattern_configs(slots, device, patterns)
+    return DeviceClass(devices, tuple(configs) + (unused_config(),), is_gpu=True)
+
+
+def _mps_oracle(problem: Problem, devices: Sequence[DeviceSpec], notes: list[str]) -> InterferenceOracle | None:
+    variants = {p.variant for p in problem.profiles if p.device_type == devices[0].type and mps_slice_percent(p.slice) is not None}
+    return interference_predictor_for(problem, devices[0].type, variants, notes) if variants else None
+
+
+def fleet_model_fleet(problem: Problem) -> Fleet:
+    """The fleet's device classes and configurations (see the module docstring)."""
+    slots: dict[SlotKey, SlotClass] = {}
+    classes: list[DeviceClass] = []
+    notes: list[str] = []
+    groups = devices_group(problem.devices, joint_device_key)
+    mps_by_type: dict[str, list[DeviceSpec]] = defaultdict(list)
+    for devices in groups:
+        if _is_mps(devices[0]):
+            mps_by_type[devices[0].type].extend(devices)
+    oracles = {t: _mps_oracle(problem, devices, notes) for t, devices in mps_by_type.items()}
+    patterns = {t: _schedule_patterns(problem, devices, notes) for t, devices in mps_by_type.items()}
+    for devices in groups:
+        device = devices[0]
+        if _is_mps(device):
+            # Patterns were scheduled within the smallest memory of the type: offered where the partitions are allowed.
+            fits = [p for p in patterns[device.type] if all(mps_slice_percent(i.slice) in device.mps_partitions for i in p[1])]
+            classes.append(_mps_device_class(slots, problem, devices, fits, oracles[device.type]))
+        else:
+            classes.append(joint_device_class(slots, problem, devices))
+    return Fleet(problem=problem, device_classes=classes, slot_classes=slots, notes=notes)
+
+
+def _factors_rederive(problem: Problem, plan: Plan) -> Plan:
+    """Each split partition's factor against the model the plan puts beside it, at the batch it runs
+    (never above the worst case it was admitted at): its latency and capacity as they will be."""
+    oracles: dict[str, _MpsType] = {}
+    by_device: dict[str, list[PlanInstance]] = defaultdict(list)
+    for inst in plan.instances:
+        if mps_slice_percent(inst.slice) is not None and inst.duty_cycle_ms is None:
+            by_device[inst.device].append(inst)
+    if not by_device:
+        return plan
+    changed: dict[int, PlanInstance] = {}
+    for device_name, instances in by_device.items():
+        device = problem.device(device_name)
+        if device.type not in oracles:
+            oracle = _mps_oracle(problem, [device], [])
+            oracles[device.type] = _MpsType(problem, device, oracle)
+        kind = oracles[device.type]
+        for inst in instances:
+            if inst.interference_factor <= 1.0:
+                continue
+            neighbours = [o for o in instances if o is not inst and o.start != inst.start]
+            factor = 1.0
+            for other in neighbours:
+                value = kind.factor(inst.variant, inst.batch, mps_slice_percent(inst.slice), other.variant, other.batch,
+                                    mps_slice_percent(other.slice))
+                factor = max(factor, value if value is not None else inst.interference_factor)
+            if factor >= inst.interference_factor:
+                continue
+            profiled = profile_interpolate(kind.points(inst.variant, mps_slice_percent(inst.slice)), inst.batch, "latency_ms")
+            if profiled is None:
+                continue
+            latency = profiled * factor
+            changed[id(inst)] = dataclasses.replace(inst, interference_factor=factor, latency_ms=latency,
+                                                    capacity_rps=inst.batch * 1000.0 / latency)
+    if changed:
+        plan.instances = [changed.get(id(i), i) for i in plan.instances]
+    return plan
+
+
+def fleet_model_solve(problem: Problem) -> Plan:
+    """Plan every device of `problem` in one MILP (see the module docstring)."""
+    fleet = fleet_model_fleet(problem)
+    plan = fleet_solve(fleet, solver_name="fleet", fewest_gpus_last=True)
+    plan = _factors_rederive(problem, plan)
+    if any(_is_mps(d) for d in problem.devices):
+        plan.notes.append("fleet model: the bound and gap are over the configurations offered (every MIG geometry, whole GPU, "
+                          "CPU host, MPS split with one model per partition, and the time-shared MPS patterns listed above)")
+    return plan

@@ -1,0 +1,173 @@
+"""The fleet model (engine/solvers/fleet.py, issue 40): MIG geometry, whole GPUs, CPU hosts and MPS GPUs
+(splits with one model per partition at the worst co-runner's interference, and gpulets' and SBP's
+time-shared schedules as patterns) in one MILP, with a bound and gap for the whole fleet. Its plans pass
+the independent validator, and on the same problems they are never worse than the compositions of the
+seeds' planners (gpulets on the MPS GPUs, proteus or joint on the rest) in the objective's own order."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from engine.plans.problem import problem_from_dict
+from engine.plans.validate import plan_validate
+from engine.reference.generate import mixed_fleet_problem
+from engine.reference.gpulet_problem import gpulet_mps_problem_dict
+from engine.sharing.partitions import mps_slice_percent
+from engine.solvers.fleet import fleet_model_fleet
+from engine.solvers.gpulets import interference_predictor_for
+from engine.solvers.registry import planner_get
+from engine.solvers.solve import plan_solve
+
+from .test_mixed_fleet import mixed_problem_dict
+
+GAP = 1e-3
+
+
+def _idle(problem, **changes):
+    return dataclasses.replace(problem, options=dataclasses.replace(problem.options, spare_capacity="idle", mip_gap=GAP, **changes))
+
+
+def _fair_share(problem, plan) -> float:
+    return min(plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0)
+
+
+def _not_worse(problem, fleet, other) -> bool:
+    """Fair share, then served, then the objective, each within the gap."""
+    pairs = [(_fair_share(problem, fleet), _fair_share(problem, other)),
+             (fleet.total_served_rps, other.total_served_rps), (fleet.objective, other.objective)]
+    for f, o in pairs:
+        if f > o + GAP * abs(o):
+            return True
+        if f < o - GAP * abs(o):
+            return False
+    return True
+
+
+def test_the_fleet_model_plans_mps_and_other_gpus_in_one_milp_with_a_bound() -> None:
+    problem = problem_from_dict(mixed_problem_dict())
+    plan = plan_solve(problem, "fleet", time_limit_s=20)
+    assert plan.solver == "fleet" and plan.status == "optimal"
+    assert plan.bound is not None and plan.gap is not None and plan.gap <= 1e-6
+    verdict = plan_validate(problem, plan)
+    assert verdict.valid, verdict.errors
+    kinds = {problem.device(i.device).mps for i in plan.instances}
+    assert kinds == {True, False}  # one 2080 Ti cannot serve 7,000 req/s: both kinds serve
+    for app in problem.applications:
+        assert math.isclose(plan.served_rps[app.name], app.demand_rps, rel_tol=1e-6)
+    assert not any("mixed fleet" in n for n in plan.notes)  # no two-stage composition
+    assert any("bound and gap are over the configurations offered" in n for n in plan.notes)
+
+
+def test_the_registry_says_the_fleet_model_plans_mps_itself() -> None:
+    info = planner_get("fleet")
+    assert info.kind == "fleet" and info.plans_mps and info.as_dict()["plans_mps"] is True
+    assert not planner_get("proteus").plans_mps
+
+
+@pytest.mark.parametrize("seed, load", [(0, 0.5), (0, 0.9), (1, 0.9), (1, 1.3)])
+def test_never_worse_than_the_compositions_of_the_seeds_planners(seed: int, load: float) -> None:
+    problem = _idle(mixed_fleet_problem(2, 2, 1, 1, n_applications=3, seed=seed, load=load))
+    fleet = plan_solve(problem, "fleet", time_limit_s=30)
+    assert plan_validate(problem, fleet).valid
+    assert fleet.gap is not None and fleet.gap <= 0.005
+    for solver in ("proteus", "joint"):
+        composed = plan_solve(problem, solver, time_limit_s=30)
+        assert composed.solver.startswith("gpulets+") and plan_validate(problem, composed).valid
+        assert _not_worse(problem, fleet, composed), (solver, _fair_share(problem, fleet), _fair_share(problem, composed),
+                                                      fleet.total_served_rps, composed.total_served_rps, fleet.objective, composed.objective)
+
+
+def test_at_light_load_it_uses_no_more_gpus_than_the_composition() -> None:
+    """Equal accuracy, fewer GPUs (the tie-break): one 2080 Ti serves it all, the big GPU stays idle."""
+    problem = _idle(problem_from_dict(mixed_problem_dict({"resnet50": 50.0, "mobilenet": 80.0}, mps_gpus=3, big_gpus=1)))
+    fleet = plan_solve(problem, "fleet")
+    composed = plan_solve(problem, "proteus")
+    assert plan_validate(problem, fleet).valid
+    assert fleet.gpus_used <= composed.gpus_used == 1
+    assert fleet.effective_accuracy == pytest.approx(composed.effective_accuracy)
+
+
+def test_on_mps_gpus_alone_it_serves_at_least_what_gpulets_serves() -> None:
+    problem = _idle(problem_from_dict(gpulet_mps_problem_dict({"resnet50": 6000.0, "mobilenet": 6000.0, "vgg16": 800.0}, gpus=4)))
+    fleet = plan_solve(problem, "fleet", time_limit_s=20)
+    gpulets = plan_solve(problem, "gpulets")
+    assert plan_validate(problem, fleet).valid and plan_validate(problem, gpulets).valid
+    assert _not_worse(problem, fleet, gpulets)
+
+
+def test_a_split_partition_carries_the_factor_of_the_model_beside_it() -> None:
+    """Admitted at the worst co-runner's factor, re-derived against the one the plan puts beside it: the
+    factor written is the oracle's for that pair at their batches, the latency the profile's times it."""
+    raw = gpulet_mps_problem_dict({"resnet50": 900.0, "mobilenet": 1500.0, "densenet121": 300.0}, gpus=2)
+    problem = _idle(problem_from_dict(raw))
+    plan = plan_solve(problem, "fleet", time_limit_s=20)
+    assert plan_validate(problem, plan).valid
+    oracle = interference_predictor_for(problem, "RTX-2080Ti", {v.name for v in problem.variants}, [])
+    split = [i for i in plan.instances if i.duty_cycle_ms is None and mps_slice_percent(i.slice) < 100]
+    for inst in split:
+        beside = [o for o in plan.instances if o.device == inst.device and o.start != inst.start]
+        expected = max([1.0] + [oracle.factor(inst.variant, inst.batch, mps_slice_percent(inst.slice), o.variant, o.batch,
+                                              mps_slice_percent(o.slice)) for o in beside])
+        assert inst.interference_factor == pytest.approx(expected) or inst.interference_factor >= expected
+        assert inst.capacity_rps == pytest.approx(inst.batch * 1000.0 / inst.latency_ms)
+
+
+def test_a_fixed_mps_layout_is_kept() -> None:
+    raw = gpulet_mps_problem_dict({"resnet50": 1200.0, "mobilenet": 1500.0}, gpus=2)
+    raw["devices"][0].update(mps_layout=[60, 40], fixed_layout=True)
+    problem = _idle(problem_from_dict(raw))
+    fleet = fleet_model_fleet(problem)
+    fixed = next(g for g in fleet.device_classes if g.devices[0].name == "gpu0")
+    assert [c.name for c in fixed.configs] == ["fixed", "unused"]
+    plan = plan_solve(problem, "fleet", time_limit_s=20)
+    assert plan_validate(problem, plan).valid
+    if any(i.device == "gpu0" for i in plan.instances):
+        assert plan.layouts["gpu0"] == ["mps60@0", "mps40@1"]
+
+
+def test_without_an_interference_model_partitions_are_planned_alone_and_the_plan_says_so() -> None:
+    raw = gpulet_mps_problem_dict({"resnet50": 2500.0, "mobilenet": 2500.0}, gpus=2, interference=False)
+    problem = _idle(problem_from_dict(raw))
+    plan = plan_solve(problem, "fleet", time_limit_s=20)
+    assert plan_validate(problem, plan).valid
+    assert all(i.interference_factor == 1.0 for i in plan.instances)
+    assert any("no interference model" in n for n in plan.notes)
+
+
+def test_ensembles_and_pipelines_go_through_the_composition_and_validate() -> None:
+    problem = _idle(mixed_fleet_problem(2, 2, 1, 2, n_applications=3, seed=0, load=0.6, ensembles=1, pipelines=1))
+    plan = plan_solve(problem, "fleet", time_limit_s=30)
+    assert plan.solver == "fa2+fleet"
+    verdict = plan_validate(problem, plan)
+    assert verdict.valid, verdict.errors
+    assert plan.pipelines and any(problem.device(i.device).mps for i in plan.instances)
+
+
+def test_the_mixed_generator_is_deterministic_and_has_every_kind() -> None:
+    a = mixed_fleet_problem(2, 2, 1, 1, n_applications=3, seed=4, ensembles=1, pipelines=1)
+    b = mixed_fleet_problem(2, 2, 1, 1, n_applications=3, seed=4, ensembles=1, pipelines=1)
+    assert a == b
+    assert {d.partitioning for d in a.devices} == {"mig", "mps", "none"} and any(d.is_cpu for d in a.devices)
+    assert a.interference is not None and a.pipelines and any(app.ensemble for app in a.applications)
+    with pytest.raises(ValueError, match="device counts"):
+        mixed_fleet_problem(0, 0, 0, 0)
+
+
+def test_a_fleet_plan_on_mps_gpus_keeps_its_slos_in_simulation_with_the_problems_model() -> None:
+    """The split partitions' factors and the time-shared patterns hold up in the fleet simulator, whose MPS
+    GPUs slow co-running partitions by the problem's interference model."""
+    from engine.reference.gpulet_problem import gpulet_mps_problem
+    from engine.simulation.simulator import simulate
+
+    from .test_simulator_mps import CONFIG, _trace
+
+    rates = {"resnet50": 300.0, "vgg19": 150.0, "densenet121": 200.0, "mobilenet": 300.0}
+    problem = gpulet_mps_problem(rates)
+    plan = plan_solve(gpulet_mps_problem({m: 1.1 * r for m, r in rates.items()}), "fleet", time_limit_s=20)
+    assert plan.solver == "fleet" and not any(plan.shortfall_rps.values())
+    config = dataclasses.replace(CONFIG, noise_sigma=0.05, record_batches=False)
+    result = simulate(problem, _trace(rates, 10.0), planner=lambda p: plan, config=config)
+    assert result.summary["interference"] == "problem model"
+    assert result.summary["slo_violation_ratio"] < 0.01
