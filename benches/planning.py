@@ -27,7 +27,10 @@ Measurements (HiGHS through plan_solve, `threads` HiGHS threads and the process 
    compose fa2 (pipelines), gpulets (MPS GPUs) and themselves (engine/solvers/compose.py, mixed.py).
    Problems: generate.mixed_fleet_problem. Reported per case: the smallest served fraction (fair share),
    served fraction, accuracy, objective, GPUs, gap, time, and how often the fleet model is no worse in
-   the objective's order. `--experiments proteus,mig,mixed` picks sections.
+   the objective's order.
+5. fleet at fleet scale: 300 MIG A100s, 300 MPS 2080 Tis, 400 whole H100s and 100 CPU hosts, 100
+   applications (400 variants), loads 0.7 and 1.2, mip_gap 5e-3, 60 s. `--experiments proteus,mig,mixed,scale`
+   picks sections.
 Wall time is measured around plan_solve. `highs_s` is the time inside HiGHS's run() (all MILP stages of the
 plan, `highs_calls` of them); `other_s` = wall - highs_s is everything else (capacities, model build, PuLP's
 hand-over to HiGHS, plan assembly); `solve_s` is what the plan itself reports.
@@ -83,6 +86,12 @@ MIXED_WORKLOADS = {"flat": {}, "all": {"ensembles": 1, "pipelines": 1}}
 MIXED_SOLVERS = ("proteus", "joint", "fleet")  # the first two are compositions (fa2 + gpulets + it) on a mixed fleet
 MIXED_GAP = 1e-3
 TARGET_MIXED_S = 10.0
+# 5. The fleet model at fleet scale (issue 40): 1,000 GPUs of three kinds and 100 CPU hosts, 100 applications.
+SCALE_FLEET = (300, 300, 400, 100)
+SCALE_APPLICATIONS = 100
+SCALE_LOADS = (0.7, 1.2)
+SCALE_GAP = 5e-3
+TARGET_SCALE_S = 60.0
 
 CSV_FIELDS = (
     "experiment", "solver", "variant_of", "objective", "n_devices", "n_device_types", "n_variants", "n_applications",
@@ -226,15 +235,24 @@ def run_mixed(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) 
     capacity is left idle, so GPUs used are the planners' own choice."""
     options = SolveOptions(time_limit_s=args.time_limit, mip_gap=MIXED_GAP, threads=args.threads, solver="highs", spare_capacity="idle")
     fleets = MIXED_FLEETS[:1] if args.quick else MIXED_FLEETS
-    loads = MIXED_LOADS[1:2] if args.quick else MIXED_LOADS
+    loads = MIXED_LOADS[:1] if args.quick else MIXED_LOADS
+    workloads = {"flat": MIXED_WORKLOADS["flat"]} if args.quick else MIXED_WORKLOADS
     for name, n_mig, n_mps, n_whole, n_cpu in fleets:
-        for workload, extra in MIXED_WORKLOADS.items():
+        for workload, extra in workloads.items():
             for load in loads:
                 for seed in range(args.seeds):
                     problem = mixed_fleet_problem(n_mig, n_mps, n_whole, n_cpu, seed=seed, load=load, options=options, **extra)
                     for solver in MIXED_SOLVERS:
                         emit(solve_once(problem, solver, "max-accuracy",
                                         {"experiment": "mixed", "variant_of": f"{name}/{workload}/{load:g}", "seed": seed}))
+
+
+def run_scale(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    """The fleet model alone on SCALE_FLEET (the compositions' gpulets stage alone takes minutes there)."""
+    options = SolveOptions(time_limit_s=TARGET_SCALE_S, mip_gap=SCALE_GAP, threads=args.threads, solver="highs", spare_capacity="idle")
+    for load in SCALE_LOADS[:1] if args.quick else SCALE_LOADS:
+        problem = mixed_fleet_problem(*SCALE_FLEET, n_applications=SCALE_APPLICATIONS, seed=0, load=load, options=options)
+        emit(solve_once(problem, "fleet", "max-accuracy", {"experiment": "scale", "variant_of": f"{load:g}", "seed": 0}))
 
 
 def _lex_not_worse(fleet: dict[str, Any], other: dict[str, Any]) -> bool:
@@ -394,6 +412,20 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
         out(f"   fleet model no worse than the composition (fair share, then served, then objective): {not_worse} of {total} "
             f"solves; its slowest {_fmt(worst)} s (target < {TARGET_MIXED_S:g} s: "
             f"{'met' if worst is not None and worst < TARGET_MIXED_S else 'missed'})")
+    scale = [r for r in rows if r["experiment"] == "scale"]
+    if scale:
+        mig, mps, whole, cpu = SCALE_FLEET
+        out("")
+        out(f"5. the fleet model at fleet scale: {mig} MIG A100s + {mps} MPS 2080 Tis + {whole} whole H100s + {cpu} CPU hosts, "
+            f"{SCALE_APPLICATIONS} applications, mip_gap {SCALE_GAP:g}, limit {TARGET_SCALE_S:g} s (one model, no decomposition)")
+        out(f"   {'load':>5} {'status':<10} {'fair':>6} {'served':>6} {'obj':>7} {'GPUs':>5} {'gap':>8} {'wall':>7}  target")
+        for r in scale:
+            wall, gap = _num(r.get("wall_s")), _num(r.get("gap"))
+            met = wall is not None and wall < TARGET_SCALE_S and gap is not None and gap <= SCALE_GAP
+            out(f"   {r['variant_of']:>5} {r['status']:<10} {_fmt(_num(r.get('fair_share')), '.3f'):>6} "
+                f"{_fmt(_num(r.get('served_fraction')), '.4f'):>6} {_fmt(_num(r.get('objective_value')), '.4f'):>7} "
+                f"{r.get('gpus_used', ''):>5} {_fmt(gap, '.4f'):>8} {_fmt(wall, '.1f'):>7}  < {TARGET_SCALE_S:g} s with gap <= "
+                f"{SCALE_GAP:g}: {'met' if met else 'missed'}")
     out("")
     out(f"Targets (issue): proteus optimal < {TARGET_PROTEUS_SIZE_S:g} s at Proteus's size on 2 cores; < {TARGET_FIGURE10_MAX_S:g} s at "
         f"the Figure 10 maxima; joint at {max(MIG_FLEETS)} A100 < {TARGET_JOINT_64_S:g} s at 1 % gap.")
@@ -540,9 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=None, help="per solve, seconds (default 60; 20 with --quick)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="only profile one proteus and one joint solve")
-    parser.add_argument("--experiments", default="proteus,mig,mixed",
+    parser.add_argument("--experiments", default=None,
                         help="comma-separated: proteus (Figure 10 sizes), mig (joint and its gain), mixed (the fleet model "
-                             "against the compositions)")
+                             "against the compositions), scale (the fleet model on 1,000 GPUs and 100 CPU hosts); "
+                             "default all, all but scale with --quick")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.time_limit = args.time_limit or (20.0 if args.quick else 60.0)
@@ -570,16 +603,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"dev={row['n_devices']:<4} var={row['n_variants']:<4} apps={row['n_applications']:<3} seed={row['seed']} "
                   f"{row['status']:<10} wall={_fmt(_num(row.get('wall_s')))} gap={_fmt(_num(row.get('gap')), '.4f')}", flush=True)
 
-        chosen = {e.strip() for e in args.experiments.split(",") if e.strip()}
-        unknown = chosen - {"proteus", "mig", "mixed"}
+        default = "proteus,mig,mixed" if args.quick else "proteus,mig,mixed,scale"
+        chosen = {e.strip() for e in (args.experiments or default).split(",") if e.strip()}
+        unknown = chosen - {"proteus", "mig", "mixed", "scale"}
         if unknown:
-            parser.error(f"--experiments: unknown {', '.join(sorted(unknown))} (choose from proteus, mig, mixed)")
+            parser.error(f"--experiments: unknown {', '.join(sorted(unknown))} (choose from proteus, mig, mixed, scale)")
         if "proteus" in chosen:
             run_proteus(args, emit)
         if "mig" in chosen:
             run_mig(args, emit)
         if "mixed" in chosen:
             run_mixed(args, emit)
+        if "scale" in chosen:
+            run_scale(args, emit)
     for line in report(rows, args):
         print(line)
     print(f"\nwrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s; load average at end {_loadavg()}")

@@ -15,7 +15,8 @@ objective, status, objective, bound and gap for the whole fleet):
     proportion to the partitions;
   * time-shared patterns: each GPU's schedule from gpulets' Algorithm 1 with Algorithm 2 (ATC'22 §4.3,
     §4.5; engine/sharing/scheduling.py) and from squishy bin packing (Nexus, gpulets §2.2), on the fleet's
-    MPS GPUs at the whole demand: several models per partition in rounds of a duty cycle. A pattern
+    MPS GPUs at the whole demand (on a fleet of more than 8, on 8 of them at their share of it): several
+    models per partition in rounds of a duty cycle. A pattern
     offers each of its entries' capacity (a batch per round), and any number of GPUs of the type may take it;
   * unused.
 So every plan the MPS planners make on their own is one the model can choose, and so is every plan
@@ -72,6 +73,8 @@ from engine.solvers.model import (
 
 __all__ = ["fleet_model_fleet", "fleet_model_solve", "mps_worst_factor"]
 
+# The time-shared patterns are scheduled on at most this many MPS GPUs, at their share of the demand.
+PATTERN_GPUS = 8
 # Relative slack on the latency budget, as the MPS schedulers and the validator allow (1e-9).
 _REL = 1e-9
 
@@ -257,6 +260,11 @@ def _schedule_patterns(problem: Problem, devices: Sequence[DeviceSpec], notes: l
     if sharing is None:
         return []
     gpus = len(mapping.devices)
+    if gpus > PATTERN_GPUS:
+        # A proportional sample: PATTERN_GPUS GPUs at that share of the demand give the same per-GPU mixes
+        # as the whole fleet would, at a fixed cost (Algorithm 1 on hundreds of GPUs takes minutes).
+        share = PATTERN_GPUS / gpus
+        sharing, gpus = sharing.with_rates({m.name: m.rate_rps * share for m in sharing.models}), PATTERN_GPUS
     schedules: list[tuple[str, SharingSchedule]] = [
         ("gpulets", gpu_scaling_schedule(sharing, gpu_limit=gpus, gpus_before=1, scheduler=whole_gpu_fallback(elastic_partitioning_schedule))),
         ("sbp", sbp_schedule(sharing, gpus)),

@@ -623,11 +623,14 @@ class _Stages:
     outcomes: list[SolveOutcome] = field(default_factory=list)
 
     def run(
-        self, model: FleetModel, *, share: float = 1.0, start: FleetSolution | Mapping[str, float] | None = None
+        self, model: FleetModel, *, share: float = 1.0, start: FleetSolution | Mapping[str, float] | None = None,
+        cap_s: float | None = None,
     ) -> tuple[SolveOutcome, FleetSolution | None]:
-        """Solve one stage with `share` of the time left, starting from an earlier stage's solution (or from
-        values by variable name, such as `running_start`'s)."""
+        """Solve one stage with `share` of the time left (at most `cap_s`), starting from an earlier stage's
+        solution (or from values by variable name, such as `running_start`'s)."""
         limit = max(MIN_STAGE_SECONDS, share * (self.deadline - time.perf_counter()))
+        if cap_s is not None:
+            limit = max(MIN_STAGE_SECONDS, min(limit, cap_s))
         values = start.values if isinstance(start, FleetSolution) else start
         outcome = milp_solve(model.lp, self.fleet.problem.options, time_limit_s=limit, backend=self.backend, start=values or None)
         self.outcomes.append(outcome)
@@ -770,14 +773,15 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
 
 
 def _fewest_gpus_stage(stages: _Stages, model: FleetModel, outcome: SolveOutcome, solution: FleetSolution, notes: list[str]) -> FleetSolution:
-    """The fewest GPUs at the accuracy stage's objective (to solver tolerance), from its solution; that
-    solution when this stage finds nothing better in time."""
+    """The fewest GPUs at the accuracy stage's objective (to solver tolerance), from its solution, in at most
+    the time that stage took; its solution when this stage finds nothing better in time."""
     reached = outcome.objective if outcome.objective is not None else 0.0
     used = solution.gpus_used(stages.fleet)
     model.lp += model.lp.objective >= reached - _served_tolerance(reached), "stage_accuracy"
     model.lp.sense = pulp.LpMinimize
     model.lp.setObjective(model.gpus_used)
-    last, fewer = stages.run(model, start=solution)
+    # A tie-break: it gets no more time than the accuracy stage took.
+    last, fewer = stages.run(model, start=solution, cap_s=outcome.seconds)
     if fewer is None or fewer.gpus_used(stages.fleet) >= used:
         if last.state != "optimal":
             notes.append(f"fewest GPUs at that accuracy: not proved in time; the plan keeps {used} GPUs")

@@ -21,7 +21,9 @@ def test_planning_bench_quick_writes_csv(tmp_path):
     assert "engine/reference/data/gpulet" in result.stdout
     with (tmp_path / "planning.csv").open() as fh:
         rows = list(csv.DictReader(fh))
-    assert {r["experiment"] for r in rows} >= {"proteus:n_devices", "joint", "gain"}
+    assert {r["experiment"] for r in rows} >= {"proteus:n_devices", "joint", "gain", "mixed"}
+    assert {r["solver"] for r in rows if r["experiment"] == "mixed"} == {"proteus", "joint", "fleet"}
+    assert "4. the fleet model against the compositions" in result.stdout
     assert all(r["status"] in ("optimal", "feasible") for r in rows), [(r["experiment"], r["status"], r["error"]) for r in rows]
     # Either the figure was drawn or the script said why not.
     assert (tmp_path / "planning.png").exists() or "PNG skipped" in result.stdout

@@ -171,3 +171,17 @@ def test_a_fleet_plan_on_mps_gpus_keeps_its_slos_in_simulation_with_the_problems
     result = simulate(problem, _trace(rates, 10.0), planner=lambda p: plan, config=config)
     assert result.summary["interference"] == "problem model"
     assert result.summary["slo_violation_ratio"] < 0.01
+
+
+def test_on_more_mps_gpus_than_the_pattern_sample_the_plan_still_validates_and_beats_gpulets() -> None:
+    """Past PATTERN_GPUS MPS GPUs the time-shared patterns are scheduled on a sample at its share of the demand."""
+    from engine.solvers.fleet import PATTERN_GPUS
+
+    gpus = PATTERN_GPUS + 2
+    rates = {"resnet50": 1500.0 * gpus, "mobilenet": 1500.0 * gpus, "vgg16": 100.0 * gpus}
+    problem = _idle(problem_from_dict(gpulet_mps_problem_dict(rates, gpus=gpus)))
+    plan = plan_solve(problem, "fleet", time_limit_s=30)
+    verdict = plan_validate(problem, plan)
+    assert verdict.valid, verdict.errors
+    assert any("time-shared pattern(s)" in n for n in plan.notes)
+    assert _not_worse(problem, plan, plan_solve(problem, "gpulets"))
