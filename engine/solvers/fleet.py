@@ -36,6 +36,9 @@ Departures, stated:
   the model over these configurations, which the plan's notes say.
 - Pipelines are not yet in the model: as for every planner, compose.py plans them first (fa2 by
   default) on the CPU hosts, and the fleet model plans the rest on the devices left.
+- A split partition runs at a profiled batch (the interference predictor's operating points, on both sides
+  of the pair), not at a batch between two profiled ones as the capacity model allows: the validator may
+  warn that a slightly larger interpolated batch would fit (capacity left unused).
 - Interference is pairwise, as measured: a split has two partitions; a fixed MPS layout of three or more
   is admitted against the worst model on any other partition."""
 from __future__ import annotations
