@@ -16,11 +16,13 @@ objective, status, objective, bound and gap for the whole fleet):
   * time-shared patterns: each GPU's schedule from gpulets' Algorithm 1 with Algorithm 2 (ATC'22 §4.3,
     §4.5; engine/sharing/scheduling.py) and from squishy bin packing (Nexus, gpulets §2.2), on the fleet's
     MPS GPUs at the whole demand (on a fleet of more than 8, on 8 of them at their share of it): several
-    models per partition in rounds of a duty cycle. A pattern
-    offers each of its entries' capacity (a batch per round), and any number of GPUs of the type may take it;
+    models per partition in rounds of a duty cycle. A pattern offers each of its entries' capacity (a
+    batch per round), and any number of GPUs of the type may take it;
   * unused.
-So every plan the MPS planners make on their own is one the model can choose, and so is every plan
-the MIG planners make on the other devices: the trade-off between the two kinds is the solver's.
+So the plan gpulets or SBP makes for the MPS GPUs alone at the whole demand (on up to 8 of them) is one
+the model can choose, as is any plan the MIG planners make on the other devices, and the trade-off
+between the kinds is the solver's. A composition whose MPS stage saw only the demand left over can hold
+a time-shared pattern the model lacks (the departures below).
 
 Once solved, each split partition's factor is derived again against the model that the plan actually
 puts beside it, at its batch (`_factors_rederive`): never above the one it was admitted at, since the
