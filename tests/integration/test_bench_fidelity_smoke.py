@@ -18,6 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.services
 
 
+# Alone under xdist (tests/conftest.py): it calibrates and times real runtimes on this machine's cores; beside
+# another worker's tests on CI's two cores it failed twice and passed on its own.
+@pytest.mark.solo
 @pytest.mark.timeout(900)
 def test_fidelity_quick_prints_predicted_against_measured_for_every_application_and_trace(postgres_server_url, redis_url, tmp_path: Path) -> None:
     result = subprocess.run(

@@ -20,6 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.services
 
 
+# Alone under xdist (tests/conftest.py): a query is hung when its answer comes later than its deadline + 1 s, as the
+# load generator sees it, and the load generator shares the cores with the stack it drives. Beside another
+# worker's tests on CI's two cores, a stall of the generator itself counted as one hung query in 600.
+@pytest.mark.solo
 @pytest.mark.timeout(1200)
 def test_soak_quick_answers_nothing_wrong_and_converges_after_every_fault(postgres_server_url, redis_url, tmp_path: Path) -> None:
     result = subprocess.run(
