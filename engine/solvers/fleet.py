@@ -73,6 +73,7 @@ from engine.solvers.model import (
     SlotKey,
     devices_group,
     fleet_solve,
+    mps_partition_slot_key,
     unused_config,
 )
 
@@ -222,12 +223,11 @@ def _split_config(slots: dict[SlotKey, SlotClass], kind: _MpsType, percents: Seq
     """One model per partition of `percents` (largest first), each at its worst-case factor, the memory
     split in proportion to the partitions (two models never need more than the GPU has)."""
     device = kind.device
-    layout_key = "+".join(map(str, percents))
     alone = len(percents) == 1
     share = {p: (device.memory_mb if alone or device.memory_mb is None else device.memory_mb * p / 100.0) for p in percents}
     config_slots = []
     for index, percent in enumerate(percents):
-        key: SlotKey = (device.type, device.memory_mb, f"{mps_slice_name(percent)}/{layout_key}")
+        key = mps_partition_slot_key(device, percent, percents)
         if key not in slots:
             others = [p for i, p in enumerate(percents) if i != index]
             capacities, factors = _partition_capacities(kind, percent, others, share[percent], share)
@@ -297,10 +297,9 @@ def _schedule_patterns(problem: Problem, devices: Sequence[DeviceSpec], notes: l
     return patterns
 
 
-def _mps_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...],
-                      patterns: Sequence[tuple[str, Sequence[PlanInstance]]], oracle: InterferenceOracle | None) -> DeviceClass:
+def _mps_device_class(slots: dict[SlotKey, SlotClass], kind: _MpsType, devices: tuple[DeviceSpec, ...],
+                      patterns: Sequence[tuple[str, Sequence[PlanInstance]]]) -> DeviceClass:
     device = devices[0]
-    kind = _MpsType(problem, device, oracle)
     if device.fixed_layout and device.mps_layout is not None:
         percents = sorted(device.mps_layout, reverse=True)
         configs = [_split_config(slots, kind, percents, name="fixed")] if percents else []
@@ -320,6 +319,12 @@ def _mps_oracle(problem: Problem, devices: Sequence[DeviceSpec], notes: list[str
 
 def fleet_model_fleet(problem: Problem) -> Fleet:
     """The fleet's device classes and configurations (see the module docstring)."""
+    return _fleet_build(problem)[0]
+
+
+def _fleet_build(problem: Problem) -> tuple[Fleet, dict[str, _MpsType]]:
+    """The fleet, and per MPS device type one of its `_MpsType`s: the interference oracle and the factors it
+    computed, which `_factors_rederive` reads again after the solve."""
     slots: dict[SlotKey, SlotClass] = {}
     classes: list[DeviceClass] = []
     notes: list[str] = []
@@ -330,21 +335,24 @@ def fleet_model_fleet(problem: Problem) -> Fleet:
             mps_by_type[devices[0].type].extend(devices)
     oracles = {t: _mps_oracle(problem, devices, notes) for t, devices in mps_by_type.items()}
     patterns = {t: _schedule_patterns(problem, devices, notes) for t, devices in mps_by_type.items()}
+    kinds: dict[str, _MpsType] = {}
     for devices in groups:
         device = devices[0]
         if _is_mps(device):
             # Patterns were scheduled within the smallest memory of the type: offered where the partitions are allowed.
             fits = [p for p in patterns[device.type] if all(mps_slice_percent(i.slice) in device.mps_partitions for i in p[1])]
-            classes.append(_mps_device_class(slots, problem, devices, fits, oracles[device.type]))
+            kind = _MpsType(problem, device, oracles[device.type])
+            kinds.setdefault(device.type, kind)
+            classes.append(_mps_device_class(slots, kind, devices, fits))
         else:
             classes.append(joint_device_class(slots, problem, devices))
-    return Fleet(problem=problem, device_classes=classes, slot_classes=slots, notes=notes)
+    return Fleet(problem=problem, device_classes=classes, slot_classes=slots, notes=notes), kinds
 
 
-def _factors_rederive(problem: Problem, plan: Plan) -> Plan:
+def _factors_rederive(problem: Problem, plan: Plan, kinds: dict[str, _MpsType]) -> Plan:
     """Each split partition's factor against the model the plan puts beside it, at the batch it runs
-    (never above the worst case it was admitted at): its latency and capacity as they will be."""
-    oracles: dict[str, _MpsType] = {}
+    (never above the worst case it was admitted at): its latency and capacity as they will be. `kinds`: the
+    `_MpsType` the fleet was built with, per device type (its oracle and factors; neither depends on memory)."""
     by_device: dict[str, list[PlanInstance]] = defaultdict(list)
     for inst in plan.instances:
         if mps_slice_percent(inst.slice) is not None and inst.duty_cycle_ms is None:
@@ -353,11 +361,7 @@ def _factors_rederive(problem: Problem, plan: Plan) -> Plan:
         return plan
     changed: dict[int, PlanInstance] = {}
     for device_name, instances in by_device.items():
-        device = problem.device(device_name)
-        if device.type not in oracles:
-            oracle = _mps_oracle(problem, [device], [])
-            oracles[device.type] = _MpsType(problem, device, oracle)
-        kind = oracles[device.type]
+        kind = kinds[problem.device(device_name).type]
         for inst in instances:
             if inst.interference_factor <= 1.0:
                 continue
@@ -382,9 +386,9 @@ def _factors_rederive(problem: Problem, plan: Plan) -> Plan:
 
 def fleet_model_solve(problem: Problem) -> Plan:
     """Plan every device of `problem` in one MILP (see the module docstring)."""
-    fleet = fleet_model_fleet(problem)
+    fleet, kinds = _fleet_build(problem)
     plan = fleet_solve(fleet, solver_name="fleet", fewest_gpus_last=True)
-    plan = _factors_rederive(problem, plan)
+    plan = _factors_rederive(problem, plan, kinds)
     if any(_is_mps(d) for d in problem.devices):
         plan.notes.append("fleet model: the bound and gap are over the configurations offered (every MIG geometry, whole GPU, "
                           "CPU host, MPS split with one model per partition, and the time-shared MPS patterns listed above)")

@@ -49,6 +49,7 @@ import pulp
 from engine.geometry.layout import Layout
 from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
 from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
+from engine.sharing.partitions import mps_slice_name, mps_slice_percent
 from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
 from engine.solvers.spare import plan_spare_fill
 from engine.solvers.milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
@@ -131,6 +132,17 @@ def slot_key(device: DeviceSpec, slice_name: str | None) -> SlotKey:
         return (device.type, device.memory_mb, f"{device.cores}c")
     assert slice_name is not None
     return (device.type, device.memory_mb, slice_name)
+
+
+def mps_partition_slot_key(device: DeviceSpec, percent: int, percents: Sequence[int]) -> SlotKey:
+    """The slot class of one partition of `percent` % on an MPS GPU split into `percents` (largest first):
+    its capacity depends on the partitions beside it (the interference it is admitted at), so the split is
+    part of the key. Shared by the fleet model's configurations and the running state a re-plan reads."""
+    return (device.type, device.memory_mb, f"{mps_slice_name(percent)}/{'+'.join(map(str, percents))}")
+
+
+def _is_mps_gpu(device: DeviceSpec) -> bool:
+    return device.mps and not device.mig and not device.is_cpu
 
 
 def slot_class_register(fleet_slots: dict[SlotKey, SlotClass], problem: Problem, device: DeviceSpec, slice_name: str | None) -> SlotKey:
@@ -459,7 +471,11 @@ def _running_counts(fleet: Fleet) -> dict[tuple[SlotKey, str], int]:
     for device in fleet.problem.devices:
         for slot, variant in device.running:
             slice_name = None if device.is_cpu else slot.split("@", 1)[0]
-            counts[slot_key(device, slice_name), variant] += 1
+            key = slot_key(device, slice_name)
+            if _is_mps_gpu(device) and device.mps_layout:
+                mps_key = mps_partition_slot_key(device, mps_slice_percent(slice_name) or 0, device.mps_layout)
+                key = mps_key if mps_key in fleet.slot_classes else key
+            counts[key, variant] += 1
     return counts
 
 
@@ -479,13 +495,22 @@ def _variants_changed(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple
 
 def _current_config(group: DeviceClass, device: DeviceSpec) -> int | None:
     """The index of the configuration `device` is in now: unused when nothing runs on it (if the class can
-    be unused), else the one with its current MIG layout, or the whole GPU, or a CPU host's only one."""
+    be unused), else the one with its current MIG layout, or its current MPS partitions with one model each
+    (the fleet model's splits: a partition time-shared by several models matches none), or the whole GPU,
+    or a CPU host's only one."""
     if not device.running:
         idle = next((ci for ci, c in enumerate(group.configs) if not c.uses_device and not c.slots), None)
         if idle is not None:
             return idle
     if device.is_cpu:
         return next((ci for ci, c in enumerate(group.configs) if c.slots), None)
+    if _is_mps_gpu(device) and any(c.mps_layout is not None for c in group.configs):
+        if not device.mps_layout:
+            return None
+        layout = tuple(f"{mps_slice_name(p)}@{i}" for i, p in enumerate(device.mps_layout))
+        keys = {mps_partition_slot_key(device, p, device.mps_layout) for p in device.mps_layout}
+        return next((ci for ci, c in enumerate(group.configs)
+                     if c.mps_layout == layout and c.slots and {slot.key for slot in c.slots} == keys), None)
     if device.mig and device.layout:
         layout = tuple(sorted(device.layout))
         return next((ci for ci, c in enumerate(group.configs) if c.layout == layout and c.slots), None)

@@ -185,3 +185,30 @@ def test_on_more_mps_gpus_than_the_pattern_sample_the_plan_still_validates_and_b
     assert verdict.valid, verdict.errors
     assert any("time-shared pattern(s)" in n for n in plan.notes)
     assert _not_worse(problem, plan, plan_solve(problem, "gpulets"))
+
+
+def test_a_replan_of_mps_splits_starts_from_what_runs_and_keeps_it() -> None:
+    """Issue 40, item 3: a running MPS split (one model per partition) is one of the model's configurations,
+    so a re-plan gets a MIP start from it, and the variant-change penalty counts its instances: at the same
+    demand the split and its models stay where they are."""
+    from engine.solvers.model import _running_counts, fleet_model_build, running_start
+
+    running = [{"mps_layout": [60, 40], "running": {"mps60@0": "resnet50", "mps40@1": "mobilenet"}},
+               {"mps_layout": [100], "running": {"mps100@0": "resnet50"}}]
+    raw = gpulet_mps_problem_dict({"resnet50": 600.0, "mobilenet": 500.0}, gpus=2, running=running)
+    raw["options"] = {"spare_capacity": "idle", "mip_gap": GAP}
+    problem = problem_from_dict(raw)
+    fleet = fleet_model_fleet(problem)
+    counts = _running_counts(fleet)
+    assert len(counts) == 3 and all(key in fleet.slot_classes for key, _ in counts)  # every running instance has its slot class
+    start = running_start(fleet, fleet_model_build(fleet, full_demand=True, name="start"))
+    assert start is not None  # both GPUs matched their configuration
+    plan = plan_solve(problem, "fleet", time_limit_s=20)
+    assert plan.status == "optimal" and plan_validate(problem, plan).valid
+    kept = {(i.device, f"{i.slice}@{i.start}", i.variant) for i in plan.instances}
+    assert {("gpu0", "mps60@0", "resnet50"), ("gpu0", "mps40@1", "mobilenet")} <= kept
+    # A time-shared partition (two models on one) is no split configuration: no start, and no error.
+    shared = [{"mps_layout": [100], "running": {"mps100@0": ["resnet50", "mobilenet"]}}]
+    raw = gpulet_mps_problem_dict({"resnet50": 600.0, "mobilenet": 500.0}, gpus=1, running=shared)
+    fleet = fleet_model_fleet(problem_from_dict(raw))
+    assert running_start(fleet, fleet_model_build(fleet, full_demand=True, name="start")) is None
