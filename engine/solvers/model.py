@@ -49,7 +49,7 @@ import pulp
 from engine.geometry.layout import Layout
 from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
 from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
-from engine.sharing.partitions import mps_slice_name, mps_slice_percent
+from engine.sharing.partitions import mps_slice_name
 from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
 from engine.solvers.spare import plan_spare_fill
 from engine.solvers.milp import SolveOutcome, SolveState, backend_choose, milp_solve, status_combine
@@ -219,7 +219,7 @@ class FleetModel:
     accuracy_over_demand: pulp.LpAffineExpression
     gpus_used: pulp.LpAffineExpression
     instances_changed: pulp.LpAffineExpression
-    variants_changed: pulp.LpAffineExpression  # instances no longer running what runs there now
+    variants_changed: pulp.LpAffineExpression  # instances no longer running what runs there now, and devices leaving their configuration
 
 
 def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable]]:
@@ -461,22 +461,52 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
     return FleetModel(
         lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed, served_total=pulp.lpSum(routed.values()),
         accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
-        variants_changed=_variants_changed(lp, fleet, instances),
+        variants_changed=_variants_changed(lp, fleet, instances) + _configurations_left(lp, fleet, configs_taken),
     )
 
 
 def _running_counts(fleet: Fleet) -> dict[tuple[SlotKey, str], int]:
-    """How many instances of each (slot class, variant) run now, from the devices' `running`."""
+    """How many instances of each (slot class, variant) run now, from the devices' `running`. On an MPS GPU
+    whose partitions match a configuration of the model (`_mps_running_slots`), that configuration's slot
+    classes: their capacity depends on what runs beside them."""
     counts: dict[tuple[SlotKey, str], int] = defaultdict(int)
+    mps_keys: dict[str, list[SlotKey]] = {}
+    for group in fleet.device_classes:
+        for device in group.devices:
+            if device.running and _is_mps_gpu(device):
+                ci = _current_config(fleet, group, device)
+                keys = _mps_running_slots(fleet, group.configs[ci], device) if ci is not None else None
+                if keys is not None:
+                    mps_keys[device.name] = keys
     for device in fleet.problem.devices:
-        for slot, variant in device.running:
-            slice_name = None if device.is_cpu else slot.split("@", 1)[0]
-            key = slot_key(device, slice_name)
-            if _is_mps_gpu(device) and device.mps_layout:
-                mps_key = mps_partition_slot_key(device, mps_slice_percent(slice_name) or 0, device.mps_layout)
-                key = mps_key if mps_key in fleet.slot_classes else key
+        for i, (slot, variant) in enumerate(device.running):
+            if device.name in mps_keys:
+                key = mps_keys[device.name][i]
+            else:
+                key = slot_key(device, None if device.is_cpu else slot.split("@", 1)[0])
             counts[key, variant] += 1
     return counts
+
+
+def _mps_running_slots(fleet: Fleet, config: DeviceConfig, device: DeviceSpec) -> list[SlotKey] | None:
+    """The slot class of each of the device's running (slot, variant) pairs in `config`, an MPS configuration
+    of the fleet model with the device's partitions: each pair on a slot of its own with the same partition
+    and index that can run the variant (a split's partition takes one model, a time-shared pattern's entry
+    is one model's); None when the pairs do not all fit so."""
+    if config.mps_layout is None or not device.mps_layout:
+        return None
+    if config.mps_layout != tuple(f"{mps_slice_name(p)}@{i}" for i, p in enumerate(device.mps_layout)):
+        return None
+    free = list(config.slots)
+    keys: list[SlotKey] = []
+    for slot_id, variant in device.running:
+        match = next((s for s in free if device_slot_id(s.slice or FULL_SLICE, s.start, is_cpu=False) == slot_id
+                      and variant in fleet.slot_classes[s.key].capacities), None)
+        if match is None:
+            return None
+        free.remove(match)
+        keys.append(match.key)
+    return keys
 
 
 def _variants_changed(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> pulp.LpAffineExpression:
@@ -493,10 +523,35 @@ def _variants_changed(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple
     return pulp.lpSum(terms)
 
 
-def _current_config(group: DeviceClass, device: DeviceSpec) -> int | None:
+def _configurations_left(lp: pulp.LpProblem, fleet: Fleet, configs_taken: Mapping[tuple[int, int], pulp.LpVariable]) -> pulp.LpAffineExpression:
+    """Running MPS GPUs moved to another configuration that uses them (their partitions rebuilt, every
+    instance on them restarted), counted per device class. A class's devices share their current layout,
+    so the running ones are in one configuration c0 now and the others idle; devices in some other used
+    configuration, less the idle ones that may have taken it, were moved: moved >= |g| - m[g, c0] -
+    m[g, unused] - idle. Why: the variant-change count is per slot class, which identical slots on two
+    devices share, so without this a re-plan at the same demand could swap two devices' configurations at
+    no cost. A device let go (unused) is not counted here: its instances are, as variant changes. A MIG
+    layout change keeps the instances it does not destroy, and `instances_changed` counts those it does."""
+    terms = []
+    for gi, group in enumerate(fleet.device_classes):
+        if not any(c.mps_layout is not None for c in group.configs):
+            continue
+        unused = [ci for ci, c in enumerate(group.configs) if not c.uses_device]
+        current = {_current_config(fleet, group, d) for d in group.devices if d.running}
+        if len(current) != 1 or None in current or len(group.configs) - len(unused) < 2:
+            continue
+        (c0,) = current
+        idle = sum(1 for d in group.devices if not d.running)
+        moved = pulp.LpVariable(f"moved_{gi}", lowBound=0)
+        lp += moved >= len(group.devices) - configs_taken[gi, c0] - pulp.lpSum(configs_taken[gi, ci] for ci in unused) - idle, f"moved_{gi}"
+        terms.append(moved)
+    return pulp.lpSum(terms)
+
+
+def _current_config(fleet: Fleet, group: DeviceClass, device: DeviceSpec) -> int | None:
     """The index of the configuration `device` is in now: unused when nothing runs on it (if the class can
-    be unused), else the one with its current MIG layout, or its current MPS partitions with one model each
-    (the fleet model's splits: a partition time-shared by several models matches none), or the whole GPU,
+    be unused), else the one with its current MIG layout, or the MPS configuration its partitions and
+    running models fit (a split, one model per partition, before a time-shared pattern), or the whole GPU,
     or a CPU host's only one."""
     if not device.running:
         idle = next((ci for ci, c in enumerate(group.configs) if not c.uses_device and not c.slots), None)
@@ -505,12 +560,7 @@ def _current_config(group: DeviceClass, device: DeviceSpec) -> int | None:
     if device.is_cpu:
         return next((ci for ci, c in enumerate(group.configs) if c.slots), None)
     if _is_mps_gpu(device) and any(c.mps_layout is not None for c in group.configs):
-        if not device.mps_layout:
-            return None
-        layout = tuple(f"{mps_slice_name(p)}@{i}" for i, p in enumerate(device.mps_layout))
-        keys = {mps_partition_slot_key(device, p, device.mps_layout) for p in device.mps_layout}
-        return next((ci for ci, c in enumerate(group.configs)
-                     if c.mps_layout == layout and c.slots and {slot.key for slot in c.slots} == keys), None)
+        return next((ci for ci, c in enumerate(group.configs) if c.slots and _mps_running_slots(fleet, c, device) is not None), None)
     if device.mig and device.layout:
         layout = tuple(sorted(device.layout))
         return next((ci for ci, c in enumerate(group.configs) if c.layout == layout and c.slots), None)
@@ -534,7 +584,7 @@ def running_start(fleet: Fleet, model: FleetModel) -> dict[str, float] | None:
     for gi, group in enumerate(fleet.device_classes):
         taken: Counter[int] = Counter()
         for device in group.devices:
-            ci = _current_config(group, device)
+            ci = _current_config(fleet, group, device)
             if ci is None:
                 return None
             taken[ci] += 1
@@ -868,18 +918,30 @@ def _idle_layouts(fleet: Fleet) -> dict[str, list[str]]:
 
 
 def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignment], dict[str, list[str]], list[str]]:
-    """Hand the counts out to concrete devices and slots: each device class's devices take configurations
-    in name order, instances fill devices one after another (so the GPUs used are as few as the counts
+    """Hand the counts out to concrete devices and slots: each device class's devices keep their current
+    configuration where the counts allow, the others take what is left in name order, instances fill devices one after another (so the GPUs used are as few as the counts
     allow), and each (slot class, variant)'s traffic is spread evenly over as few instances as carry it."""
     problem = fleet.problem
     device_config: list[tuple[DeviceSpec, DeviceConfig]] = []
     for gi, group in enumerate(fleet.device_classes):
         # Configurations that use the device first, so the same devices are picked run after run.
         order = sorted(range(len(group.configs)), key=lambda ci: (not group.configs[ci].uses_device, ci))
-        queue = [group.configs[ci] for ci in order for _ in range(solution.configs_taken.get((gi, ci), 0))]
+        queue = [ci for ci in order for _ in range(solution.configs_taken.get((gi, ci), 0))]
         unused = next((c for c in group.configs if not c.uses_device), None)
-        for i, device in enumerate(group.devices):
-            config = queue[i] if i < len(queue) else (unused or group.configs[0])
+        # A device whose configuration the plan keeps stays in it (the running ones first): only the rest
+        # are handed out in name order.
+        given: dict[str, DeviceConfig] = {}
+        for device in sorted(group.devices, key=lambda d: not d.running):
+            now = _current_config(fleet, group, device)
+            if now is not None and now in queue:
+                queue.remove(now)
+                given[device.name] = group.configs[now]
+        rest = iter(queue)
+        for device in group.devices:
+            config = given.get(device.name)
+            if config is None:
+                ci = next(rest, None)
+                config = group.configs[ci] if ci is not None else (unused or group.configs[0])
             device_config.append((device, config))
 
     pending: dict[SlotKey, list[tuple[str, float]]] = defaultdict(list)

@@ -207,8 +207,20 @@ def test_a_replan_of_mps_splits_starts_from_what_runs_and_keeps_it() -> None:
     assert plan.status == "optimal" and plan_validate(problem, plan).valid
     kept = {(i.device, f"{i.slice}@{i.start}", i.variant) for i in plan.instances}
     assert {("gpu0", "mps60@0", "resnet50"), ("gpu0", "mps40@1", "mobilenet")} <= kept
-    # A time-shared partition (two models on one) is no split configuration: no start, and no error.
-    shared = [{"mps_layout": [100], "running": {"mps100@0": ["resnet50", "mobilenet"]}}]
-    raw = gpulet_mps_problem_dict({"resnet50": 600.0, "mobilenet": 500.0}, gpus=1, running=shared)
+    # Two models time-sharing a partition, as gpulets' pattern at this demand has them: that pattern is the
+    # device's configuration, and a re-plan at the same demand keeps it.
+    shared = [{"mps_layout": [100], "running": {"mps100@0": ["mobilenet", "resnet50"]}}]
+    raw = gpulet_mps_problem_dict({"resnet50": 600.0, "mobilenet": 500.0}, gpus=3, running=shared)
+    raw["options"] = {"spare_capacity": "idle", "mip_gap": GAP}
+    problem = problem_from_dict(raw)
+    fleet = fleet_model_fleet(problem)
+    assert running_start(fleet, fleet_model_build(fleet, full_demand=True, name="start")) is not None
+    plan = plan_solve(problem, "fleet", time_limit_s=20)
+    assert plan_validate(problem, plan).valid
+    assert sorted((i.device, f"{i.slice}@{i.start}", i.variant) for i in plan.instances) == [
+        ("gpu0", "mps100@0", "mobilenet"), ("gpu0", "mps100@0", "resnet50")]
+    # Partitions no configuration has (three): no start, and no error.
+    three = [{"mps_layout": [40, 40, 20], "running": {"mps40@0": "resnet50", "mps40@1": "mobilenet"}}]
+    raw = gpulet_mps_problem_dict({"resnet50": 600.0, "mobilenet": 500.0}, gpus=1, running=three)
     fleet = fleet_model_fleet(problem_from_dict(raw))
     assert running_start(fleet, fleet_model_build(fleet, full_demand=True, name="start")) is None
