@@ -65,12 +65,13 @@ def _fleet_plan(problem: Problem, chosen: PlannerInfo, deadline: float) -> Plan:
     return planner_get(base).strategy()(problem_timed(problem, deadline, 1))
 
 
-def plan_compose(problem: Problem, chosen: PlannerInfo) -> Plan:
-    """Plan `problem` with the planner `chosen` (see the module docstring), within `options.time_limit_s`."""
+def plan_compose(problem: Problem, chosen: PlannerInfo, *, started: float | None = None) -> Plan:
+    """Plan `problem` with the planner `chosen` (see the module docstring), within `options.time_limit_s`
+    counted from `started` (a `time.perf_counter()` reading: when the caller was asked; default now)."""
     from engine.solvers.pipelines import pipeline_part_solve
     from engine.solvers.vertical import vertical_part_solve
 
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     deadline = started + problem.options.time_limit_s
     original = problem
     if not chosen.reads_ensembles and ensembles_to_split(problem):

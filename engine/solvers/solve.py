@@ -4,6 +4,7 @@ the composition (engine/solvers/compose.py) with the registered planner (engine/
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from engine.geometry.catalogue import mig_catalogue_extended
 from engine.plans.problem import OBJECTIVES, SOLVERS, Plan, Problem
@@ -27,6 +28,7 @@ def plan_solve(
     `mip_gap` and `backend` (the MILP library: highs | cbc) override the problem's options for this solve.
     A problem where nothing at all can be served still comes back as a Plan, with status `infeasible` and
     notes saying why. ValueError for an unknown solver or a bad override."""
+    started = time.perf_counter()  # the time limit counts from here, the checks below included
     chosen = planner_get(solver)
     overrides: dict[str, object] = {}
     if objective is not None:
@@ -48,4 +50,4 @@ def plan_solve(
     if overrides:
         problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **overrides))
     with mig_catalogue_extended(problem.gpu_models):
-        return plan_compose(problem, chosen)
+        return plan_compose(problem, chosen, started=started)
