@@ -10,8 +10,9 @@ A plan run reads as a straight line (`plan_compose`):
 3. **Vertical scaling.** When the chosen planner is sponge or biscale, the CPU applications outside
    pipelines are sized for in-place vertical scaling on the cores left (engine/solvers/vertical.py).
 4. **The fleet.** The chosen planner, or proteus when it plans only parts, plans every application left on
-   the devices left: every GPU and every CPU host no part placed an instance on (a part's host keeps its
-   free cores for its replicas to grow into in place, and a pipeline's stages stay local). A fleet with MPS GPUs and other devices both is planned by an MPS planner and a fleet planner in
+   the devices left: every GPU, every CPU host no part placed an instance on, and a host a part did as the
+   cores its replicas leave free (numbered after them when merged), unless those replicas grow in place
+   (sponge, biscale: the free cores are their room). A fleet with MPS GPUs and other devices both is planned by an MPS planner and a fleet planner in
    two stages, in both orders, the better kept (engine/solvers/mixed.py).
 5. **Merge.** Every part's instances and the fleet's, their vertical bounds set once every core is given
    (`PartPlan.finish`), in one `plan_from_instances`: served traffic, shortfall and routing computed once.
@@ -47,11 +48,20 @@ def _without(problem: Problem, taken: set[str]) -> Problem:
                                profiles=tuple(p for p in problem.profiles if p.variant in names), pipelines=())
 
 
-def _devices_left(problem: Problem, hosts: CpuHostUse) -> tuple[DeviceSpec, ...]:
-    """The devices no part uses: a CPU host where a part placed instances stays theirs (the parts' replicas
-    keep its free cores as room to grow in place, and a pipeline's stages stay local), the others are the
-    fleet planner's."""
-    return tuple(d for d in problem.devices if not (d.is_cpu and hosts.used.get(d.name)))
+def _devices_left(problem: Problem, hosts: CpuHostUse, *, grows_in_place: bool) -> tuple[DeviceSpec, ...]:
+    """The devices the fleet planner plans on: every one no part uses, and a CPU host where a part placed
+    instances as the cores they leave free (the same host, fewer cores), unless the parts' replicas grow
+    in place (`grows_in_place`: sponge, biscale), whose room to grow those cores are. A pipeline's replicas
+    take few cores of a host, and the fleet planners run one instance per host: without this, the rest
+    of the host stood idle while an application that could run there went short."""
+    left = []
+    for device in problem.devices:
+        used = hosts.used.get(device.name, 0) if device.is_cpu else 0
+        if not used:
+            left.append(device)
+        elif not grows_in_place and (device.cores or 0) - used >= 1:
+            left.append(dataclasses.replace(device, cores=(device.cores or 0) - used))
+    return tuple(left)
 
 
 def _fleet_plan(problem: Problem, chosen: PlannerInfo, deadline: float) -> Plan:
@@ -98,7 +108,7 @@ def plan_compose(problem: Problem, chosen: PlannerInfo, *, started: float | None
         fleet = _fleet_plan(problem, chosen, deadline)
     else:  # step 4, on what the parts left
         rest = _without(problem, taken)
-        devices = _devices_left(rest, hosts)
+        devices = _devices_left(rest, hosts, grows_in_place=vertical or chosen.pipelines_by == "biscale")
         if rest.applications and devices:
             fleet = _fleet_plan(dataclasses.replace(rest, devices=devices), chosen, deadline)
         elif rest.applications:
@@ -118,6 +128,12 @@ def _merge(original: Problem, problem: Problem, parts: list[PartPlan], part_note
            fleet_notes: list[str], hosts: CpuHostUse, started: float) -> Plan:
     """Step 5: one plan of the parts and the fleet planner's plan."""
     fleet_instances = list(fleet.instances) if fleet is not None else []
+    for k, inst in enumerate(fleet_instances):
+        if problem.device(inst.device).is_cpu and hosts.used.get(inst.device):
+            # Beside a part's replicas on the cores they left: numbered after them, its cores taken.
+            hosts.take(inst.device, int(inst.slice))
+            fleet_instances[k] = dataclasses.replace(inst, start=hosts.number(inst.device))
+            fleet_notes.append(f"{inst.device}: {inst.variant} on {inst.slice} of the cores the other parts left free")
     instances: list[PlanInstance] = []
     notes: list[str] = list(part_notes)
     statuses: list[PlanStatus] = []

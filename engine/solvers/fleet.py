@@ -5,7 +5,11 @@ What is chosen, in one optimisation (model.py's counted formulation, its lexicog
 objective, status, objective, bound and gap for the whole fleet):
 - MIG GPUs: their geometry among every candidate layout (joint.py: Garrison's question answered inside
   Proteus's MILP), or their fixed layout;
-- whole GPUs and CPU hosts: as Proteus's MILP has them (proteus.py, model.py);
+- whole GPUs: as Proteus's MILP has them (proteus.py, model.py);
+- CPU hosts: Proteus's one instance at the largest profiled core count the host holds, or the host split
+  into instances of c cores each for every core count c a variant is profiled at (`_cpu_device_class`):
+  the issue's "CPU instances with a core count", so that applications and an ensemble's members share a
+  host (mixed core counts on one host are not offered);
 - MPS GPUs: a configuration per GPU among
   * `mps100`: one model on the whole GPU, batches back to back (gpulets §4.3, a 100 % gpulet);
   * every split into two partitions of the allowed sizes (gpulets §4.3: "split into two gpulets, each
@@ -37,7 +41,8 @@ Departures, stated:
   against the MILP's duals) would add the time-shared patterns this misses. The bound and gap are those of
   the model over these configurations, which the plan's notes say.
 - Pipelines are not yet in the model: as for every planner, compose.py plans them first (fa2 by
-  default) on the CPU hosts, and the fleet model plans the rest on the devices left.
+  default) on the CPU hosts, and the fleet model plans the rest on the devices left and the cores the
+  replicas leave free on their hosts.
 - A split partition runs at a profiled batch (the interference predictor's operating points, on both sides
   of the pair), not at a batch between two profiled ones as the capacity model allows: the validator may
   warn that a slightly larger interpolated batch would fit (capacity left unused).
@@ -50,8 +55,8 @@ import math
 from collections import defaultdict
 from typing import Iterable, Sequence
 
-from engine.plans.capacity import InstanceCapacity, profile_interpolate
-from engine.plans.problem import DeviceSpec, Plan, PlanInstance, Problem
+from engine.plans.capacity import InstanceCapacity, capacity_for, profile_interpolate
+from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, Problem
 from engine.sharing.interference import InterferencePredictor
 from engine.sharing.partitions import mps_slice_name, mps_slice_percent
 from engine.sharing.scheduling import (
@@ -71,6 +76,7 @@ from engine.solvers.model import (
     Fleet,
     SlotClass,
     SlotKey,
+    cpu_config,
     devices_group,
     fleet_solve,
     mps_partition_slot_key,
@@ -312,6 +318,42 @@ def _mps_device_class(slots: dict[SlotKey, SlotClass], kind: _MpsType, devices: 
     return DeviceClass(devices, tuple(configs) + (unused_config(),), is_gpu=True)
 
 
+def _cpu_core_slot(slots: dict[SlotKey, SlotClass], problem: Problem, device: DeviceSpec, cores: int) -> SlotKey:
+    """The slot class of a `cores`-core instance on a CPU host: the variants profiled at exactly that many
+    cores, at the capacity their profile gives there (a CPU host has no memory limit per instance)."""
+    key: SlotKey = (device.type, device.memory_mb, f"{cores}-core")
+    if key not in slots:
+        capacities: dict[str, InstanceCapacity] = {}
+        for variant in problem.variants:
+            if not problem.profiles_for(variant.name, CPU_DEVICE_TYPE, str(cores)):
+                continue
+            capacity = capacity_for(problem, variant.name, device, str(cores))
+            if capacity is not None and capacity.capacity_rps > 0:
+                capacities[variant.name] = capacity
+        slots[key] = SlotClass(key=key, device=device, slice=str(cores), capacities=capacities)
+    return key
+
+
+def _cpu_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...]) -> DeviceClass:
+    """A CPU host's configurations: Proteus's one instance at the largest profiled core count it holds
+    (`cpu_config`), and, for every core count c some variant with demand is profiled at, the host split
+    into floor(cores / c) instances of c cores each (numbered 0, 1, ... on the host), so that several
+    applications, or an ensemble's members, can share a host."""
+    device = devices[0]
+    configs = [cpu_config(slots, problem, device)]
+    with_demand = {v.name for v in problem.variants if problem.application(v.application).demand_rps > 0}
+    counts = sorted({int(p.slice) for p in problem.profiles
+                     if p.device_type == CPU_DEVICE_TYPE and p.variant in with_demand and p.slice.isdigit() and 1 <= int(p.slice) <= (device.cores or 0)})
+    for cores in counts:
+        n = (device.cores or 0) // cores
+        if n < 2:
+            continue  # one instance of the host: the first configuration holds it
+        key = _cpu_core_slot(slots, problem, device, cores)
+        if slots[key].capacities:
+            configs.append(DeviceConfig(name=f"cpu{n}x{cores}", slots=tuple(DeviceSlot(key, str(cores), i) for i in range(n)), uses_device=False))
+    return DeviceClass(devices, tuple(configs), is_gpu=False)
+
+
 def _mps_oracle(problem: Problem, devices: Sequence[DeviceSpec], notes: list[str]) -> InterferenceOracle | None:
     variants = {p.variant for p in problem.profiles if p.device_type == devices[0].type and mps_slice_percent(p.slice) is not None}
     return interference_predictor_for(problem, devices[0].type, variants, notes) if variants else None
@@ -344,6 +386,8 @@ def _fleet_build(problem: Problem) -> tuple[Fleet, dict[str, _MpsType]]:
             kind = _MpsType(problem, device, oracles[device.type])
             kinds.setdefault(device.type, kind)
             classes.append(_mps_device_class(slots, kind, devices, fits))
+        elif device.is_cpu:
+            classes.append(_cpu_device_class(slots, problem, devices))
         else:
             classes.append(joint_device_class(slots, problem, devices))
     return Fleet(problem=problem, device_classes=classes, slot_classes=slots, notes=notes), kinds
@@ -391,5 +435,6 @@ def fleet_model_solve(problem: Problem) -> Plan:
     plan = _factors_rederive(problem, plan, kinds)
     if any(_is_mps(d) for d in problem.devices):
         plan.notes.append("fleet model: the bound and gap are over the configurations offered (every MIG geometry, whole GPU, "
-                          "CPU host, MPS split with one model per partition, and the time-shared MPS patterns listed above)")
+                          "CPU host whole or split into equal instances of a profiled core count, MPS split with one model per "
+                          "partition, and the time-shared MPS patterns listed above)")
     return plan

@@ -34,7 +34,8 @@ long as their cores add up to at most its own (`replicas_place`: largest replica
 first host with room among those running one of the pipeline's stages now, then the largest hosts, each
 filled before the next is opened). Replicas that do not fit are reported: the stage's capacity falls short and so does
 the traffic it serves. Every other application is planned by `proteus` (or, when `plan_solve` was asked for
-another planner on a problem with pipelines, that one) on the devices no pipeline replica uses (compose.py).
+another planner on a problem with pipelines, that one) on the devices no pipeline replica uses and the cores
+the replicas leave free on the hosts they use (compose.py).
 
 Departures, stated: pipelines run on CPU hosts only (GPU shares for pipeline stages are not planned
 here); the base allocation's latency condition P3.1c is checked at batch 1 against the stage's share of

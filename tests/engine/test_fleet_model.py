@@ -224,3 +224,28 @@ def test_a_replan_of_mps_splits_starts_from_what_runs_and_keeps_it() -> None:
     raw = gpulet_mps_problem_dict({"resnet50": 600.0, "mobilenet": 500.0}, gpus=1, running=three)
     fleet = fleet_model_fleet(problem_from_dict(raw))
     assert running_start(fleet, fleet_model_build(fleet, full_demand=True, name="start")) is None
+
+
+def test_a_cpu_host_is_split_into_instances_of_a_profiled_core_count_for_several_applications() -> None:
+    """Issue 40: CPU instances with a core count. Two CPU applications and one 8-core host: Proteus's one
+    instance per host serves one of them; the fleet model splits the host into 2-core instances and
+    serves both, each instance numbered on the host."""
+    def flat(variant: str, cores: int, ms: float) -> list[dict]:
+        return [{"variant": variant, "device_type": "cpu", "slice": str(cores), "batch": b, "latency_ms": ms * (1 + 0.2 * (b - 1))}
+                for b in (1, 2, 4, 8)]
+
+    raw = {
+        "applications": [{"name": "a", "slo_ms": 100, "demand_rps": 150}, {"name": "b", "slo_ms": 100, "demand_rps": 150}],
+        "variants": [{"name": "a1", "application": "a", "accuracy": 0.8}, {"name": "b1", "application": "b", "accuracy": 0.7}],
+        "devices": [{"name": "h0", "type": "cpu", "cores": 8}],
+        "profiles": flat("a1", 2, 10.0) + flat("a1", 8, 4.0) + flat("b1", 2, 10.0) + flat("b1", 8, 4.0),
+        "options": {"spare_capacity": "idle", "mip_gap": GAP},
+    }
+    problem = problem_from_dict(raw)
+    proteus = plan_solve(problem, "proteus")
+    assert plan_validate(problem, proteus).valid and sum(proteus.shortfall_rps.values()) > 100  # one application only
+    plan = plan_solve(problem, "fleet")
+    assert plan.status == "optimal" and plan_validate(problem, plan).valid
+    assert plan.shortfall_rps == {"a": 0.0, "b": 0.0}
+    assert {i.slice for i in plan.instances} == {"2"} and sorted(i.start for i in plan.instances) == list(range(len(plan.instances)))
+    assert sum(int(i.slice) for i in plan.instances) <= 8

@@ -188,9 +188,29 @@ def test_pipeline_plans_keep_every_path_within_its_slo_and_pass_the_validator(so
         assert stage["capacity_rps"] >= 1.25 * 40 - 1e-6
         assert stage["replicas_placed"] == stage["replicas"]
         assert {i.variant for i in plan.instances if problem.variant(i.variant).application == app} == {stage["variant"]}
-    # The other application went to proteus, on hosts no replica uses.
+    # The other application went to proteus: on a host the replicas use, on the cores they leave, numbered
+    # after them (the validator checked that the cores add up).
     pipeline_hosts = {i.device for i in plan.instances if i.variant != "oth"}
-    assert {i.device for i in plan.instances if i.variant == "oth"}.isdisjoint(pipeline_hosts)
+    for inst in (i for i in plan.instances if i.variant == "oth" and i.device in pipeline_hosts):
+        assert inst.start is not None and any(n.startswith(f"{inst.device}: oth on {inst.slice} of the cores") for n in plan.notes)
+
+
+@pytest.mark.parametrize("solver", ["fa2", "fleet"])
+def test_an_application_beside_a_pipeline_gets_the_cores_its_replicas_leave_on_their_host(solver: str) -> None:
+    """One 16-core host: the pipeline's replicas take a few cores, and the other application (profiled on 4
+    cores) runs beside them instead of going short because a part used the host."""
+    problem = problem_from_dict(_raw(hosts=1, cores=16))
+    plan = plan_solve(problem, solver)
+    _assert_valid(problem, plan)
+    assert plan.shortfall_rps == {"detect": 0.0, "classify": 0.0, "other": 0.0}
+    (other,) = [i for i in plan.instances if i.variant == "oth"]
+    replicas = [i for i in plan.instances if i.variant != "oth"]
+    assert other.device == "h0" and other.slice == "4" and other.start == len(replicas)
+    assert sum(int(i.slice) for i in plan.instances) <= 16
+    # Replicas that grow in place (biscale) keep the host's free cores as their room to grow: nothing else runs there.
+    plan = plan_solve(problem, "biscale")
+    _assert_valid(problem, plan)
+    assert plan.shortfall_rps["other"] == pytest.approx(10.0)
 
 
 def test_fa2_scales_one_core_replicas_side_by_side_on_a_host() -> None:
