@@ -327,11 +327,15 @@ def _constrain_one_partial_instance(
     first fills all of them but the last group used, and once that group has a whole instance idle the
     instance can go (realisation drops it anyway, see `fleet_realise`); neither step lowers served traffic
     or accuracy, or adds a GPU. Why state it: after a branch raises an instance count, the relaxation can
-    no longer park the extra capacity unused, which prunes branch-and-bound nodes (issue 22 section 4)."""
+    no longer park the extra capacity unused, which prunes branch-and-bound nodes (issue 22 section 4).
+    Loads are in instances at `model_capacity_rps`; idle capacity is measured at the real capacity (a load
+    of 1 at a capacity capped to the demand may still leave most of the instance idle), else the row would
+    let the model keep an idle instance, that realisation drops, to dodge the variant-change penalty."""
     idle: dict[str, list] = defaultdict(list)
     for key, load in loads.items():
-        variant = key[1]
-        idle[fleet.problem.variant(variant).application].append(instances[key] - load)
+        slot, variant = key
+        real = fleet.slot_classes[slot].capacities[variant].capacity_rps
+        idle[fleet.problem.variant(variant).application].append(instances[key] - load * (model_capacity_rps(fleet, slot, variant) / real))
     for ai, app in enumerate(fleet.problem.applications):
         if idle.get(app.name):
             lp += pulp.lpSum(idle[app.name]) <= 1, f"one_partial_{ai}"
@@ -356,13 +360,23 @@ def _constrain_demand(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[Sl
             lp += pulp.lpSum(rates) <= demand, f"demand_{ai}"
 
 
+def model_capacity_rps(fleet: Fleet, key: SlotKey, variant: str) -> float:
+    """An instance's capacity as the model's rows read it: its real capacity, but never more than its
+    application's demand (one instance cannot be routed more than that, so every plan stays the same). Why:
+    a CPU model that answers 64 rows in 13 us has a capacity of 4.8 million rps, so the load serving a
+    4 rps application is about 1e-6 instances, within the solver's feasibility tolerance of zero: HiGHS
+    once routed that traffic to a slot class with no instance, and the plan dropped it."""
+    capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
+    demand = fleet.problem.application(fleet.problem.variant(variant).application).demand_rps
+    return min(capacity, demand) if demand > 0 else capacity
+
+
 def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> None:
     """Implied by routing within capacity, but stated over the integer counts alone it is a knapsack row the
     solver derives cover cuts from, which closes the last fraction of the gap much faster."""
     by_app: dict[str, list] = defaultdict(list)
     for (key, variant), count in instances.items():
-        capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
-        by_app[fleet.problem.variant(variant).application].append(capacity * count)
+        by_app[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant) * count)
     for ai, app in enumerate(fleet.problem.applications):
         if app.demand_rps > 0 and by_app.get(app.name):
             lp += pulp.lpSum(by_app[app.name]) >= app.demand_rps, f"cover_{ai}"
@@ -398,7 +412,7 @@ def _constrain_fair_share(model: FleetModel, fleet: Fleet, tier: Sequence[str], 
     served = _served_expressions(fleet, model.routed)
     capacity: dict[str, list] = defaultdict(list)
     for (key, variant), count in model.instances.items():
-        capacity[fleet.problem.variant(variant).application].append(fleet.slot_classes[key].capacities[variant].capacity_rps * count)
+        capacity[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant) * count)
     for app_name in tier:
         ai = next(i for i, a in enumerate(fleet.problem.applications) if a.name == app_name)
         demand = fleet.problem.application(app_name).demand_rps
@@ -436,7 +450,7 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
     # Rates are capacity x load (load in instances), so capacity rows have unit coefficients instead of
     # capacities up to 4e4 rps; HiGHS needed 2,952 nodes instead of 14,711 (24 s -> 11 s) on the slowest
     # 450-variant instance of benches/planning.py (issue 22 section 4).
-    routed = {key: fleet.slot_classes[key[0]].capacities[key[1]].capacity_rps * load for key, load in loads.items()}
+    routed = {key: model_capacity_rps(fleet, key[0], key[1]) * load for key, load in loads.items()}
     _constrain_device_configs(lp, fleet, configs_taken)
     _constrain_slot_supply(lp, fleet, configs_taken, instances)
     _constrain_slot_capacity(lp, instances, loads)
@@ -597,7 +611,7 @@ def running_start(fleet: Fleet, model: FleetModel) -> dict[str, float] | None:
         free[key] -= count
     if any(n < 0 for n in free.values()):
         return None
-    capacity = {k: fleet.slot_classes[k[0]].capacities[k[1]].capacity_rps for k in model.instances}
+    capacity = {k: model_capacity_rps(fleet, k[0], k[1]) for k in model.instances}
     by_app: dict[str, list[tuple[SlotKey, str]]] = defaultdict(list)
     for k in sorted(model.instances, key=lambda k: (-problem.variant(k[1]).accuracy, str(k))):
         by_app[problem.variant(k[1]).application].append(k)
