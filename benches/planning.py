@@ -29,8 +29,10 @@ Measurements (HiGHS through plan_solve, `threads` HiGHS threads and the process 
    served fraction, accuracy, objective, GPUs, gap, time, and how often the fleet model is no worse in
    the objective's order.
 5. fleet at fleet scale: 300 MIG A100s, 300 MPS 2080 Tis, 400 whole H100s and 100 CPU hosts, 100
-   applications (400 variants), loads 0.7 and 1.2, mip_gap 5e-3, 60 s. `--experiments proteus,mig,mixed,scale`
-   picks sections.
+   applications (400 variants), loads 0.7 and 1.2, mip_gap 5e-3, 60 s.
+6. re-planning (issue 40): small fleets (mixed, MPS-only, MIG-only) planned with fleet, then planned again at
+   the same demand with the first plan running: instances kept, devices re-partitioned.
+`--experiments proteus,mig,mixed,scale,replan` picks sections.
 Wall time is measured around plan_solve. `highs_s` is the time inside HiGHS's run() (all MILP stages of the
 plan, `highs_calls` of them); `other_s` = wall - highs_s is everything else (capacities, model build, PuLP's
 hand-over to HiGHS, plan assembly); `solve_s` is what the plan itself reports.
@@ -56,7 +58,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
 
 from engine.geometry.layout import layout_parse  # noqa: E402
-from engine.plans.problem import Plan, Problem, SolveOptions  # noqa: E402
+from engine.plans.problem import Plan, Problem, SolveOptions, device_slot_id, problem_from_dict, problem_to_dict  # noqa: E402
+from engine.sharing.partitions import mps_slice_percent  # noqa: E402
 from engine.reference.generate import mig_fleet_problem, mixed_fleet_problem, proteus_sized_problem  # noqa: E402
 from engine.reference.profiles import GPULET_DERIVED_SPEEDUP, reference_data_dir  # noqa: E402
 
@@ -93,10 +96,16 @@ SCALE_LOADS = (0.7, 1.2)
 SCALE_GAP = 5e-3
 TARGET_SCALE_S = 60.0
 
+# 6. Re-planning at the same demand with the plan running (issue 40, item 3): what the second plan keeps.
+REPLAN_FLEETS = (("mixed", 2, 3, 1, 1), ("mps", 0, 4, 0, 1), ("mig", 3, 0, 1, 1))
+REPLAN_LOADS = (0.5, 0.9)
+REPLAN_SEEDS = 5
+
 CSV_FIELDS = (
     "experiment", "solver", "variant_of", "objective", "n_devices", "n_device_types", "n_variants", "n_applications",
     "seed", "status", "objective_value", "bound", "gap", "wall_s", "solve_s", "highs_s", "other_s", "highs_calls",
     "effective_accuracy", "served_fraction", "fair_share", "gpus_used", "instances", "plan_solver", "error",
+    "kept", "reconfigured",
 )
 
 
@@ -160,8 +169,12 @@ def _devices_fixed(problem: Problem, geometry: Iterable[str]) -> Problem:
     return dataclasses.replace(problem, devices=devices)
 
 
+LAST_PLAN: list[Plan | None] = [None]  # the plan of the last solve_once that returned one
+
+
 def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any]) -> dict[str, Any]:
     """Solve and fill a CSV row; a solver exception becomes status 'error' (the run goes on)."""
+    LAST_PLAN[0] = None
     row = dict(row, solver=solver, objective=objective, n_devices=len(problem.devices),
                n_device_types=len({d.type for d in problem.devices}), n_variants=len(problem.variants),
                n_applications=len(problem.applications))
@@ -175,6 +188,7 @@ def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any
         traceback.print_exc(limit=3, file=sys.stderr)
         return row
     wall = time.perf_counter() - t0
+    LAST_PLAN[0] = plan
     fractions = [plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0]
     row.update(
         fair_share=min(fractions) if fractions else None, plan_solver=plan.solver,
@@ -253,6 +267,53 @@ def run_scale(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) 
     for load in SCALE_LOADS[:1] if args.quick else SCALE_LOADS:
         problem = mixed_fleet_problem(*SCALE_FLEET, n_applications=SCALE_APPLICATIONS, seed=0, load=load, options=options)
         emit(solve_once(problem, "fleet", "max-accuracy", {"experiment": "scale", "variant_of": f"{load:g}", "seed": 0}))
+
+
+def problem_with_plan_running(problem: Problem, plan: Plan) -> Problem:
+    """`problem` with `plan` as what runs now: each device's MIG layout or MPS partitions and its instances
+    (as `running`, several models on a time-shared partition), through the problem's JSON form."""
+    raw = problem_to_dict(problem)
+    running: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for inst in plan.instances:
+        device = problem.device(inst.device)
+        running[inst.device][device_slot_id(inst.slice, inst.start, is_cpu=device.is_cpu)].append(inst.variant)
+    for entry in raw["devices"]:
+        device = problem.device(entry["name"])
+        layout = (plan.layouts or {}).get(device.name)
+        if device.mig and layout is not None:
+            entry["layout"] = list(layout)
+        elif device.mps and layout is not None:
+            entry["mps_layout"] = "+".join(str(mps_slice_percent(slot.split("@")[0])) for slot in layout)
+        slots = running.get(device.name)
+        if device.is_cpu and slots and sum(len(v) for v in slots.values()) > 1:
+            slots = None  # a CPU host's running state names one instance ("cpu"); several are not written
+        entry.pop("running", None)
+        if slots:
+            entry["running"] = {slot: names[0] if len(names) == 1 else names for slot, names in slots.items()}
+    return problem_from_dict(raw)
+
+
+def run_replan(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None]) -> None:
+    """Plan a fleet with `fleet`, then plan it again at the same demand with the first plan running: how
+    many of its instances (device, slot, variant) the second keeps, and how many devices it re-partitions."""
+    options = SolveOptions(time_limit_s=args.time_limit, mip_gap=MIXED_GAP, threads=args.threads, solver="highs", spare_capacity="idle")
+    fleets = REPLAN_FLEETS[:1] if args.quick else REPLAN_FLEETS
+    for name, n_mig, n_mps, n_whole, n_cpu in fleets:
+        for load in REPLAN_LOADS[:1] if args.quick else REPLAN_LOADS:
+            for seed in range(1 if args.quick else REPLAN_SEEDS):
+                problem = mixed_fleet_problem(n_mig, n_mps, n_whole, n_cpu, n_applications=4, seed=seed, load=load, options=options)
+                first = _plan_solve()(problem, solver="fleet")
+                again = problem_with_plan_running(problem, first)
+                row = solve_once(again, "fleet", "max-accuracy", {"experiment": "replan", "variant_of": f"{name}/{load:g}", "seed": seed})
+                second = LAST_PLAN[0]
+                if second is not None:
+                    before = {(i.device, i.slice, i.start, i.variant) for i in first.instances}
+                    after = {(i.device, i.slice, i.start, i.variant) for i in second.instances}
+                    changed = [d for d in problem.devices
+                               if (first.layouts or {}).get(d.name) is not None and (second.layouts or {}).get(d.name) is not None
+                               and list(first.layouts[d.name]) != list(second.layouts[d.name])]
+                    row.update(kept=f"{len(before & after)}/{len(before)}", reconfigured=len(changed))
+                emit(row)
 
 
 def _lex_not_worse(fleet: dict[str, Any], other: dict[str, Any]) -> bool:
@@ -426,6 +487,23 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
                 f"{_fmt(_num(r.get('served_fraction')), '.4f'):>6} {_fmt(_num(r.get('objective_value')), '.4f'):>7} "
                 f"{r.get('gpus_used', ''):>5} {_fmt(gap, '.4f'):>8} {_fmt(wall, '.1f'):>7}  < {TARGET_SCALE_S:g} s with gap <= "
                 f"{SCALE_GAP:g}: {'met' if met else 'missed'}")
+    replan = [r for r in rows if r["experiment"] == "replan"]
+    if replan:
+        out("")
+        out("6. re-planning at the same demand with the first plan running (fleet; mip_gap "
+            f"{MIXED_GAP:g}, spare capacity idle): instances kept (device, slot, variant) and devices re-partitioned")
+        out(f"   {'case':<12} {'seeds':>5} {'kept':>9} {'all kept':>9} {'re-partitioned':>15} {'wall mean':>10}")
+        by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in replan:
+            by_case[r["variant_of"]].append(r)
+        total_kept = total = 0
+        for case, group in by_case.items():
+            pairs = [tuple(int(x) for x in str(r["kept"]).split("/")) for r in group if r.get("kept")]
+            kept, count = sum(k for k, _ in pairs), sum(n for _, n in pairs)
+            total_kept, total = total_kept + kept, total + count
+            out(f"   {case:<12} {len(group):>5} {f'{kept}/{count}':>9} {sum(1 for k, n in pairs if k == n):>6}/{len(pairs):<2} "
+                f"{sum(int(r.get('reconfigured') or 0) for r in group):>15} {_fmt(_agg(group, 'wall_s')[0]):>10}")
+        out(f"   all: {total_kept} of {total} instances kept")
     out("")
     out(f"Targets (issue): proteus optimal < {TARGET_PROTEUS_SIZE_S:g} s at Proteus's size on 2 cores; < {TARGET_FIGURE10_MAX_S:g} s at "
         f"the Figure 10 maxima; joint at {max(MIG_FLEETS)} A100 < {TARGET_JOINT_64_S:g} s at 1 % gap.")
@@ -574,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="only profile one proteus and one joint solve")
     parser.add_argument("--experiments", default=None,
                         help="comma-separated: proteus (Figure 10 sizes), mig (joint and its gain), mixed (the fleet model "
-                             "against the compositions), scale (the fleet model on 1,000 GPUs and 100 CPU hosts); "
-                             "default all, all but scale with --quick")
+                             "against the compositions), scale (the fleet model on 1,000 GPUs and 100 CPU hosts), replan "
+                             "(a re-plan at the same demand with the plan running); default all, all but scale with --quick")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.time_limit = args.time_limit or (20.0 if args.quick else 60.0)
@@ -603,11 +681,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"dev={row['n_devices']:<4} var={row['n_variants']:<4} apps={row['n_applications']:<3} seed={row['seed']} "
                   f"{row['status']:<10} wall={_fmt(_num(row.get('wall_s')))} gap={_fmt(_num(row.get('gap')), '.4f')}", flush=True)
 
-        default = "proteus,mig,mixed" if args.quick else "proteus,mig,mixed,scale"
+        default = "proteus,mig,mixed,replan" if args.quick else "proteus,mig,mixed,scale,replan"
         chosen = {e.strip() for e in (args.experiments or default).split(",") if e.strip()}
-        unknown = chosen - {"proteus", "mig", "mixed", "scale"}
+        unknown = chosen - {"proteus", "mig", "mixed", "scale", "replan"}
         if unknown:
-            parser.error(f"--experiments: unknown {', '.join(sorted(unknown))} (choose from proteus, mig, mixed, scale)")
+            parser.error(f"--experiments: unknown {', '.join(sorted(unknown))} (choose from proteus, mig, mixed, scale, replan)")
         if "proteus" in chosen:
             run_proteus(args, emit)
         if "mig" in chosen:
@@ -616,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
             run_mixed(args, emit)
         if "scale" in chosen:
             run_scale(args, emit)
+        if "replan" in chosen:
+            run_replan(args, emit)
     for line in report(rows, args):
         print(line)
     print(f"\nwrote {csv_path} ({len(rows)} rows) in {time.perf_counter() - t_start:.1f} s; load average at end {_loadavg()}")

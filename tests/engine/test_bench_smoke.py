@@ -24,6 +24,9 @@ def test_planning_bench_quick_writes_csv(tmp_path):
     assert {r["experiment"] for r in rows} >= {"proteus:n_devices", "joint", "gain", "mixed"}
     assert {r["solver"] for r in rows if r["experiment"] == "mixed"} == {"proteus", "joint", "fleet"}
     assert "4. the fleet model against the compositions" in result.stdout
+    (replan,) = [r for r in rows if r["experiment"] == "replan"]
+    kept, total = map(int, replan["kept"].split("/"))
+    assert total > 0 and 0 <= kept <= total and "6. re-planning at the same demand" in result.stdout
     assert all(r["status"] in ("optimal", "feasible") for r in rows), [(r["experiment"], r["status"], r["error"]) for r in rows]
     # Either the figure was drawn or the script said why not.
     assert (tmp_path / "planning.png").exists() or "PNG skipped" in result.stdout
