@@ -933,8 +933,9 @@ def _idle_layouts(fleet: Fleet) -> dict[str, list[str]]:
 
 def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignment], dict[str, list[str]], list[str]]:
     """Hand the counts out to concrete devices and slots: each device class's devices keep their current
-    configuration where the counts allow, the others take what is left in name order, instances fill devices one after another (so the GPUs used are as few as the counts
-    allow), and each (slot class, variant)'s traffic is spread evenly over as few instances as carry it."""
+    configuration where the counts allow and the others take what is left in name order, instances fill
+    devices one after another (so the GPUs used are as few as the counts allow), and each (slot class,
+    variant)'s traffic is spread evenly over as few instances as carry it."""
     problem = fleet.problem
     device_config: list[tuple[DeviceSpec, DeviceConfig]] = []
     for gi, group in enumerate(fleet.device_classes):
