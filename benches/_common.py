@@ -86,6 +86,21 @@ def figure_write(plt, fig, path: Path, title: str) -> str:
     return f"wrote {path}"
 
 
+def django_bench_setup(var_dir: Path) -> None:
+    """Django on its embedded defaults in `var_dir` (SQLite there, no Redis), logging warnings only: for a
+    bench that seeds the demo in a temporary folder."""
+    import os
+
+    os.environ["TESSERA_VAR_DIR"] = str(var_dir)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
+    os.environ.pop("REDIS_URL", None)
+    os.environ.pop("DATABASE_URL", None)
+    os.environ["TESSERA_LOG_LEVEL"] = "WARNING"
+    import django
+
+    django.setup()
+
+
 def service_arguments_add(parser, *, database: str, redis_db: int, keep_help: str = "leave the bench database behind") -> None:
     """The options of a bench that runs the control plane on its own PostgreSQL database and Redis database
     (each bench its own names, so two benches or a bench and CI never share one)."""

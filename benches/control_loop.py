@@ -26,7 +26,6 @@ Target (issue 6): under 10 s. Writes bench-results/control_loop.csv (one row per
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -53,14 +52,9 @@ CSV_FIELDS = ("trial", "demand_factor", "total_s", "detect_s", "demand_s", "snap
 
 
 def django_setup(var_dir: Path) -> None:
-    os.environ["TESSERA_VAR_DIR"] = str(var_dir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
-    os.environ.pop("REDIS_URL", None)
-    os.environ.pop("DATABASE_URL", None)
-    os.environ["TESSERA_LOG_LEVEL"] = "WARNING"
-    import django
+    from _common import django_bench_setup
 
-    django.setup()
+    django_bench_setup(var_dir)
     from django.conf import settings
 
     settings.TESSERA_JOBS_IN_THREAD = False  # the watch thread runs each job to its end, in order

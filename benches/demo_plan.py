@@ -14,7 +14,6 @@ it is seeded (about half a minute), so served figures on the CPU host follow thi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -29,17 +28,6 @@ PLANNERS = ("proteus", "fleet")
 TARGET_S = 10.0
 CSV_FIELDS = ("scale", "planner", "plan_solver", "status", "wall_s", "served_rps", "demand_rps", "short_applications", "gpus_used",
               "gap", "valid")
-
-
-def django_setup(var_dir: Path) -> None:
-    os.environ["TESSERA_VAR_DIR"] = str(var_dir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
-    os.environ.pop("REDIS_URL", None)
-    os.environ.pop("DATABASE_URL", None)  # SQLite in TESSERA_VAR_DIR
-    os.environ["TESSERA_LOG_LEVEL"] = "WARNING"
-    import django
-
-    django.setup()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--base-rps: a number > 0")
     rows = []
     with tempfile.TemporaryDirectory(prefix="tessera-bench-demo-plan-") as tmp:
-        django_setup(Path(tmp))
+        from _common import csv_rows_write, django_bench_setup, fmt
+
+        django_bench_setup(Path(tmp))
         from django.core.management import call_command
 
-        from _common import csv_rows_write, fmt
         from apps.planning.snapshot import fleet_problem_build
         from apps.policies.models import SloPolicy
         from controlplane.demo import demo_seed

@@ -169,12 +169,13 @@ def _devices_fixed(problem: Problem, geometry: Iterable[str]) -> Problem:
     return dataclasses.replace(problem, devices=devices)
 
 
-LAST_PLAN: list[Plan | None] = [None]  # the plan of the last solve_once that returned one
-
-
 def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any]) -> dict[str, Any]:
     """Solve and fill a CSV row; a solver exception becomes status 'error' (the run goes on)."""
-    LAST_PLAN[0] = None
+    return solve_with_plan(problem, solver, objective, row)[0]
+
+
+def solve_with_plan(problem: Problem, solver: str, objective: str, row: dict[str, Any]) -> tuple[dict[str, Any], Plan | None]:
+    """`solve_once`'s row and the plan it measured (None when the solver raised)."""
     row = dict(row, solver=solver, objective=objective, n_devices=len(problem.devices),
                n_device_types=len({d.type for d in problem.devices}), n_variants=len(problem.variants),
                n_applications=len(problem.applications))
@@ -186,9 +187,8 @@ def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any
     except Exception as exc:  # noqa: BLE001 - a benchmark reports failures, it does not stop on them
         row.update(status="error", wall_s=time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:300])
         traceback.print_exc(limit=3, file=sys.stderr)
-        return row
+        return row, None
     wall = time.perf_counter() - t0
-    LAST_PLAN[0] = plan
     fractions = [plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0]
     row.update(
         fair_share=min(fractions) if fractions else None, plan_solver=plan.solver,
@@ -198,7 +198,7 @@ def solve_once(problem: Problem, solver: str, objective: str, row: dict[str, Any
         effective_accuracy=plan.effective_accuracy, served_fraction=plan.total_served_rps / demand if demand else None,
         gpus_used=plan.gpus_used, instances=len(plan.instances), error="",
     )
-    return row
+    return row, plan
 
 
 # --------------------------------------------------------------------------- experiments
@@ -304,8 +304,7 @@ def run_replan(args: argparse.Namespace, emit: Callable[[dict[str, Any]], None])
                 problem = mixed_fleet_problem(n_mig, n_mps, n_whole, n_cpu, n_applications=4, seed=seed, load=load, options=options)
                 first = _plan_solve()(problem, solver="fleet")
                 again = problem_with_plan_running(problem, first)
-                row = solve_once(again, "fleet", "max-accuracy", {"experiment": "replan", "variant_of": f"{name}/{load:g}", "seed": seed})
-                second = LAST_PLAN[0]
+                row, second = solve_with_plan(again, "fleet", "max-accuracy", {"experiment": "replan", "variant_of": f"{name}/{load:g}", "seed": seed})
                 if second is not None:
                     before = {(i.device, i.slice, i.start, i.variant) for i in first.instances}
                     after = {(i.device, i.slice, i.start, i.variant) for i in second.instances}

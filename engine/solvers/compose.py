@@ -108,7 +108,7 @@ def plan_compose(problem: Problem, chosen: PlannerInfo, *, started: float | None
         fleet = _fleet_plan(problem, chosen, deadline)
     else:  # step 4, on what the parts left
         rest = _without(problem, taken)
-        devices = _devices_left(rest, hosts, grows_in_place=vertical or chosen.pipelines_by == "biscale")
+        devices = _devices_left(rest, hosts, grows_in_place=vertical)
         if rest.applications and devices:
             fleet = _fleet_plan(dataclasses.replace(rest, devices=devices), chosen, deadline)
         elif rest.applications:
