@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PLANNERS = ("proteus", "fleet")
 TARGET_S = 10.0
-CSV_FIELDS = ("scale", "planner", "plan_solver", "status", "wall_s", "served_rps", "demand_rps", "short_applications", "gpus_used",
-              "gap", "valid")
+CSV_FIELDS = ("scale", "planner", "plan_solver", "status", "wall_s", "fair_share", "served_rps", "demand_rps", "short_applications",
+              "gpus_used", "gap", "valid")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         demo_seed(admin_password="bench-password-1")
         expected = {p.application.name: p.expected_rps or args.base_rps for p in SloPolicy.objects.select_related("application")}
         print(f"demo fleet, demand at scale 1: {', '.join(f'{k} {v:g}' for k, v in sorted(expected.items()))} rps")
-        print(f"{'scale':>5} {'planner':<8} {'plan':<22} {'status':<10} {'wall s':>7} {'served / demand':>17} {'short':<28} "
+        print(f"{'scale':>5} {'planner':<8} {'plan':<22} {'status':<10} {'wall s':>7} {'fair':>5} {'served / demand':>17} {'short':<28} "
               f"{'GPUs':>4} {'gap':>7} valid")
         for scale in scales:
             snapshot = fleet_problem_build(demand={k: v * scale for k, v in expected.items()}, options=SolveOptions(), include_registered=True)
@@ -75,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                 plan = plan_solve(problem, planner)
                 wall = time.perf_counter() - started
                 short = sorted(a for a, rps in plan.shortfall_rps.items() if rps > 1e-6)
-                row = {"scale": scale, "planner": planner, "plan_solver": plan.solver, "status": plan.status, "wall_s": wall,
+                # The smallest served fraction of any application: what the planners raise first.
+                fair = min((plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0), default=1.0)
+                row = {"scale": scale, "planner": planner, "plan_solver": plan.solver, "status": plan.status, "wall_s": wall, "fair_share": fair,
                        "served_rps": plan.total_served_rps, "demand_rps": problem.total_demand_rps, "short_applications": " ".join(short),
                        "gpus_used": plan.gpus_used, "gap": plan.gap, "valid": plan_validate(problem, plan).valid}
                 rows.append(row)
-                print(f"{scale:>5g} {planner:<8} {plan.solver:<22} {plan.status:<10} {wall:>7.2f} "
+                print(f"{scale:>5g} {planner:<8} {plan.solver:<22} {plan.status:<10} {wall:>7.2f} {fair:>5.3f} "
                       f"{plan.total_served_rps:>8.1f} / {problem.total_demand_rps:<6.1f} {', '.join(short) or '-':<28} "
                       f"{plan.gpus_used:>4} {fmt(plan.gap, '.4f'):>7} {row['valid']}")
     slowest = max((r["wall_s"] for r in rows if r["planner"] == "fleet"), default=None)

@@ -24,8 +24,8 @@ Measurements (HiGHS through plan_solve, `threads` HiGHS threads and the process 
 4. fleet (issue 40) against the compositions of the seeds' planners on mixed fleets (MIG A100s + MPS RTX 2080
    Tis + whole H100s + CPU hosts; flat applications, or with an ensemble and a pipeline beside them) at
    loads 0.5, 0.9 and 1.3, mip_gap 1e-3, spare capacity idle: `proteus` and `joint` as chosen planners
-   compose fa2 (pipelines), gpulets (MPS GPUs) and themselves (engine/solvers/compose.py, mixed.py).
-   Problems: generate.mixed_fleet_problem. Reported per case: the smallest served fraction (fair share),
+   compose fa2 (pipelines), gpulets (MPS GPUs) and themselves (engine/solvers/compose.py, mixed.py); the
+   fleet model plans all of it, pipelines included, in one MILP. Problems: generate.mixed_fleet_problem. Reported per case: the smallest served fraction (fair share),
    served fraction, accuracy, objective, GPUs, gap, time, and how often the fleet model is no worse in
    the objective's order.
 5. fleet at fleet scale: 300 MIG A100s, 300 MPS 2080 Tis, 400 whole H100s and 100 CPU hosts, 100

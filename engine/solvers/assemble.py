@@ -37,9 +37,10 @@ class Assignment:
 
 def assignment_of(problem: Problem, instance: PlanInstance) -> Assignment:
     """A planned instance as an assignment to assemble again (with other traffic): an MPS partition keeps the
-    capacity, interference factor and duty cycle its planner derived."""
-    if mps_slice_percent(instance.slice) is None:
+    capacity, interference factor and duty cycle its planner derived, a pipeline replica its batch."""
+    if mps_slice_percent(instance.slice) is None and problem.pipeline_of(problem.variant(instance.variant).application) is None:
         return Assignment(instance.device, instance.slice, instance.start, instance.variant, instance.assigned_rps)
+    # An MPS partition, or a pipeline replica (at the batch its pipeline's planner chose): as planned.
     capacity = InstanceCapacity(batch=instance.batch, latency_ms=instance.latency_ms, capacity_rps=instance.capacity_rps,
                                 memory_mb=problem.variant(instance.variant).memory_mb)
     return Assignment(instance.device, instance.slice, instance.start, instance.variant, instance.assigned_rps, capacity=capacity,

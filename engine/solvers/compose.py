@@ -6,7 +6,8 @@ A plan run reads as a straight line (`plan_compose`):
    gets one application per member of each random ensemble (engine/solvers/ensembles.py); the plan is put
    back on the original applications at the end.
 2. **Pipelines.** When the problem has pipelines, the planner the chosen one names (`pipelines_by`: fa2 by
-   default, ipa, biscale) plans them all on the CPU hosts (engine/solvers/pipelines.py).
+   default, ipa, biscale) plans them all on the CPU hosts (engine/solvers/pipelines.py), unless the chosen
+   planner plans them in its own model (`plans_pipelines`: fleet), which then plans the whole problem.
 3. **Vertical scaling.** When the chosen planner is sponge or biscale, the CPU applications outside
    pipelines are sized for in-place vertical scaling on the cores left (engine/solvers/vertical.py).
 4. **The fleet.** The chosen planner, or proteus when it plans only parts, plans every application left on
@@ -91,7 +92,7 @@ def plan_compose(problem: Problem, chosen: PlannerInfo, *, started: float | None
     hosts = CpuHostUse()
     taken: set[str] = set()
     vertical = chosen.kind == "vertical"
-    if problem.pipelines:  # step 2
+    if problem.pipelines and not chosen.plans_pipelines:  # step 2
         part = pipeline_part_solve(problem_timed(problem, deadline, 2 + vertical), hosts, solver=chosen.pipelines_by)
         parts.append(part)
         taken |= part.taken

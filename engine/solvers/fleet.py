@@ -9,7 +9,7 @@ objective, status, objective, bound and gap for the whole fleet):
 - CPU hosts: Proteus's one instance at the largest profiled core count the host holds, or the host split
   into instances of c cores each for every core count c a variant is profiled at (`_cpu_device_class`):
   the issue's "CPU instances with a core count", so that applications and an ensemble's members share a
-  host (mixed core counts on one host are not offered);
+  host (mixed core counts on one host only beside pipeline replicas, below);
 - MPS GPUs: a configuration per GPU among
   * `mps100`: one model on the whole GPU, batches back to back (gpulets §4.3, a 100 % gpulet);
   * every split into two partitions of the allowed sizes (gpulets §4.3: "split into two gpulets, each
@@ -22,7 +22,16 @@ objective, status, objective, bound and gap for the whole fleet):
     MPS GPUs at the whole demand (on a fleet of more than 8, on 8 of them at their share of it): several
     models per partition in rounds of a duty cycle. A pattern offers each of its entries' capacity (a
     batch per round), and any number of GPUs of the type may take it;
-  * unused.
+  * unused;
+- pipelines (thesis P1, FA2 §p1.4): per pipeline a ladder of options, FA2's exact plan (P1.3: per stage
+  the batch and replicas with every path within its SLO, engine/solvers/pipelines.py) for 100 %, 95 %,
+  ... 5 % of its demand (`PIPELINE_FRACTIONS`), each carrying the same share of every stage's rate (what
+  its replicas hold with the pipeline's headroom); at most one option runs (binary y), and its replicas of
+  c cores take c-core instances of CPU hosts beside the other applications' instances. A CPU host may
+  then also run k replica instances and its other cores as one instance or split evenly
+  (`_cpu_device_class`), so the composition's plan (FA2 first, the rest of the host to the fleet planner)
+  is one the model can choose, and whether a pipeline or another application gets the cores under
+  overload is the fairness-first objective's decision, not the order of a composition.
 So the plan gpulets or SBP makes for the MPS GPUs alone at the whole demand (on up to 8 of them) is one
 the model can choose, as is any plan the MIG planners make on the other devices, and the trade-off
 between the kinds is the solver's. A composition whose MPS stage saw only the demand left over can hold
@@ -40,9 +49,11 @@ Departures, stated:
 - The patterns are generated once, at the whole demand; a column-generation loop (pricing patterns
   against the MILP's duals) would add the time-shared patterns this misses. The bound and gap are those of
   the model over these configurations, which the plan's notes say.
-- Pipelines are not yet in the model: as for every planner, compose.py plans them first (fa2 by
-  default) on the CPU hosts, and the fleet model plans the rest on the devices left and the cores the
-  replicas leave free on their hosts.
+- A pipeline is served at one of the ladder's fractions, not any fraction (a column-generation loop
+  could price new fractions against the duals); the bound and gap are over the options offered. Its
+  stages keep FA2's choices: the most accurate variant with CPU profiles, on one-core (smallest profiled)
+  replicas; IPA's accuracy trade-off is not an option here. A re-plan of a fleet with pipelines starts
+  from no running plan (`running_start`).
 - A split partition runs at a profiled batch (the interference predictor's operating points, on both sides
   of the pair), not at a batch between two profiled ones as the capacity model allows: the validator may
   warn that a slightly larger interpolated batch would fit (capacity left unused).
@@ -52,7 +63,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from typing import Iterable, Sequence
 
 from engine.plans.capacity import InstanceCapacity, capacity_for, profile_interpolate
@@ -73,7 +85,10 @@ from engine.solvers.model import (
     DeviceClass,
     DeviceConfig,
     DeviceSlot,
+    MIN_STAGE_SECONDS,
     Fleet,
+    PipelineOption,
+    PipelineStageRun,
     SlotClass,
     SlotKey,
     cpu_config,
@@ -89,6 +104,13 @@ __all__ = ["fleet_model_fleet", "fleet_model_solve", "mps_worst_factor"]
 PATTERN_GPUS = 8
 # Relative slack on the latency budget, as the MPS schedulers and the validator allow (1e-9).
 _REL = 1e-9
+# The fractions of a pipeline's demand FA2 plans it for, each an option of the model (1/20 apart: a
+# pipeline's served fraction is one of these, so a fair share can fall short of the continuous one by
+# less than 0.05; the bound and gap are over these options).
+PIPELINE_FRACTIONS: tuple[float, ...] = tuple(k / 20 for k in range(20, 0, -1))
+# Share of the time limit the options' FA2 solves may take together, and the least one solve is given.
+PIPELINE_BUDGET_SHARE = 0.2
+MIN_PIPELINE_SOLVE_S = 0.2
 
 
 def _is_mps(device: DeviceSpec) -> bool:
@@ -334,23 +356,51 @@ def _cpu_core_slot(slots: dict[SlotKey, SlotClass], problem: Problem, device: De
     return key
 
 
-def _cpu_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...]) -> DeviceClass:
+def _cpu_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...],
+                      pipeline_cores: Iterable[int] = ()) -> DeviceClass:
     """A CPU host's configurations: Proteus's one instance at the largest profiled core count it holds
     (`cpu_config`), and, for every core count c some variant with demand is profiled at, the host split
     into floor(cores / c) instances of c cores each (numbered 0, 1, ... on the host), so that several
-    applications, or an ensemble's members, can share a host."""
+    applications, or an ensemble's members, can share a host. With pipelines in the model (their replicas
+    of `pipeline_cores` cores each), also every host with k replica instances of c_p cores (k >= 1) and
+    the cores left as one instance or split into equal ones, as above: a composition that gives a
+    pipeline its replicas first and the rest of the host to another planner is one of these. `problem`
+    holds the variants that are not pipeline stages."""
     device = devices[0]
+    total = device.cores or 0
     configs = [cpu_config(slots, problem, device)]
     with_demand = {v.name for v in problem.variants if problem.application(v.application).demand_rps > 0}
     counts = sorted({int(p.slice) for p in problem.profiles
-                     if p.device_type == CPU_DEVICE_TYPE and p.variant in with_demand and p.slice.isdigit() and 1 <= int(p.slice) <= (device.cores or 0)})
+                     if p.device_type == CPU_DEVICE_TYPE and p.variant in with_demand and p.slice.isdigit() and 1 <= int(p.slice) <= total})
     for cores in counts:
-        n = (device.cores or 0) // cores
+        n = total // cores
         if n < 2:
             continue  # one instance of the host: the first configuration holds it
         key = _cpu_core_slot(slots, problem, device, cores)
         if slots[key].capacities:
             configs.append(DeviceConfig(name=f"cpu{n}x{cores}", slots=tuple(DeviceSlot(key, str(cores), i) for i in range(n)), uses_device=False))
+    seen = {tuple(sorted(Counter(s.key for s in c.slots).items())) for c in configs}
+    for replica_cores in sorted(set(pipeline_cores)):
+        replica_key = _cpu_core_slot(slots, problem, device, replica_cores)
+        for k in range(1, total // replica_cores + 1):
+            left = total - k * replica_cores
+            rests: list[tuple[str, list[tuple[SlotKey, str | None]]]] = [("", [])]
+            if left > 0:
+                rest = cpu_config(slots, problem, dataclasses.replace(device, cores=left))
+                if slots[rest.slots[0].key].capacities:
+                    rests.append((f"+cpu{left}", [(rest.slots[0].key, None)]))
+                for cores in (c for c in counts if c <= left):
+                    key = _cpu_core_slot(slots, problem, device, cores)
+                    if slots[key].capacities:
+                        rests.append((f"+{left // cores}x{cores}", [(key, str(cores))] * (left // cores)))
+            for label, rest_slots in rests:
+                members = [(replica_key, str(replica_cores))] * k + rest_slots
+                shape = tuple(sorted(Counter(key for key, _ in members).items()))
+                if shape in seen:
+                    continue
+                seen.add(shape)
+                configs.append(DeviceConfig(name=f"pipe{k}x{replica_cores}{label}", uses_device=False,
+                                            slots=tuple(DeviceSlot(key, slice_name, i) for i, (key, slice_name) in enumerate(members))))
     return DeviceClass(devices, tuple(configs), is_gpu=False)
 
 
@@ -364,12 +414,77 @@ def fleet_model_fleet(problem: Problem) -> Fleet:
     return _fleet_build(problem)[0]
 
 
+def _pipeline_options_build(problem: Problem, notes: list[str]) -> dict[str, list[PipelineOption]]:
+    """Per pipeline with demand, its options: FA2's plan (P1.3, exact) at each fraction of PIPELINE_FRACTIONS
+    of its demand, each carrying the same fraction of every stage's rate (the smallest over its stages of
+    capacity / (headroom x rate), at most 1), without repeats and without options another one beats (as
+    much traffic or more on no more replicas of any core count)."""
+    from engine.solvers.pipelines import pipeline_fa2_at, replica_capacity
+
+    hosts = [d for d in problem.devices if d.is_cpu]
+    host_cores = max((d.cores or 0 for d in hosts), default=0)
+    pipelines = [p for p in problem.pipelines if any(q.demand_rps > 0 for q in p.paths)]
+    out: dict[str, list[PipelineOption]] = {}
+    if not pipelines:
+        return out
+    budget = PIPELINE_BUDGET_SHARE * problem.options.time_limit_s / (len(pipelines) * len(PIPELINE_FRACTIONS))
+    headroom = problem.options.pipeline_headroom
+    for spec in pipelines:
+        options: list[PipelineOption] = []
+        if host_cores <= 0:
+            notes.append(f"pipeline {spec.name}: the fleet has no CPU host; pipelines run on CPU hosts")
+            out[spec.name] = options
+            continue
+        for fraction in PIPELINE_FRACTIONS:
+            outcome = pipeline_fa2_at(problem, spec, fraction, host_cores=host_cores, time_limit_s=max(MIN_PIPELINE_SOLVE_S, budget))
+            if not outcome.picks or outcome.status not in ("optimal", "feasible"):
+                if fraction == 1.0:
+                    notes.extend(f"pipeline {spec.name}: {n}" for n in outcome.notes)
+                continue
+            stages = tuple(PipelineStageRun(p.application, p.variant, p.cores, p.batch, p.replicas, replica_capacity(problem, p))
+                           for p in outcome.picks)
+            carried = min((min(1.0, st.replicas * st.capacity.capacity_rps / (headroom * spec.stage_rate(st.application)))
+                           for st in stages if spec.stage_rate(st.application) > 0), default=0.0)
+            if carried <= 0:
+                continue
+            options.append(PipelineOption(spec.name, f"fa2@{fraction:g}", stages,
+                                          {st.application: carried * spec.stage_rate(st.application) for st in stages}, source=outcome))
+        out[spec.name] = _options_undominated(options)
+        notes.append(f"pipeline {spec.name}: {len(out[spec.name])} option(s) from FA2 at fractions of its demand")
+    return out
+
+
+def _options_undominated(options: list[PipelineOption]) -> list[PipelineOption]:
+    """Options no other one beats: as much traffic or more on no more replicas of any core count (the
+    first of equals kept)."""
+    def beats(a: PipelineOption, b: PipelineOption) -> bool:
+        served_a, served_b = sum(a.served_rps.values()), sum(b.served_rps.values())
+        ra, rb = a.replicas_by_cores(), b.replicas_by_cores()
+        return served_a >= served_b - 1e-9 and all(ra[c] <= rb[c] for c in set(ra) | set(rb))
+
+    kept: list[PipelineOption] = []
+    for i, option in enumerate(options):
+        if not any(beats(other, option) and (j < i or not beats(option, other)) for j, other in enumerate(options) if j != i):
+            kept.append(option)
+    return kept
+
+
+def _flat(problem: Problem, staged: set[str]) -> Problem:
+    """The problem whose variants are those of applications outside pipelines: what slots may run."""
+    return dataclasses.replace(problem, variants=tuple(v for v in problem.variants if v.application not in staged))
+
+
 def _fleet_build(problem: Problem) -> tuple[Fleet, dict[str, _MpsType]]:
     """The fleet, and per MPS device type one of its `_MpsType`s: the interference oracle and the factors it
     computed, which `_factors_rederive` reads again after the solve."""
     slots: dict[SlotKey, SlotClass] = {}
     classes: list[DeviceClass] = []
     notes: list[str] = []
+    pipeline_options = _pipeline_options_build(problem, notes)
+    staged = {st.application for p in problem.pipelines if p.name in pipeline_options for st in p.stages}
+    full = problem
+    problem = _flat(problem, staged) if staged else problem
+    pipeline_cores = sorted({st.cores for options in pipeline_options.values() for o in options for st in o.stages})
     groups = devices_group(problem.devices, joint_device_key)
     mps_by_type: dict[str, list[DeviceSpec]] = defaultdict(list)
     for devices in groups:
@@ -387,10 +502,28 @@ def _fleet_build(problem: Problem) -> tuple[Fleet, dict[str, _MpsType]]:
             kinds.setdefault(device.type, kind)
             classes.append(_mps_device_class(slots, kind, devices, fits))
         elif device.is_cpu:
-            classes.append(_cpu_device_class(slots, problem, devices))
+            classes.append(_cpu_device_class(slots, problem, devices, pipeline_cores))
         else:
             classes.append(joint_device_class(slots, problem, devices))
-    return Fleet(problem=problem, device_classes=classes, slot_classes=slots, notes=notes), kinds
+    pipeline_slots: dict[int, list[SlotKey]] = defaultdict(list)
+    for key, slot_class in slots.items():
+        if slot_class.device.is_cpu and key[2].endswith("-core") and int(key[2][:-len("-core")]) in pipeline_cores:
+            pipeline_slots[int(key[2][:-len("-core")])].append(key)
+    fleet = Fleet(problem=full, device_classes=classes, slot_classes=slots, notes=notes, pipeline_options=pipeline_options,
+                  pipeline_slots=dict(pipeline_slots), pipeline_summarise=_pipeline_summarise)
+    return fleet, kinds
+
+
+def _pipeline_summarise(problem: Problem, option: PipelineOption, placed: list[PlanInstance]) -> dict:
+    """A chosen option's summary, as FA2's planner writes it, with the share of the demand it carries."""
+    from engine.solvers.pipelines import pipeline_summary
+
+    summary = pipeline_summary(problem, option.source, placed)
+    spec = next(p for p in problem.pipelines if p.name == option.pipeline)
+    rates = [(option.served_rps[st.application], spec.stage_rate(st.application)) for st in option.stages if spec.stage_rate(st.application) > 0]
+    summary["option"] = option.label
+    summary["served_fraction"] = min((served / rate for served, rate in rates), default=0.0)
+    return summary
 
 
 def _factors_rederive(problem: Problem, plan: Plan, kinds: dict[str, _MpsType]) -> Plan:
@@ -429,12 +562,18 @@ def _factors_rederive(problem: Problem, plan: Plan, kinds: dict[str, _MpsType]) 
 
 
 def fleet_model_solve(problem: Problem) -> Plan:
-    """Plan every device of `problem` in one MILP (see the module docstring)."""
+    """Plan every device of `problem` in one MILP (see the module docstring), within its time limit counted
+    from now: building the configurations and the pipelines' options is part of it."""
+    started = time.perf_counter()
     fleet, kinds = _fleet_build(problem)
+    left = max(MIN_STAGE_SECONDS, problem.options.time_limit_s - (time.perf_counter() - started))
+    fleet.problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, time_limit_s=left))
     plan = fleet_solve(fleet, solver_name="fleet", fewest_gpus_last=True)
+    plan.solve_seconds = time.perf_counter() - started
     plan = _factors_rederive(problem, plan, kinds)
-    if any(_is_mps(d) for d in problem.devices):
+    if any(_is_mps(d) for d in problem.devices) or fleet.pipeline_options:
         plan.notes.append("fleet model: the bound and gap are over the configurations offered (every MIG geometry, whole GPU, "
                           "CPU host whole or split into equal instances of a profiled core count, MPS split with one model per "
-                          "partition, and the time-shared MPS patterns listed above)")
+                          "partition, and the time-shared MPS patterns listed above) and the pipelines' options (FA2's plans at "
+                          "fractions of their demand)")
     return plan

@@ -33,6 +33,13 @@ so are two things that only make it faster: rates as capacity x load (unit coeff
 rows) and the one-partial row, which holds at some optimum of every stage (see
 `_constrain_one_partial_instance`). A re-plan starts from what runs now (`running_start`).
 
+Pipelines (the fleet planner, engine/solvers/fleet.py) enter as options, columns made by FA2: y[p, k]
+(binary) runs option k of pipeline p (sum_k y[p, k] <= 1), whose stage applications then carry
+served(p, k, a) rps; its replicas of c cores take w[c, s] c-core CPU slots of class s beside the other
+instances (sum_s w[c, s] = sum_{p,k} replicas(p, k, c) y[p, k], and w counts in the slot-supply rows).
+A stage application has no n or u of its own: its served traffic, in every row above, is
+sum_k served(p, k, a) y[p, k].
+
 Objectives run in lexicographic stages (see `fleet_solve`); afterwards the counts are handed out to
 concrete devices, placements and instances, and the plan is assembled by `plan_assemble`."""
 from __future__ import annotations
@@ -48,7 +55,7 @@ import pulp
 
 from engine.geometry.layout import Layout
 from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
-from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, Problem, device_slot_id
+from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, PlanInstance, Problem, device_slot_id
 from engine.sharing.partitions import mps_slice_name
 from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
 from engine.solvers.spare import plan_spare_fill
@@ -119,12 +126,55 @@ class DeviceClass:
     is_gpu: bool
 
 
+@dataclass(frozen=True)
+class PipelineStageRun:
+    """One stage of a pipeline option: every replica runs `variant` at `batch` on a `cores`-core instance."""
+
+    application: str
+    variant: str
+    cores: int
+    batch: int
+    replicas: int
+    capacity: InstanceCapacity  # one replica's: the profiled latency at `batch` (what the validator reads)
+
+
+@dataclass(frozen=True)
+class PipelineOption:
+    """One way to run a whole pipeline, a column of the fleet model (engine/solvers/fleet.py builds them
+    with FA2): its stages' replicas, which take CPU instances of their core count, and the traffic each
+    stage application then carries (`served_rps`, the same fraction of every stage's rate)."""
+
+    pipeline: str
+    label: str
+    stages: tuple[PipelineStageRun, ...]
+    served_rps: Mapping[str, float]
+    source: object = field(default=None, compare=False, repr=False)  # what the planner that made it returned
+
+    def replicas_by_cores(self) -> Counter[int]:
+        counts: Counter[int] = Counter()
+        for stage in self.stages:
+            counts[stage.cores] += stage.replicas
+        return counts
+
+
 @dataclass
 class Fleet:
     problem: Problem
     device_classes: list[DeviceClass]
     slot_classes: dict[SlotKey, SlotClass]
     notes: list[str] = field(default_factory=list)
+    # Pipelines planned inside the model (engine/solvers/fleet.py): per pipeline its options, at most one
+    # chosen; their stage applications have no variable of their own. `pipeline_slots`: per core count,
+    # the slot classes of CPU instances of that many cores that replicas may take. `pipeline_summarise`
+    # writes a chosen option's summary (Plan.pipelines) from the plan's instances of its stages.
+    pipeline_options: dict[str, list[PipelineOption]] = field(default_factory=dict)
+    pipeline_slots: dict[int, list[SlotKey]] = field(default_factory=dict)
+    pipeline_summarise: Callable[[Problem, PipelineOption, list[PlanInstance]], dict] | None = None
+
+    @property
+    def staged(self) -> set[str]:
+        """The applications that are stages of a pipeline the model plans (with options or none)."""
+        return {st.application for p in self.problem.pipelines if p.name in self.pipeline_options for st in p.stages}
 
 
 def slot_key(device: DeviceSpec, slice_name: str | None) -> SlotKey:
@@ -195,8 +245,9 @@ def unservable_notes(fleet: Fleet) -> list[str]:
     """Applications no slot anywhere can run: the likely reason a plan comes back short or infeasible."""
     runnable = {v for s in fleet.slot_classes.values() for v in s.capacities}
     notes = []
+    staged = fleet.staged  # a pipeline's stages: the pipeline's options say what they can serve
     for app in fleet.problem.applications:
-        if app.demand_rps > 0 and not any(v.name in runnable for v in fleet.problem.variants_of(app.name)):
+        if app.name not in staged and app.demand_rps > 0 and not any(v.name in runnable for v in fleet.problem.variants_of(app.name)):
             budget = app.slo_ms * fleet.problem.options.latency_budget_fraction
             notes.append(
                 f"application {app.name}: no variant fits any device's slices within the latency budget "
@@ -220,6 +271,9 @@ class FleetModel:
     gpus_used: pulp.LpAffineExpression
     instances_changed: pulp.LpAffineExpression
     variants_changed: pulp.LpAffineExpression  # instances no longer running what runs there now, and devices leaving their configuration
+    pipelines_chosen: dict[tuple[str, int], pulp.LpVariable] = field(default_factory=dict)  # y[p, k]: option k of pipeline p runs
+    replicas_on: dict[tuple[int, SlotKey], pulp.LpVariable] = field(default_factory=dict)  # w[c, s]: c-core replicas on slot class s
+    staged_served: dict[str, list[pulp.LpAffineExpression]] = field(default_factory=dict)  # stage application -> its traffic
 
 
 def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable], dict[tuple[SlotKey, str], pulp.LpVariable]]:
@@ -243,6 +297,56 @@ def _variables_add(fleet: Fleet) -> tuple[dict[tuple[int, int], pulp.LpVariable]
             instances[key, variant] = pulp.LpVariable(f"n_{si}_{vi}", lowBound=0, upBound=most_slots[key], cat=pulp.LpInteger)
             loads[key, variant] = pulp.LpVariable(f"u_{si}_{vi}", lowBound=0)
     return configs_taken, instances, loads
+
+
+def _pipeline_variables_add(fleet: Fleet) -> tuple[dict[tuple[str, int], pulp.LpVariable], dict[tuple[int, SlotKey], pulp.LpVariable]]:
+    """y[p, k] (binary): pipeline p runs its option k; w[c, s] (integer): replicas of c cores on instances
+    of slot class s (a CPU host class's c-core instances)."""
+    chosen = {
+        (name, k): pulp.LpVariable(f"y_{pi}_{k}", cat=pulp.LpBinary)
+        for pi, (name, options) in enumerate(fleet.pipeline_options.items())
+        for k in range(len(options))
+    }
+    most = _slot_supply_upper(fleet)
+    replicas_on = {
+        (cores, key): pulp.LpVariable(f"w_{cores}_{i}", lowBound=0, upBound=most[key], cat=pulp.LpInteger)
+        for cores, keys in sorted(fleet.pipeline_slots.items())
+        for i, key in enumerate(keys) if most.get(key, 0) > 0
+    }
+    return chosen, replicas_on
+
+
+def _constrain_pipelines(lp: pulp.LpProblem, fleet: Fleet, chosen: Mapping[tuple[str, int], pulp.LpVariable],
+                         replicas_on: Mapping[tuple[int, SlotKey], pulp.LpVariable]) -> None:
+    """Each pipeline runs at most one of its options (none: its stages serve nothing), and the chosen
+    options' replicas of c cores are exactly the c-core instances given to pipelines (the slot-supply rows
+    count them beside the other applications' instances)."""
+    needed: dict[int, list] = defaultdict(list)
+    for pi, (name, options) in enumerate(fleet.pipeline_options.items()):
+        if options:
+            lp += pulp.lpSum(chosen[name, k] for k in range(len(options))) <= 1, f"pipeline_{pi}"
+        for k, option in enumerate(options):
+            for cores, count in option.replicas_by_cores().items():
+                needed[cores].append(count * chosen[name, k])
+    for cores, terms in sorted(needed.items()):
+        given = [var for (c, _), var in replicas_on.items() if c == cores]
+        lp += pulp.lpSum(given) == pulp.lpSum(terms), f"pipeline_cores_{cores}"
+
+
+def _staged_served(fleet: Fleet, chosen: Mapping[tuple[str, int], pulp.LpVariable]) -> dict[str, list[pulp.LpAffineExpression]]:
+    """Per stage application, the traffic each option of its pipeline carries if chosen."""
+    served: dict[str, list[pulp.LpAffineExpression]] = defaultdict(list)
+    for name, options in fleet.pipeline_options.items():
+        for k, option in enumerate(options):
+            for app, rps in option.served_rps.items():
+                served[app].append(rps * chosen[name, k])
+    return dict(served)
+
+
+def _staged_accuracy(fleet: Fleet) -> dict[tuple[str, int, str], float]:
+    """(pipeline, option, stage application) -> the accuracy of the variant that option runs there."""
+    return {(name, k, st.application): fleet.problem.variant(st.variant).accuracy
+            for name, options in fleet.pipeline_options.items() for k, o in enumerate(options) for st in o.stages}
 
 
 def _undominated_variants(problem: Problem, capacities: Mapping[str, InstanceCapacity], keep: set[str] = frozenset()) -> list[str]:
@@ -293,10 +397,11 @@ def _constrain_device_configs(lp: pulp.LpProblem, fleet: Fleet, configs_taken: M
 
 
 def _constrain_slot_supply(
-    lp: pulp.LpProblem, fleet: Fleet, configs_taken: Mapping[tuple[int, int], pulp.LpVariable], instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]
+    lp: pulp.LpProblem, fleet: Fleet, configs_taken: Mapping[tuple[int, int], pulp.LpVariable], instances: Mapping[tuple[SlotKey, str], pulp.LpVariable],
+    replicas_on: Mapping[tuple[int, SlotKey], pulp.LpVariable],
 ) -> None:
-    """At most one variant per slot: instances of a slot class never outnumber the slots the chosen
-    configurations offer."""
+    """At most one variant per slot: instances of a slot class, pipeline replicas included, never
+    outnumber the slots the chosen configurations offer."""
     supply: dict[SlotKey, list[tuple[int, pulp.LpVariable]]] = defaultdict(list)
     for gi, group in enumerate(fleet.device_classes):
         for ci, config in enumerate(group.configs):
@@ -304,6 +409,8 @@ def _constrain_slot_supply(
                 supply[key].append((count, configs_taken[gi, ci]))
     by_slot: dict[SlotKey, list[pulp.LpVariable]] = defaultdict(list)
     for (key, _), var in instances.items():
+        by_slot[key].append(var)
+    for (_, key), var in replicas_on.items():
         by_slot[key].append(var)
     for si, (key, used) in enumerate(by_slot.items()):
         lp += pulp.lpSum(used) <= pulp.lpSum(count * var for count, var in supply[key]), f"supply_{si}"
@@ -341,16 +448,20 @@ def _constrain_one_partial_instance(
             lp += pulp.lpSum(idle[app.name]) <= 1, f"one_partial_{ai}"
 
 
-def _served_by_application(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> dict[str, list[pulp.LpVariable]]:
+def _served_by_application(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
+                           staged: Mapping[str, list[pulp.LpAffineExpression]]) -> dict[str, list[pulp.LpVariable]]:
     by_app: dict[str, list[pulp.LpVariable]] = {a.name: [] for a in fleet.problem.applications}
     for (_, variant), rate in routed.items():
         by_app[fleet.problem.variant(variant).application].append(rate)
+    for app, terms in staged.items():
+        by_app[app].extend(terms)
     return by_app
 
 
-def _constrain_demand(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable], *, full: bool) -> None:
+def _constrain_demand(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
+                      staged: Mapping[str, list[pulp.LpAffineExpression]], *, full: bool) -> None:
     """Serve each application's demand exactly (full) or at most (when maximising served traffic)."""
-    for ai, (app, rates) in enumerate(_served_by_application(fleet, routed).items()):
+    for ai, (app, rates) in enumerate(_served_by_application(fleet, routed, staged).items()):
         demand = fleet.problem.application(app).demand_rps
         if not rates:
             continue  # nothing can serve it: `_full_demand_possible` keeps full-demand stages from running
@@ -373,7 +484,8 @@ def model_capacity_rps(fleet: Fleet, key: SlotKey, variant: str) -> float:
 
 def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> None:
     """Implied by routing within capacity, but stated over the integer counts alone it is a knapsack row the
-    solver derives cover cuts from, which closes the last fraction of the gap much faster."""
+    solver derives cover cuts from, which closes the last fraction of the gap much faster. (A pipeline's
+    stages have no counts: their demand row is already over the options' binaries.)"""
     by_app: dict[str, list] = defaultdict(list)
     for (key, variant), count in instances.items():
         by_app[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant) * count)
@@ -382,24 +494,28 @@ def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instance
             lp += pulp.lpSum(by_app[app.name]) >= app.demand_rps, f"cover_{ai}"
 
 
-def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> None:
+def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
+                            chosen: Mapping[tuple[str, int], pulp.LpVariable]) -> None:
     """Effective accuracy of an application over its served traffic >= its min_accuracy, written linearly as
     sum (accuracy - min) * rate >= 0 so that it holds whether demand is fixed or a variable."""
+    staged_accuracy = _staged_accuracy(fleet)
     for ai, app in enumerate(fleet.problem.applications):
         if app.min_accuracy is None:
             continue
         terms = [(fleet.problem.variant(v).accuracy - app.min_accuracy, rate) for (_, v), rate in routed.items() if fleet.problem.variant(v).application == app.name]
+        terms += [(accuracy - app.min_accuracy, fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k])
+                  for (name, k, stage), accuracy in staged_accuracy.items() if stage == app.name]
         if terms:
             lp += pulp.lpSum(coef * rate for coef, rate in terms) >= 0, f"min_accuracy_{ai}"
 
 
-def _served_expressions(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> dict[str, pulp.LpAffineExpression]:
-    return {app: pulp.lpSum(rates) for app, rates in _served_by_application(fleet, routed).items()}
+def _served_expressions(model: FleetModel, fleet: Fleet) -> dict[str, pulp.LpAffineExpression]:
+    return {app: pulp.lpSum(rates) for app, rates in _served_by_application(fleet, model.routed, model.staged_served).items()}
 
 
 def _constrain_served_floors(model: FleetModel, fleet: Fleet, floors: Mapping[str, float]) -> None:
     """Each application keeps at least the traffic (rps) an earlier fair-share stage gave it."""
-    served = _served_expressions(fleet, model.routed)
+    served = _served_expressions(model, fleet)
     for ai, app in enumerate(fleet.problem.applications):
         if floors.get(app.name, 0.0) > 0:
             model.lp += served[app.name] >= floors[app.name], f"floor_{ai}"
@@ -409,10 +525,12 @@ def _constrain_fair_share(model: FleetModel, fleet: Fleet, tier: Sequence[str], 
     """Every application of `tier` is served at least `share` of its demand. The second row per application
     is implied (routing stays within capacity) but, over the integer counts alone, it is the knapsack row
     HiGHS derives cover cuts from, as in `_constrain_capacity_covers_demand`."""
-    served = _served_expressions(fleet, model.routed)
+    served = _served_expressions(model, fleet)
     capacity: dict[str, list] = defaultdict(list)
     for (key, variant), count in model.instances.items():
         capacity[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant) * count)
+    for app, terms in model.staged_served.items():
+        capacity[app].extend(terms)
     for app_name in tier:
         ai = next(i for i, a in enumerate(fleet.problem.applications) if a.name == app_name)
         demand = fleet.problem.application(app_name).demand_rps
@@ -423,45 +541,60 @@ def _constrain_fair_share(model: FleetModel, fleet: Fleet, tier: Sequence[str], 
 def fair_share_tiers(fleet: Fleet) -> list[list[str]]:
     """Applications that have demand and some slot to run on, grouped by priority, highest first: the order
     in which fair-share stages raise their smallest served fraction."""
-    supplied = set(_slot_supply_upper(fleet))
-    runnable = {v for key, s in fleet.slot_classes.items() if key in supplied for v in s.capacities}
     tiers: dict[int, list[str]] = defaultdict(list)
+    servable = _servable_applications(fleet, full=False)
     for app in fleet.problem.applications:
-        if app.demand_rps > 0 and any(v.name in runnable for v in fleet.problem.variants_of(app.name)):
+        if app.demand_rps > 0 and app.name in servable:
             tiers[app.priority_tier].append(app.name)
     return [tiers[p] for p in sorted(tiers, reverse=True)]
 
 
-def _full_demand_possible(fleet: Fleet) -> bool:
-    """False when some application with demand has no variant that fits any slot: then serving all demand
-    is infeasible without asking a solver."""
+def _servable_applications(fleet: Fleet, *, full: bool) -> set[str]:
+    """Applications some slot the fleet offers can run a variant of; a pipeline's stages when one of its
+    options carries some of their traffic (`full`: all of it)."""
     supplied = set(_slot_supply_upper(fleet))
     runnable = {v for key, s in fleet.slot_classes.items() if key in supplied for v in s.capacities}
-    return all(
-        app.demand_rps <= 0 or any(v.name in runnable for v in fleet.problem.variants_of(app.name))
-        for app in fleet.problem.applications
-    )
+    staged = fleet.staged
+    servable = {a.name for a in fleet.problem.applications
+                if a.name not in staged and any(v.name in runnable for v in fleet.problem.variants_of(a.name))}
+    for options in fleet.pipeline_options.values():
+        for option in options:
+            servable |= {app for app, rps in option.served_rps.items()
+                         if rps > RPS_EPSILON and (not full or rps >= fleet.problem.application(app).demand_rps - RPS_EPSILON)}
+    return servable
+
+
+def _full_demand_possible(fleet: Fleet) -> bool:
+    """False when some application with demand has no variant that fits any slot (or a pipeline no option
+    that carries all of it): then serving all demand is infeasible without asking a solver."""
+    servable = _servable_applications(fleet, full=True)
+    return all(app.demand_rps <= 0 or app.name in servable for app in fleet.problem.applications)
 
 
 def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetModel:
     """The constraints every stage shares; stages add their objective and stage constraints."""
     lp = pulp.LpProblem(name, pulp.LpMaximize)
     configs_taken, instances, loads = _variables_add(fleet)
+    chosen, replicas_on = _pipeline_variables_add(fleet)
+    staged = _staged_served(fleet, chosen)
     # Rates are capacity x load (load in instances), so capacity rows have unit coefficients instead of
     # capacities up to 4e4 rps; HiGHS needed 2,952 nodes instead of 14,711 (24 s -> 11 s) on the slowest
     # 450-variant instance of benches/planning.py (issue 22 section 4).
     routed = {key: model_capacity_rps(fleet, key[0], key[1]) * load for key, load in loads.items()}
     _constrain_device_configs(lp, fleet, configs_taken)
-    _constrain_slot_supply(lp, fleet, configs_taken, instances)
+    _constrain_slot_supply(lp, fleet, configs_taken, instances, replicas_on)
+    _constrain_pipelines(lp, fleet, chosen, replicas_on)
     _constrain_slot_capacity(lp, instances, loads)
     _constrain_one_partial_instance(lp, fleet, instances, loads)
-    _constrain_demand(lp, fleet, routed, full=full_demand)
+    _constrain_demand(lp, fleet, routed, staged, full=full_demand)
     if full_demand:
         _constrain_capacity_covers_demand(lp, fleet, instances)
-    _constrain_min_accuracy(lp, fleet, routed)
+    _constrain_min_accuracy(lp, fleet, routed, chosen)
     total_demand = fleet.problem.total_demand_rps
     per_demand = 1.0 / total_demand if total_demand > 0 else 0.0
     accuracy = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * rate for (_, v), rate in routed.items())
+    accuracy += pulp.lpSum(acc * per_demand * fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k]
+                           for (name, k, stage), acc in _staged_accuracy(fleet).items())
     gpus = pulp.lpSum(
         configs_taken[gi, ci]
         for gi, group in enumerate(fleet.device_classes) if group.is_gpu
@@ -473,9 +606,11 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
         for ci, config in enumerate(group.configs) if config.instances_changed
     )
     return FleetModel(
-        lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed, served_total=pulp.lpSum(routed.values()),
+        lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed,
+        served_total=pulp.lpSum(routed.values()) + pulp.lpSum(t for terms in staged.values() for t in terms),
         accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
         variants_changed=_variants_changed(lp, fleet, instances) + _configurations_left(lp, fleet, configs_taken),
+        pipelines_chosen=chosen, replicas_on=replicas_on, staged_served=staged,
     )
 
 
@@ -588,11 +723,13 @@ def running_start(fleet: Fleet, model: FleetModel) -> dict[str, float] | None:
     (as `fleet_realise` would), and demand the rest cannot carry gets new instances on free slots (the
     largest capacity first) or, with none free, swaps one of the application's instances for a variant
     that serves more on the same slot. None when nothing runs, a device's state matches none of its
-    configurations, or no swap is left: the solver then starts on its own.
+    configurations, no swap is left, or the model plans pipelines: the solver then starts on its own.
     The start fixes the integers; HiGHS completes the rest (the variant-change counts) itself."""
     problem = fleet.problem
     if not any(d.running for d in problem.devices):
         return None
+    if any(problem.application(a).demand_rps > 0 for a in fleet.staged):
+        return None  # which pipeline option matches what runs is not worked out: the solver starts on its own
     values: dict[str, float] = {}
     free: dict[SlotKey, int] = defaultdict(int)
     for gi, group in enumerate(fleet.device_classes):
@@ -672,6 +809,10 @@ class FleetSolution:
     instances: dict[tuple[SlotKey, str], int]
     routed: dict[tuple[SlotKey, str], float]
     values: dict[str, float]  # by variable name: a MIP start for the next stage, which it satisfies
+    pipelines: dict[str, int] = field(default_factory=dict)  # pipeline -> the option chosen (none: not run)
+    replicas_on: dict[tuple[int, SlotKey], int] = field(default_factory=dict)
+    staged_served: dict[str, float] = field(default_factory=dict)  # stage application -> rps
+    staged_accuracy: dict[str, float] = field(default_factory=dict)  # stage application -> its variant's accuracy
 
     def gpus_used(self, fleet: Fleet) -> int:
         return sum(
@@ -683,22 +824,39 @@ class FleetSolution:
         return sum(count * fleet.device_classes[gi].configs[ci].instances_changed for (gi, ci), count in self.configs_taken.items())
 
     def served_total(self) -> float:
-        return sum(self.routed.values())
+        return sum(self.routed.values()) + sum(self.staged_served.values())
+
+    def served_by_application(self, problem: Problem) -> dict[str, float]:
+        served: dict[str, float] = defaultdict(float, self.staged_served)
+        for (_, variant), rate in self.routed.items():
+            served[problem.variant(variant).application] += rate
+        return served
 
     def accuracy_over_demand(self, problem: Problem) -> float:
         total = problem.total_demand_rps
-        return sum(problem.variant(v).accuracy * rate for (_, v), rate in self.routed.items()) / total if total > 0 else 0.0
+        traffic = sum(problem.variant(v).accuracy * rate for (_, v), rate in self.routed.items())
+        traffic += sum(self.staged_accuracy[app] * rps for app, rps in self.staged_served.items())
+        return traffic / total if total > 0 else 0.0
 
 
-def _solution_read(model: FleetModel) -> FleetSolution:
+def _solution_read(model: FleetModel, fleet: Fleet) -> FleetSolution:
     def whole(var: pulp.LpVariable) -> int:
         return int(round(var.value() or 0.0))
 
+    pipelines = {name: k for (name, k), var in model.pipelines_chosen.items() if whole(var) == 1}
+    staged_served: dict[str, float] = {}
+    staged_accuracy: dict[str, float] = {}
+    for name, k in pipelines.items():
+        option = fleet.pipeline_options[name][k]
+        staged_served.update(option.served_rps)
+        staged_accuracy.update({st.application: fleet.problem.variant(st.variant).accuracy for st in option.stages})
     return FleetSolution(
         configs_taken={k: whole(v) for k, v in model.configs_taken.items()},
         instances={k: whole(v) for k, v in model.instances.items()},
         routed={k: max(0.0, v.value() or 0.0) for k, v in model.routed.items()},
-        values={v.name: (round(v.value() or 0.0) if v.cat == pulp.LpInteger else (v.value() or 0.0)) for v in model.lp.variables()},
+        values={v.name: (round(v.value() or 0.0) if v.cat in (pulp.LpInteger, pulp.LpBinary) else (v.value() or 0.0)) for v in model.lp.variables()},
+        pipelines=pipelines, replicas_on={k: whole(v) for k, v in model.replicas_on.items()},
+        staged_served=staged_served, staged_accuracy=staged_accuracy,
     )
 
 
@@ -723,7 +881,7 @@ class _Stages:
         values = start.values if isinstance(start, FleetSolution) else start
         outcome = milp_solve(model.lp, self.fleet.problem.options, time_limit_s=limit, backend=self.backend, start=values or None)
         self.outcomes.append(outcome)
-        return outcome, (_solution_read(model) if outcome.has_solution else None)
+        return outcome, (_solution_read(model, self.fleet) if outcome.has_solution else None)
 
 
 def _unscale(value: float | None, scale: float) -> float | None:
@@ -855,10 +1013,29 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         problem, assignments, status=status_combine(*states), solver=solver_name, objective=objective, bound=bound, gap=gap,
         solve_seconds=time.perf_counter() - started, layouts=layouts, notes=notes,
     )
+    _pipelines_summarise(fleet, solution, plan)
     if options.spare_capacity != "idle" and objective_kind == "max-accuracy":
         plan = plan_spare_fill(problem, plan, even=options.spare_capacity == "artefact")
         plan.solve_seconds = time.perf_counter() - started
     return plan
+
+
+def _pipelines_summarise(fleet: Fleet, solution: FleetSolution, plan: Plan) -> None:
+    """Each chosen pipeline option's summary on the plan (what the validator and the dashboard read), and a
+    note for each pipeline the plan does not run."""
+    if not fleet.pipeline_options:
+        return
+    for name, options in fleet.pipeline_options.items():
+        k = solution.pipelines.get(name)
+        if k is None:
+            plan.notes.append(f"pipeline {name}: not run ({'no option fits the fleet' if options else 'no plan meets its SLOs'})")
+            continue
+        option = options[k]
+        stages = {st.application for st in option.stages}
+        placed = [i for i in plan.instances if fleet.problem.variant(i.variant).application in stages]
+        if fleet.pipeline_summarise is not None:
+            plan.pipelines[name] = fleet.pipeline_summarise(fleet.problem, option, placed)
+        plan.notes.append(f"pipeline {name}: option {option.label} chosen, {sum(st.replicas for st in option.stages)} replicas")
 
 
 def _fewest_gpus_stage(stages: _Stages, model: FleetModel, outcome: SolveOutcome, solution: FleetSolution, notes: list[str]) -> FleetSolution:
@@ -910,9 +1087,7 @@ def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[s
             notes.append(f"fair shares: no solution in time for priority tier {ti + 1} of {len(tiers)}; later tiers get no floor")
             break
         states.append(outcome.state)
-        served = defaultdict(float)
-        for (_, variant), rate in solution.routed.items():
-            served[problem.variant(variant).application] += rate
+        served = solution.served_by_application(problem)
         reached = min(served[a] / problem.application(a).demand_rps for a in tier)
         for app_name in tier:
             demand = problem.application(app_name).demand_rps
@@ -959,14 +1134,16 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
                 config = group.configs[ci] if ci is not None else (unused or group.configs[0])
             device_config.append((device, config))
 
-    pending: dict[SlotKey, list[tuple[str, float]]] = defaultdict(list)
+    # Per slot class, what its slots run: (variant, rate, a pipeline replica's capacity at its batch or None).
+    pending: dict[SlotKey, list[tuple[str, float, InstanceCapacity | None]]] = defaultdict(list)
     for (key, variant), count in sorted(solution.instances.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         rate = solution.routed.get((key, variant), 0.0)
         if count <= 0 or rate <= RPS_EPSILON:
             continue
         capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
         needed = min(count, max(1, math.ceil(rate / capacity - 1e-9)))
-        pending[key].extend([(variant, rate / needed)] * needed)
+        pending[key].extend([(variant, rate / needed, None)] * needed)
+    _pipeline_replicas_pend(fleet, solution, pending)
 
     # First put back what runs now where the plan keeps it (same slot, same variant), then fill the rest:
     # an instance that keeps its variant keeps serving through the rollout.
@@ -976,7 +1153,7 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
         for si, slot in enumerate(config.slots):
             current = running.get(device_slot_id(slot.slice or FULL_SLICE, slot.start, is_cpu=device.is_cpu))
             entries = pending.get(slot.key, [])
-            match = next((k for k, (variant, _) in enumerate(entries) if variant == current), None)
+            match = next((k for k, (variant, _, _) in enumerate(entries) if variant == current), None)
             if match is not None:
                 chosen[device.name, si] = entries.pop(match)
     assignments: list[Assignment] = []
@@ -987,18 +1164,24 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
         for si, slot in enumerate(config.slots):
             pick = chosen.get((device.name, si)) or (pending[slot.key].pop() if pending.get(slot.key) else None)
             if pick is not None:
-                variant, rate = pick
+                variant, rate, replica = pick
                 slot_class = fleet.slot_classes[slot.key]
-                slice_name = slot_class.slice_for(problem, variant)
-                if variant in slot_class.interference_factors or variant in slot_class.duty_cycles_ms:
+                slice_name = slot_class.slice_for(problem, variant) if replica is None else str(slot.slice)
+                # A CPU host's instances are numbered 0, 1, ... in the order they run, whichever slots they took.
+                start = placed if device.is_cpu and slot.start is not None else slot.start
+                if replica is not None:
+                    # A pipeline replica: at the batch its pipeline's option chose, not the capacity model's.
+                    assignments.append(Assignment(device=device.name, slice=slice_name, start=start, variant=variant,
+                                                  assigned_rps=rate, capacity=replica))
+                elif variant in slot_class.interference_factors or variant in slot_class.duty_cycles_ms:
                     # An MPS partition: its capacity is the configuration's (interference, time-sharing), not the
                     # capacity model's alone on the slice.
                     assignments.append(Assignment(
-                        device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate,
+                        device=device.name, slice=slice_name, start=start, variant=variant, assigned_rps=rate,
                         capacity=slot_class.capacities[variant], duty_cycle_ms=slot_class.duty_cycles_ms.get(variant),
                         interference_factor=slot_class.interference_factors.get(variant, 1.0)))
                 else:
-                    assignments.append(Assignment(device=device.name, slice=slice_name, start=slot.start, variant=variant, assigned_rps=rate))
+                    assignments.append(Assignment(device=device.name, slice=slice_name, start=start, variant=variant, assigned_rps=rate))
                 placed += 1
         if config.mps_layout is not None:
             if placed:
@@ -1019,6 +1202,22 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
     if left:
         notes.append(f"{left} instance(s) found no slot while realising the solution (solver tolerance); their traffic is dropped")
     return assignments, layouts, notes
+
+
+def _pipeline_replicas_pend(fleet: Fleet, solution: FleetSolution, pending: dict[SlotKey, list]) -> None:
+    """The chosen pipeline options' replicas, each on a slot class of its core count as the solution gives
+    them out (`replicas_on`), with an equal share of its stage's traffic."""
+    quota = {key: count for key, count in solution.replicas_on.items() if count > 0}
+    for name, k in sorted(solution.pipelines.items()):
+        option = fleet.pipeline_options[name][k]
+        for stage in option.stages:
+            rate = option.served_rps.get(stage.application, 0.0) / stage.replicas if stage.replicas else 0.0
+            for _ in range(stage.replicas):
+                key = next(((c, s) for (c, s), n in quota.items() if c == stage.cores and n > 0), None)
+                if key is None:
+                    break  # cannot happen in a solution of the model (its pipeline_cores rows); counted as left below
+                quota[key] -= 1
+                pending[key[1]].append((stage.variant, rate, stage.capacity))
 
 
 def realisation_pick(candidates: Sequence[Layout], current: Layout | None, diff: Callable[[Layout, Layout], int]) -> tuple[Layout, int]:

@@ -60,7 +60,7 @@ from engine.pipelines.problem import (
     queueing_delay_ms,
     stage_latency_bound,
 )
-from engine.plans.capacity import profile_interpolate
+from engine.plans.capacity import InstanceCapacity, profile_interpolate
 from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, PlanInstance, PipelineSpec, Problem, ProfilePoint
 from engine.solvers.assemble import PartPlan
 from engine.solvers.budget import budget_share
@@ -68,7 +68,8 @@ from engine.solvers.hosts import CpuHostUse, replicas_place
 from engine.solvers.registry import PLANNERS
 from engine.solvers.vertical import vertical_bounds_attach, vertical_model_from_profiles
 
-__all__ = ["PIPELINE_SOLVERS", "StagePick", "ipa_base_allocation", "pipeline_part_solve"]
+__all__ = ["PIPELINE_SOLVERS", "PipelineOutcome", "StagePick", "ipa_base_allocation", "pipeline_fa2_at", "pipeline_part_solve",
+           "pipeline_summary", "replica_capacity"]
 
 # The pipeline planners as the registry names them: fa2, ipa, and biscale (a vertical planner that plans pipelines).
 PIPELINE_SOLVERS: tuple[str, ...] = tuple(dict.fromkeys(p.pipelines_by for p in PLANNERS.values()))
@@ -237,6 +238,31 @@ def _ipa_solve(problem: Problem, spec: PipelineSpec, host_cores: int, *, time_li
     picks = [StagePick(c.stage, c.variant, models[(c.stage, c.variant)][0], c.batch, c.replicas, models[(c.stage, c.variant)][1])
              for c in plan.choices]
     return PipelineOutcome(spec, "ipa", plan.status, picks, plan.objective, time.perf_counter() - started, list(plan.notes), pas=plan.pas)
+
+
+def pipeline_fa2_at(problem: Problem, spec: PipelineSpec, fraction: float, *, host_cores: int, time_limit_s: float) -> PipelineOutcome:
+    """FA2's plan (P1.3, exact) for `fraction` of every path's demand: the replicas the pipeline needs to
+    carry that much with its headroom, each stage's batch waiting for that rate. The fleet model's options
+    for a pipeline (engine/solvers/fleet.py) are these at a ladder of fractions."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    scaled = dataclasses.replace(spec, paths=tuple(dataclasses.replace(q, demand_rps=q.demand_rps * fraction) for q in spec.paths))
+    outcome = _fa2_solve(problem, scaled, host_cores, method="exact", time_limit_s=time_limit_s)
+    outcome.pipeline = spec
+    return outcome
+
+
+def replica_capacity(problem: Problem, pick: StagePick) -> InstanceCapacity:
+    """One replica of a stage as the plan runs it: its profiled latency at the chosen batch (rounded as the
+    plan writes it) and the rate that gives."""
+    latency = round(float(profile_interpolate(_cpu_points(problem, pick.variant, pick.cores), pick.batch, "latency_ms")), 6)
+    return InstanceCapacity(batch=pick.batch, latency_ms=latency, capacity_rps=pick.batch * 1000.0 / latency,
+                            memory_mb=problem.variant(pick.variant).memory_mb)
+
+
+def pipeline_summary(problem: Problem, outcome: PipelineOutcome, placed: list[PlanInstance]) -> dict[str, Any]:
+    """The plan's summary of a pipeline run as `outcome` planned it on the instances `placed` (its stages')."""
+    return _outcome_summary(problem, outcome, placed)
 
 
 # --------------------------------------------------------------------------- the part of a fleet

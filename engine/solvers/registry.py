@@ -54,6 +54,9 @@ class PlannerInfo:
     reads_ensembles: bool = False
     # Plans MPS GPUs beside the other devices in one model; the others get the two-stage mixed composition.
     plans_mps: bool = False
+    # Plans the problem's pipelines inside its own model (with `pipelines_by`'s plans as its options);
+    # for the others the composition plans pipelines first, on CPU hosts, and gives them what is left.
+    plans_pipelines: bool = False
     # Its plans are replayed by the fleet simulator (`tessera simulate`, engine/simulation/simulator.py).
     simulated: bool = True
 
@@ -68,6 +71,7 @@ class PlannerInfo:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "summary": self.summary, "paper": self.paper,
                 "pipelines_by": self.pipelines_by, "reads_ensembles": self.reads_ensembles, "plans_mps": self.plans_mps,
+                "plans_pipelines": self.plans_pipelines,
                 "simulated": self.simulated}
 
 
@@ -85,9 +89,9 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
     PlannerInfo("garrison-demand", "fleet", "Garrison's sweet intervals with instances sized to demand",
                 "Garrison §4.1, sized by Tessera", "engine.solvers.garrison_demand:garrison_demand_solve"),
     PlannerInfo("fleet", "fleet", "One MILP for the whole fleet: MIG geometry, whole GPUs, CPU hosts and MPS splits and time-shared "
-                "patterns, fairness first then accuracy, with a bound for all of it",
-                "Proteus §4 with Garrison's geometry and gpulets' partitions (issue 40)", "engine.solvers.fleet:fleet_model_solve",
-                plans_mps=True),
+                "patterns, pipelines as FA2 plans at fractions of their demand, fairness first then accuracy, with a bound for all of it",
+                "Proteus §4 with Garrison's geometry, gpulets' partitions and FA2's pipelines (issue 40)",
+                "engine.solvers.fleet:fleet_model_solve", plans_mps=True, plans_pipelines=True),
     PlannerInfo("clipper-ha", "baseline", "Clipper, high accuracy: a static allocation of the most accurate variants",
                 "Proteus §6.1.1", "engine.solvers.baselines:clipper_ha_solve"),
     PlannerInfo("clipper-ht", "baseline", "Clipper, high throughput: a static allocation of the fastest variants",

@@ -118,7 +118,8 @@ def spare_devices_assign(problem: Problem, plan: Plan) -> list[SpareChoice]:
     capacity: dict[str, float] = defaultdict(float)
     for inst in plan.instances:
         capacity[problem.variant(inst.variant).application] += inst.capacity_rps
-    traffic = {app: rps for app, rps in plan.served_rps.items() if rps > RPS_EPSILON}
+    # A pipeline's stage runs one variant at one batch on replicas its planner sized: never a spare device's.
+    traffic = {app: rps for app, rps in plan.served_rps.items() if rps > RPS_EPSILON and problem.pipeline_of(app) is None}
     if not traffic:
         return []
     choices: list[SpareChoice] = []
@@ -210,8 +211,8 @@ def plan_spare_fill(problem: Problem, plan: Plan, *, even: bool = False) -> Plan
     rates = [a.assigned_rps for a in assignments]
     for app, members in by_app.items():
         served = sum(assignments[k].assigned_rps for k in members)
-        if served <= RPS_EPSILON:
-            continue
+        if served <= RPS_EPSILON or problem.pipeline_of(app) is not None:
+            continue  # a pipeline's replicas keep the equal shares their planner gave them
         accuracies = [problem.variant(assignments[k].variant).accuracy for k in members]
         accuracy_traffic = sum(a * assignments[k].assigned_rps for a, k in zip(accuracies, members))
         caps = [capacities[k] for k in members]
@@ -224,7 +225,9 @@ def plan_spare_fill(problem: Problem, plan: Plan, *, even: bool = False) -> Plan
         how = ("traffic spread evenly over each application's instances, as Proteus's artefact (the objective is the solver's, "
                "before the spread)" if even else "traffic spread to minimise the busiest instance's utilisation at the solver's accuracy")
         notes.append(f"spare capacity: {len(choices)} idle devices given an instance ({', '.join(sorted({c.application for c in choices}))}); {how}")
-    return plan_assemble(
+    filled = plan_assemble(
         problem, spread, status=plan.status, solver=plan.solver, objective=plan.objective, bound=plan.bound, gap=plan.gap,
         solve_seconds=plan.solve_seconds, layouts=plan.layouts, notes=notes,
     )
+    filled.pipelines = plan.pipelines
+    return filled

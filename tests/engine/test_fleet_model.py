@@ -136,13 +136,20 @@ def test_without_an_interference_model_partitions_are_planned_alone_and_the_plan
     assert any("no interference model" in n for n in plan.notes)
 
 
-def test_ensembles_and_pipelines_go_through_the_composition_and_validate() -> None:
+def test_ensembles_and_pipelines_are_planned_in_the_one_model_with_a_bound() -> None:
+    """The pipeline is in the model (FA2's plans at fractions of its demand as options), so the plan is the
+    model's own, with a bound and gap for the whole fleet, and the pipeline's summary is the validator's."""
     problem = _idle(mixed_fleet_problem(2, 2, 1, 2, n_applications=3, seed=0, load=0.6, ensembles=1, pipelines=1))
     plan = plan_solve(problem, "fleet", time_limit_s=30)
-    assert plan.solver == "fa2+fleet"
+    assert plan.solver == "fleet" and plan.bound is not None and plan.gap is not None
     verdict = plan_validate(problem, plan)
     assert verdict.valid, verdict.errors
     assert plan.pipelines and any(problem.device(i.device).mps for i in plan.instances)
+    (summary,) = plan.pipelines.values()
+    stages = set(summary["stages"])
+    # Every stage carries the same share of its rate, the one the summary states.
+    shares = {plan.served_rps[app] / problem.application(app).demand_rps for app in stages}
+    assert max(shares) - min(shares) < 1e-9 and min(shares) == pytest.approx(summary["served_fraction"])
 
 
 def test_the_mixed_generator_is_deterministic_and_has_every_kind() -> None:

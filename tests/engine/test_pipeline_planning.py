@@ -411,3 +411,55 @@ def test_ipa_keeps_to_a_stages_min_accuracy() -> None:
     plan = plan_solve(problem, "ipa")
     _assert_valid(problem, plan)
     assert plan.pipelines["video"]["stages"]["detect"]["variant"] == "det-l"
+
+
+# --------------------------------------------------------------------------- pipelines inside the fleet model
+
+
+def test_the_fleet_model_runs_part_of_a_pipeline_when_the_cores_cannot_hold_all_of_it() -> None:
+    """Too few cores for the whole pipeline and the other application: the model picks one of FA2's plans
+    for a fraction of the demand, every stage carries the same share of its rate, the rest is reported short,
+    and the fair share is raised for both the pipeline and the other application."""
+    problem = problem_from_dict(_raw(hosts=1, cores=8, demand_rps=2000))
+    full = plan_solve(problem, "fa2")  # FA2 alone: the replicas the whole demand needs
+    assert sum(s["replicas"] for s in full.pipelines["video"]["stages"].values()) > 8
+    plan = plan_solve(problem, "fleet")
+    _assert_valid(problem, plan)
+    assert plan.solver == "fleet" and plan.gap is not None
+    summary = plan.pipelines["video"]
+    share = summary["served_fraction"]
+    assert 0 < share < 1
+    for app in ("detect", "classify"):
+        assert plan.served_rps[app] == pytest.approx(share * 2000)
+        assert plan.shortfall_rps[app] == pytest.approx((1 - share) * 2000)
+        # Sized with the headroom for what it carries.
+        assert summary["stages"][app]["capacity_rps"] >= 1.25 * plan.served_rps[app] - 1e-6
+    assert plan.served_rps["other"] > 0
+    assert any("cannot be served in full" in n for n in plan.notes)
+    assert sum(int(i.slice) for i in plan.instances) <= 8
+
+
+def test_the_fleet_model_leaves_a_pipeline_no_plan_meets_unrun_and_says_why() -> None:
+    problem = problem_from_dict(_raw(hosts=1, cores=16, slo_ms=1))
+    plan = plan_solve(problem, "fleet")
+    _assert_valid(problem, plan)
+    assert plan.pipelines == {}
+    assert plan.shortfall_rps["detect"] == pytest.approx(40) and plan.shortfall_rps["classify"] == pytest.approx(40)
+    assert plan.shortfall_rps["other"] == 0.0
+    assert any(n.startswith("pipeline video: not run (no plan meets its SLOs)") for n in plan.notes)
+    assert any(n.startswith("pipeline video:") and "SLO" in n for n in plan.notes)
+
+
+def test_spare_capacity_never_touches_a_pipelines_replicas() -> None:
+    """With the spare fill on (the default), an idle host gets the other application, never a stage at
+    another batch, and the replicas keep the batch and the equal shares their option gave them."""
+    raw = _raw(hosts=3, cores=8)
+    raw["options"] = {"spare_capacity": "fill"}
+    problem = problem_from_dict(raw)
+    plan = plan_solve(problem, "fleet")
+    _assert_valid(problem, plan)
+    summary = plan.pipelines["video"]
+    for app, stage in summary["stages"].items():
+        mine = [i for i in plan.instances if problem.variant(i.variant).application == app]
+        assert len(mine) == stage["replicas"] and {i.batch for i in mine} == {stage["batch"]}
+        assert {round(i.assigned_rps, 9) for i in mine} == {round(40 / stage["replicas"], 9)}

@@ -127,5 +127,8 @@ class PlannerSerializer(serializers.Serializer):
     paper = serializers.CharField(help_text="The paper and section it follows")
     pipelines_by = serializers.CharField(help_text="The planner of the problem's pipelines when this one is chosen")
     reads_ensembles = serializers.BooleanField(help_text="Plans ensemble applications itself; the others get one application per member")
+    plans_mps = serializers.BooleanField(help_text="Plans MPS GPUs beside the other devices in one model")
+    plans_pipelines = serializers.BooleanField(help_text="Plans the problem's pipelines inside its own model (the others: pipelines first, "
+                                               "then the rest on what is left)")
     simulated = serializers.BooleanField(help_text="tessera simulate replays its plans")
     plan_runs = serializers.BooleanField(help_text="A plan run may use it (the evaluation baselines are for simulation)")
