@@ -59,7 +59,7 @@ from engine.plans.validate import plan_validate
 from engine.simulation.simulator import SimulationConfig, simulate
 from engine.simulation.workload import arrivals_poisson
 from engine.simulation.pipeline import PipelineSimulationConfig, fleet_pipeline_simulate
-from engine.solvers.registry import planner_names
+from engine.solvers.registry import DEFAULT_PLANNER, planner_names
 from engine.solvers.solve import plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
@@ -84,7 +84,7 @@ log = logging.getLogger("tessera.planning")
 
 PLAN_RUN_JOB_KEY = "planning:fleet"
 PLAN_RUN_DEFAULTS: dict[str, Any] = {
-    "solver": "proteus",
+    "solver": DEFAULT_PLANNER,  # the fleet model (engine/solvers/registry.py)
     "objective": "max-accuracy",
     "time_limit_s": 30.0,
     "mip_gap": None,  # the engine's (0: proven optimal within the time limit)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from engine.solvers.registry import PLANNERS, planner_names
+from engine.solvers.registry import DEFAULT_PLANNER, PLANNERS, planner_names
 
 from ._common import EXIT_INVALID, django_setup, fail, number, plan_read, problem_read
 
@@ -73,7 +73,7 @@ def _plan_summary_echo(problem, plan) -> None:
 @plan_app.command("solve")
 def plan_solve_cmd(
     problem_path: Path = typer.Option(..., "--problem", help="Problem JSON (see docs/planning.md)"),
-    solver: str = typer.Option("proteus", "--solver", help=" | ".join(planner_names()) + " (tessera plan solvers lists them)"),
+    solver: str = typer.Option(DEFAULT_PLANNER, "--solver", help=" | ".join(planner_names()) + " (tessera plan solvers lists them)"),
     objective: str = typer.Option(None, "--objective", help="max-accuracy | min-gpus (default: the problem's options)"),
     time_limit: float = typer.Option(None, "--time-limit", help="Solver time limit in seconds (default: the problem's options)"),
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),

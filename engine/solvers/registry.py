@@ -29,8 +29,11 @@ PLANNER_KINDS: tuple[str, ...] = ("fleet", "baseline", "mps", "pipeline", "verti
 # The kinds whose strategy plans a whole problem (Problem -> Plan); the others plan a part of it.
 WHOLE_KINDS: tuple[str, ...] = ("fleet", "baseline", "mps")
 
+# The planner a plan run, `tessera plan solve` and `plan_solve` use unless told otherwise: the fleet model,
+# the one planner that plans every slice kind and workload in one optimisation with a bound (issue 40).
+DEFAULT_PLANNER = "fleet"
 # What plans what a part planner leaves, and a fleet's MPS GPUs or other devices when the chosen planner is
-# of the other kind (compose.py).
+# of the other kind (compose.py): Proteus's MILP, so that each seed's composition stays its own baseline.
 DEFAULT_FLEET_PLANNER = "proteus"
 DEFAULT_MPS_PLANNER = "gpulets"
 # What plans a problem's pipelines when the chosen planner does not.

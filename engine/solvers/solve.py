@@ -9,14 +9,14 @@ import time
 from engine.geometry.catalogue import mig_catalogue_extended
 from engine.plans.problem import OBJECTIVES, SOLVERS, Plan, Problem
 from engine.solvers.compose import plan_compose
-from engine.solvers.registry import planner_get
+from engine.solvers.registry import DEFAULT_PLANNER, planner_get
 
 __all__ = ["plan_solve"]
 
 
 def plan_solve(
     problem: Problem,
-    solver: str = "proteus",
+    solver: str = DEFAULT_PLANNER,
     *,
     objective: str | None = None,
     time_limit_s: float | None = None,

@@ -17,7 +17,7 @@ from engine.plans.validate import plan_validate
 from engine.solvers import registry
 from engine.solvers.gpulets import SHARING_SOLVERS
 from engine.solvers.pipelines import PIPELINE_SOLVERS
-from engine.solvers.registry import PLANNER_KINDS, PLANNERS, planner_get, planner_names
+from engine.solvers.registry import DEFAULT_PLANNER, PLANNER_KINDS, PLANNERS, planner_get, planner_names
 from engine.solvers.solve import plan_solve
 
 from .test_mixed_fleet import mixed_problem_dict as mixed_raw
@@ -35,6 +35,7 @@ def test_every_planner_has_a_known_kind_a_loadable_strategy_and_a_paper() -> Non
     assert planner_names("mps") == SHARING_SOLVERS == ("gpulets", "sbp", "best-fit", "ideal")
     assert planner_names("baseline") == ("clipper-ha", "clipper-ht", "sommelier", "infaas")
     assert [n for n, p in PLANNERS.items() if p.reads_ensembles] == ["garrison"]
+    assert [n for n, p in PLANNERS.items() if p.plans_pipelines] == ["fleet"]
     with pytest.raises(ValueError, match="unknown solver 'nope'; choose one of: proteus, joint"):
         planner_get("nope")
     with pytest.raises(ValueError, match="unknown planner kind"):
@@ -117,3 +118,16 @@ def test_one_strategy_on_a_whole_problem_keeps_its_own_status_bound_and_gap() ->
     assert scaled.solver == "sponge+proteus" and scaled.status == "optimal" and scaled.bound == plan.bound
     assert any("no variant has CPU profiles at two or more core counts" in n for n in scaled.notes)
     assert plan_validate(problem, scaled).valid
+
+
+def test_the_default_planner_is_the_fleet_model_everywhere() -> None:
+    """The engine's front door and the CLI default to the one planner that plans every slice kind and
+    workload in one model (issue 40; a plan run's default: tests/planning/test_api.py); the seeds'
+    planners are chosen by name."""
+    import inspect
+
+    info = planner_get(DEFAULT_PLANNER)
+    assert DEFAULT_PLANNER == "fleet" and info.plans_mps and info.plans_pipelines
+    assert inspect.signature(plan_solve).parameters["solver"].default == DEFAULT_PLANNER
+    result = CliRunner().invoke(cli_app, ["plan", "solve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "[default: fleet]" in result.output

@@ -104,13 +104,14 @@ def fake_demand(monkeypatch):
 
 @pytest.fixture
 def validated_plan(db):
-    """make(demand) -> a Plan made by a manual plan run (10 s limit) for {application: rps}, checked valid."""
+    """make(demand, **options) -> a Plan made by a manual plan run (10 s limit, the default planner unless
+    `options` names a solver) for {application: rps}, checked valid."""
     from apps.jobs.services import job_execute
     from apps.planning.models import Plan
     from apps.planning.services import plan_run_execute, plan_run_start
 
-    def make(demand: dict[str, float]) -> Plan:
-        job = plan_run_start(trigger="manual", options={"time_limit_s": 10, "demand": demand})
+    def make(demand: dict[str, float], **options: object) -> Plan:
+        job = plan_run_start(trigger="manual", options={"time_limit_s": 10, "demand": demand, **options})
         job_execute(job_id=job.pk, work=lambda j: plan_run_execute(job=j))
         plan = Plan.objects.get(job=job)
         assert plan.status == "validated", plan.validation

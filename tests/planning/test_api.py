@@ -32,7 +32,7 @@ def test_operators_start_plan_runs_viewers_and_agents_cannot(clients, agent_host
     assert response.status_code == 202, response.json()
     body = response.json()
     assert body["kind"] == "planning" and body["key"] == PLAN_RUN_JOB_KEY and body["actor"] == "operator"
-    assert body["params"]["options"]["solver"] == "proteus" and body["params"]["options"]["headroom"] == 1.25
+    assert body["params"]["options"]["solver"] == "fleet" and body["params"]["options"]["headroom"] == 1.25
     job = Job.objects.get(pk=body["id"])
     assert job.status == "succeeded", job.error
     plan = Plan.objects.get(job=job)
@@ -67,7 +67,7 @@ def test_viewers_read_plans_agents_do_not(clients, agent_hosts, small_fleet):
     assert listing.status_code == 200
     row = listing.json()["results"][0]
     assert row["id"] == plan.pk and row["status"] == "validated" and row["valid"] is True
-    assert row["diff_summary"]["changes"] >= 0 and row["solver"] == "proteus"
+    assert row["diff_summary"]["changes"] >= 0 and row["solver"] == "fleet"
     for big in ("problem", "result", "desired_states", "routing", "diff", "prediction"):
         assert big not in row
     detail = clients["viewer"].get(f"/api/v1/plans/{plan.pk}/").json()

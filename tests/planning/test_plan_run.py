@@ -99,7 +99,7 @@ def test_plan_run_on_the_demo_fleet_stores_a_validated_plan(demo_fleet, fake_dem
     job, plan = _run()  # how long it takes is measured by benches/planning.py, not asserted here
     assert demand.calls == [None]
     assert plan.status == "validated" and plan.job_id == job.pk and plan.trigger == "manual"
-    assert plan.solver == "proteus" and plan.solver_status in ("optimal", "feasible") and plan.effective_accuracy > 0.7
+    assert plan.solver == "fleet" and plan.solver_status in ("optimal", "feasible") and plan.effective_accuracy > 0.7
     assert plan.validation["valid"] and plan.validation["problems"] == []
     # Demand: observed and planned (x1.25 headroom), with the estimate's method and details.
     # The demo pipeline's calibrator stage is planned too (its demand is the path's, sized to what was
@@ -181,7 +181,8 @@ def test_the_plan_applied_by_hand_gives_an_empty_diff_next_time(small_fleet):
 
 
 def test_desired_states_cover_mig_whole_gpus_and_cpus(small_fleet):
-    _job, plan = _run({"demand": {"classify": 2000, "tabular": 100}})
+    # Proteus keeps node-a's MIG geometry, so gpu0 stays in MIG mode (the fleet model may run it whole).
+    _job, plan = _run({"demand": {"classify": 2000, "tabular": 100}, "solver": "proteus"})
     assert plan.status == "validated", plan.validation
     spec = plan.desired_states["node-a"]
     assert spec["gpus"] == [

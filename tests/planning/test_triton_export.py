@@ -98,7 +98,8 @@ def test_each_instance_is_a_triton_repository_with_its_batching(validated_plan, 
 
 def test_mig_instances_name_their_device_and_the_device_plugin_resource(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = validated_plan({"classify": 2000, "tabular": 100})
+    # A plan that keeps node-a's MIG geometry (proteus keeps layouts; the fleet model may run gpu0 whole).
+    plan = validated_plan({"classify": 2000, "tabular": 100}, solver="proteus")
     index = plan_triton_repository_export(plan=plan, out=tmp_path / "t").index
     by_server = {(s["host"], s["server"]): s for s in index["servers"]}
     gpu1 = by_server[("node-a", "gpu1")]  # the whole GPU (MIG off): its GPU UUID, nvidia.com/gpu where the node is accepted
@@ -127,7 +128,7 @@ def test_mig_instances_name_their_device_and_the_device_plugin_resource(validate
 
 def test_launch_script_runs_one_server_per_instance_and_waits_for_uncreated_devices(validated_plan, small_fleet, tmp_path):
     _real_artifacts(small_fleet)
-    plan = validated_plan({"classify": 2000, "tabular": 100})
+    plan = validated_plan({"classify": 2000, "tabular": 100}, solver="proteus")  # MIG instances to wait for
     out = tmp_path / "t"
     index = plan_triton_repository_export(plan=plan, out=out).index
     bin_dir = tmp_path / "bin"

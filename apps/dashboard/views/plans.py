@@ -10,6 +10,7 @@ from apps.core.context import change_context
 from apps.jobs.models import Job
 from apps.jobs.services import JobConflict
 from apps.planning.rollout import plan_apply, plan_approve, plan_rollback
+from engine.solvers.registry import DEFAULT_PLANNER
 
 from ..plan_geometry import plan_geometry
 from ..selectors import plan_detail, plan_list, plan_queryset_for, planner_rows
@@ -19,7 +20,8 @@ from .common import _require
 def plans(request):
     """Every plan, newest first (viewer and up: `planning.view_plan`)."""
     _require(request, "planning.view_plan", "Viewing plans needs the viewer role.")
-    return render(request, "dashboard/plans.html", {"plans": plan_list(request.user), "planners": planner_rows(), "nav": "plans"})
+    return render(request, "dashboard/plans.html", {"plans": plan_list(request.user), "planners": planner_rows(),
+                                                    "default_planner": DEFAULT_PLANNER, "nav": "plans"})
 
 
 @login_required
