@@ -174,11 +174,20 @@ def plan_apply(demand: dict[str, float], *, timeout_s: float = 300.0):
     return plan_wait(plan_start(demand), timeout_s=timeout_s)
 
 
-def plan_start(demand: dict[str, float]):
-    """Start a plan run for `demand`; the "default" policy applies the plan it makes."""
+def plan_start(demand: dict[str, float], *, wait_s: float = 300.0):
+    """Start a plan run for `demand`; the "default" policy applies the plan it makes. A plan run the stack
+    started itself (one runs at a time) is waited for first."""
+    from apps.jobs.services import JobConflict
     from apps.planning.services import plan_run_start
 
-    return plan_run_start(trigger="manual", trigger_detail="benches/fidelity.py", options={"demand": demand})
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return plan_run_start(trigger="manual", trigger_detail="benches/fidelity.py", options={"demand": demand})
+        except JobConflict:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def plan_wait(job, *, timeout_s: float):

@@ -95,6 +95,7 @@ from engine.solvers.model import (
     devices_group,
     fleet_solve,
     mps_partition_slot_key,
+    pipeline_home_hosts,
     unused_config,
 )
 
@@ -356,16 +357,28 @@ def _cpu_core_slot(slots: dict[SlotKey, SlotClass], problem: Problem, device: De
     return key
 
 
+def _pipeline_replica_slot(slots: dict[SlotKey, SlotClass], devices: tuple[DeviceSpec, ...], cores: int) -> SlotKey:
+    """The slot class of a pipeline replica of `cores` cores on the hosts of one class: a class of its own
+    (no other application's variant runs on it), so that the model can tell which hosts its replicas
+    take (`model._pipeline_replicas_moved`)."""
+    device = devices[0]
+    key: SlotKey = (device.type, device.memory_mb, f"{cores}-core pipeline replica on {device.name}'s class")
+    if key not in slots:
+        slots[key] = SlotClass(key=key, device=device, slice=str(cores), capacities={})
+    return key
+
+
 def _cpu_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices: tuple[DeviceSpec, ...],
-                      pipeline_cores: Iterable[int] = ()) -> DeviceClass:
+                      pipeline_cores: Iterable[int] = (), replica_slots: dict[int, list[SlotKey]] | None = None) -> DeviceClass:
     """A CPU host's configurations: Proteus's one instance at the largest profiled core count it holds
     (`cpu_config`), and, for every core count c some variant with demand is profiled at, the host split
     into floor(cores / c) instances of c cores each (numbered 0, 1, ... on the host), so that several
     applications, or an ensemble's members, can share a host. With pipelines in the model (their replicas
     of `pipeline_cores` cores each), also every host with k replica instances of c_p cores (k >= 1) and
     the cores left as one instance or split into equal ones, as above: a composition that gives a
-    pipeline its replicas first and the rest of the host to another planner is one of these. `problem`
-    holds the variants that are not pipeline stages."""
+    pipeline its replicas first and the rest of the host to another planner is one of these. Replica
+    instances are slots of their own (`_pipeline_replica_slot`, added to `replica_slots` by core count).
+    `problem` holds the variants that are not pipeline stages."""
     device = devices[0]
     total = device.cores or 0
     configs = [cpu_config(slots, problem, device)]
@@ -381,7 +394,9 @@ def _cpu_device_class(slots: dict[SlotKey, SlotClass], problem: Problem, devices
             configs.append(DeviceConfig(name=f"cpu{n}x{cores}", slots=tuple(DeviceSlot(key, str(cores), i) for i in range(n)), uses_device=False))
     seen = {tuple(sorted(Counter(s.key for s in c.slots).items())) for c in configs}
     for replica_cores in sorted(set(pipeline_cores)):
-        replica_key = _cpu_core_slot(slots, problem, device, replica_cores)
+        replica_key = _pipeline_replica_slot(slots, devices, replica_cores)
+        if replica_slots is not None and total >= replica_cores:
+            replica_slots.setdefault(replica_cores, []).append(replica_key)
         for k in range(1, total // replica_cores + 1):
             left = total - k * replica_cores
             rests: list[tuple[str, list[tuple[SlotKey, str | None]]]] = [("", [])]
@@ -428,6 +443,8 @@ def _pipeline_options_build(problem: Problem, notes: list[str]) -> dict[str, lis
     if not pipelines:
         return out
     budget = PIPELINE_BUDGET_SHARE * problem.options.time_limit_s / (len(pipelines) * len(PIPELINE_FRACTIONS))
+    # The options together stop at their share of the time limit (the whole demand is always tried).
+    deadline = time.perf_counter() + PIPELINE_BUDGET_SHARE * problem.options.time_limit_s
     headroom = problem.options.pipeline_headroom
     for spec in pipelines:
         options: list[PipelineOption] = []
@@ -436,6 +453,9 @@ def _pipeline_options_build(problem: Problem, notes: list[str]) -> dict[str, lis
             out[spec.name] = options
             continue
         for fraction in PIPELINE_FRACTIONS:
+            if fraction < 1.0 and time.perf_counter() > deadline:
+                notes.append(f"pipeline {spec.name}: options below {fraction:g} of its demand not made (their share of the time limit is spent)")
+                break
             outcome = pipeline_fa2_at(problem, spec, fraction, host_cores=host_cores, time_limit_s=max(MIN_PIPELINE_SOLVE_S, budget))
             if not outcome.picks or outcome.status not in ("optimal", "feasible"):
                 if fraction == 1.0:
@@ -485,7 +505,11 @@ def _fleet_build(problem: Problem) -> tuple[Fleet, dict[str, _MpsType]]:
     full = problem
     problem = _flat(problem, staged) if staged else problem
     pipeline_cores = sorted({st.cores for options in pipeline_options.values() for o in options for st in o.stages})
-    groups = devices_group(problem.devices, joint_device_key)
+    pipeline_slots: dict[int, list[SlotKey]] = {}
+    # A CPU host that runs a pipeline's stage now is a class of its own, so that the model can keep the
+    # pipeline's replicas there (`model._pipeline_replicas_moved`).
+    homes = pipeline_home_hosts(full, staged)
+    groups = devices_group(problem.devices, lambda d: (*joint_device_key(d), d.name in homes))
     mps_by_type: dict[str, list[DeviceSpec]] = defaultdict(list)
     for devices in groups:
         if _is_mps(devices[0]):
@@ -502,13 +526,9 @@ def _fleet_build(problem: Problem) -> tuple[Fleet, dict[str, _MpsType]]:
             kinds.setdefault(device.type, kind)
             classes.append(_mps_device_class(slots, kind, devices, fits))
         elif device.is_cpu:
-            classes.append(_cpu_device_class(slots, problem, devices, pipeline_cores))
+            classes.append(_cpu_device_class(slots, problem, devices, pipeline_cores, pipeline_slots))
         else:
             classes.append(joint_device_class(slots, problem, devices))
-    pipeline_slots: dict[int, list[SlotKey]] = defaultdict(list)
-    for key, slot_class in slots.items():
-        if slot_class.device.is_cpu and key[2].endswith("-core") and int(key[2][:-len("-core")]) in pipeline_cores:
-            pipeline_slots[int(key[2][:-len("-core")])].append(key)
     fleet = Fleet(problem=full, device_classes=classes, slot_classes=slots, notes=notes, pipeline_options=pipeline_options,
                   pipeline_slots=dict(pipeline_slots), pipeline_summarise=_pipeline_summarise)
     return fleet, kinds

@@ -609,7 +609,8 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
         lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed,
         served_total=pulp.lpSum(routed.values()) + pulp.lpSum(t for terms in staged.values() for t in terms),
         accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
-        variants_changed=_variants_changed(lp, fleet, instances) + _configurations_left(lp, fleet, configs_taken),
+        variants_changed=(_variants_changed(lp, fleet, instances) + _configurations_left(lp, fleet, configs_taken)
+                          + _pipeline_replicas_moved(fleet, replicas_on)),
         pipelines_chosen=chosen, replicas_on=replicas_on, staged_served=staged,
     )
 
@@ -670,6 +671,30 @@ def _variants_changed(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple
         lp += lost >= running - planned, f"lost_{i}"
         terms.append(lost)
     return pulp.lpSum(terms)
+
+
+def pipeline_home_hosts(problem: Problem, staged: set[str]) -> set[str]:
+    """The CPU hosts that run now a variant of one of the `staged` applications (pipeline stages)."""
+    variants = {v.name: v.application for v in problem.variants}
+    return {d.name for d in problem.devices if d.is_cpu and any(variants.get(v) in staged for _, v in d.running)}
+
+
+def _pipeline_homes(fleet: Fleet) -> set[str]:
+    """The CPU hosts that run a stage of a pipeline the model plans now."""
+    return pipeline_home_hosts(fleet.problem, fleet.staged)
+
+
+def _pipeline_replicas_moved(fleet: Fleet, replicas_on: Mapping[tuple[int, SlotKey], pulp.LpVariable]) -> pulp.LpAffineExpression:
+    """Pipeline replicas on CPU slot classes of which no host runs a pipeline's stage now, while some host
+    does: counted with the variant changes, so that a re-plan keeps a pipeline on the hosts it runs on
+    (realisation then puts its replicas on those very hosts first) instead of moving stages elsewhere
+    for nothing."""
+    homes = _pipeline_homes(fleet)
+    if not homes:
+        return pulp.lpSum([])
+    home_keys = {slot.key for group in fleet.device_classes if any(d.name in homes for d in group.devices)
+                 for config in group.configs for slot in config.slots}
+    return pulp.lpSum(var for (_, key), var in replicas_on.items() if key not in home_keys)
 
 
 def _configurations_left(lp: pulp.LpProblem, fleet: Fleet, configs_taken: Mapping[tuple[int, int], pulp.LpVariable]) -> pulp.LpAffineExpression:
@@ -1108,22 +1133,34 @@ def _idle_layouts(fleet: Fleet) -> dict[str, list[str]]:
 
 def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignment], dict[str, list[str]], list[str]]:
     """Hand the counts out to concrete devices and slots: each device class's devices keep their current
-    configuration where the counts allow and the others take what is left in name order, instances fill
-    devices one after another (so the GPUs used are as few as the counts allow), and each (slot class,
-    variant)'s traffic is spread evenly over as few instances as carry it."""
+    configuration where the counts allow, a CPU host running a pipeline's stage takes the one with the most
+    room for replicas, and the others take what is left in name order; instances fill devices one after
+    another (so the GPUs used are as few as the counts allow), pipeline replicas on the hosts running the
+    pipeline first; and each (slot class, variant)'s traffic is spread evenly over as few instances as
+    carry it."""
     problem = fleet.problem
     device_config: list[tuple[DeviceSpec, DeviceConfig]] = []
+    homes = _pipeline_homes(fleet)
+    replica_keys = {key for keys in fleet.pipeline_slots.values() for key in keys}
     for gi, group in enumerate(fleet.device_classes):
         # Configurations that use the device first, so the same devices are picked run after run.
         order = sorted(range(len(group.configs)), key=lambda ci: (not group.configs[ci].uses_device, ci))
         queue = [ci for ci in order for _ in range(solution.configs_taken.get((gi, ci), 0))]
         unused = next((c for c in group.configs if not c.uses_device), None)
+        given: dict[str, DeviceConfig] = {}
+        # A CPU host that runs a pipeline's stage now takes the configuration with the most room for
+        # replicas, so that the pipeline stays where it runs (a CPU host's running state names one
+        # variant, so which configuration it is in now is not known).
+        for device in group.devices:
+            if device.name in homes and queue:
+                ci = max(queue, key=lambda c: sum(1 for slot in group.configs[c].slots if slot.key in replica_keys))
+                queue.remove(ci)
+                given[device.name] = group.configs[ci]
         # A device whose configuration the plan keeps stays in it (the running ones first): only the rest
         # are handed out in name order.
-        given: dict[str, DeviceConfig] = {}
         for device in sorted(group.devices, key=lambda d: not d.running):
             now = _current_config(fleet, group, device)
-            if now is not None and now in queue:
+            if device.name not in given and now is not None and now in queue:
                 queue.remove(now)
                 given[device.name] = group.configs[now]
         rest = iter(queue)
@@ -1145,15 +1182,19 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
         pending[key].extend([(variant, rate / needed, None)] * needed)
     _pipeline_replicas_pend(fleet, solution, pending)
 
-    # First put back what runs now where the plan keeps it (same slot, same variant), then fill the rest:
-    # an instance that keeps its variant keeps serving through the rollout.
-    chosen: dict[tuple[str, int], tuple[str, float]] = {}
+    # First put back what runs now where the plan keeps it (same slot, same variant), and a pipeline's
+    # replicas on the hosts that run one of its stages now; then fill the rest: an instance that keeps its
+    # variant keeps serving through the rollout, and a pipeline's stages stay side by side.
+    chosen: dict[tuple[str, int], tuple[str, float, InstanceCapacity | None]] = {}
     for device, config in device_config:
         running = dict(device.running)
+        home = device.name in homes
         for si, slot in enumerate(config.slots):
             current = running.get(device_slot_id(slot.slice or FULL_SLICE, slot.start, is_cpu=device.is_cpu))
             entries = pending.get(slot.key, [])
             match = next((k for k, (variant, _, _) in enumerate(entries) if variant == current), None)
+            if match is None and home:
+                match = next((k for k, (_, _, replica) in enumerate(entries) if replica is not None), None)
             if match is not None:
                 chosen[device.name, si] = entries.pop(match)
     assignments: list[Assignment] = []

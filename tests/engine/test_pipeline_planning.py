@@ -463,3 +463,29 @@ def test_spare_capacity_never_touches_a_pipelines_replicas() -> None:
         mine = [i for i in plan.instances if problem.variant(i.variant).application == app]
         assert len(mine) == stage["replicas"] and {i.batch for i in mine} == {stage["batch"]}
         assert {round(i.assigned_rps, 9) for i in mine} == {round(40 / stage["replicas"], 9)}
+
+
+def test_a_fleet_model_replan_keeps_a_pipeline_on_the_host_it_runs_on() -> None:
+    """Two identical hosts, the pipeline running on the second: a re-plan keeps both stages there (the
+    model counts replicas moved to hosts that run none of its stages; realisation gives the host running it
+    the configuration with room for them) and the other application takes the first host."""
+    raw = _raw(hosts=2, cores=4)
+    raw["devices"][1]["running"] = {"cpu": "det-l"}
+    problem = problem_from_dict(raw)
+    plan = plan_solve(problem, "fleet")
+    _assert_valid(problem, plan)
+    replicas = [i for i in plan.instances if i.variant != "oth"]
+    assert replicas and {i.device for i in replicas} == {"h1"}
+    assert {i.device for i in plan.instances if i.variant == "oth"} == {"h0"}
+    # Hosts of different sizes (two classes of devices): the larger one has room for both, but the
+    # pipeline stays on the smaller one that runs it.
+    raw = _raw(hosts=2, cores=4)
+    raw["devices"][0]["cores"] = 8
+    raw["devices"][1]["running"] = {"cpu": "det-l"}
+    problem = problem_from_dict(raw)
+    plan = plan_solve(problem, "fleet")
+    _assert_valid(problem, plan)
+    assert {i.device for i in plan.instances if i.variant != "oth"} == {"h1"}
+    # Nothing running: no preference, and still one valid plan.
+    fresh = problem_from_dict(_raw(hosts=2, cores=4))
+    _assert_valid(fresh, plan_solve(fresh, "fleet"))
