@@ -27,11 +27,13 @@ objective, status, objective, bound and gap for the whole fleet):
   the batch and replicas with every path within its SLO, engine/solvers/pipelines.py) for 100 %, 95 %,
   ... 5 % of its demand (`PIPELINE_FRACTIONS`), each carrying the same share of every stage's rate (what
   its replicas hold with the pipeline's headroom); at most one option runs (binary y), and its replicas of
-  c cores take c-core instances of CPU hosts beside the other applications' instances. A CPU host may
-  then also run k replica instances and its other cores as one instance or split evenly
+  c cores take c-core replica instances of CPU hosts beside the other applications' instances. A CPU
+  host may then also run k replica instances and its other cores as one instance or split evenly
   (`_cpu_device_class`), so the composition's plan (FA2 first, the rest of the host to the fleet planner)
   is one the model can choose, and whether a pipeline or another application gets the cores under
-  overload is the fairness-first objective's decision, not the order of a composition.
+  overload is the fairness-first objective's decision, not the order of a composition. A host that runs a
+  stage now is a class of its own, and replicas elsewhere count as variant changes, so a re-plan keeps a
+  pipeline where it runs.
 So the plan gpulets or SBP makes for the MPS GPUs alone at the whole demand (on up to 8 of them) is one
 the model can choose, as is any plan the MIG planners make on the other devices, and the trade-off
 between the kinds is the solver's. A composition whose MPS stage saw only the demand left over can hold
