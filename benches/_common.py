@@ -24,6 +24,13 @@ def fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
+def plan_fair_share(problem: Problem, plan: Any) -> float | None:
+    """The smallest served fraction of any application with demand (what the planners raise first); None
+    when nothing has demand."""
+    fractions = [plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0]
+    return min(fractions) if fractions else None
+
+
 def ratio(a: float, b: float) -> float | None:
     if b > 0:
         return a / b

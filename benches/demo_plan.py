@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--base-rps: a number > 0")
     rows = []
     with tempfile.TemporaryDirectory(prefix="tessera-bench-demo-plan-") as tmp:
-        from _common import csv_rows_write, django_bench_setup, fmt
+        from _common import csv_rows_write, django_bench_setup, fmt, plan_fair_share
 
         django_bench_setup(Path(tmp))
         from django.core.management import call_command
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                 plan = plan_solve(problem, planner)
                 wall = time.perf_counter() - started
                 short = sorted(a for a, rps in plan.shortfall_rps.items() if rps > 1e-6)
-                # The smallest served fraction of any application: what the planners raise first.
-                fair = min((plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0), default=1.0)
+                fair = plan_fair_share(problem, plan)
+                fair = 1.0 if fair is None else fair
                 row = {"scale": scale, "planner": planner, "plan_solver": plan.solver, "status": plan.status, "wall_s": wall, "fair_share": fair,
                        "served_rps": plan.total_served_rps, "demand_rps": problem.total_demand_rps, "short_applications": " ".join(short),
                        "gpus_used": plan.gpus_used, "gap": plan.gap, "valid": plan_validate(problem, plan).valid}

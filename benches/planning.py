@@ -56,12 +56,14 @@ from typing import Any, Callable, Iterable
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere, installed or not
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine.geometry.layout import layout_parse  # noqa: E402
 from engine.plans.problem import Plan, Problem, SolveOptions, device_slot_id, problem_from_dict, problem_to_dict  # noqa: E402
 from engine.sharing.partitions import mps_slice_percent  # noqa: E402
 from engine.reference.generate import mig_fleet_problem, mixed_fleet_problem, proteus_sized_problem  # noqa: E402
 from engine.reference.profiles import GPULET_DERIVED_SPEEDUP, reference_data_dir  # noqa: E402
+from _common import plan_fair_share  # noqa: E402
 
 PROTEUS_SIZE = {"n_devices": 40, "n_device_types": 4, "n_variants": 46, "n_applications": 9}
 FIGURE10_AXES = {"n_devices": (10, 20, 40, 80, 160), "n_variants": (46, 100, 200, 450), "n_applications": (3, 9, 17)}
@@ -189,9 +191,8 @@ def solve_with_plan(problem: Problem, solver: str, objective: str, row: dict[str
         traceback.print_exc(limit=3, file=sys.stderr)
         return row, None
     wall = time.perf_counter() - t0
-    fractions = [plan.served_rps.get(a.name, 0.0) / a.demand_rps for a in problem.applications if a.demand_rps > 0]
     row.update(
-        fair_share=min(fractions) if fractions else None, plan_solver=plan.solver,
+        fair_share=plan_fair_share(problem, plan), plan_solver=plan.solver,
         status=plan.status, objective_value=plan.objective, bound=plan.bound, gap=plan.gap, wall_s=wall,
         solve_s=plan.solve_seconds, highs_s=CLOCK.seconds if CLOCK.installed else None,
         other_s=wall - CLOCK.seconds if CLOCK.installed else None, highs_calls=CLOCK.calls if CLOCK.installed else None,

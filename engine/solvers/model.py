@@ -495,10 +495,10 @@ def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instance
 
 
 def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
-                            chosen: Mapping[tuple[str, int], pulp.LpVariable]) -> None:
+                            chosen: Mapping[tuple[str, int], pulp.LpVariable], staged_accuracy: Mapping[tuple[str, int, str], float]) -> None:
     """Effective accuracy of an application over its served traffic >= its min_accuracy, written linearly as
-    sum (accuracy - min) * rate >= 0 so that it holds whether demand is fixed or a variable."""
-    staged_accuracy = _staged_accuracy(fleet)
+    sum (accuracy - min) * rate >= 0 so that it holds whether demand is fixed or a variable (a pipeline's
+    stages: `staged_accuracy`, per option, from `_staged_accuracy`)."""
     for ai, app in enumerate(fleet.problem.applications):
         if app.min_accuracy is None:
             continue
@@ -589,12 +589,13 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
     _constrain_demand(lp, fleet, routed, staged, full=full_demand)
     if full_demand:
         _constrain_capacity_covers_demand(lp, fleet, instances)
-    _constrain_min_accuracy(lp, fleet, routed, chosen)
+    staged_accuracy = _staged_accuracy(fleet)
+    _constrain_min_accuracy(lp, fleet, routed, chosen, staged_accuracy)
     total_demand = fleet.problem.total_demand_rps
     per_demand = 1.0 / total_demand if total_demand > 0 else 0.0
     accuracy = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * rate for (_, v), rate in routed.items())
     accuracy += pulp.lpSum(acc * per_demand * fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k]
-                           for (name, k, stage), acc in _staged_accuracy(fleet).items())
+                           for (name, k, stage), acc in staged_accuracy.items())
     gpus = pulp.lpSum(
         configs_taken[gi, ci]
         for gi, group in enumerate(fleet.device_classes) if group.is_gpu
