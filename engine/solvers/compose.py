@@ -2,9 +2,10 @@
 
 A plan run reads as a straight line (`plan_compose`):
 
-1. **Ensembles.** A planner that serves a query with one variant (every one but garrison, `reads_ensembles`)
-   gets one application per member of each random ensemble (engine/solvers/ensembles.py); the plan is put
-   back on the original applications at the end.
+1. **Rows.** A planner that does not read ensembles (every one but garrison and fleet, `reads_ensembles`)
+   gets the problem in rows (engine/solvers/ensembles.py): one application per member of each random
+   ensemble, and a query-sized application's demand in rows; the plan is put back on the original
+   applications at the end. (fleet writes it in rows itself and counts each ensemble whole.)
 2. **Pipelines.** When the problem has pipelines, the planner the chosen one names (`pipelines_by`: fa2 by
    default, ipa, biscale) plans them all on the CPU hosts (engine/solvers/pipelines.py), unless the chosen
    planner plans them in its own model (`plans_pipelines`: fleet), which then plans the whole problem.
@@ -32,7 +33,7 @@ import time
 from engine.plans.problem import DeviceSpec, Plan, PlanInstance, PlanStatus, Problem
 from engine.solvers.assemble import PartPlan, composed_status, plan_from_instances, plan_objective
 from engine.solvers.budget import problem_timed
-from engine.solvers.ensembles import ensemble_plan_merge, ensemble_problem_split, ensembles_to_split
+from engine.solvers.ensembles import applications_to_split, ensemble_plan_merge, ensemble_problem_split
 from engine.solvers.hosts import CpuHostUse
 from engine.solvers.mixed import fleet_is_mixed, mixed_plan_solve
 from engine.solvers.registry import DEFAULT_FLEET_PLANNER, DEFAULT_MPS_PLANNER, WHOLE_KINDS, PlannerInfo, planner_get
@@ -85,7 +86,7 @@ def plan_compose(problem: Problem, chosen: PlannerInfo, *, started: float | None
     started = time.perf_counter() if started is None else started
     deadline = started + problem.options.time_limit_s
     original = problem
-    if not chosen.reads_ensembles and ensembles_to_split(problem):
+    if not chosen.reads_ensembles and applications_to_split(problem):
         problem = ensemble_problem_split(problem)  # step 1
 
     parts: list[PartPlan] = []

@@ -72,6 +72,7 @@ from typing import Iterable, Sequence
 from engine.plans.capacity import InstanceCapacity, capacity_for, profile_interpolate
 from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, Problem
 from engine.sharing.interference import InterferencePredictor
+from engine.solvers.ensembles import ensemble_plan_merge, ensemble_problem_split, split_owners
 from engine.sharing.partitions import mps_slice_name, mps_slice_percent
 from engine.sharing.scheduling import (
     InterferenceOracle,
@@ -587,12 +588,20 @@ def fleet_model_solve(problem: Problem) -> Plan:
     """Plan every device of `problem` in one MILP (see the module docstring), within its time limit counted
     from now: building the configurations and the pipelines' options is part of it."""
     started = time.perf_counter()
+    original = problem
+    # In rows: one application per ensemble member, counted back per ensemble (`Fleet.counted`), so an
+    # ensemble's fair share, served traffic and accuracy are the plan's own (engine/solvers/ensembles.py).
+    problem = ensemble_problem_split(problem)
     fleet, kinds = _fleet_build(problem)
     left = max(MIN_STAGE_SECONDS, problem.options.time_limit_s - (time.perf_counter() - started))
     fleet.problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, time_limit_s=left))
+    if problem is not original:
+        fleet.counted, fleet.counted_as = original, split_owners(original)
     plan = fleet_solve(fleet, solver_name="fleet", fewest_gpus_last=True)
-    plan.solve_seconds = time.perf_counter() - started
     plan = _factors_rederive(problem, plan, kinds)
+    if problem is not original:
+        plan = ensemble_plan_merge(original, plan, whole=True)
+    plan.solve_seconds = time.perf_counter() - started
     if any(_is_mps(d) for d in problem.devices) or fleet.pipeline_options:
         plan.notes.append("fleet model: the bound and gap are over the configurations offered (every MIG geometry, whole GPU, "
                           "CPU host whole or split into equal instances of a profiled core count, MPS split with one model per "

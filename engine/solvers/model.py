@@ -170,6 +170,23 @@ class Fleet:
     pipeline_options: dict[str, list[PipelineOption]] = field(default_factory=dict)
     pipeline_slots: dict[int, list[SlotKey]] = field(default_factory=dict)
     pipeline_summarise: Callable[[Problem, PipelineOption, list[PlanInstance]], dict] | None = None
+    # Applications as the plan counts them (issue 40: ensembles planned whole). The fleet model plans the
+    # problem in rows (engine/solvers/ensembles.py `ensemble_problem_split`: one application per member of a
+    # random ensemble, a query-sized application's demand in rows); `counted` is the problem the plan is
+    # for, and `counted_as` maps an application of the model's to (the application of `counted` it serves,
+    # the queries one of its rows is worth). Fair shares, served traffic, minimum accuracy and accuracy are
+    # counted per application of `counted`. None / empty: every application counts as itself, a row a query.
+    counted: Problem | None = None
+    counted_as: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    @property
+    def plan_problem(self) -> Problem:
+        """The problem whose applications fair shares, served traffic and accuracy are counted for."""
+        return self.counted if self.counted is not None else self.problem
+
+    def count_of(self, application: str) -> tuple[str, float]:
+        """(the application of `plan_problem` that the model's `application` serves, queries per row)."""
+        return self.counted_as.get(application, (application, 1.0))
 
     @property
     def staged(self) -> set[str]:
@@ -498,25 +515,33 @@ def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tu
                             chosen: Mapping[tuple[str, int], pulp.LpVariable], staged_accuracy: Mapping[tuple[str, int, str], float]) -> None:
     """Effective accuracy of an application over its served traffic >= its min_accuracy, written linearly as
     sum (accuracy - min) * rate >= 0 so that it holds whether demand is fixed or a variable (a pipeline's
-    stages: `staged_accuracy`, per option, from `_staged_accuracy`)."""
-    for ai, app in enumerate(fleet.problem.applications):
+    stages: `staged_accuracy`, per option, from `_staged_accuracy`). Over an application of `plan_problem`,
+    so an ensemble's accuracy is over all its members' rows, as the plan reports it."""
+    owner = {a.name: fleet.count_of(a.name)[0] for a in fleet.problem.applications}
+    for ai, app in enumerate(fleet.plan_problem.applications):
         if app.min_accuracy is None:
             continue
-        terms = [(fleet.problem.variant(v).accuracy - app.min_accuracy, rate) for (_, v), rate in routed.items() if fleet.problem.variant(v).application == app.name]
+        terms = [(fleet.problem.variant(v).accuracy - app.min_accuracy, rate) for (_, v), rate in routed.items()
+                 if owner[fleet.problem.variant(v).application] == app.name]
         terms += [(accuracy - app.min_accuracy, fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k])
-                  for (name, k, stage), accuracy in staged_accuracy.items() if stage == app.name]
+                  for (name, k, stage), accuracy in staged_accuracy.items() if owner[stage] == app.name]
         if terms:
             lp += pulp.lpSum(coef * rate for coef, rate in terms) >= 0, f"min_accuracy_{ai}"
 
 
-def _served_expressions(model: FleetModel, fleet: Fleet) -> dict[str, pulp.LpAffineExpression]:
-    return {app: pulp.lpSum(rates) for app, rates in _served_by_application(fleet, model.routed, model.staged_served).items()}
+def _served_counted(model: FleetModel, fleet: Fleet) -> dict[str, pulp.LpAffineExpression]:
+    """Per application of `plan_problem`, the queries per second it is served (its rows x queries per row)."""
+    terms: dict[str, list] = defaultdict(list)
+    for app, rates in _served_by_application(fleet, model.routed, model.staged_served).items():
+        owner, per_row = fleet.count_of(app)
+        terms[owner].extend(per_row * rate for rate in rates)
+    return {a.name: pulp.lpSum(terms.get(a.name, [])) for a in fleet.plan_problem.applications}
 
 
 def _constrain_served_floors(model: FleetModel, fleet: Fleet, floors: Mapping[str, float]) -> None:
-    """Each application keeps at least the traffic (rps) an earlier fair-share stage gave it."""
-    served = _served_expressions(model, fleet)
-    for ai, app in enumerate(fleet.problem.applications):
+    """Each application keeps at least the traffic (queries per second) an earlier fair-share stage gave it."""
+    served = _served_counted(model, fleet)
+    for ai, app in enumerate(fleet.plan_problem.applications):
         if floors.get(app.name, 0.0) > 0:
             model.lp += served[app.name] >= floors[app.name], f"floor_{ai}"
 
@@ -524,26 +549,31 @@ def _constrain_served_floors(model: FleetModel, fleet: Fleet, floors: Mapping[st
 def _constrain_fair_share(model: FleetModel, fleet: Fleet, tier: Sequence[str], share: pulp.LpVariable) -> None:
     """Every application of `tier` is served at least `share` of its demand. The second row per application
     is implied (routing stays within capacity) but, over the integer counts alone, it is the knapsack row
-    HiGHS derives cover cuts from, as in `_constrain_capacity_covers_demand`."""
-    served = _served_expressions(model, fleet)
+    HiGHS derives cover cuts from, as in `_constrain_capacity_covers_demand`. `tier` names applications of
+    `plan_problem`: an ensemble's share is over all its members' rows."""
+    served = _served_counted(model, fleet)
     capacity: dict[str, list] = defaultdict(list)
     for (key, variant), count in model.instances.items():
-        capacity[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant) * count)
+        owner, per_row = fleet.count_of(fleet.problem.variant(variant).application)
+        capacity[owner].append(per_row * model_capacity_rps(fleet, key, variant) * count)
     for app, terms in model.staged_served.items():
-        capacity[app].extend(terms)
+        owner, per_row = fleet.count_of(app)
+        capacity[owner].extend(per_row * t for t in terms)
+    counted = fleet.plan_problem
     for app_name in tier:
-        ai = next(i for i, a in enumerate(fleet.problem.applications) if a.name == app_name)
-        demand = fleet.problem.application(app_name).demand_rps
+        ai = next(i for i, a in enumerate(counted.applications) if a.name == app_name)
+        demand = counted.application(app_name).demand_rps
         model.lp += served[app_name] >= demand * share, f"fair_share_{ai}"
         model.lp += pulp.lpSum(capacity[app_name]) >= demand * share, f"fair_cover_{ai}"
 
 
 def fair_share_tiers(fleet: Fleet) -> list[list[str]]:
     """Applications that have demand and some slot to run on, grouped by priority, highest first: the order
-    in which fair-share stages raise their smallest served fraction."""
+    in which fair-share stages raise their smallest served fraction. Applications of `plan_problem`: an
+    ensemble is one, servable when one of its members is."""
     tiers: dict[int, list[str]] = defaultdict(list)
-    servable = _servable_applications(fleet, full=False)
-    for app in fleet.problem.applications:
+    servable = {fleet.count_of(a)[0] for a in _servable_applications(fleet, full=False)}
+    for app in fleet.plan_problem.applications:
         if app.demand_rps > 0 and app.name in servable:
             tiers[app.priority_tier].append(app.name)
     return [tiers[p] for p in sorted(tiers, reverse=True)]
@@ -591,10 +621,14 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
         _constrain_capacity_covers_demand(lp, fleet, instances)
     staged_accuracy = _staged_accuracy(fleet)
     _constrain_min_accuracy(lp, fleet, routed, chosen, staged_accuracy)
-    total_demand = fleet.problem.total_demand_rps
+    # Accuracy x queries served over the demand in queries (Proteus's effective accuracy; an ensemble's rows
+    # count at queries per row, `Fleet.count_of`), as `plan_objective` measures a plan.
+    total_demand = fleet.plan_problem.total_demand_rps
     per_demand = 1.0 / total_demand if total_demand > 0 else 0.0
-    accuracy = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * rate for (_, v), rate in routed.items())
-    accuracy += pulp.lpSum(acc * per_demand * fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k]
+    per_row = {a.name: fleet.count_of(a.name)[1] for a in fleet.problem.applications}
+    accuracy = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * per_row[fleet.problem.variant(v).application] * rate
+                          for (_, v), rate in routed.items())
+    accuracy += pulp.lpSum(acc * per_demand * per_row[stage] * fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k]
                            for (name, k, stage), acc in staged_accuracy.items())
     gpus = pulp.lpSum(
         configs_taken[gi, ci]
@@ -608,7 +642,8 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
     )
     return FleetModel(
         lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed,
-        served_total=pulp.lpSum(routed.values()) + pulp.lpSum(t for terms in staged.values() for t in terms),
+        served_total=(pulp.lpSum(per_row[fleet.problem.variant(v).application] * rate for (_, v), rate in routed.items())
+                      + pulp.lpSum(per_row[app] * t for app, terms in staged.items() for t in terms)),
         accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
         variants_changed=(_variants_changed(lp, fleet, instances) + _configurations_left(lp, fleet, configs_taken)
                           + _pipeline_replicas_moved(fleet, replicas_on)),
@@ -849,19 +884,25 @@ class FleetSolution:
     def instances_changed(self, fleet: Fleet) -> int:
         return sum(count * fleet.device_classes[gi].configs[ci].instances_changed for (gi, ci), count in self.configs_taken.items())
 
-    def served_total(self) -> float:
-        return sum(self.routed.values()) + sum(self.staged_served.values())
-
-    def served_by_application(self, problem: Problem) -> dict[str, float]:
-        served: dict[str, float] = defaultdict(float, self.staged_served)
+    def served_counted(self, fleet: Fleet) -> dict[str, float]:
+        """Queries per second served, per application of the fleet's `plan_problem` (`Fleet.count_of`)."""
+        served: dict[str, float] = defaultdict(float)
+        for app, rps in self.staged_served.items():
+            owner, per_row = fleet.count_of(app)
+            served[owner] += per_row * rps
         for (_, variant), rate in self.routed.items():
-            served[problem.variant(variant).application] += rate
+            owner, per_row = fleet.count_of(fleet.problem.variant(variant).application)
+            served[owner] += per_row * rate
         return served
 
-    def accuracy_over_demand(self, problem: Problem) -> float:
-        total = problem.total_demand_rps
-        traffic = sum(problem.variant(v).accuracy * rate for (_, v), rate in self.routed.items())
-        traffic += sum(self.staged_accuracy[app] * rps for app, rps in self.staged_served.items())
+    def served_total(self, fleet: Fleet) -> float:
+        return sum(self.served_counted(fleet).values())
+
+    def accuracy_over_demand(self, fleet: Fleet) -> float:
+        problem = fleet.problem
+        total = fleet.plan_problem.total_demand_rps
+        traffic = sum(problem.variant(v).accuracy * fleet.count_of(problem.variant(v).application)[1] * rate for (_, v), rate in self.routed.items())
+        traffic += sum(self.staged_accuracy[app] * fleet.count_of(app)[1] * rps for app, rps in self.staged_served.items())
         return traffic / total if total > 0 else 0.0
 
 
@@ -943,7 +984,8 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
     objective_kind = options.objective
     # Accuracy over total demand has coefficients of about 1e-6 per rps at fleet scale, which HiGHS flags
     # as badly scaled and branches on slowly; the solver sees accuracy x rps and we report it per demand.
-    scale = problem.total_demand_rps if problem.total_demand_rps > 0 else 1.0
+    demand_total = fleet.plan_problem.total_demand_rps  # queries per second, as the plan counts them
+    scale = demand_total if demand_total > 0 else 1.0
     keep = options.variant_change_penalty
 
     solution: FleetSolution | None = None
@@ -995,12 +1037,12 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         served_outcome, served_solution = stages.run(model, share=FIRST_STAGE_SHARE, start=fair_solution)
         if served_solution is None and fair_solution is not None:
             # The fair shares already form a plan: better than none when the served stage runs out of time.
-            served_outcome = dataclasses.replace(served_outcome, state="feasible", objective=fair_solution.served_total())
+            served_outcome = dataclasses.replace(served_outcome, state="feasible", objective=fair_solution.served_total(fleet))
             served_solution = fair_solution
         best_served = served_outcome.objective or 0.0
         if served_solution is None or best_served <= RPS_EPSILON:
             reason = "nothing can be served" if served_solution is not None else "no solution was found in the time limit"
-            notes.append(f"infeasible: {reason}; total demand {problem.total_demand_rps:g} rps")
+            notes.append(f"infeasible: {reason}; total demand {demand_total:g} rps")
             return plan_assemble(
                 problem, [], status="infeasible", solver=solver_name, objective=None, bound=None, gap=None,
                 solve_seconds=time.perf_counter() - started, layouts=_idle_layouts(fleet), notes=notes,
@@ -1018,7 +1060,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         first = "the smallest served fraction of each priority tier (fair shares), then " if fair_states else ""
         notes.append(
             f"demand {why}: solved lexicographically, first maximising {first}served throughput "
-            f"({best_served:.6g} of {problem.total_demand_rps:.6g} rps), then accuracy at that throughput"
+            f"({best_served:.6g} of {demand_total:.6g} rps), then accuracy at that throughput"
         )
         if objective_kind == "min-gpus":
             # Served traffic and accuracy come first here, so the GPU count is what that plan uses.
@@ -1028,7 +1070,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         elif accuracy_solution is not None:
             objective, bound, gap = _unscale(accuracy_outcome.objective, scale), _unscale(accuracy_outcome.bound, scale), accuracy_outcome.gap
         else:
-            objective = solution.accuracy_over_demand(problem) - penalty * solution.instances_changed(fleet)
+            objective = solution.accuracy_over_demand(fleet) - penalty * solution.instances_changed(fleet)
             bound = gap = None
 
     assignments, layouts, realise_notes = fleet_realise(fleet, solution)
@@ -1100,7 +1142,7 @@ def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[s
     states: list[SolveState] = []
     start: FleetSolution | None = None
     notes: list[str] = []
-    problem = fleet.problem
+    problem = fleet.plan_problem
     for ti, tier in enumerate(tiers):
         model = fleet_model_build(fleet, full_demand=False, name=f"fair_share_{ti}")
         _constrain_served_floors(model, fleet, floors)
@@ -1113,7 +1155,7 @@ def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[s
             notes.append(f"fair shares: no solution in time for priority tier {ti + 1} of {len(tiers)}; later tiers get no floor")
             break
         states.append(outcome.state)
-        served = solution.served_by_application(problem)
+        served = solution.served_counted(fleet)
         reached = min(served[a] / problem.application(a).demand_rps for a in tier)
         for app_name in tier:
             demand = problem.application(app_name).demand_rps

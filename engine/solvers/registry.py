@@ -53,7 +53,8 @@ class PlannerInfo:
     entry_kwargs: dict[str, Any] = field(default_factory=dict)
     # Which pipeline planner plans the problem's pipelines when this one is chosen.
     pipelines_by: str = DEFAULT_PIPELINE_PLANNER
-    # Reads ensemble applications itself; the others get one application per ensemble member (ensembles.py).
+    # Reads ensemble applications itself: garrison plans them by Algorithm 1, fleet counts each whole over its
+    # members' rows; the others get one application per ensemble member (ensembles.py).
     reads_ensembles: bool = False
     # Plans MPS GPUs beside the other devices in one model; the others get the two-stage mixed composition.
     plans_mps: bool = False
@@ -92,9 +93,10 @@ PLANNERS: dict[str, PlannerInfo] = {p.name: p for p in (
     PlannerInfo("garrison-demand", "fleet", "Garrison's sweet intervals with instances sized to demand",
                 "Garrison §4.1, sized by Tessera", "engine.solvers.garrison_demand:garrison_demand_solve"),
     PlannerInfo("fleet", "fleet", "One MILP for the whole fleet: MIG geometry, whole GPUs, CPU hosts and MPS splits and time-shared "
-                "patterns, pipelines as FA2 plans at fractions of their demand, fairness first then accuracy, with a bound for all of it",
+                "patterns, pipelines as FA2 plans at fractions of their demand, ensembles counted whole, fairness first then accuracy, "
+                "with a bound for all of it",
                 "Proteus §4 with Garrison's geometry, gpulets' partitions and FA2's pipelines (issue 40)",
-                "engine.solvers.fleet:fleet_model_solve", plans_mps=True, plans_pipelines=True),
+                "engine.solvers.fleet:fleet_model_solve", reads_ensembles=True, plans_mps=True, plans_pipelines=True),
     PlannerInfo("clipper-ha", "baseline", "Clipper, high accuracy: a static allocation of the most accurate variants",
                 "Proteus §6.1.1", "engine.solvers.baselines:clipper_ha_solve"),
     PlannerInfo("clipper-ht", "baseline", "Clipper, high throughput: a static allocation of the fastest variants",

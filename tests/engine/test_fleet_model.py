@@ -12,7 +12,7 @@ import pytest
 
 from engine.plans.problem import problem_from_dict
 from engine.plans.validate import plan_validate
-from engine.reference.generate import mixed_fleet_problem
+from engine.reference.generate import mixed_fleet_problem, proteus_sized_problem
 from engine.reference.gpulet_problem import gpulet_mps_problem_dict
 from engine.sharing.partitions import mps_slice_percent
 from engine.solvers.fleet import fleet_model_fleet
@@ -280,3 +280,40 @@ def test_instances_of_millions_of_rps_serving_a_few_rps_are_planned_not_lost_in_
     assert plan_validate(problem, plan).valid
     assert plan.status == "optimal" and all(v == 0.0 for v in plan.shortfall_rps.values()), plan.shortfall_rps
     assert sorted(i.variant for i in plan.instances) == ["a1", "b1", "c1", "d1"]
+
+
+def test_an_ensemble_is_planned_whole_its_fair_share_over_all_its_members() -> None:
+    """Seed 1's ensemble has a member no device runs within its SLO. Planned one application per member,
+    that member's share is 0 and fixes the fair share at 0; the plan, though, counts the ensemble's served
+    queries over all its members' rows, and so does the fleet model now: its fair share is the plan's, and
+    it is no worse than the composition that splits the ensemble (benches/planning.py, mixed, small all 0.5)."""
+    problem = _idle(mixed_fleet_problem(4, 4, 2, 2, seed=1, load=0.5, ensembles=1, pipelines=1))
+    (ensemble,) = [a for a in problem.applications if a.ensemble is not None]
+    fleet = plan_solve(problem, "fleet", time_limit_s=30)
+    assert fleet.solver == "fleet" and fleet.gap is not None and fleet.gap <= GAP
+    verdict = plan_validate(problem, fleet)
+    assert verdict.valid, verdict.errors
+    assert any(f"ensembles: {ensemble.name} planned whole" in n for n in fleet.notes)
+    assert 0 < fleet.served_rps[ensemble.name] < ensemble.demand_rps  # one member short, the others served
+    assert _fair_share(problem, fleet) > 0
+    composed = plan_solve(problem, "joint", time_limit_s=30)
+    assert composed.solver.startswith("fa2+gpulets+") and plan_validate(problem, composed).valid
+    assert _not_worse(problem, fleet, composed), (_fair_share(problem, fleet), _fair_share(problem, composed),
+                                                  fleet.total_served_rps, composed.total_served_rps, fleet.objective, composed.objective)
+
+
+@pytest.mark.parametrize("solver", ["fleet", "proteus"])
+def test_an_application_of_several_rows_a_query_is_planned_in_rows(solver: str) -> None:
+    """An instance's capacity counts rows and the plan counts queries (rows / mean query size): a planner
+    that filled the demand in queries left 3 of every 4 queries of a 4-row application unserved while
+    calling the plan optimal."""
+    base = proteus_sized_problem(10, 2, 20, 3, seed=0, load=0.3)
+    sized = dataclasses.replace(base.applications[0], query_sizes=((2, 0.5), (6, 0.5)))
+    problem = _idle(dataclasses.replace(base, applications=(sized,) + base.applications[1:]))
+    plan = plan_solve(problem, solver, time_limit_s=20)
+    assert plan_validate(problem, plan).valid
+    assert plan.status == "optimal" and not any(plan.shortfall_rps.values())
+    assert plan.served_rps[sized.name] == pytest.approx(sized.demand_rps, rel=1e-6)
+    rows = sum(i.assigned_rps for i in plan.instances if problem.variant(i.variant).application == sized.name)
+    assert rows == pytest.approx(4 * sized.demand_rps, rel=1e-6)
+    assert any(f"{sized.name}: planned in rows (4 rows per query" in n for n in plan.notes)

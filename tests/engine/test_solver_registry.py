@@ -34,7 +34,7 @@ def test_every_planner_has_a_known_kind_a_loadable_strategy_and_a_paper() -> Non
         assert info.pipelines_by in PIPELINE_SOLVERS
     assert planner_names("mps") == SHARING_SOLVERS == ("gpulets", "sbp", "best-fit", "ideal")
     assert planner_names("baseline") == ("clipper-ha", "clipper-ht", "sommelier", "infaas")
-    assert [n for n, p in PLANNERS.items() if p.reads_ensembles] == ["garrison"]
+    assert [n for n, p in PLANNERS.items() if p.reads_ensembles] == ["garrison", "fleet"]
     assert [n for n, p in PLANNERS.items() if p.plans_pipelines] == ["fleet"]
     with pytest.raises(ValueError, match="unknown solver 'nope'; choose one of: proteus, joint"):
         planner_get("nope")
