@@ -126,7 +126,8 @@ class PlannerSerializer(serializers.Serializer):
     summary = serializers.CharField()
     paper = serializers.CharField(help_text="The paper and section it follows")
     pipelines_by = serializers.CharField(help_text="The planner of the problem's pipelines when this one is chosen")
-    reads_ensembles = serializers.BooleanField(help_text="Plans ensemble applications itself; the others get one application per member")
+    reads_ensembles = serializers.BooleanField(help_text="Plans ensemble applications itself (garrison by its Algorithm 1, fleet counting each "
+                                              "ensemble whole); the others get one application per member")
     plans_mps = serializers.BooleanField(help_text="Plans MPS GPUs beside the other devices in one model")
     plans_pipelines = serializers.BooleanField(help_text="Plans the problem's pipelines inside its own model (the others: pipelines first, "
                                                "then the rest on what is left)")
