@@ -110,10 +110,12 @@ def test_ingest_serves_agents_metrics_on_uvicorn(redis_url, tmp_path):
         deadline, response = time.monotonic() + 60, None
         body = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60)), "runtimes": [{"key": "gpu0", "arrivals": 3}]}
         while time.monotonic() < deadline and response is None:
+            # Retried only while nothing listens: a report whose answer timed out may be stored already,
+            # and sent again it reads as a duplicate (0 samples), so a slow answer is waited for instead.
             try:
                 response = httpx.post(f"http://127.0.0.1:{port}/api/v1/hosts/{host_id}/metrics/", json=body,
-                                      headers={"Authorization": f"Token {token}"}, timeout=5)
-            except httpx.TransportError:
+                                      headers={"Authorization": f"Token {token}"}, timeout=httpx.Timeout(60, connect=5))
+            except httpx.ConnectError:
                 time.sleep(0.3)
         assert response is not None and response.status_code == 201, server.stdout.read() if server.poll() is not None else response
         assert response.json() == {"runtime_samples": 1, "gpu_samples": 0}
