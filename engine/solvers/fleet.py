@@ -33,7 +33,11 @@ objective, status, objective, bound and gap for the whole fleet):
   is one the model can choose, and whether a pipeline or another application gets the cores under
   overload is the fairness-first objective's decision, not the order of a composition. A host that runs a
   stage now is a class of its own, and replicas elsewhere count as variant changes, so a re-plan keeps a
-  pipeline where it runs.
+  pipeline where it runs;
+- random ensembles (Garrison's) and query-sized applications: planned in rows, one application per member
+  (engine/solvers/ensembles.py), but each ensemble counted whole as the plan counts it (model.py
+  `Fleet.counted_as`: one fair share, served fraction and minimum accuracy over its members' rows, accuracy
+  per query), so a member no device runs leaves the ensemble partly served, not every fair share at 0.
 So the plan gpulets or SBP makes for the MPS GPUs alone at the whole demand (on up to 8 of them) is one
 the model can choose, as is any plan the MIG planners make on the other devices, and the trade-off
 between the kinds is the solver's. A composition whose MPS stage saw only the demand left over can hold
@@ -72,7 +76,6 @@ from typing import Iterable, Sequence
 from engine.plans.capacity import InstanceCapacity, capacity_for, profile_interpolate
 from engine.plans.problem import CPU_DEVICE_TYPE, DeviceSpec, Plan, PlanInstance, Problem
 from engine.sharing.interference import InterferencePredictor
-from engine.solvers.ensembles import ensemble_plan_merge, ensemble_problem_split, split_owners
 from engine.sharing.partitions import mps_slice_name, mps_slice_percent
 from engine.sharing.scheduling import (
     InterferenceOracle,
@@ -82,6 +85,7 @@ from engine.sharing.scheduling import (
     sbp_schedule,
     whole_gpu_fallback,
 )
+from engine.solvers.ensembles import ensemble_plan_merge, ensemble_problem_split, split_owners
 from engine.solvers.gpulets import interference_predictor_for, sharing_problem_from
 from engine.solvers.joint import joint_device_class, joint_device_key
 from engine.solvers.model import (
