@@ -99,13 +99,13 @@ def split_owners(problem: Problem) -> dict[str, tuple[str, float]]:
 def ensemble_plan_merge(problem: Problem, plan: Plan, *, whole: bool = False) -> Plan:
     """`plan` (made for the split problem) on the original `problem`. `whole`: the planner counted each
     ensemble as one application (`split_owners`), which the note then says."""
-    split = applications_to_split(problem)
-    if not split:
+    ensembles, sized = ensembles_to_split(problem), _query_sized(problem)
+    if not ensembles and not sized:
         return plan
     how = "planned whole: one fair share and one served fraction per ensemble, over" if whole else "planned as"
     notes = list(plan.notes) + [f"ensembles: {a.name} {how} one application per member ({', '.join(ensemble_member_rates(a))}), "
-                                f"each for its share of the rows" for a in ensembles_to_split(problem)]
-    notes += [f"{a.name}: planned in rows ({a.mean_query_size:g} rows per query on average)" for a in _query_sized(problem)]
+                                f"each for its share of the rows" for a in ensembles]
+    notes += [f"{a.name}: planned in rows ({a.mean_query_size:g} rows per query on average)" for a in sized]
     merged = plan_from_instances(problem, list(plan.instances), status=plan.status, solver=plan.solver, objective=plan.objective,
                                  bound=plan.bound, gap=plan.gap, solve_seconds=plan.solve_seconds, layouts=plan.layouts, notes=notes)
     return dataclasses.replace(merged, pipelines=plan.pipelines)

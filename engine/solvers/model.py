@@ -1227,8 +1227,9 @@ def _fair_share_raise(stages: _Stages, fleet: Fleet, model: FleetModel, share: p
             share.lowBound = 0  # the best plan's own z is the probe's target: a valid start
             model.lp.setObjective(share)
             last, found = stages.run(model, share=1.0, start=best, cap_s=deadline - time.perf_counter())
-            if found is not None and _smallest_share(fleet, found, tier) > lo:
-                lo, best = _smallest_share(fleet, found, tier), found
+            reached = _smallest_share(fleet, found, tier) if found is not None else lo
+            if reached > lo:
+                lo, best = reached, found
             if last.bound is not None:
                 hi = max(lo, min(hi, last.bound))
             break
