@@ -584,6 +584,36 @@ def _constrain_fair_share(model: FleetModel, fleet: Fleet, tier: Sequence[str], 
         model.lp += pulp.lpSum(capacity[app_name]) >= demand * share, f"fair_cover_{ai}"
 
 
+def _fastest_variants_only(model: FleetModel, fleet: Fleet) -> int:
+    """For a stage whose objective and rows count served traffic alone (the fair shares, max served): on
+    each slot class keep, per application, only the variants of the largest capacity there; the others'
+    instance and load columns are fixed at 0 (same names, so a plan moves between stages as a MIP start;
+    presolve drops them). Returns how many instance columns were fixed.
+
+    Exact for those stages: any plan maps to one that serves as much with the kept variants alone. Swap
+    each instance for the fastest variant on its slot (same slot, at least the capacity, so the routed
+    traffic still fits and every floor and fair-share row still holds); then route the application's
+    traffic group by group, filling each, and drop the whole instances left idle, which restores the one
+    partial instance row. Not for an application whose minimum accuracy (its own or its ensemble's) a
+    slower, more accurate variant may be needed for, nor for the accuracy stage: there every variant counts.
+    Why: accuracy breaks the ties among a slot's variants, not capacity, so the served stages' branch-and-
+    bound searched several interchangeable columns per (slot, application) (issue 40, item 2)."""
+    owner_floor = {a.name: fleet.plan_problem.application(fleet.count_of(a.name)[0]).min_accuracy for a in fleet.problem.applications}
+    top: dict[tuple[SlotKey, str], tuple[float, str]] = {}  # (slot, application) -> (-capacity, variant) of the one kept
+    for key, variant in model.instances:
+        rank = (-model_capacity_rps(fleet, key, variant), variant)
+        slot_app = (key, fleet.problem.variant(variant).application)
+        top[slot_app] = min(top.get(slot_app, rank), rank)
+    fixed = 0
+    for (key, variant), count in model.instances.items():
+        app = fleet.problem.variant(variant).application
+        if owner_floor[app] is None and top[key, app][1] != variant:
+            count.upBound = 0
+            model.loads[key, variant].upBound = 0
+            fixed += 1
+    return fixed
+
+
 def fair_share_tiers(fleet: Fleet) -> list[list[str]]:
     """Applications that have demand and some slot to run on, grouped by priority, highest first: the order
     in which fair-share stages raise their smallest served fraction. Applications of `plan_problem`: an
@@ -1049,6 +1079,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         floors, fair_states, fair_solution, fair_notes = _fair_shares_solve(stages, fleet, tiers)
         notes.extend(fair_notes)
         model = fleet_model_build(fleet, full_demand=False, name="max_served")
+        _fastest_variants_only(model, fleet)
         _constrain_served_floors(model, fleet, floors)
         model.lp.setObjective(model.served_total)
         served_outcome, served_solution = stages.run(model, share=FIRST_STAGE_SHARE, start=fair_solution)
@@ -1162,6 +1193,7 @@ def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[s
     problem = fleet.plan_problem
     for ti, tier in enumerate(tiers):
         model = fleet_model_build(fleet, full_demand=False, name=f"fair_share_{ti}")
+        _fastest_variants_only(model, fleet)
         _constrain_served_floors(model, fleet, floors)
         share = pulp.LpVariable(f"fair_share_{ti}", lowBound=0, upBound=1)
         _constrain_fair_share(model, fleet, tier, share)

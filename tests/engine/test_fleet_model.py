@@ -317,3 +317,35 @@ def test_an_application_of_several_rows_a_query_is_planned_in_rows(solver: str) 
     rows = sum(i.assigned_rps for i in plan.instances if problem.variant(i.variant).application == sized.name)
     assert rows == pytest.approx(4 * sized.demand_rps, rel=1e-6)
     assert any(f"{sized.name}: planned in rows (4 rows per query" in n for n in plan.notes)
+
+
+def test_the_served_stages_keep_each_slots_fastest_variant_and_lose_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under overload the fair-share and max-served stages count traffic alone, so on each slot class only
+    an application's fastest variant keeps its columns there, unless the application has a minimum
+    accuracy; the plan serves what the model with every column serves, to the gap."""
+    from engine.solvers import model
+
+    base = mixed_fleet_problem(2, 2, 1, 1, n_applications=3, seed=1, load=1.3)
+    floored = dataclasses.replace(base.applications[0], min_accuracy=0.5)
+    problem = _idle(dataclasses.replace(base, applications=(floored,) + base.applications[1:]))
+    fleet = fleet_model_fleet(problem)
+    built = model.fleet_model_build(fleet, full_demand=False, name="probe")
+    fixed = model._fastest_variants_only(built, fleet)
+    assert fixed > 0
+    for (key, variant), count in built.instances.items():
+        app = problem.variant(variant).application
+        if app == floored.name:
+            assert count.upBound != 0  # a slower, more accurate variant may be what its floor needs
+        elif count.upBound == 0:
+            faster = [model.model_capacity_rps(fleet, key, v) for (k, v) in built.instances
+                      if k == key and v != variant and problem.variant(v).application == app]
+            assert faster and max(faster) >= model.model_capacity_rps(fleet, key, variant)
+
+    reduced = plan_solve(problem, "fleet", time_limit_s=30)
+    monkeypatch.setattr(model, "_fastest_variants_only", lambda built, fleet: 0)
+    every_column = plan_solve(problem, "fleet", time_limit_s=30)
+    for plan in (reduced, every_column):
+        assert plan.status == "optimal" and plan_validate(problem, plan).valid
+        assert any(plan.shortfall_rps.values())  # overloaded: the fair-share and served stages ran
+    assert _fair_share(problem, reduced) == pytest.approx(_fair_share(problem, every_column), rel=GAP, abs=1e-6)
+    assert reduced.total_served_rps == pytest.approx(every_column.total_served_rps, rel=2 * GAP)
