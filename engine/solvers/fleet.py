@@ -601,7 +601,9 @@ def fleet_model_solve(problem: Problem) -> Plan:
     fleet.problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, time_limit_s=left))
     if problem is not original:
         fleet.counted, fleet.counted_as = original, split_owners(original)
-    plan = fleet_solve(fleet, solver_name="fleet", fewest_gpus_last=True)
+    # Spare capacity "idle": the fewest GPUs at the plan's accuracy (the autoscaling objective); otherwise
+    # the whole fleet is used for headroom (model.py `_headroom_stage`), then the fill spreads the traffic.
+    plan = fleet_solve(fleet, solver_name="fleet", fewest_gpus_last=True, headroom_last=problem.options.spare_capacity != "idle")
     plan = _factors_rederive(problem, plan, kinds)
     if problem is not original:
         plan = ensemble_plan_merge(original, plan, whole=True)

@@ -40,8 +40,10 @@ instances (sum_s w[c, s] = sum_{p,k} replicas(p, k, c) y[p, k], and w counts in 
 A stage application has no n or u of its own: its served traffic, in every row above, is
 sum_k served(p, k, a) y[p, k].
 
-Objectives run in lexicographic stages (see `fleet_solve`); afterwards the counts are handed out to
-concrete devices, placements and instances, and the plan is assembled by `plan_assemble`."""
+Objectives run in lexicographic stages (see `fleet_solve`); the fleet planner's last stage is the fewest
+GPUs at the accuracy reached (spare capacity "idle") or the most headroom at it (`_headroom_stage`:
+demand(a) x h in the demand rows, h maximised). Afterwards the counts are handed out to concrete devices,
+placements and instances, and the plan is assembled by `plan_assemble`."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,6 +72,8 @@ SERVED_ABS_TOL = 1e-6
 SERVED_REL_TOL = 1e-7
 # Smallest time a stage is given, even when earlier stages used up the limit.
 MIN_STAGE_SECONDS = 0.5
+# The headroom stage (spare capacity "fill") asks for at most this multiple of every demand.
+HEADROOM_MAX = 10.0
 # Share of the remaining time a stage gets when another stage may follow it (the rest is kept for that one).
 FIRST_STAGE_SHARE = 0.6
 # A fair-share floor may sit this far (as a fraction of the application's demand) below the served fraction
@@ -293,6 +297,7 @@ class FleetModel:
     routed: dict[tuple[SlotKey, str], pulp.LpAffineExpression]  # r[s, v] = capacity(s, v) x load u[s, v]
     served_total: pulp.LpAffineExpression
     accuracy_over_demand: pulp.LpAffineExpression
+    accuracy_routed: pulp.LpAffineExpression  # its part over the instances' traffic (the rest is pipelines')
     gpus_used: pulp.LpAffineExpression
     instances_changed: pulp.LpAffineExpression
     variants_changed: pulp.LpAffineExpression  # instances no longer running what runs there now, and devices leaving their configuration
@@ -451,7 +456,8 @@ def _constrain_slot_capacity(
 
 
 def _constrain_one_partial_instance(
-    lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable], loads: Mapping[tuple[SlotKey, str], pulp.LpVariable]
+    lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable], loads: Mapping[tuple[SlotKey, str], pulp.LpVariable],
+    *, demand_factor: float = 1.0,
 ) -> None:
     """Each application leaves less than one instance's worth of capacity idle (written <= 1).
 
@@ -467,7 +473,8 @@ def _constrain_one_partial_instance(
     for key, load in loads.items():
         slot, variant = key
         real = fleet.slot_classes[slot].capacities[variant].capacity_rps
-        idle[fleet.problem.variant(variant).application].append(instances[key] - load * (model_capacity_rps(fleet, slot, variant) / real))
+        idle[fleet.problem.variant(variant).application].append(
+            instances[key] - load * (model_capacity_rps(fleet, slot, variant, demand_factor=demand_factor) / real))
     for ai, app in enumerate(fleet.problem.applications):
         if idle.get(app.name):
             lp += pulp.lpSum(idle[app.name]) <= 1, f"one_partial_{ai}"
@@ -484,39 +491,46 @@ def _served_by_application(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pu
 
 
 def _constrain_demand(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
-                      staged: Mapping[str, list[pulp.LpAffineExpression]], *, full: bool) -> None:
-    """Serve each application's demand exactly (full) or at most (when maximising served traffic)."""
+                      staged: Mapping[str, list[pulp.LpAffineExpression]], *, full: bool,
+                      demand_scale: pulp.LpVariable | None = None) -> None:
+    """Serve each application's demand exactly (full) or at most (when maximising served traffic); with
+    `demand_scale` (the headroom stage), exactly that multiple of it, but a pipeline's stages their own
+    demand (their options carry fixed rates, and their replicas are sized with the pipeline's headroom)."""
     for ai, (app, rates) in enumerate(_served_by_application(fleet, routed, staged).items()):
         demand = fleet.problem.application(app).demand_rps
         if not rates:
             continue  # nothing can serve it: `_full_demand_possible` keeps full-demand stages from running
-        if full:
+        if full and demand_scale is not None and app not in staged:
+            lp += pulp.lpSum(rates) == demand * demand_scale, f"demand_{ai}"
+        elif full:
             lp += pulp.lpSum(rates) == demand, f"demand_{ai}"
         else:
             lp += pulp.lpSum(rates) <= demand, f"demand_{ai}"
 
 
-def model_capacity_rps(fleet: Fleet, key: SlotKey, variant: str) -> float:
+def model_capacity_rps(fleet: Fleet, key: SlotKey, variant: str, *, demand_factor: float = 1.0) -> float:
     """An instance's capacity as the model's rows read it: its real capacity, but never more than its
-    application's demand (one instance cannot be routed more than that, so every plan stays the same). Why:
+    application's demand (one instance cannot be routed more than that, so every plan stays the same;
+    `demand_factor` times the demand in the headroom stage, whose demand rows are scaled). Why:
     a CPU model that answers 64 rows in 13 us has a capacity of 4.8 million rps, so the load serving a
     4 rps application is about 1e-6 instances, within the solver's feasibility tolerance of zero: HiGHS
     once routed that traffic to a slot class with no instance, and the plan dropped it."""
     capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
     demand = fleet.problem.application(fleet.problem.variant(variant).application).demand_rps
-    return min(capacity, demand) if demand > 0 else capacity
+    return min(capacity, demand_factor * demand) if demand > 0 else capacity
 
 
-def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable]) -> None:
+def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable],
+                                      *, demand_scale: pulp.LpVariable | None = None, demand_factor: float = 1.0) -> None:
     """Implied by routing within capacity, but stated over the integer counts alone it is a knapsack row the
     solver derives cover cuts from, which closes the last fraction of the gap much faster. (A pipeline's
     stages have no counts: their demand row is already over the options' binaries.)"""
     by_app: dict[str, list] = defaultdict(list)
     for (key, variant), count in instances.items():
-        by_app[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant) * count)
+        by_app[fleet.problem.variant(variant).application].append(model_capacity_rps(fleet, key, variant, demand_factor=demand_factor) * count)
     for ai, app in enumerate(fleet.problem.applications):
         if app.demand_rps > 0 and by_app.get(app.name):
-            lp += pulp.lpSum(by_app[app.name]) >= app.demand_rps, f"cover_{ai}"
+            lp += pulp.lpSum(by_app[app.name]) >= app.demand_rps * (1 if demand_scale is None else demand_scale), f"cover_{ai}"
 
 
 def _constrain_min_accuracy(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
@@ -648,24 +662,27 @@ def _full_demand_possible(fleet: Fleet) -> bool:
     return all(app.demand_rps <= 0 or app.name in servable for app in fleet.problem.applications)
 
 
-def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetModel:
-    """The constraints every stage shares; stages add their objective and stage constraints."""
+def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str, demand_scale: pulp.LpVariable | None = None) -> FleetModel:
+    """The constraints every stage shares; stages add their objective and stage constraints.
+    `demand_scale` (with `full_demand`, the headroom stage): every application but a pipeline's stages is
+    served that multiple of its demand, up to HEADROOM_MAX."""
     lp = pulp.LpProblem(name, pulp.LpMaximize)
     configs_taken, instances, loads = _variables_add(fleet)
     chosen, replicas_on = _pipeline_variables_add(fleet)
     staged = _staged_served(fleet, chosen)
+    factor = HEADROOM_MAX if demand_scale is not None else 1.0
     # Rates are capacity x load (load in instances), so capacity rows have unit coefficients instead of
     # capacities up to 4e4 rps; HiGHS needed 2,952 nodes instead of 14,711 (24 s -> 11 s) on the slowest
     # 450-variant instance of benches/planning.py (issue 22 section 4).
-    routed = {key: model_capacity_rps(fleet, key[0], key[1]) * load for key, load in loads.items()}
+    routed = {key: model_capacity_rps(fleet, key[0], key[1], demand_factor=factor) * load for key, load in loads.items()}
     _constrain_device_configs(lp, fleet, configs_taken)
     _constrain_slot_supply(lp, fleet, configs_taken, instances, replicas_on)
     _constrain_pipelines(lp, fleet, chosen, replicas_on)
     _constrain_slot_capacity(lp, instances, loads)
-    _constrain_one_partial_instance(lp, fleet, instances, loads)
-    _constrain_demand(lp, fleet, routed, staged, full=full_demand)
+    _constrain_one_partial_instance(lp, fleet, instances, loads, demand_factor=factor)
+    _constrain_demand(lp, fleet, routed, staged, full=full_demand, demand_scale=demand_scale)
     if full_demand:
-        _constrain_capacity_covers_demand(lp, fleet, instances)
+        _constrain_capacity_covers_demand(lp, fleet, instances, demand_scale=demand_scale, demand_factor=factor)
     staged_accuracy = _staged_accuracy(fleet)
     _constrain_min_accuracy(lp, fleet, routed, chosen, staged_accuracy)
     # Accuracy x queries served over the demand in queries (Proteus's effective accuracy; an ensemble's rows
@@ -673,9 +690,9 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
     total_demand = fleet.plan_problem.total_demand_rps
     per_demand = 1.0 / total_demand if total_demand > 0 else 0.0
     per_row = {a.name: fleet.count_of(a.name)[1] for a in fleet.problem.applications}
-    accuracy = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * per_row[fleet.problem.variant(v).application] * rate
-                          for (_, v), rate in routed.items())
-    accuracy += pulp.lpSum(acc * per_demand * per_row[stage] * fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k]
+    accuracy_routed = pulp.lpSum(fleet.problem.variant(v).accuracy * per_demand * per_row[fleet.problem.variant(v).application] * rate
+                                 for (_, v), rate in routed.items())
+    accuracy = accuracy_routed + pulp.lpSum(acc * per_demand * per_row[stage] * fleet.pipeline_options[name][k].served_rps[stage] * chosen[name, k]
                            for (name, k, stage), acc in staged_accuracy.items())
     gpus = pulp.lpSum(
         configs_taken[gi, ci]
@@ -691,7 +708,7 @@ def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str) -> FleetMod
         lp=lp, configs_taken=configs_taken, instances=instances, loads=loads, routed=routed,
         served_total=(pulp.lpSum(per_row[fleet.problem.variant(v).application] * rate for (_, v), rate in routed.items())
                       + pulp.lpSum(per_row[app] * t for app, terms in staged.items() for t in terms)),
-        accuracy_over_demand=accuracy, gpus_used=gpus, instances_changed=changed,
+        accuracy_over_demand=accuracy, accuracy_routed=accuracy_routed, gpus_used=gpus, instances_changed=changed,
         variants_changed=(_variants_changed(lp, fleet, instances) + _configurations_left(lp, fleet, configs_taken)
                           + _pipeline_replicas_moved(fleet, replicas_on)),
         pipelines_chosen=chosen, replicas_on=replicas_on, staged_served=staged,
@@ -1006,7 +1023,7 @@ def _served_tolerance(served: float) -> float:
     return SERVED_ABS_TOL + SERVED_REL_TOL * abs(served)
 
 
-def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = False) -> Plan:
+def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = False, headroom_last: bool = False) -> Plan:
     """Solve the fleet's MILP for the problem's objective and assemble the plan.
 
     max-accuracy: maximise accuracy over total demand (minus reconfiguration penalty) serving all demand.
@@ -1020,7 +1037,8 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
     `fewest_gpus_last`: for max-accuracy, one stage more at the end, the fewest GPUs that keep the accuracy
     stage's objective (to solver tolerance); the objective, bound and gap reported stay the accuracy
     stage's. Without it, GPUs the accuracy does not depend on are used or not as the solver happens to
-    leave them."""
+    leave them. `headroom_last`: instead, when all demand is served, the most headroom at that accuracy
+    (`_headroom_stage`), every instance it runs kept in the plan."""
     started = time.perf_counter()
     problem = fleet.problem
     options = problem.options
@@ -1036,6 +1054,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
     keep = options.variant_change_penalty
 
     solution: FleetSolution | None = None
+    keep_every_instance = False
     objective: float | None = None
     bound: float | None = None
     gap: float | None = None
@@ -1067,7 +1086,10 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         first, first_solution = stages.run(model, share=0.8, start=running_start(fleet, model))
         if first_solution is not None:
             solution, objective, bound, gap, states = first_solution, _unscale(first.objective, scale), _unscale(first.bound, scale), first.gap, [first.state]
-            if fewest_gpus_last:
+            if headroom_last:
+                solution = _headroom_stage(stages, fleet, model, first, first_solution, notes)
+                keep_every_instance = True
+            elif fewest_gpus_last:
                 solution = _fewest_gpus_stage(stages, model, first, first_solution, notes)
 
     if solution is None:
@@ -1101,7 +1123,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         model.lp.setObjective(scale * (model.accuracy_over_demand - penalty * model.instances_changed - keep * model.variants_changed))
         accuracy_outcome, accuracy_solution = stages.run(model, start=served_solution)
         solution = accuracy_solution or served_solution
-        if fewest_gpus_last and accuracy_solution is not None and objective_kind == "max-accuracy":
+        if (fewest_gpus_last or headroom_last) and accuracy_solution is not None and objective_kind == "max-accuracy":
             solution = _fewest_gpus_stage(stages, model, accuracy_outcome, accuracy_solution, notes)
         states = ([] if proven else ["feasible"]) + fair_states + [served_outcome.state, accuracy_outcome.state if accuracy_solution else "feasible"]
         why = "cannot be served in full" if proven else "could not be served in full by any plan found within the time limit"
@@ -1121,7 +1143,7 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
             objective = solution.accuracy_over_demand(fleet) - penalty * solution.instances_changed(fleet)
             bound = gap = None
 
-    assignments, layouts, realise_notes = fleet_realise(fleet, solution)
+    assignments, layouts, realise_notes = fleet_realise(fleet, solution, keep_every_instance=keep_every_instance)
     notes.extend(realise_notes)
     if penalty > 0:
         notes.append(f"reconfiguration: {solution.instances_changed(fleet)} MIG instances destroyed or created, penalty {penalty:g} each in the objective")
@@ -1171,6 +1193,58 @@ def _fewest_gpus_stage(stages: _Stages, model: FleetModel, outcome: SolveOutcome
     notes.append(f"fewest GPUs at that accuracy: {fewer.gpus_used(stages.fleet)} instead of {used}"
                  + ("" if last.state == "optimal" else " (not proved the fewest in time)"))
     return fewer
+
+
+def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, outcome: SolveOutcome, solution: FleetSolution,
+                    notes: list[str]) -> FleetSolution:
+    """Spare capacity put where it buys the most headroom (options.spare_capacity "fill" or "artefact"):
+    the largest common multiple h of every application's demand (1 <= h <= HEADROOM_MAX; a pipeline's
+    stages keep their own rates, their replicas sized with the pipeline's headroom) that the plan's
+    instances could serve at the accuracy stage's accuracy, with no more MIG instances rebuilt and no more
+    running instances dropped than it; the plan then routes the demand itself, h times below what that
+    serves, and the spread (spare.py) evens it out. In at most the time the accuracy stage took; the
+    accuracy stage's plan when this finds nothing better. The objective, bound and gap stay that stage's.
+
+    Why: the accuracy MILP serves the demand exactly and leaves what it does not need idle, and the fill
+    that follows (spare.py) gives an instance only to whole devices left empty; MIG slices and MPS
+    partitions stayed empty, and an MPS plan kept its tightest partitions (duty cycle + latency = SLO,
+    capacity = the planned rate), which miss first under Poisson arrivals (issue 42, item 1: gpulets
+    Fig. 13 by analogy). Here every slot kind is chosen for headroom, in the same model. Departure from
+    gpulets (Algorithm 2 packs the fewest GPUs): fewest GPUs is spare capacity "idle", the autoscaling
+    objective; serving, the whole fleet is used."""
+    problem = fleet.problem
+    penalty, keep = problem.options.reconfiguration_penalty, problem.options.variant_change_penalty
+    per_demand = 1.0 / fleet.plan_problem.total_demand_rps if fleet.plan_problem.total_demand_rps > 0 else 0.0
+    per_row = {a.name: fleet.count_of(a.name)[1] for a in problem.applications}
+    reached = sum(problem.variant(v).accuracy * per_demand * per_row[problem.variant(v).application] * rate
+                  for (_, v), rate in solution.routed.items())
+    variants_reached = pulp.value(accuracy_model.variants_changed) or 0.0  # its variables hold that stage's plan
+    headroom = pulp.LpVariable("headroom", lowBound=1.0, upBound=HEADROOM_MAX)
+    model = fleet_model_build(fleet, full_demand=True, name="headroom", demand_scale=headroom)
+    for (name, k), chosen in model.pipelines_chosen.items():  # pipelines run as the accuracy stage planned them
+        chosen.lowBound = chosen.upBound = 1 if solution.pipelines.get(name) == k else 0
+    for key, replicas in model.replicas_on.items():
+        replicas.lowBound = replicas.upBound = solution.replicas_on.get(key, 0)
+    model.lp += model.accuracy_routed >= headroom * (reached - _served_tolerance(reached)), "stage_accuracy"
+    if penalty > 0:
+        model.lp += model.instances_changed <= solution.instances_changed(fleet), "stage_instances_changed"
+    if keep > 0:
+        model.lp += model.variants_changed <= variants_reached + 1e-6, "stage_variants_changed"
+    model.lp.setObjective(headroom)
+    # The accuracy stage's plan at h = 1, its loads re-read at this model's capacities (capped at
+    # HEADROOM_MAX x the demand, not at the demand).
+    start = dict(solution.values)
+    start[headroom.name] = 1.0
+    for (key, variant), load in model.loads.items():
+        start[load.name] = solution.routed.get((key, variant), 0.0) / model_capacity_rps(fleet, key, variant, demand_factor=HEADROOM_MAX)
+    last, found = stages.run(model, start=start, cap_s=max(MIN_STAGE_SECONDS, outcome.seconds))
+    gained = found.values.get(headroom.name, 1.0) if found is not None else 1.0
+    if found is None or gained <= 1.0 + 1e-6:
+        notes.append("headroom: the accuracy stage's plan kept (no plan found in time that could serve more of every demand)")
+        return solution
+    notes.append(f"headroom: spare slots run instances too; every application but pipelines' stages could be served "
+                 f"{gained:.3g}x its demand at the planned accuracy" + ("" if last.state == "optimal" else " (not proved the most in time)"))
+    return dataclasses.replace(found, routed={k: r / gained for k, r in found.routed.items()})
 
 
 def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[str]]) -> tuple[dict[str, float], list[SolveState], FleetSolution | None, list[str]]:
@@ -1277,13 +1351,13 @@ def _idle_layouts(fleet: Fleet) -> dict[str, list[str]]:
     return {d.name: [str(p) for p in sorted(d.layout)] for g in fleet.device_classes for d in g.devices if d.mig and d.layout is not None}
 
 
-def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignment], dict[str, list[str]], list[str]]:
+def fleet_realise(fleet: Fleet, solution: FleetSolution, *, keep_every_instance: bool = False) -> tuple[list[Assignment], dict[str, list[str]], list[str]]:
     """Hand the counts out to concrete devices and slots: each device class's devices keep their current
     configuration where the counts allow, a CPU host running a pipeline's stage takes the one with the most
     room for replicas, and the others take what is left in name order; instances fill devices one after
     another (so the GPUs used are as few as the counts allow), pipeline replicas on the hosts running the
     pipeline first; and each (slot class, variant)'s traffic is spread evenly over as few instances as
-    carry it."""
+    carry it (`keep_every_instance`, after the headroom stage: over all of them)."""
     problem = fleet.problem
     device_config: list[tuple[DeviceSpec, DeviceConfig]] = []
     homes = _pipeline_homes(fleet)
@@ -1324,7 +1398,7 @@ def fleet_realise(fleet: Fleet, solution: FleetSolution) -> tuple[list[Assignmen
         if count <= 0 or rate <= RPS_EPSILON:
             continue
         capacity = fleet.slot_classes[key].capacities[variant].capacity_rps
-        needed = min(count, max(1, math.ceil(rate / capacity - 1e-9)))
+        needed = count if keep_every_instance else min(count, max(1, math.ceil(rate / capacity - 1e-9)))
         pending[key].extend([(variant, rate / needed, None)] * needed)
     _pipeline_replicas_pend(fleet, solution, pending)
 

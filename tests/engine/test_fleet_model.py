@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from engine.plans.problem import problem_from_dict
+from engine.plans.problem import SolveOptions, problem_from_dict
 from engine.plans.validate import plan_validate
 from engine.reference.generate import mixed_fleet_problem, proteus_sized_problem
 from engine.reference.gpulet_problem import gpulet_mps_problem_dict
@@ -349,3 +349,45 @@ def test_the_served_stages_keep_each_slots_fastest_variant_and_lose_nothing(monk
         assert any(plan.shortfall_rps.values())  # overloaded: the fair-share and served stages ran
     assert _fair_share(problem, reduced) == pytest.approx(_fair_share(problem, every_column), rel=GAP, abs=1e-6)
     assert reduced.total_served_rps == pytest.approx(every_column.total_served_rps, rel=2 * GAP)
+
+
+def test_spare_capacity_fill_runs_every_gpu_for_headroom_at_the_same_accuracy() -> None:
+    """Spare capacity "fill" (the default): the MPS GPUs the accuracy stage left idle get partitions too,
+    chosen for the largest common multiple of every demand the plan could serve (issue 42, item 1); "idle"
+    keeps the fewest GPUs. Same accuracy and served traffic either way; the fill's instances carry the
+    demand further below their capacity."""
+    rates = {"resnet50": 400.0, "mobilenet": 400.0, "vgg16": 100.0}
+    fill = problem_from_dict(gpulet_mps_problem_dict(rates, gpus=4))
+    fill = dataclasses.replace(fill, options=dataclasses.replace(fill.options, mip_gap=GAP))
+    assert fill.options.spare_capacity == "fill"
+    idle = _idle(fill)
+    plans = {name: plan_solve(p, "fleet", time_limit_s=30) for name, p in (("fill", fill), ("idle", idle))}
+    for name, plan in plans.items():
+        verdict = plan_validate(fill, plan)
+        assert verdict.valid, (name, verdict.errors)
+        assert plan.status == "optimal" and not any(plan.shortfall_rps.values())
+    assert plans["idle"].gpus_used < plans["fill"].gpus_used
+    assert plans["fill"].effective_accuracy == pytest.approx(plans["idle"].effective_accuracy, rel=GAP)
+    (note,) = [n for n in plans["fill"].notes if n.startswith("headroom:")]
+    headroom = float(note.split("could be served ")[1].split("x")[0])
+    assert headroom > 1.5
+    for app, demand in rates.items():
+        capacity = {name: sum(i.capacity_rps for i in plan.instances if i.variant == app) for name, plan in plans.items()}
+        assert capacity["fill"] >= headroom * demand * (1 - 1e-6) and capacity["fill"] > capacity["idle"]
+        busiest = max(i.assigned_rps / i.capacity_rps for i in plans["fill"].instances if i.variant == app)
+        assert busiest <= 1 / headroom + 1e-6
+
+
+def test_spare_capacity_fill_gives_empty_mig_slices_an_instance_and_keeps_the_objective() -> None:
+    """On a mixed fleet at light load the accuracy stage leaves MIG slices and GPUs empty; the fill runs
+    them with the objective, bound and gap of the accuracy stage unchanged."""
+    problem = mixed_fleet_problem(2, 2, 1, 1, n_applications=3, seed=0, load=0.3, options=SolveOptions(mip_gap=GAP, time_limit_s=30))
+    fill = plan_solve(problem, "fleet")
+    idle = plan_solve(_idle(problem), "fleet")
+    for plan in (fill, idle):
+        assert plan_validate(problem, plan).valid and plan.status == "optimal" and not any(plan.shortfall_rps.values())
+    assert fill.objective == pytest.approx(idle.objective, rel=2 * GAP)
+    assert len(fill.instances) > len(idle.instances) and fill.gpus_used >= idle.gpus_used
+    assert any(n.startswith("headroom:") for n in fill.notes)
+    mig = {d.name for d in problem.devices if d.mig}
+    assert sum(1 for i in fill.instances if i.device in mig) > sum(1 for i in idle.instances if i.device in mig)
