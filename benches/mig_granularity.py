@@ -49,7 +49,8 @@ Setup (all of it printed with the results):
   service-time noise, which would measure noise rather than allocation):
   garrison-demand (multi-granularity, garrison_demand.py's demand-driven version of Algorithm 1; routed by the plan's
   weights, and again with Garrison's own per-query matching, §5.3), joint (Proteus's model with the MIG
-  geometry chosen too),
+  geometry chosen too), fleet (Tessera's default planner: the fleet model, geometry chosen too, spare
+  capacity filled for headroom; issue 42, item 2: >= 1.0x the best homogeneous geometry on every row),
   and proteus on a FIXED homogeneous geometry on every GPU: 7 x 1g.5gb, 3 x 2g.10gb, 2 x 3g.20gb, 1 x 7g.40gb.
 - Traffic: one Poisson process per application at its demand, `duration` seconds. Simulator: one batching
   policy for all (default nexus: work-conserving, so the comparison measures allocation rather than the
@@ -94,6 +95,7 @@ CONFIGS: tuple[tuple[str, str, tuple[str, ...] | None, str], ...] = (
     ("garrison-demand", "garrison-demand", None, "weights"),
     ("garrison-demand + matching", "garrison-demand", None, "matching"),
     ("joint", "joint", None, "weights"),
+    ("fleet (default)", "fleet", None, "weights"),  # Tessera's default planner (issue 42, item 2)
     *((f"proteus, {name}", "proteus", geometry, "weights") for name, geometry in HOMOGENEOUS.items()),
 )
 CSV_FIELDS = (
@@ -207,7 +209,7 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
             continue
         best_name, best = max(homo.items(), key=lambda kv: kv[1]["goodput_qps"])
         parts = []
-        for name in ("garrison-demand", "garrison-demand + matching", "joint"):
+        for name in ("garrison-demand", "garrison-demand + matching", "joint", "fleet (default)"):
             r = table.get(name)
             if r is None:
                 continue

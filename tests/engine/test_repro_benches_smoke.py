@@ -65,7 +65,7 @@ def test_mig_granularity_bench_quick(tmp_path: Path) -> None:
     stdout = run_quick("mig_granularity.py", tmp_path)
     rows = csv_rows(tmp_path / "mig_granularity.csv")
     assert not [r for r in rows if r["error"]], [(r["row"], r["error"]) for r in rows if r["error"]]
-    assert {"garrison-demand", "joint", "proteus, all 1g.5gb (7)", "proteus, all 7g.40gb (1)"} <= {r["row"] for r in rows}
+    assert {"garrison-demand", "joint", "fleet (default)", "proteus, all 1g.5gb (7)", "proteus, all 7g.40gb (1)"} <= {r["row"] for r in rows}
     assert all(int(r["queries"]) > 0 for r in rows)
     figure_or_reason(stdout, tmp_path / "mig_granularity.png")
 
