@@ -1214,11 +1214,10 @@ def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, o
     objective; serving, the whole fleet is used."""
     problem = fleet.problem
     penalty, keep = problem.options.reconfiguration_penalty, problem.options.variant_change_penalty
-    per_demand = 1.0 / fleet.plan_problem.total_demand_rps if fleet.plan_problem.total_demand_rps > 0 else 0.0
-    per_row = {a.name: fleet.count_of(a.name)[1] for a in problem.applications}
-    reached = sum(problem.variant(v).accuracy * per_demand * per_row[problem.variant(v).application] * rate
-                  for (_, v), rate in solution.routed.items())
-    variants_reached = pulp.value(accuracy_model.variants_changed) or 0.0  # its variables hold that stage's plan
+    # The accuracy model's variables hold that stage's plan: its accuracy over the instances' traffic, and
+    # the running instances it dropped.
+    reached = pulp.value(accuracy_model.accuracy_routed) or 0.0
+    variants_reached = pulp.value(accuracy_model.variants_changed) or 0.0
     headroom = pulp.LpVariable("headroom", lowBound=1.0, upBound=HEADROOM_MAX)
     model = fleet_model_build(fleet, full_demand=True, name="headroom", demand_scale=headroom)
     for (name, k), chosen in model.pipelines_chosen.items():  # pipelines run as the accuracy stage planned them
