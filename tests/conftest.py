@@ -59,6 +59,7 @@ def pytest_configure(config):
     import controlplane.demo as demo
 
     demo._cpu_points_measure = _demo_measure_alone(demo._cpu_points_measure)
+    _flush_bound_install()
 
 
 class _Turns:
@@ -228,6 +229,51 @@ def _demo_measure_before_the_tests() -> None:
                 demo._cpu_points_measure(model.onnx_bytes, cores, batches)
     finally:
         turns.release()
+
+
+# The flush that ends every transactional test (`TRUNCATE` of every table) runs under a long statement bound, not
+# the request's 4 s (TESSERA_DB_STATEMENT_TIMEOUT_S, the watchdog 0.5 s later). On a loaded two-core CI machine a
+# flush failed after tests/workers/test_agent_kubernetes.py (its log kept no cause: waiting on a lock that a live
+# server's or Celery worker's last transaction held, or a slow TRUNCATE, are what 4 s cuts short), and the next
+# test on that worker started on its rows. Should it fail all the same, the error names the sessions it waited on.
+FLUSH_STATEMENT_BOUND_S = 60.0
+
+
+def _flush_blockers() -> str:
+    from django.db import connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid, state, now() - xact_start, left(query, 200) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")
+            return "; ".join(f"pid {pid} {state} for {age}: {query}" for pid, state, age, query in cursor.fetchall()) or "none"
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        return f"(could not list them: {exc})"
+
+
+def _fixture_teardown_bounded(teardown):
+    def bounded(self):
+        from django.db import connections
+
+        from apps.core.outages import statement_bound_override
+
+        if not any(connections[alias].vendor == "postgresql" for alias in self._databases_names(include_mirrors=False)):
+            return teardown(self)
+        try:
+            with statement_bound_override(FLUSH_STATEMENT_BOUND_S):
+                return teardown(self)
+        except Exception as exc:
+            raise RuntimeError(f"the test database could not be flushed; sessions in a transaction on it: {_flush_blockers()}") from exc
+
+    bounded.__wrapped__ = teardown
+    return bounded
+
+
+def _flush_bound_install() -> None:
+    from django.test.testcases import TransactionTestCase
+
+    if not hasattr(TransactionTestCase._fixture_teardown, "__wrapped__"):
+        TransactionTestCase._fixture_teardown = _fixture_teardown_bounded(TransactionTestCase._fixture_teardown)
 
 
 @pytest.fixture
