@@ -29,7 +29,7 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
 @pytest.mark.timeout(60)
 def test_ensembles_bench_quick_on_one_scenario(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(REPO / "benches" / "ensembles.py"), "--quick", "--scenarios", "table1-a", "--allocations", "garrison,1g,7g",
+        [sys.executable, str(REPO / "benches" / "ensembles.py"), "--quick", "--scenarios", "table1-a", "--allocations", "garrison,fleet,1g,7g",
          "--duration", "1", "--jobs", "1", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=55,
     )
@@ -39,7 +39,7 @@ def test_ensembles_bench_quick_on_one_scenario(tmp_path: Path) -> None:
         assert tuple(next(csv.reader(fh))) == COLUMNS
     rows = csv_rows(tmp_path / "ensembles.csv")
     served = [r for r in rows if not r["error"]]
-    for section, allocation in (("ensemble", "garrison"), ("ensemble", "1g"), ("fidelity", "garrison")):
+    for section, allocation in (("ensemble", "garrison"), ("ensemble", "fleet"), ("ensemble", "1g"), ("fidelity", "garrison")):
         kinds = {r["scheduler"] for r in served if (r["section"], r["allocation"]) == (section, allocation)}
         assert kinds == SCHEDULERS, (section, allocation, kinds)
     assert all(int(r["queries"]) > 0 and 0.0 <= float(r["violation_ratio"]) <= 1.0 and float(r["bias_rms"]) >= 0.0 for r in served)
@@ -50,6 +50,8 @@ def test_ensembles_bench_quick_on_one_scenario(tmp_path: Path) -> None:
     summary = csv_rows(tmp_path / "ensembles_summary.csv")
     with (tmp_path / "ensembles_summary.csv").open() as fh:
         assert tuple(next(csv.reader(fh))) == SUMMARY_COLUMNS
-    assert {s["allocation"] for s in summary} == {"garrison", "1g", "7g"}
+    assert {s["allocation"] for s in summary} == {"garrison", "fleet", "1g", "7g"}
+    # The default planner is planned (its plan's status and slices printed) and compared with the best homogeneous.
+    assert "table1-a fleet: " in result.stdout and "best homogeneous 1g" in result.stdout and "fleet " in result.stdout.split("best homogeneous 1g")[1]
     assert all(float(s["robustness_proxy"]) >= 0 for s in summary if not s["error"])
     assert (tmp_path / "ensembles.png").exists() or "PNG skipped" in result.stdout
