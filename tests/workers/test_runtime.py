@@ -252,6 +252,63 @@ def test_stepped_batcher_on_a_virtual_clock() -> None:
     assert clock.now_ms() == 60.0
 
 
+@pytest.mark.parametrize("policy", ["nexus", "proteus", "fixed"])
+@pytest.mark.parametrize("queue_order", ["fifo", "edf"])
+def test_a_batch_of_multi_row_queries_holds_max_batch_rows_timed_at_its_rows(policy: str, queue_order: str) -> None:
+    """Profiles and max_batch count rows; a query of 8 rows (a client's own batch) counts 8 against them. Sized in
+    queries, four 8-row queries at max_batch 16 ran 32 rows together, twice what the plan sized for."""
+    clock = VirtualClock()
+    per_row_ms = 2.0
+    served_rows: list[int] = []
+
+    def execute(payloads: list) -> list:
+        served_rows.append(sum(rows for rows, _name in payloads))
+        return [name for _rows, name in payloads]
+
+    options = {"size": 4} if policy == "fixed" else {}
+    batcher = InstanceBatcher(
+        batching_policy_make(policy, **options), latency_ms=lambda b: per_row_ms * b, max_batch=16, execute=execute, slo_ms=500.0,
+        queue_order=queue_order, clock=clock, service_ms=lambda b: per_row_ms * b, record_batches=True,
+    )
+    sizes = [8, 8, 8, 8, 1, 1, 24, 3]
+    futures = [batcher.submit((rows, f"q{i}"), arrival_ms=0.1 * i, rows=rows) for i, rows in enumerate(sizes)]
+    batcher.step_until(math.inf)
+    assert [f.result() for f in futures] == [f"q{i}" for i in range(len(sizes))]  # every query answered, none lost
+    assert sum(served_rows) == sum(sizes)
+    # No batch of several queries holds more than max_batch rows; the 24-row query, larger than the cap, runs alone.
+    for (_start, ids, _end), rows in zip(batcher.batches, served_rows):
+        assert rows <= 16 or ids == [6], (batcher.batches, served_rows)
+    # Each batch took the service time of its rows (the stepped clock runs service_ms at the batch's rows).
+    for (start, _ids, end), rows in zip(batcher.batches, served_rows):
+        assert end - start == pytest.approx(per_row_ms * rows)
+    assert not batcher._rows  # nothing left behind for queries that are gone
+
+
+def test_one_row_queries_batch_as_before() -> None:
+    """The rows-aware path is taken only for multi-row queries: one-row traffic batches exactly as before."""
+    def batches(**rows: int) -> list:
+        batcher = InstanceBatcher(batching_policy_make("nexus"), latency_ms=lambda b: 1.0 + b, max_batch=4, execute=lambda p: p,
+                                  slo_ms=100.0, clock=VirtualClock(), service_ms=lambda b: 1.0 + b, record_batches=True)
+        for i in range(9):
+            batcher.submit(i, arrival_ms=0.3 * i, **rows)
+        batcher.step_until(math.inf)
+        return batcher.batches
+
+    assert batches(rows=1) == batches() and max(len(ids) for _s, ids, _e in batches()) > 1
+    batcher = InstanceBatcher(batching_policy_make("nexus"), latency_ms=lambda b: 1.0, max_batch=4, execute=lambda p: p, slo_ms=100.0,
+                              clock=VirtualClock())
+    with pytest.raises(ValueError, match="rows must be an integer >= 1"):
+        batcher.submit(0, arrival_ms=20.0, rows=0)
+
+
+def test_query_rows_reads_the_batch_axis() -> None:
+    from workers.runtime.served import query_rows
+
+    assert query_rows({"input": np.zeros((8, 4), dtype=np.float32)}, True) == 8
+    assert query_rows({"input": np.zeros((4,), dtype=np.float32)}, False) == 1
+    assert query_rows({}, True) == 1
+
+
 # --------------------------------------------------------------------------- simulator equivalence
 
 LATENCY = {1: 10.0, 2: 16.0, 4: 28.0, 8: 52.0}  # ms at batch 1, 2, 4, 8

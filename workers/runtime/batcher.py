@@ -8,6 +8,10 @@ the drop rule, then `decide`, then collect the policy's early drops (Nexus) with
 `drop_expired(now, "never", ...)`. `Dispatch(b, at)`: at <= now + 1e-9 ms pops min(b, queued, max_batch)
 queries and runs them; a later `at` sets the timer; b == 0 waits for the next arrival. After a batch,
 `policy.observe(size, service_ms, late)`. At equal times a completion or a timer goes before an arrival.
+Rows: the profiles and `max_batch` count rows, and `execute` stacks the queries' rows into one run. While a
+query of several rows (`submit(rows=k)`, a client's own batch) is queued, the policy decides over the
+latency of the first b queries' rows and a cap of the queries whose rows fit `max_batch` (`_row_terms`);
+one-row traffic takes the simulator's path unchanged.
 
 Two ways to run it:
 
@@ -64,6 +68,7 @@ import logging
 import math
 import threading
 import time
+from bisect import bisect_right
 from concurrent.futures import Future
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -193,6 +198,9 @@ class InstanceBatcher:
         self._cond = threading.Condition(threading.RLock())
         self._next_id = 0
         self._pending: dict[int, tuple[Future, Any, float]] = {}  # query id -> (future, payload, deadline_ms)
+        # Rows of the queued and in-flight queries that carry more than one (a client's own batch); absent: one.
+        # Profiles and `max_batch` count rows, the queue counts queries (see `_row_terms`).
+        self._rows: dict[int, int] = {}
         self._busy = False
         self._busy_end = _INF  # stepped mode: when the batch in flight ends
         self._inflight: list[tuple[int, float, float]] | None = None
@@ -207,7 +215,7 @@ class InstanceBatcher:
     # ------------------------------------------------------------------ public API
 
     def submit(self, payload: Any, arrival_ms: float | None = None, deadline_ms: float | None = None, *,
-               done: Callable[[Any, BaseException | None], None] | None = None, inline: bool = False) -> Future:
+               done: Callable[[Any, BaseException | None], None] | None = None, inline: bool = False, rows: int = 1) -> Future:
         """Queue one query; the future resolves with its result or fails with `DeadlineExceeded`.
         `arrival_ms` defaults to now; `deadline_ms` to arrival + slo_ms. Stepped mode: virtual time first
         advances to `arrival_ms`. With `done`, no future is made: `done(result, None)` or `done(None, error)`
@@ -218,11 +226,17 @@ class InstanceBatcher:
         with nothing else queued and the policy runs this query now, alone, run it on the calling thread instead of handing it to the worker (no thread
         hop: the hop, a wake-up and two context switches, costs more than a small model's run). The policy
         decides exactly as on the worker, so batching is untouched: a query that finds another queued or a
-        batch running, or that the policy would hold to grow a batch, goes to the worker as always."""
+        batch running, or that the policy would hold to grow a batch, goes to the worker as always.
+
+        `rows`: how many rows the query carries (its own batch axis). The batch the policy sizes, its latency
+        and `max_batch` count rows: a batch of k-row queries holds at most max_batch / k of them (one at
+        least), and its latency is the profile's at their rows (`_row_terms`)."""
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise ValueError(f"rows must be an integer >= 1, not {rows!r}")
         if self.round_driven:
-            return self._submit_queued(payload, arrival_ms, deadline_ms, done)
+            return self._submit_queued(payload, arrival_ms, deadline_ms, done, rows)
         stepped = self._thread is None
-        if inline and not stepped and self.turn is None and self._lat1 <= self.inline_max_ms:
+        if inline and not stepped and self.turn is None and rows == 1 and self._lat1 <= self.inline_max_ms:
             return self._submit_inline(payload, arrival_ms, deadline_ms, done)
         if stepped and hasattr(self.clock, "advance_to"):
             # Completions and timers due by the arrival go first (also those due exactly now).
@@ -230,7 +244,7 @@ class InstanceBatcher:
             self.step_until(now if arrival_ms is None or arrival_ms < now else arrival_ms)
         with self._cond:
             now = self._now_ms()
-            future = self._enqueue(payload, now, arrival_ms, deadline_ms, done)
+            future = self._enqueue(payload, now, arrival_ms, deadline_ms, done, rows)
             if not stepped:
                 self._kick_needed = True
                 if self._worker_waiting:  # a worker running a batch looks at _kick_needed when it ends
@@ -276,17 +290,17 @@ class InstanceBatcher:
         return future
 
     def _submit_queued(self, payload: Any, arrival_ms: float | None, deadline_ms: float | None,
-                       done: Callable[[Any, BaseException | None], None] | None) -> Future:
+                       done: Callable[[Any, BaseException | None], None] | None, rows: int = 1) -> Future:
         """Round-driven: queue the query, then tell the round (which owns the clock when stepped)."""
         with self._cond:
-            future = self._enqueue(payload, self._now_ms(), arrival_ms, deadline_ms, done)
+            future = self._enqueue(payload, self._now_ms(), arrival_ms, deadline_ms, done, rows)
         hook = self.arrival_hook
         if hook is not None:
             hook()
         return future
 
     def _enqueue(self, payload: Any, now: float, arrival_ms: float | None, deadline_ms: float | None,
-                 done: Callable[[Any, BaseException | None], None] | None = None) -> Future:
+                 done: Callable[[Any, BaseException | None], None] | None = None, rows: int = 1) -> Future:
         """Queue one query (lock held): its id, future (or `_Completion` around `done`) and deadline."""
         if self._closed:
             raise BatcherClosed("the batcher is closed")
@@ -301,6 +315,8 @@ class InstanceBatcher:
         else:
             future = _Completion(query_id, done)  # type: ignore[assignment]
         self._pending[query_id] = (future, payload, deadline)
+        if rows > 1:
+            self._rows[query_id] = rows
         self.queue.push(query_id, arrival, deadline)
         return future
 
@@ -321,7 +337,7 @@ class InstanceBatcher:
             payloads = self._payloads(batch)
         results, error, measured = self._run(payloads)
         if self.service_ms is not None and hasattr(self.clock, "advance_to"):
-            service = float(self.service_ms(len(batch)))
+            service = float(self.service_ms(self._batch_rows(batch)))
             end = now + service
         else:
             end = self._now_ms()
@@ -452,10 +468,15 @@ class InstanceBatcher:
         if not q:
             self._timer_at = _INF
             return None
-        b, at = self.policy.decide(now, q, self.latency_ms, cap)
+        latency_ms = self.latency_ms
+        if self._rows:  # some query queued carries several rows: the policy sizes the batch in rows
+            latency_ms, cap = self._row_terms(cap)
+        b, at = self.policy.decide(now, q, latency_ms, cap)
         early = q.drop_expired(now, "never", 0.0, 0.0)  # the policy's early drops (Nexus), if any
         if early:
             self._fail_dropped(early, now)
+            if self._rows and q:
+                _latency, cap = self._row_terms(self.max_batch if max_batch is None else int(max_batch))
         size = len(q)
         if b <= 0 or size == 0:
             self._timer_at = _INF
@@ -474,8 +495,37 @@ class InstanceBatcher:
         self._timer_at = _INF
         return batch
 
+    def _row_terms(self, cap_rows: int) -> tuple[Callable[[int], float], int]:
+        """For queued queries of several rows (lock held): the latency of the first b queries in service order
+        (the profile's at their rows; past the queue, queries of the queue's mean rows) and how many of them
+        fit `cap_rows` (one at least: a query larger than the cap runs alone, as the client sent it).
+
+        Why: profiles and the plan's `max_batch` count rows, and `execute` stacks the queries' rows into one
+        run. Sized in queries, a batch of 8-row queries at max_batch 32 ran 256 rows, 8 times what the plan
+        sized for latency and memory."""
+        rows = self._rows
+        prefix = [0]
+        for query_id, _a, _d in self.queue.snapshot():
+            prefix.append(prefix[-1] + rows.get(query_id, 1))
+        queued = len(prefix) - 1
+        mean = prefix[-1] / queued if queued else 1.0
+        base = self.latency_ms
+
+        def rows_of(b: int) -> int:
+            return prefix[b] if b <= queued else prefix[-1] + math.ceil((b - queued) * mean)
+
+        fit = bisect_right(prefix, cap_rows) - 1  # queued queries whose rows together fit the cap
+        if fit >= queued:
+            fit = queued + int((cap_rows - prefix[-1]) // mean)
+        return (lambda b: base(rows_of(b))), max(1, fit)
+
+    def _batch_rows(self, batch: list[tuple[int, float, float]]) -> int:
+        rows = self._rows
+        return sum(rows.get(query_id, 1) for query_id, _a, _d in batch) if rows else len(batch)
+
     def _fail_dropped(self, query_ids: list[int], now: float) -> None:
         for query_id in query_ids:
+            self._rows.pop(query_id, None)
             future, _payload, deadline = self._pending.pop(query_id)
             if self.record_batches:
                 self.drops.append((query_id, now))
@@ -502,7 +552,7 @@ class InstanceBatcher:
         else:
             with self.turn():
                 results, error, measured = self._run(self._payloads(batch))
-        service = float(self.service_ms(len(batch))) if self.service_ms is not None else measured
+        service = float(self.service_ms(self._batch_rows(batch))) if self.service_ms is not None else measured
         self._outcome = (results, error, service)
         self._busy_end = now + service
 
@@ -523,6 +573,7 @@ class InstanceBatcher:
         self._busy_end = _INF
         late = 0
         for i, (query_id, _a, deadline) in enumerate(batch):
+            self._rows.pop(query_id, None)
             future, _payload, _deadline = self._pending.pop(query_id)
             if end - self.margin_ms > deadline + DEADLINE_TOLERANCE_MS:  # the simulator's test, to the bit
                 late += 1
@@ -542,6 +593,7 @@ class InstanceBatcher:
             self._fail_dropped(early, now)
         if len(self.queue):
             for query_id, _a, _d in self.queue.pop(len(self.queue)):
+                self._rows.pop(query_id, None)
                 future, _payload, _deadline = self._pending.pop(query_id)
                 future.set_exception(BatcherClosed(f"query {query_id}: the batcher closed before serving it"))
         self._timer_at = _INF

@@ -36,6 +36,15 @@ log = logging.getLogger("tessera.runtime")
 JSON_CT = "application/json"
 
 
+def query_rows(inputs: dict, batched: bool) -> int:
+    """The rows a query carries: its batch axis's length when every input has one (a client's own batch), else
+    one. The batcher counts them against the plan's `max_batch` and the profile's latency, which count rows."""
+    if not batched or not inputs:
+        return 1
+    first = next(iter(inputs.values()))
+    return max(1, int(first.shape[0])) if getattr(first, "ndim", 0) else 1
+
+
 class _Query:
     __slots__ = ("inputs", "batched", "arrival_ms", "deadline_ms", "end_ms", "compute_ms", "start_ms")
 
@@ -370,7 +379,7 @@ class ServedModel:
             # A cheap model's query that arrives alone at an idle instance runs right here (`inline`: the
             # batcher decides as always, and hands everything else to its worker); more frames of this read
             # waiting behind it would wait for the run, so then it goes to the worker.
-            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, inline=not conn.more,
+            self.batcher.submit(query, arrival_ms=arrival_ms, deadline_ms=deadline_ms, inline=not conn.more, rows=query_rows(inputs, batched),
                                 done=lambda result, exc: self._infer_done(context, query, request_id, binary, result, exc))
         except BatcherClosed:
             with self._count_lock:
