@@ -503,6 +503,8 @@ class InstanceBatcher:
         Why: profiles and the plan's `max_batch` count rows, and `execute` stacks the queries' rows into one
         run. Sized in queries, a batch of 8-row queries at max_batch 32 ran 256 rows, 8 times what the plan
         sized for latency and memory."""
+        if cap_rows < 1:  # an instance that cannot serve: every policy answers "nothing to do"
+            return self.latency_ms, cap_rows
         rows = self._rows
         prefix = [0]
         for query_id, _a, _d in self.queue.snapshot():
