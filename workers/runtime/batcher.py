@@ -198,9 +198,10 @@ class InstanceBatcher:
         self._cond = threading.Condition(threading.RLock())
         self._next_id = 0
         self._pending: dict[int, tuple[Future, Any, float]] = {}  # query id -> (future, payload, deadline_ms)
-        # Rows of the queued and in-flight queries that carry more than one (a client's own batch); absent: one.
-        # Profiles and `max_batch` count rows, the queue counts queries (see `_row_terms`).
+        # Rows of the queued queries that carry more than one (a client's own batch); absent: one. Profiles
+        # and `max_batch` count rows, the queue counts queries (see `_row_terms`).
         self._rows: dict[int, int] = {}
+        self._inflight_rows = 0  # the rows of the batch in flight (its service time in stepped mode)
         self._busy = False
         self._busy_end = _INF  # stepped mode: when the batch in flight ends
         self._inflight: list[tuple[int, float, float]] | None = None
@@ -337,7 +338,7 @@ class InstanceBatcher:
             payloads = self._payloads(batch)
         results, error, measured = self._run(payloads)
         if self.service_ms is not None and hasattr(self.clock, "advance_to"):
-            service = float(self.service_ms(self._batch_rows(batch)))
+            service = float(self.service_ms(self._inflight_rows))
             end = now + service
         else:
             end = self._now_ms()
@@ -459,7 +460,7 @@ class InstanceBatcher:
     def _kick(self, now: float, *, max_batch: int | None = None, immediate: bool = False) -> list[tuple[int, float, float]] | None:
         """The instance is idle: drop what expired, ask the policy, pop a batch (returned) or set the timer.
         A round's turn passes its cap as `max_batch` and runs the batch now (`immediate`: no timer)."""
-        cap = self.max_batch if max_batch is None else int(max_batch)
+        cap = cap_rows = self.max_batch if max_batch is None else int(max_batch)
         q = self.queue
         # The drop rule judges the real deadline: shifting now back by the margin undoes the planning shift.
         dropped = q.drop_expired(now - self.margin_ms, self.drop_rule, self.slo_ms, self._lat1)
@@ -470,13 +471,13 @@ class InstanceBatcher:
             return None
         latency_ms = self.latency_ms
         if self._rows:  # some query queued carries several rows: the policy sizes the batch in rows
-            latency_ms, cap = self._row_terms(cap)
+            latency_ms, cap = self._row_terms(cap_rows)
         b, at = self.policy.decide(now, q, latency_ms, cap)
         early = q.drop_expired(now, "never", 0.0, 0.0)  # the policy's early drops (Nexus), if any
         if early:
             self._fail_dropped(early, now)
-            if self._rows and q:
-                _latency, cap = self._row_terms(self.max_batch if max_batch is None else int(max_batch))
+            if self._rows and q:  # fewer queries ahead: as many more as their rows leave room for
+                _latency, cap = self._row_terms(cap_rows)
         size = len(q)
         if b <= 0 or size == 0:
             self._timer_at = _INF
@@ -489,6 +490,7 @@ class InstanceBatcher:
         if b > cap:
             b = cap
         batch = q.pop(b)
+        self._inflight_rows = self._rows_take(batch)
         self._busy = True
         self._inflight = batch
         self._inflight_start = now
@@ -521,9 +523,10 @@ class InstanceBatcher:
             fit = queued + int((cap_rows - prefix[-1]) // mean)
         return (lambda b: base(rows_of(b))), max(1, fit)
 
-    def _batch_rows(self, batch: list[tuple[int, float, float]]) -> int:
+    def _rows_take(self, batch: list[tuple[int, float, float]]) -> int:
+        """The rows of a batch leaving the queue (lock held); its queries leave `_rows` with it."""
         rows = self._rows
-        return sum(rows.get(query_id, 1) for query_id, _a, _d in batch) if rows else len(batch)
+        return sum(rows.pop(query_id, 1) for query_id, _a, _d in batch) if rows else len(batch)
 
     def _fail_dropped(self, query_ids: list[int], now: float) -> None:
         for query_id in query_ids:
@@ -554,7 +557,7 @@ class InstanceBatcher:
         else:
             with self.turn():
                 results, error, measured = self._run(self._payloads(batch))
-        service = float(self.service_ms(self._batch_rows(batch))) if self.service_ms is not None else measured
+        service = float(self.service_ms(self._inflight_rows)) if self.service_ms is not None else measured
         self._outcome = (results, error, service)
         self._busy_end = now + service
 
@@ -575,7 +578,6 @@ class InstanceBatcher:
         self._busy_end = _INF
         late = 0
         for i, (query_id, _a, deadline) in enumerate(batch):
-            self._rows.pop(query_id, None)
             future, _payload, _deadline = self._pending.pop(query_id)
             if end - self.margin_ms > deadline + DEADLINE_TOLERANCE_MS:  # the simulator's test, to the bit
                 late += 1
