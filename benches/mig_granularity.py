@@ -51,6 +51,8 @@ Setup (all of it printed with the results):
   weights, and again with Garrison's own per-query matching, §5.3), joint (Proteus's model with the MIG
   geometry chosen too), fleet (Tessera's default planner: the fleet model, geometry chosen too, spare
   capacity filled for headroom; issue 42, item 2: >= 1.0x the best homogeneous geometry on every row),
+  the same with `options.headroom_target` 1.5 (the most accuracy at 1.5x the planned demand where the most
+  accurate plan leaves less headroom),
   and proteus on a FIXED homogeneous geometry on every GPU: 7 x 1g.5gb, 3 x 2g.10gb, 2 x 3g.20gb, 1 x 7g.40gb.
 - Traffic: one Poisson process per application at its demand, `duration` seconds. Simulator: one batching
   policy for all (default nexus: work-conserving, so the comparison measures allocation rather than the
@@ -90,13 +92,16 @@ HOMOGENEOUS = {
     "all 3g.20gb (2)": ("3g.20gb@0", "3g.20gb@4"),
     "all 7g.40gb (1)": ("7g.40gb@0",),
 }
-# (row, planner, fixed geometry or None, routing)
-CONFIGS: tuple[tuple[str, str, tuple[str, ...] | None, str], ...] = (
-    ("garrison-demand", "garrison-demand", None, "weights"),
-    ("garrison-demand + matching", "garrison-demand", None, "matching"),
-    ("joint", "joint", None, "weights"),
-    ("fleet (default)", "fleet", None, "weights"),  # Tessera's default planner (issue 42, item 2)
-    *((f"proteus, {name}", "proteus", geometry, "weights") for name, geometry in HOMOGENEOUS.items()),
+# The fleet planner's `options.headroom_target` in the row that sets it.
+HEADROOM_TARGET = 1.5
+# (row, planner, fixed geometry or None, routing, options changed from the problem's)
+CONFIGS: tuple[tuple[str, str, tuple[str, ...] | None, str, dict[str, Any]], ...] = (
+    ("garrison-demand", "garrison-demand", None, "weights", {}),
+    ("garrison-demand + matching", "garrison-demand", None, "matching", {}),
+    ("joint", "joint", None, "weights", {}),
+    ("fleet (default)", "fleet", None, "weights", {}),  # Tessera's default planner (issue 42, item 2)
+    (f"fleet, headroom {HEADROOM_TARGET:g}x", "fleet", None, "weights", {"headroom_target": HEADROOM_TARGET}),
+    *((f"proteus, {name}", "proteus", geometry, "weights", {}) for name, geometry in HOMOGENEOUS.items()),
 )
 CSV_FIELDS = (
     "load", "row", "planner", "geometry", "routing", "batching", "demand_rps", "planned_served_rps", "planned_accuracy",
@@ -130,10 +135,12 @@ CONTEXT: dict[str, Any] = {}  # set before the worker pool forks
 
 def run_one(task: tuple[float, int]) -> dict[str, Any]:
     load, c = task
-    row, planner, geometry, routing = CONFIGS[c]
+    row, planner, geometry, routing, options = CONFIGS[c]
     problem: Problem = CONTEXT["problems"][load]
     if geometry is not None:
         problem = fixed_geometry(problem, geometry)
+    if options:
+        problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **options))
     out: dict[str, Any] = {
         "load": load, "row": row, "planner": planner, "geometry": "+".join(geometry) if geometry else "chosen by the planner",
         "routing": routing, "batching": CONTEXT["batching"], "demand_rps": problem.total_demand_rps, "error": "",
@@ -209,7 +216,7 @@ def shape(rows: list[dict[str, Any]]) -> list[str]:
             continue
         best_name, best = max(homo.items(), key=lambda kv: kv[1]["goodput_qps"])
         parts = []
-        for name in ("garrison-demand", "garrison-demand + matching", "joint", "fleet (default)"):
+        for name in ("garrison-demand", "garrison-demand + matching", "joint", "fleet (default)", f"fleet, headroom {HEADROOM_TARGET:g}x"):
             r = table.get(name)
             if r is None:
                 continue

@@ -21,7 +21,7 @@ h. VALIDATED (or FAILED with the problems), with the shortfall and notes; auto-a
    policy says so.
 
 Options (job params "options", defaults in PLAN_RUN_DEFAULTS): solver, objective, time_limit_s, mip_gap,
-reconfiguration_penalty, headroom, include_registered, demand ({application: rps}, a what-if in place of
+reconfiguration_penalty, headroom, headroom_target, include_registered, demand ({application: rps}, a what-if in place of
 the estimate of the applications it names), prediction_s, seed."""
 from __future__ import annotations
 
@@ -92,6 +92,9 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
     # negligible gains without one; proteus keeps layouts anyway).
     "reconfiguration_penalty": 0.001,
     "headroom": 1.25,  # plan for the observed demand times this
+    # The fleet planner: when the most accurate plan could serve less than this multiple of the planned
+    # demand, plan for accuracy at the largest multiple up to this (engine SolveOptions.headroom_target).
+    "headroom_target": 1.0,
     "include_registered": False,  # plan hosts whose agent never reported, as declared
     "demand": None,  # {application: rps}: plan these applications for this instead of their estimate (what-if)
     "prediction_s": 30.0,  # simulated seconds of the prediction
@@ -137,6 +140,7 @@ def plan_run_options_clean(options: Mapping[str, Any] | None) -> dict[str, Any]:
         cleaned["mip_gap"] = _number(cleaned, "mip_gap", minimum=0, maximum=1)
     cleaned["reconfiguration_penalty"] = _number(cleaned, "reconfiguration_penalty", minimum=0, maximum=1)
     cleaned["headroom"] = _number(cleaned, "headroom", minimum=1, maximum=HEADROOM_MAX)
+    cleaned["headroom_target"] = _number(cleaned, "headroom_target", minimum=1, maximum=HEADROOM_MAX)
     cleaned["prediction_s"] = _number(cleaned, "prediction_s", minimum=0, maximum=PREDICTION_MAX_S, strict=True)
     if not isinstance(cleaned["include_registered"], bool):
         raise ValidationError({"include_registered": "Expected true or false."})
@@ -266,7 +270,7 @@ def _plan_solve_and_store(*, job: Job, options: dict[str, Any], timings: dict[st
     solve_options = SolveOptions(
         objective=options["objective"], time_limit_s=options["time_limit_s"],
         mip_gap=options["mip_gap"] if options["mip_gap"] is not None else SolveOptions.mip_gap,
-        reconfiguration_penalty=options["reconfiguration_penalty"],
+        reconfiguration_penalty=options["reconfiguration_penalty"], headroom_target=options["headroom_target"],
     )
     snapshot = fleet_problem_build(demand=planned, options=solve_options, include_registered=options["include_registered"])
     timings["snapshot"] = time.perf_counter() - started

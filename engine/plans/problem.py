@@ -41,6 +41,9 @@ OBJECTIVES: tuple[str, ...] = ("max-accuracy", "min-gpus")
 SOLVERS: tuple[str, ...] = ("highs", "cbc")
 SpareCapacity = Literal["fill", "artefact", "idle"]
 SPARE_CAPACITY: tuple[str, ...] = ("fill", "artefact", "idle")
+# The most headroom (a multiple of every demand) the fleet planner's headroom stages plan for, and the
+# largest `options.headroom_target`.
+HEADROOM_MAX = 10.0
 
 
 class ProblemError(ValueError):
@@ -239,6 +242,14 @@ class SolveOptions:
     # Poisson bursts above the mean do not queue past the SLO. 1.25 after benches/pipelines.py: plans sized
     # for the exact rate violated 2.3-21.7 % of queries in simulation, with 1.25x headroom at most 0.45 %.
     pipeline_headroom: float = 1.25
+    # The fleet planner with spare capacity "fill", max-accuracy: when the most accurate plan could serve less
+    # than this multiple of every demand, it plans for accuracy at the largest multiple up to this that the
+    # fleet can serve: headroom first, the most accuracy within it (model.py `_headroom_target_stage`).
+    # 1 (the default) keeps Proteus's objective: the most accurate plan, with the headroom left at that
+    # accuracy. Why an option: at low load the most accurate plan runs slow variants on small slices at
+    # the edge of their latency budget, where service-time noise makes queries late (benches/
+    # mig_granularity.py, load 0.3: 1.8 % late, against none at 1.5).
+    headroom_target: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -474,6 +485,7 @@ def _options_from_dict(raw: Any) -> SolveOptions:
     _number(opts.variant_change_penalty, "options.variant_change_penalty", minimum=0)
     _number(opts.latency_budget_fraction, "options.latency_budget_fraction", minimum=0, maximum=1, strict=True)
     _number(opts.pipeline_headroom, "options.pipeline_headroom", minimum=1)
+    _number(opts.headroom_target, "options.headroom_target", minimum=1, maximum=HEADROOM_MAX)
     if opts.spare_capacity not in SPARE_CAPACITY:
         raise ProblemError(f"options.spare_capacity: one of {SPARE_CAPACITY}, got {opts.spare_capacity!r}")
     return opts

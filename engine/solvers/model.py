@@ -57,7 +57,7 @@ import pulp
 
 from engine.geometry.layout import Layout
 from engine.plans.capacity import InstanceCapacity, capacity_for, cpu_slice
-from engine.plans.problem import FULL_SLICE, DeviceSpec, Plan, PlanInstance, Problem, device_slot_id
+from engine.plans.problem import FULL_SLICE, HEADROOM_MAX, DeviceSpec, Plan, PlanInstance, Problem, device_slot_id
 from engine.sharing.partitions import mps_slice_name
 from engine.solvers.assemble import RPS_EPSILON, Assignment, plan_assemble
 from engine.solvers.spare import plan_spare_fill
@@ -72,8 +72,9 @@ SERVED_ABS_TOL = 1e-6
 SERVED_REL_TOL = 1e-7
 # Smallest time a stage is given, even when earlier stages used up the limit.
 MIN_STAGE_SECONDS = 0.5
-# The headroom stage (spare capacity "fill") asks for at most this multiple of every demand.
-HEADROOM_MAX = 10.0
+# `options.headroom_target` is acted on only when it exceeds the headroom left at the most accuracy by more
+# than this (relative).
+HEADROOM_TARGET_TOL = 1e-3
 # Share of the remaining time a stage gets when another stage may follow it (the rest is kept for that one).
 FIRST_STAGE_SHARE = 0.6
 # A fair-share floor may sit this far (as a fraction of the application's demand) below the served fraction
@@ -492,7 +493,7 @@ def _served_by_application(fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pu
 
 def _constrain_demand(lp: pulp.LpProblem, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], pulp.LpVariable],
                       staged: Mapping[str, list[pulp.LpAffineExpression]], *, full: bool,
-                      demand_scale: pulp.LpVariable | None = None) -> None:
+                      demand_scale: pulp.LpVariable | float | None = None) -> None:
     """Serve each application's demand exactly (full) or at most (when maximising served traffic); with
     `demand_scale` (the headroom stage), exactly that multiple of it, but a pipeline's stages their own
     demand (their options carry fixed rates, and their replicas are sized with the pipeline's headroom)."""
@@ -521,7 +522,7 @@ def model_capacity_rps(fleet: Fleet, key: SlotKey, variant: str, *, demand_facto
 
 
 def _constrain_capacity_covers_demand(lp: pulp.LpProblem, fleet: Fleet, instances: Mapping[tuple[SlotKey, str], pulp.LpVariable],
-                                      *, demand_scale: pulp.LpVariable | None = None, demand_factor: float = 1.0) -> None:
+                                      *, demand_scale: pulp.LpVariable | float | None = None, demand_factor: float = 1.0) -> None:
     """Implied by routing within capacity, but stated over the integer counts alone it is a knapsack row the
     solver derives cover cuts from, which closes the last fraction of the gap much faster. (A pipeline's
     stages have no counts: their demand row is already over the options' binaries.)"""
@@ -662,10 +663,11 @@ def _full_demand_possible(fleet: Fleet) -> bool:
     return all(app.demand_rps <= 0 or app.name in servable for app in fleet.problem.applications)
 
 
-def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str, demand_scale: pulp.LpVariable | None = None) -> FleetModel:
+def fleet_model_build(fleet: Fleet, *, full_demand: bool, name: str, demand_scale: pulp.LpVariable | float | None = None) -> FleetModel:
     """The constraints every stage shares; stages add their objective and stage constraints.
-    `demand_scale` (with `full_demand`, the headroom stage): every application but a pipeline's stages is
-    served that multiple of its demand, up to HEADROOM_MAX."""
+    `demand_scale` (with `full_demand`, the headroom stages): every application but a pipeline's stages is
+    served that multiple of its demand (a variable or a number), up to HEADROOM_MAX. Loads read the same in
+    every such model (capacities capped at HEADROOM_MAX x the demand), so one stage's values start the next."""
     lp = pulp.LpProblem(name, pulp.LpMaximize)
     configs_taken, instances, loads = _variables_add(fleet)
     chosen, replicas_on = _pipeline_variables_add(fleet)
@@ -1087,8 +1089,14 @@ def fleet_solve(fleet: Fleet, *, solver_name: str, fewest_gpus_last: bool = Fals
         if first_solution is not None:
             solution, objective, bound, gap, states = first_solution, _unscale(first.objective, scale), _unscale(first.bound, scale), first.gap, [first.state]
             if headroom_last:
-                solution = _headroom_stage(stages, fleet, model, first, first_solution, notes)
+                solution, gained = _headroom_stage(stages, fleet, model, first, first_solution, notes)
                 keep_every_instance = True
+                if options.headroom_target > gained * (1 + HEADROOM_TARGET_TOL):
+                    targeted = _headroom_target_stage(stages, fleet, solution, gained, notes, scale=scale)
+                    if targeted is not None:
+                        outcome, solution = targeted
+                        objective, bound, gap = _unscale(outcome.objective, scale), _unscale(outcome.bound, scale), outcome.gap
+                        states = [outcome.state]
             elif fewest_gpus_last:
                 solution = _fewest_gpus_stage(stages, model, first, first_solution, notes)
 
@@ -1195,8 +1203,16 @@ def _fewest_gpus_stage(stages: _Stages, model: FleetModel, outcome: SolveOutcome
     return fewer
 
 
+def _pipelines_pin(model: FleetModel, solution: FleetSolution) -> None:
+    """Fix the model's pipeline options and replica placements to the solution's."""
+    for (name, k), chosen in model.pipelines_chosen.items():
+        chosen.lowBound = chosen.upBound = 1 if solution.pipelines.get(name) == k else 0
+    for key, replicas in model.replicas_on.items():
+        replicas.lowBound = replicas.upBound = solution.replicas_on.get(key, 0)
+
+
 def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, outcome: SolveOutcome, solution: FleetSolution,
-                    notes: list[str]) -> FleetSolution:
+                    notes: list[str]) -> tuple[FleetSolution, float]:
     """Spare capacity put where it buys the most headroom (options.spare_capacity "fill" or "artefact"):
     the largest common multiple h of every application's demand (1 <= h <= HEADROOM_MAX; a pipeline's
     stages keep their own rates, their replicas sized with the pipeline's headroom) that the plan's
@@ -1204,6 +1220,7 @@ def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, o
     running instances dropped than it; the plan then routes the demand itself, h times below what that
     serves, and the spread (spare.py) evens it out. In at most the time the accuracy stage took; the
     accuracy stage's plan when this finds nothing better. The objective, bound and gap stay that stage's.
+    Returns the solution and h (1 when the accuracy stage's plan is kept).
 
     Why: the accuracy MILP serves the demand exactly and leaves what it does not need idle, and the fill
     that follows (spare.py) gives an instance only to whole devices left empty; MIG slices and MPS
@@ -1220,10 +1237,7 @@ def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, o
     variants_reached = pulp.value(accuracy_model.variants_changed) or 0.0
     headroom = pulp.LpVariable("headroom", lowBound=1.0, upBound=HEADROOM_MAX)
     model = fleet_model_build(fleet, full_demand=True, name="headroom", demand_scale=headroom)
-    for (name, k), chosen in model.pipelines_chosen.items():  # pipelines run as the accuracy stage planned them
-        chosen.lowBound = chosen.upBound = 1 if solution.pipelines.get(name) == k else 0
-    for key, replicas in model.replicas_on.items():
-        replicas.lowBound = replicas.upBound = solution.replicas_on.get(key, 0)
+    _pipelines_pin(model, solution)  # pipelines run as the accuracy stage planned them
     model.lp += model.accuracy_routed >= headroom * (reached - _served_tolerance(reached)), "stage_accuracy"
     if penalty > 0:
         model.lp += model.instances_changed <= solution.instances_changed(fleet), "stage_instances_changed"
@@ -1240,10 +1254,64 @@ def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, o
     gained = found.values.get(headroom.name, 1.0) if found is not None else 1.0
     if found is None or gained <= 1.0 + 1e-6:
         notes.append("headroom: the accuracy stage's plan kept (no plan found in time that could serve more of every demand)")
-        return solution
+        return solution, 1.0
     notes.append(f"headroom: spare slots run instances too; every application but pipelines' stages could be served "
                  f"{gained:.3g}x its demand at the planned accuracy" + ("" if last.state == "optimal" else " (not proved the most in time)"))
-    return dataclasses.replace(found, routed={k: r / gained for k, r in found.routed.items()})
+    return dataclasses.replace(found, routed={k: r / gained for k, r in found.routed.items()}), gained
+
+
+def _headroom_target_stage(stages: _Stages, fleet: Fleet, solution: FleetSolution, gained: float, notes: list[str], *,
+                           scale: float) -> tuple[SolveOutcome, FleetSolution] | None:
+    """`options.headroom_target` h_t above the headroom h_a the most accurate plan leaves: two stages more.
+    (1) The largest multiple h* <= h_t of every demand the fleet can serve in full, whatever the accuracy
+    (pipelines as the accuracy stage chose them); (2) the most accuracy serving h* x every demand, with the
+    accuracy stage's objective (penalties included) measured on the demand itself, its traffic h* times below
+    what the instances serve. Returns that stage's outcome (its objective, bound and gap are the plan's) and
+    solution, routed at the demand; None when neither stage finds more than h_a in time (the most accurate
+    plan is kept).
+
+    Why: the accuracy MILP spends spare capacity on accuracy, down to fractions of a point, and leaves the
+    queues at the edge of their latency budget, where service-time noise makes queries late (issue 42,
+    item 2: benches/mig_granularity.py at load 0.3, 1.8 % late at h_a = 1.0). Departure from Proteus (§4:
+    accuracy is the objective, throughput a constraint): the operator may ask for throughput headroom
+    before accuracy; 1 (the default) is Proteus's objective."""
+    problem = fleet.problem
+    options = problem.options
+    target = options.headroom_target
+    penalty, keep = options.reconfiguration_penalty, options.variant_change_penalty
+    headroom = pulp.LpVariable("headroom", lowBound=gained, upBound=target)
+    model = fleet_model_build(fleet, full_demand=True, name="headroom_target", demand_scale=headroom)
+    _pipelines_pin(model, solution)
+    model.lp.setObjective(headroom)
+    start = dict(solution.values)
+    start[headroom.name] = gained
+    for (key, variant), load in model.loads.items():
+        start[load.name] = gained * solution.routed.get((key, variant), 0.0) / model_capacity_rps(fleet, key, variant, demand_factor=HEADROOM_MAX)
+    most, found = stages.run(model, share=0.5, start=start)
+    reached = found.values.get(headroom.name, gained) if found is not None else gained
+    if found is None or reached <= gained * (1 + HEADROOM_TARGET_TOL):
+        notes.append(f"headroom target {target:g}x: no plan found in time that could serve more than {gained:.3g}x every demand; "
+                     "the most accurate plan kept")
+        return None
+    # A hair below h*, so the accuracy stage is feasible within the solver's tolerances.
+    planned = reached * (1 - SERVED_REL_TOL) - SERVED_ABS_TOL
+    model = fleet_model_build(fleet, full_demand=True, name="max_accuracy_at_headroom", demand_scale=planned)
+    model.lp.setObjective(scale * (model.accuracy_routed * (1 / planned) + (model.accuracy_over_demand - model.accuracy_routed)
+                                   - penalty * model.instances_changed - keep * model.variants_changed))
+    _pipelines_pin(model, solution)
+    start = {name: value for name, value in found.values.items() if name != "headroom"}
+    for (key, variant), load in model.loads.items():
+        start[load.name] = found.routed.get((key, variant), 0.0) * planned / reached / model_capacity_rps(
+            fleet, key, variant, demand_factor=HEADROOM_MAX)
+    outcome, accurate = stages.run(model, start=start)
+    if accurate is None:
+        notes.append(f"headroom target {target:g}x: no plan found in time for the accuracy at {reached:.3g}x every demand; "
+                     "the most accurate plan kept")
+        return None
+    notes.append(f"headroom target {target:g}x: the most accurate plan could serve {gained:.3g}x every demand (pipelines' stages "
+                 f"aside); planned for the most accuracy at {reached:.3g}x" + ("" if most.state == "optimal" else " (not proved the most in time)")
+                 + "; objective, bound and gap are that stage's, on the demand itself")
+    return outcome, dataclasses.replace(accurate, routed={k: r / planned for k, r in accurate.routed.items()})
 
 
 def _fair_shares_solve(stages: _Stages, fleet: Fleet, tiers: Sequence[Sequence[str]]) -> tuple[dict[str, float], list[SolveState], FleetSolution | None, list[str]]:

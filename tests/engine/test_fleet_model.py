@@ -12,11 +12,12 @@ import pytest
 
 from engine.plans.problem import SolveOptions, problem_from_dict
 from engine.plans.validate import plan_validate
-from engine.reference.generate import mixed_fleet_problem, proteus_sized_problem
+from engine.reference.generate import mig_fleet_problem, mixed_fleet_problem, proteus_sized_problem
 from engine.reference.gpulet_problem import gpulet_mps_problem_dict
 from engine.sharing.partitions import mps_slice_percent
 from engine.solvers.fleet import fleet_model_fleet
 from engine.solvers.gpulets import interference_predictor_for
+from engine.solvers.assemble import plan_objective
 from engine.solvers.registry import planner_get
 from engine.solvers.solve import plan_solve
 
@@ -376,6 +377,53 @@ def test_spare_capacity_fill_runs_every_gpu_for_headroom_at_the_same_accuracy() 
         assert capacity["fill"] >= headroom * demand * (1 - 1e-6) and capacity["fill"] > capacity["idle"]
         busiest = max(i.assigned_rps / i.capacity_rps for i in plans["fill"].instances if i.variant == app)
         assert busiest <= 1 / headroom + 1e-6
+
+
+def _capacity_multiple(problem, plan) -> dict[str, float]:
+    """Per application, what its instances could serve over its demand."""
+    return {a.name: sum(i.capacity_rps for i in plan.instances if problem.variant(i.variant).application == a.name) / a.demand_rps
+            for a in problem.applications if a.demand_rps > 0}
+
+
+@pytest.mark.parametrize("load", [0.3, 0.5])
+def test_headroom_target_plans_the_most_accuracy_at_that_headroom(load: float) -> None:
+    """options.headroom_target (issue 42, item 2): at light load the most accurate plan leaves no headroom
+    on these MIG GPUs; with a target of 1.5 every application's instances can serve 1.5x its demand, the
+    plan is proved the most accurate at that headroom (the objective is measured on the plan itself), and
+    it gives up accuracy for it, never more than the accuracy stage's optimum."""
+    problem = mig_fleet_problem(2, "A100-SXM4-40GB", n_applications=3, seed=0, load=load,
+                                options=SolveOptions(time_limit_s=30))
+    accurate = plan_solve(problem, "fleet")
+    target = dataclasses.replace(problem, options=dataclasses.replace(problem.options, headroom_target=1.5))
+    headroom = plan_solve(target, "fleet")
+    for plan in (accurate, headroom):
+        verdict = plan_validate(problem, plan)
+        assert verdict.valid, verdict.errors
+        assert plan.status == "optimal" and not any(plan.shortfall_rps.values())
+        assert plan.objective == pytest.approx(plan_objective(problem, plan), rel=1e-5)  # the solver's tolerance
+    assert min(_capacity_multiple(problem, accurate).values()) < 1.5
+    assert min(_capacity_multiple(problem, headroom).values()) >= 1.5 * (1 - 1e-6)
+    assert headroom.effective_accuracy < accurate.effective_accuracy
+    assert headroom.objective <= accurate.bound + 1e-9
+    assert any(n.startswith("headroom target 1.5x:") and "planned for the most accuracy at 1.5x" in n for n in headroom.notes)
+    # Already that much headroom at the most accuracy: the target changes nothing.
+    roomy = dataclasses.replace(problem, options=dataclasses.replace(problem.options, headroom_target=1.0))
+    same = plan_solve(roomy, "fleet")
+    assert same.objective == pytest.approx(accurate.objective, abs=1e-9)
+    assert not any(n.startswith("headroom target") for n in same.notes)
+
+
+def test_headroom_target_is_capped_by_what_the_fleet_can_serve() -> None:
+    """A target the fleet cannot reach: the plan is the most accurate at the largest multiple it can serve,
+    not short of demand."""
+    problem = mig_fleet_problem(2, "A100-SXM4-40GB", n_applications=3, seed=0, load=0.5,
+                                options=SolveOptions(time_limit_s=30, headroom_target=10.0))
+    plan = plan_solve(problem, "fleet")
+    assert plan.status == "optimal" and not any(plan.shortfall_rps.values()) and plan_validate(problem, plan).valid
+    (note,) = [n for n in plan.notes if n.startswith("headroom target 10x:")]
+    reached = float(note.split("planned for the most accuracy at ")[1].split("x")[0])
+    assert 1.0 < reached < 10.0
+    assert min(_capacity_multiple(problem, plan).values()) >= reached * (1 - 5e-3)  # the note rounds to 3 digits
 
 
 def test_spare_capacity_fill_gives_empty_mig_slices_an_instance_and_keeps_the_objective() -> None:

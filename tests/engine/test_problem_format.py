@@ -87,7 +87,8 @@ def test_round_trip_is_stable() -> None:
 def test_round_trip_keeps_devices_and_options() -> None:
     raw = small_problem_dict()
     raw["options"] = {"objective": "min-gpus", "mip_gap": 0.01, "solver": "cbc", "threads": 2,
-                      "reconfiguration_penalty": 0.5, "latency_budget_fraction": 0.4, "time_limit_s": 3}
+                      "reconfiguration_penalty": 0.5, "latency_budget_fraction": 0.4, "time_limit_s": 3,
+                      "headroom_target": 1.5}
     problem = problem_from_dict(problem_to_dict(problem_from_dict(raw)))
     a100 = problem.device("a100-0")
     assert a100.mig and a100.fixed_layout
@@ -96,6 +97,7 @@ def test_round_trip_keeps_devices_and_options() -> None:
     assert problem.device("cpu-0").cores == 16
     assert problem.device("t4-0").memory_mb == 15360
     assert problem.options.objective == "min-gpus" and problem.options.latency_budget_fraction == 0.4
+    assert problem.options.headroom_target == 1.5
     assert problem.application("classify").min_accuracy == 0.72
 
 
@@ -172,6 +174,9 @@ MALFORMED: dict[str, tuple[Mutation, str, bool]] = {
     "missing variants": (lambda raw: raw.pop("variants"), "problem: missing 'variants'", True),
     "unknown option": (_set("options.speed", "fast"), "options: unknown keys ['speed']", True),
     "unknown objective": (_set("options.objective", "min-cost"), "options.objective", True),
+    "headroom target below 1": (_set("options.headroom_target", 0.8), "options.headroom_target: must be >= 1, got 0.8", True),
+    "headroom target above 10": (_set("options.headroom_target", 12), "options.headroom_target: must be <= 10, got 12", True),
+    "headroom target not a number": (_set("options.headroom_target", "1.5"), "options.headroom_target: expected a finite number", True),
     "future version": (_set("format_version", 2), "format_version 2 is not supported", True),
 }
 

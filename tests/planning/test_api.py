@@ -33,6 +33,7 @@ def test_operators_start_plan_runs_viewers_and_agents_cannot(clients, agent_host
     body = response.json()
     assert body["kind"] == "planning" and body["key"] == PLAN_RUN_JOB_KEY and body["actor"] == "operator"
     assert body["params"]["options"]["solver"] == "fleet" and body["params"]["options"]["headroom"] == 1.25
+    assert body["params"]["options"]["headroom_target"] == 1.0
     job = Job.objects.get(pk=body["id"])
     assert job.status == "succeeded", job.error
     plan = Plan.objects.get(job=job)
@@ -58,6 +59,8 @@ def test_bad_run_options_are_400(clients, small_fleet):
     assert response.status_code == 400 and "solver" in response.json()["error"]["fields"]
     response = clients["operator"].post("/api/v1/plan-runs/", {"headroom": 0.5}, format="json")
     assert response.status_code == 400
+    response = clients["operator"].post("/api/v1/plan-runs/", {"headroom_target": 11}, format="json")
+    assert response.status_code == 400 and "headroom_target" in response.json()["error"]["fields"]
     assert not Job.objects.exists()
 
 

@@ -352,7 +352,8 @@ def test_the_task_runs_the_job_to_its_end(small_fleet, django_capture_on_commit_
 def test_bad_options_are_refused_before_anything_is_stored(small_fleet):
     from django.core.exceptions import ValidationError
 
-    for options in ({"solver": "magic"}, {"headroom": 0.5}, {"time_limit_s": 0}, {"demand": {"classify": -1}}, {"colour": "red"}):
+    for options in ({"solver": "magic"}, {"headroom": 0.5}, {"headroom_target": 0.5}, {"headroom_target": "more"}, {"time_limit_s": 0},
+                    {"demand": {"classify": -1}}, {"colour": "red"}):
         with pytest.raises(ValidationError):
             plan_run_start(trigger="manual", options=options)
     with pytest.raises(ValidationError):
@@ -362,10 +363,10 @@ def test_bad_options_are_refused_before_anything_is_stored(small_fleet):
 
 def test_the_joint_planner_and_other_options_reach_the_engine(small_fleet):
     _job, plan = _run({"demand": {"classify": 300}, "solver": "joint", "objective": "min-gpus", "headroom": 1.0,
-                       "reconfiguration_penalty": 0.01})
+                       "reconfiguration_penalty": 0.01, "headroom_target": 1.5})
     assert plan.status == "validated", plan.validation
     assert (plan.solver, plan.objective_kind) == ("joint", "min-gpus")
-    assert plan.problem["options"]["reconfiguration_penalty"] == 0.01
+    assert plan.problem["options"]["reconfiguration_penalty"] == 0.01 and plan.problem["options"]["headroom_target"] == 1.5
     assert plan.demand["planned"]["classify"] == 300
 
 
