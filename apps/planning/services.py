@@ -63,6 +63,7 @@ from engine.solvers.registry import DEFAULT_PLANNER, planner_names
 from engine.solvers.solve import plan_solve
 
 from .choices import PlanStatusChoices, PlanTriggerChoices
+from .demand import replan_policy_current
 from .diff import plan_diff, plan_diff_summary_text
 from .models import Plan
 from .selectors import plan_active_get
@@ -94,7 +95,8 @@ PLAN_RUN_DEFAULTS: dict[str, Any] = {
     "headroom": 1.25,  # plan for the observed demand times this
     # The fleet planner: when the most accurate plan could serve less than this multiple of the planned
     # demand, plan for accuracy at the largest multiple up to this (engine SolveOptions.headroom_target).
-    "headroom_target": 1.0,
+    # None: the governing re-planning policy's (1 without one).
+    "headroom_target": None,
     "include_registered": False,  # plan hosts whose agent never reported, as declared
     "demand": None,  # {application: rps}: plan these applications for this instead of their estimate (what-if)
     "prediction_s": 30.0,  # simulated seconds of the prediction
@@ -140,6 +142,9 @@ def plan_run_options_clean(options: Mapping[str, Any] | None) -> dict[str, Any]:
         cleaned["mip_gap"] = _number(cleaned, "mip_gap", minimum=0, maximum=1)
     cleaned["reconfiguration_penalty"] = _number(cleaned, "reconfiguration_penalty", minimum=0, maximum=1)
     cleaned["headroom"] = _number(cleaned, "headroom", minimum=1, maximum=HEADROOM_MAX)
+    if cleaned["headroom_target"] is None:
+        policy = replan_policy_current()
+        cleaned["headroom_target"] = policy.headroom_target if policy is not None else SolveOptions.headroom_target
     cleaned["headroom_target"] = _number(cleaned, "headroom_target", minimum=1, maximum=HEADROOM_MAX)
     cleaned["prediction_s"] = _number(cleaned, "prediction_s", minimum=0, maximum=PREDICTION_MAX_S, strict=True)
     if not isinstance(cleaned["include_registered"], bool):

@@ -65,7 +65,8 @@ class ReplanPolicy(ChangeLoggedModel):
     back, or a variant is added or removed (apps/planning/triggers.py). With `auto_apply` off, a new plan
     waits for an operator's approval. Saving a policy (re)schedules its periodic re-plan (a
     django-celery-beat task named "replan:<name>"); the first enabled policy by name governs the
-    demand, fleet and model-pool triggers."""
+    demand, fleet and model-pool triggers, and the demand estimate and `headroom_target` of every plan
+    run that does not set its own."""
 
     name = models.CharField(max_length=100, unique=True, validators=[name_validator])
     enabled = models.BooleanField(default=True)
@@ -97,6 +98,11 @@ class ReplanPolicy(ChangeLoggedModel):
     host_lost_after_seconds = models.PositiveIntegerField(
         default=30, validators=[MinValueValidator(5), MaxValueValidator(24 * 3600)],
         help_text="An online host whose agent has not reported for this long is marked offline",
+    )
+    headroom_target = models.FloatField(
+        default=1.0, validators=[MinValueValidator(1.0), MaxValueValidator(10.0)],
+        help_text="Plan runs that do not set it: the fleet planner keeps up to this multiple of the planned demand servable "
+                  "before it spends capacity on accuracy (1: the most accurate plan; docs/planning.md, \"Headroom before accuracy\")",
     )
 
     class Meta:

@@ -50,7 +50,8 @@ def test_slo_update(clients):
 
 
 @pytest.mark.parametrize("payload,field", [({"interval_seconds": 5}, "interval_seconds"), ({"demand_change_threshold": 0}, "demand_change_threshold"),
-                                           ({"demand_memory_seconds": 10}, "demand_memory_seconds")])
+                                           ({"demand_memory_seconds": 10}, "demand_memory_seconds"),
+                                           ({"headroom_target": 0.5}, "headroom_target"), ({"headroom_target": 11}, "headroom_target")])
 def test_replan_bad_input(clients, payload, field):
     response = clients["operator"].post("/api/v1/replan-policies/", {"name": "fast", **payload}, format="json")
     assert response.status_code == 400 and field in response.json()["error"]["fields"]

@@ -174,6 +174,21 @@ def test_invalid_replan_is_refused_and_the_schedule_stays(client, users, policie
     assert _snapshot(policy) == before and PeriodicTask.objects.get(name="replan:default").interval.every == 300
 
 
+def test_replan_headroom_target_is_edited_on_the_page_and_kept_when_not_sent(client, users, policies):
+    client.force_login(users["operator"])
+    policy = policies["replan"]
+    assert client.post("/policies/", _replan_form(policy, headroom_target="1.5")).status_code == 302
+    policy.refresh_from_db()
+    assert policy.headroom_target == 1.5
+    assert client.post("/policies/", _replan_form(policy, interval_seconds="600")).status_code == 302  # not sent: kept
+    policy.refresh_from_db()
+    assert (policy.interval_seconds, policy.headroom_target) == (600, 1.5)
+    before = _snapshot(policy)
+    response = client.post("/policies/", _replan_form(policy, headroom_target="0.5"))
+    assert response.status_code == 400 and 'data-error-field="headroom_target">' in response.content.decode()
+    assert _snapshot(policy) == before
+
+
 def test_operator_edits_a_profiling_policy(client, users, policies):
     client.force_login(users["operator"])
     policy = policies["profiling"]

@@ -370,6 +370,15 @@ def test_the_joint_planner_and_other_options_reach_the_engine(small_fleet):
     assert plan.demand["planned"]["classify"] == 300
 
 
+def test_a_plan_run_takes_the_policy_headroom_target_unless_it_sets_its_own(small_fleet):
+    ReplanPolicy.objects.create(name="default", headroom_target=1.5)
+    _job, plan = _run({"demand": {"classify": 300}})
+    assert plan.status == "validated", plan.validation
+    assert plan.problem["options"]["headroom_target"] == 1.5
+    _job, plan = _run({"demand": {"classify": 300}, "headroom_target": 1.0})
+    assert plan.problem["options"]["headroom_target"] == 1.0
+
+
 # --------------------------------------------------------------------------- auto-apply
 
 

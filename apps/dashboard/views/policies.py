@@ -65,16 +65,22 @@ class ListField(forms.CharField):
             raise ValidationError("Enter whole numbers separated by commas.", code="invalid") from None
 
 
-def _form_class(model: type[models.Model], fields: list[str], labels: dict[str, str], whole_number_lists=()) -> type[forms.Form]:
-    """A plain form over the model's fields (no model validation: the service does that on save)."""
+def _form_class(model: type[models.Model], fields: list[str], labels: dict[str, str], whole_number_lists=(), optional=()) -> type[forms.Form]:
+    """A plain form over the model's fields (no model validation: the service does that on save). An
+    `optional` field left out of a submission keeps the policy's value (a field added after the form was
+    first drawn, or a client that posts only what it knows)."""
 
     def formfield(model_field, **kwargs):
         if isinstance(model_field, models.JSONField):
             return ListField(whole_numbers=model_field.name in whole_number_lists,
                              label=kwargs.get("label") or capfirst(model_field.verbose_name), help_text=model_field.help_text)
-        return model_field.formfield(**kwargs)
+        field = model_field.formfield(**kwargs)
+        if model_field.name in optional:
+            field.required = False
+        return field
 
-    return type(f"{model.__name__}Form", (forms.Form,), forms.fields_for_model(model, fields=fields, labels=labels, formfield_callback=formfield))
+    return type(f"{model.__name__}Form", (forms.Form,), {
+        **forms.fields_for_model(model, fields=fields, labels=labels, formfield_callback=formfield), "keep_when_absent": tuple(optional)})
 
 
 @dataclass(frozen=True)
@@ -106,11 +112,12 @@ KINDS = {
     "replan": PolicyKind("replan", "Re-planning policy", _form_class(
         policy_model("replan"),
         ["enabled", "interval_seconds", "demand_change_threshold", "auto_apply", "debounce_seconds", "demand_window_seconds",
-         "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds"],
+         "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds", "headroom_target"],
         {"enabled": "Enabled", "interval_seconds": "Re-plan every (s)", "demand_change_threshold": "Demand change threshold",
          "auto_apply": "Apply new plans automatically", "debounce_seconds": "Debounce (s)", "demand_window_seconds": "Demand window (s)",
          "forecast_horizon_seconds": "Forecast horizon (s)", "demand_memory_seconds": "Demand memory (s)",
-         "host_lost_after_seconds": "Host lost after (s)"},
+         "host_lost_after_seconds": "Host lost after (s)", "headroom_target": "Headroom before accuracy (x demand)"},
+        optional=("headroom_target",),
     ), replan_policy_update),
     "profiling": PolicyKind("profiling", "Profiling policy", _form_class(
         policy_model("profiling"),
@@ -204,7 +211,7 @@ def _policy_save(request):
     if form.is_valid():
         try:
             with change_context(request=request, source="web"):
-                spec.update(policy=policy, data=form.cleaned_data)
+                spec.update(policy=policy, data={k: v for k, v in form.cleaned_data.items() if v is not None or k not in form.keep_when_absent})
         except ValidationError as exc:
             _errors_to_form(form, exc)
         else:

@@ -29,7 +29,8 @@ class PlanRunOptionsSerializer(serializers.Serializer):
     headroom_target = serializers.FloatField(
         required=False, min_value=1.0, max_value=HEADROOM_MAX,
         help_text="The fleet planner: when the most accurate plan could serve less than this multiple of the planned demand, plan for "
-                  f"the most accuracy at the largest multiple up to this the fleet can serve [{PLAN_RUN_DEFAULTS['headroom_target']:g}]",
+                  "the most accuracy at the largest multiple up to this the fleet can serve [the re-planning policy's headroom_target, 1 "
+                  "without one]",
     )
     mip_gap = serializers.FloatField(required=False, min_value=0.0, max_value=1.0, help_text="Relative MIP gap [the engine's, 0]")
     reconfiguration_penalty = serializers.FloatField(

@@ -18,7 +18,8 @@ class ReplanPolicySerializer(TesseraModelSerializer):
         model = ReplanPolicy
         fields = [
             "id", "display", "name", "enabled", "interval_seconds", "demand_change_threshold", "auto_apply", "debounce_seconds",
-            "demand_window_seconds", "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds", "created", "last_updated",
+            "demand_window_seconds", "forecast_horizon_seconds", "demand_memory_seconds", "host_lost_after_seconds", "headroom_target", "created",
+            "last_updated",
         ]
 
 
