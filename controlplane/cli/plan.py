@@ -79,6 +79,9 @@ def plan_solve_cmd(
     gap: float = typer.Option(None, "--gap", help="Relative MIP gap to stop at, e.g. 0.01"),
     backend: str = typer.Option(None, "--backend", help="MIP backend: highs | cbc"),
     threads: int = typer.Option(None, "--threads", help="Solver threads (CBC searches in parallel; HiGHS's MIP search is serial)"),
+    headroom_target: float = typer.Option(
+        None, "--headroom-target",
+        help="fleet: keep up to this multiple of every demand servable before spending capacity on accuracy, 1-10 (default: the problem's options)"),
     out: Path = typer.Option(None, "--out", help="Write the plan JSON here"),
 ) -> None:
     """Solve a planning problem, print a summary, write the plan and check it with the independent validator.
@@ -86,7 +89,7 @@ def plan_solve_cmd(
     malformed input, 3 when the plan is valid but leaves demand unserved (its shortfall, printed)."""
     import json
 
-    from engine.plans.problem import OBJECTIVES, SOLVERS
+    from engine.plans.problem import HEADROOM_MAX, OBJECTIVES, SOLVERS
 
     if solver not in PLANNERS:
         raise fail(f"--solver must be one of {', '.join(planner_names())}, got {solver!r}")
@@ -100,11 +103,14 @@ def plan_solve_cmd(
         raise fail(f"--gap must be between 0 and 1, got {gap:g}")
     if threads is not None and threads < 1:
         raise fail(f"--threads must be at least 1, got {threads}")
+    if headroom_target is not None and not 1 <= headroom_target <= HEADROOM_MAX:
+        raise fail(f"--headroom-target must be between 1 and {HEADROOM_MAX:g}, got {headroom_target:g}")
     problem = problem_read(problem_path)
-    if threads is not None:
+    changed = {k: v for k, v in (("threads", threads), ("headroom_target", headroom_target)) if v is not None}
+    if changed:
         import dataclasses
 
-        problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, threads=threads))
+        problem = dataclasses.replace(problem, options=dataclasses.replace(problem.options, **changed))
 
     from engine.plans.validate import plan_validate
     from engine.solvers.solve import plan_solve

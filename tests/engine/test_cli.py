@@ -375,3 +375,20 @@ def test_plan_solve_threads_option(problem_file: Path, tmp_path: Path) -> None:
     assert "verdict      valid" in ok.stdout
     bad = run("plan", "solve", "--problem", str(problem_file), "--threads", "0")
     assert bad.exit_code == 2 and "--threads must be at least 1" in bad.stderr
+
+
+def test_plan_solve_headroom_target_option(tmp_path: Path) -> None:
+    """--headroom-target reaches the fleet planner (issue 42): at light load the plan is the most accurate at
+    1.5x every demand, and says so; out of range is refused before anything is solved."""
+    from engine.plans.problem import problem_to_dict
+    from engine.reference.generate import mig_fleet_problem
+
+    path = tmp_path / "light.json"
+    path.write_text(json.dumps(problem_to_dict(mig_fleet_problem(2, "A100-SXM4-40GB", n_applications=3, seed=0, load=0.3))))
+    ok = run("plan", "solve", "--problem", str(path), "--headroom-target", "1.5", "--out", str(tmp_path / "p.json"))
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    assert "verdict      valid" in ok.stdout and "headroom target 1.5x" in ok.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["status"] == "optimal"
+    for bad_value in ("0.5", "11"):
+        bad = run("plan", "solve", "--problem", str(path), "--headroom-target", bad_value)
+        assert bad.exit_code == 2 and "--headroom-target must be between 1 and 10" in bad.stderr
