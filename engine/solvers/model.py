@@ -1203,6 +1203,13 @@ def _fewest_gpus_stage(stages: _Stages, model: FleetModel, outcome: SolveOutcome
     return fewer
 
 
+def _scaled_loads(model: FleetModel, fleet: Fleet, routed: Mapping[tuple[SlotKey, str], float], factor: float) -> dict[str, float]:
+    """A MIP start's load values for a model with `demand_scale` (capacities read at HEADROOM_MAX x the
+    demand): `routed` times `factor`, by variable name."""
+    return {load.name: factor * routed.get((key, variant), 0.0) / model_capacity_rps(fleet, key, variant, demand_factor=HEADROOM_MAX)
+            for (key, variant), load in model.loads.items()}
+
+
 def _pipelines_pin(model: FleetModel, solution: FleetSolution) -> None:
     """Fix the model's pipeline options and replica placements to the solution's."""
     for (name, k), chosen in model.pipelines_chosen.items():
@@ -1248,8 +1255,7 @@ def _headroom_stage(stages: _Stages, fleet: Fleet, accuracy_model: FleetModel, o
     # HEADROOM_MAX x the demand, not at the demand).
     start = dict(solution.values)
     start[headroom.name] = 1.0
-    for (key, variant), load in model.loads.items():
-        start[load.name] = solution.routed.get((key, variant), 0.0) / model_capacity_rps(fleet, key, variant, demand_factor=HEADROOM_MAX)
+    start.update(_scaled_loads(model, fleet, solution.routed, 1.0))
     last, found = stages.run(model, start=start, cap_s=max(MIN_STAGE_SECONDS, outcome.seconds))
     gained = found.values.get(headroom.name, 1.0) if found is not None else 1.0
     if found is None or gained <= 1.0 + 1e-6:
@@ -1285,8 +1291,7 @@ def _headroom_target_stage(stages: _Stages, fleet: Fleet, solution: FleetSolutio
     model.lp.setObjective(headroom)
     start = dict(solution.values)
     start[headroom.name] = gained
-    for (key, variant), load in model.loads.items():
-        start[load.name] = gained * solution.routed.get((key, variant), 0.0) / model_capacity_rps(fleet, key, variant, demand_factor=HEADROOM_MAX)
+    start.update(_scaled_loads(model, fleet, solution.routed, gained))
     most, found = stages.run(model, share=0.5, start=start)
     reached = found.values.get(headroom.name, gained) if found is not None else gained
     if found is None or reached <= gained * (1 + HEADROOM_TARGET_TOL):
@@ -1299,10 +1304,8 @@ def _headroom_target_stage(stages: _Stages, fleet: Fleet, solution: FleetSolutio
     model.lp.setObjective(scale * (model.accuracy_routed * (1 / planned) + (model.accuracy_over_demand - model.accuracy_routed)
                                    - penalty * model.instances_changed - keep * model.variants_changed))
     _pipelines_pin(model, solution)
-    start = {name: value for name, value in found.values.items() if name != "headroom"}
-    for (key, variant), load in model.loads.items():
-        start[load.name] = found.routed.get((key, variant), 0.0) * planned / reached / model_capacity_rps(
-            fleet, key, variant, demand_factor=HEADROOM_MAX)
+    start = {name: value for name, value in found.values.items() if name != headroom.name}
+    start.update(_scaled_loads(model, fleet, found.routed, planned / reached))
     outcome, accurate = stages.run(model, start=start)
     if accurate is None:
         notes.append(f"headroom target {target:g}x: no plan found in time for the accuracy at {reached:.3g}x every demand; "
